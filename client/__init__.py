@@ -1,0 +1,1 @@
+"""reducing_saver.client: placeholder until the client lands."""

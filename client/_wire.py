@@ -1,0 +1,160 @@
+"""The wire format shared by RemoteReducingSaver and the service.
+
+Bodies are JSON (encoded with orjson). Channel values and pending-write values travel as the client's
+serde output, so the service never needs to understand them:
+
+* a channel value that is ``None``, ``bool``, ``int``, ``float`` or ``str`` travels inline, as JSON
+  (PostgresSaver keeps exactly those inline in its checkpoint row);
+* every other value travels as ``{"type": <serde type>, "data": <base64 of the serde bytes>}``.
+
+Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
+
+This module imports nothing of the service: the client package depends on it alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
+
+API_PREFIX = "/v1"
+JSON_INLINE_TYPES = (str, bool, int, float)
+#: The largest int JSON carries exactly (orjson refuses bigger ones).
+_INT64 = (-(2**63), 2**64 - 1)
+
+
+class Blob:
+    """A value in its serde's form: ``(type, data)``, as ``SerializerProtocol.dumps_typed`` returns it.
+
+    The service stores blobs verbatim; only the client that made one decodes it.
+    """
+
+    __slots__ = ("type", "data")
+
+    def __init__(self, type: str, data: bytes) -> None:
+        self.type = type
+        self.data = data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Blob) and (self.type, self.data) == (other.type, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.data))
+
+    def __repr__(self) -> str:
+        return f"Blob({self.type!r}, <{len(self.data)} bytes>)"
+
+
+class WireError(ValueError):
+    """A body that does not follow the wire format; ``field`` names where."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def is_inline(value: Any) -> bool:
+    """True for values that travel (and PostgresSaver stores) inline: None, bool, int, float, str."""
+    if value is None:
+        return True
+    if isinstance(value, int) and not isinstance(value, bool):
+        return type(value) is int and _INT64[0] <= value <= _INT64[1]
+    return type(value) in JSON_INLINE_TYPES
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def blob_to_wire(type_: str, data: bytes) -> dict[str, str]:
+    return {"type": type_, "data": base64.b64encode(data).decode("ascii")}
+
+
+def blob_from_wire(value: Any, field: str) -> Blob:
+    """Decode ``{"type", "data"}``; raises ``WireError`` naming ``field`` on anything else."""
+    if not isinstance(value, Mapping):
+        raise WireError(field, f"expected an object with 'type' and 'data', got {type(value).__name__}")
+    unknown = set(value) - {"type", "data"}
+    if unknown:
+        raise WireError(field, f"unknown field(s) {sorted(unknown)}; a typed value has only 'type' and 'data'")
+    type_, data = value.get("type"), value.get("data")
+    if not isinstance(type_, str) or not type_:
+        raise WireError(f"{field}.type", "must be a non-empty string")
+    if not isinstance(data, str):
+        raise WireError(f"{field}.data", "must be a base64 string")
+    try:
+        return Blob(type_, base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise WireError(f"{field}.data", f"is not valid base64 ({exc})") from None
+
+
+def channel_value_from_wire(value: Any, field: str) -> Any:
+    """An inline JSON primitive stays as it is; anything else must be a typed blob."""
+    if is_inline(value):
+        return value
+    return blob_from_wire(value, field)
+
+
+# -- configs --------------------------------------------------------------------------------------
+
+
+def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memory_namespace") -> dict | None:
+    """The part of a run config the service needs, in JSON.
+
+    ``configurable`` keeps ``thread_id``, ``checkpoint_ns``, ``checkpoint_id``, the memory namespace,
+    and the primitive values a saver merges into checkpoint metadata; ``metadata`` keeps its primitive
+    values. LangGraph's internal ``__pregel_*`` entries (callables, stores) stay behind.
+    """
+    if config is None:
+        return None
+    configurable: dict[str, Any] = {}
+    for key, value in (config.get("configurable") or {}).items():
+        if key.startswith("__"):
+            continue
+        if key == namespace_key and isinstance(value, (list, tuple)):
+            configurable[key] = [str(label) for label in value]
+        elif is_inline(value):
+            configurable[key] = value
+    wire: dict[str, Any] = {"configurable": configurable}
+    metadata = {
+        key: value
+        for key, value in (config.get("metadata") or {}).items()
+        if is_inline(value) and not key.startswith("__") and key not in EXCLUDED_METADATA_KEYS
+    }
+    if metadata:
+        wire["metadata"] = metadata
+    return wire
+
+
+def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> RunnableConfig:
+    return {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+    }
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint without its channel values (what travels under ``"checkpoint"``)."""
+    return {key: value for key, value in checkpoint.items() if key != "channel_values"}
+
+
+__all__ = [
+    "API_PREFIX",
+    "Blob",
+    "WireError",
+    "blob_from_wire",
+    "blob_to_wire",
+    "channel_value_from_wire",
+    "checkpoint_config",
+    "checkpoint_fields",
+    "config_to_wire",
+    "is_inline",
+]

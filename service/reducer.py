@@ -1,0 +1,307 @@
+"""The message reducer: which messages of a conversation stay in a stored checkpoint.
+
+Pure code: no HTTP, no database. A reducer works on LangChain message objects and on their
+``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects),
+and never invents, copies or truncates a message: ``kept + pruned`` is always the input, order kept.
+
+The window it keeps is one a chat-model API accepts:
+
+* a leading system message stays (``preserve_first``);
+* the first kept message after it is a human message (``start_on="human"``);
+* an AI message that calls tools and the tool messages answering it are kept or pruned together
+  (``cascade_tool_messages``), so no tool result outlives its call and no call loses its results.
+
+Messages that leave the window go to the ``on_prune`` hooks, which feed long-term memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypeAlias
+
+import orjson
+from langchain_core.messages import BaseMessage
+from langchain_core.messages.utils import count_tokens_approximately
+
+logger = logging.getLogger(__name__)
+
+#: A message as a LangChain object or as its ``model_dump()`` dict.
+MessageLike: TypeAlias = BaseMessage | Mapping[str, Any]
+#: ``hook(pruned_messages, namespace)``, called after a prune.
+PruneHook: TypeAlias = Callable[[list[Any], tuple[str, ...]], Any]
+TokenCounter: TypeAlias = Callable[[Sequence[Any]], int]
+
+
+@dataclass(frozen=True)
+class ReducerConfig:
+    """How a :class:`MessageReducer` bounds a messages list.
+
+    Count and token limits can be combined: a list is reduced when it breaks either trigger, and then
+    cut until it meets both targets.
+
+    Attributes:
+        max_messages: Reduce when the list holds more than this many messages. ``None`` turns count mode
+            off.
+        min_messages: Reduce down to this many messages (the gap to ``max_messages`` makes a prune
+            happen once every few messages instead of on every put). Defaults to ``max_messages``.
+        max_tokens: Reduce when the list holds more than this many tokens. ``None`` turns token mode off.
+        target_tokens: Reduce down to this many tokens. Defaults to ``max_tokens``.
+        token_counter: Counts the tokens of a list of messages (objects or dicts); applied to one
+            message at a time. Defaults to langchain_core's ``count_tokens_approximately``.
+        preserve_first: Never prune a leading system message.
+        cascade_tool_messages: Keep or prune an AI tool call together with the tool messages that answer
+            it. With ``False`` a cut may orphan tool messages (the window is then not always API-valid).
+        start_on: ``"human"``: the first kept message after the system prompt is a human message.
+            ``None``: a window may start on any message type.
+        on_prune: Hooks called as ``hook(pruned_messages, namespace)`` after a prune. A hook that raises
+            is logged and does not break the reduce.
+        dedupe_on_prune: Deliver each message to the hooks once per reducer, although LangGraph hands
+            every put of a turn the same unreduced list.
+        dedupe_capacity: How many delivered message keys the reducer remembers.
+        namespace_key: The ``config["configurable"]`` key that names a run's memory namespace.
+    """
+
+    max_messages: int | None = 20
+    min_messages: int | None = None
+    max_tokens: int | None = None
+    target_tokens: int | None = None
+    token_counter: TokenCounter | None = None
+    preserve_first: bool = True
+    cascade_tool_messages: bool = True
+    start_on: Literal["human"] | None = "human"
+    on_prune: Sequence[PruneHook] = field(default_factory=tuple)
+    dedupe_on_prune: bool = True
+    dedupe_capacity: int = 100_000
+    namespace_key: str = "memory_namespace"
+
+    def __post_init__(self) -> None:
+        if self.max_messages is None and self.max_tokens is None:
+            raise ValueError("ReducerConfig needs max_messages or max_tokens (or both)")
+        if self.max_messages is not None and self.max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {self.max_messages}")
+        if self.min_messages is not None:
+            if self.max_messages is None:
+                raise ValueError("min_messages needs max_messages")
+            if not 1 <= self.min_messages <= self.max_messages:
+                raise ValueError(
+                    f"min_messages must be between 1 and max_messages ({self.max_messages}), "
+                    f"got {self.min_messages}"
+                )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.target_tokens is not None:
+            if self.max_tokens is None:
+                raise ValueError("target_tokens needs max_tokens")
+            if not 1 <= self.target_tokens <= self.max_tokens:
+                raise ValueError(
+                    f"target_tokens must be between 1 and max_tokens ({self.max_tokens}), "
+                    f"got {self.target_tokens}"
+                )
+        if self.start_on not in ("human", None):
+            raise ValueError(f"start_on must be 'human' or None, got {self.start_on!r}")
+        if self.dedupe_capacity < 1:
+            raise ValueError(f"dedupe_capacity must be at least 1, got {self.dedupe_capacity}")
+        object.__setattr__(self, "on_prune", tuple(self.on_prune))
+
+    @property
+    def count_target(self) -> int | None:
+        return self.min_messages if self.min_messages is not None else self.max_messages
+
+    @property
+    def token_target(self) -> int | None:
+        return self.target_tokens if self.target_tokens is not None else self.max_tokens
+
+
+class ReduceResult(NamedTuple):
+    """``kept + pruned`` is the reduced list, in order."""
+
+    kept: list[Any]
+    pruned: list[Any]
+
+
+def message_field(message: MessageLike, name: str, default: Any = None) -> Any:
+    """Read a field from a message object or its ``model_dump()`` dict."""
+    if isinstance(message, Mapping):
+        return message.get(name, default)
+    return getattr(message, name, default)
+
+
+def message_type(message: MessageLike) -> str:
+    """``"human"``, ``"ai"``, ``"system"``, ``"tool"``, ... (chunks count as their message type)."""
+    kind = message_field(message, "type") or ""
+    return _CHUNK_TYPES.get(kind, kind)
+
+
+_CHUNK_TYPES = {
+    "AIMessageChunk": "ai",
+    "HumanMessageChunk": "human",
+    "SystemMessageChunk": "system",
+    "ToolMessageChunk": "tool",
+    "ChatMessageChunk": "chat",
+    "FunctionMessageChunk": "function",
+}
+
+
+def _tool_call_ids(message: MessageLike) -> list[str]:
+    return [call["id"] for call in message_field(message, "tool_calls") or () if call.get("id")]
+
+
+def message_key(message: MessageLike, namespace: Sequence[str]) -> str:
+    """A stable key for a message: its id, or a digest of its namespace, type and content.
+
+    LangGraph's ``add_messages`` gives every message an id; the digest covers lists built by hand.
+    """
+    message_id = message_field(message, "id")
+    if message_id:
+        return str(message_id)
+    payload = orjson.dumps(
+        [list(namespace), message_type(message), message_field(message, "content")],
+        option=orjson.OPT_SORT_KEYS,
+        default=str,
+    )
+    return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
+def _default_token_counter(messages: Sequence[Any]) -> int:
+    return count_tokens_approximately(messages)
+
+
+class MessageReducer:
+    """Bounds a messages list to a valid window and hands what leaves it to ``on_prune`` hooks.
+
+    Example:
+        >>> reducer = MessageReducer(ReducerConfig(max_messages=6, min_messages=4))
+        >>> kept, pruned = reducer.reduce(messages, namespace=("memories", "thread-1"))
+    """
+
+    def __init__(self, config: ReducerConfig | None = None, **options: Any) -> None:
+        """Build a reducer from a config, or from ``ReducerConfig`` keyword arguments."""
+        if config is not None and options:
+            raise TypeError("pass either a ReducerConfig or keyword options, not both")
+        self.config = config if config is not None else ReducerConfig(**options)
+        self._count_tokens: TokenCounter = self.config.token_counter or _default_token_counter
+        self._delivered: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"MessageReducer(max_messages={c.max_messages}, min_messages={c.count_target}, "
+            f"max_tokens={c.max_tokens}, target_tokens={c.token_target})"
+        )
+
+    # -- window selection -------------------------------------------------------------------------
+
+    def select(self, messages: Sequence[MessageLike]) -> int:
+        """Return how many leading messages (after a preserved system message) to prune.
+
+        Pure: no hook is called. ``0`` means the list is kept whole.
+        """
+        config = self.config
+        head = 1 if config.preserve_first and messages and message_type(messages[0]) == "system" else 0
+        tokens = None
+        if config.max_tokens is not None:
+            tokens = [self._count_tokens([m]) for m in messages]
+        over_count = config.max_messages is not None and len(messages) > config.max_messages
+        over_tokens = tokens is not None and sum(tokens) > config.max_tokens
+        if not (over_count or over_tokens):
+            return 0
+
+        cuts = self._valid_cuts(messages, head)
+        if not cuts:
+            return 0
+        # Keep the longest valid window that meets every target; when none does, the shortest one.
+        head_tokens = sum(tokens[:head]) if tokens is not None else 0
+        suffix_sums: dict[int, int] = {}
+        if tokens is not None:
+            running = 0
+            for index in range(len(messages) - 1, head - 1, -1):
+                running += tokens[index]
+                suffix_sums[index] = running
+        for cut in cuts:
+            kept_count = head + len(messages) - cut
+            if config.count_target is not None and kept_count > config.count_target:
+                continue
+            if tokens is not None and head_tokens + suffix_sums[cut] > config.token_target:
+                continue
+            return cut - head
+        return cuts[-1] - head
+
+    def _valid_cuts(self, messages: Sequence[MessageLike], head: int) -> list[int]:
+        """Indices ``cut > head`` where the kept window ``messages[cut:]`` may start, ascending.
+
+        A window never starts with the whole tail pruned: the newest message is always kept.
+        """
+        config = self.config
+        n = len(messages)
+        # A cut inside a tool-call group (AI call ... its last answer) would orphan one side.
+        inside_group = [False] * (n + 1)
+        if config.cascade_tool_messages:
+            last_answer: dict[str, int] = {}
+            for index in range(head, n):
+                call_id = message_field(messages[index], "tool_call_id")
+                if message_type(messages[index]) == "tool" and call_id:
+                    last_answer[call_id] = index
+            for index in range(head, n):
+                ends = [last_answer[c] for c in _tool_call_ids(messages[index]) if c in last_answer]
+                for inner in range(index + 1, max(ends, default=index) + 1):
+                    inside_group[inner] = True
+        cuts = []
+        for cut in range(head + 1, n):
+            if inside_group[cut]:
+                continue
+            kind = message_type(messages[cut])
+            if config.start_on == "human" and kind != "human":
+                continue
+            if config.cascade_tool_messages and kind == "tool":
+                continue
+            cuts.append(cut)
+        return cuts
+
+    # -- reduce -----------------------------------------------------------------------------------
+
+    def reduce(self, messages: Sequence[MessageLike], namespace: Sequence[str] = ()) -> ReduceResult:
+        """Cut ``messages`` to the window and deliver the pruned messages to the hooks.
+
+        Args:
+            messages: The messages list, oldest first (objects or ``model_dump()`` dicts).
+            namespace: The memory namespace handed to the hooks.
+
+        Returns:
+            ``ReduceResult(kept, pruned)``; ``kept`` holds the same objects as the input.
+        """
+        messages = list(messages)
+        pruned_count = self.select(messages)
+        if not pruned_count:
+            return ReduceResult(messages, [])
+        head = 1 if self.config.preserve_first and message_type(messages[0]) == "system" else 0
+        pruned = messages[head : head + pruned_count]
+        kept = messages[:head] + messages[head + pruned_count :]
+        self.deliver(pruned, tuple(namespace))
+        return ReduceResult(kept, pruned)
+
+    def deliver(self, pruned: Sequence[Any], namespace: tuple[str, ...]) -> list[Any]:
+        """Hand ``pruned`` to the hooks, once per message key when deduping; return what was handed."""
+        if self.config.dedupe_on_prune:
+            fresh = []
+            for message in pruned:
+                key = (namespace, message_key(message, namespace))
+                if key in self._delivered:
+                    self._delivered.move_to_end(key)
+                    continue
+                self._delivered[key] = None
+                fresh.append(message)
+            while len(self._delivered) > self.config.dedupe_capacity:
+                self._delivered.popitem(last=False)
+        else:
+            fresh = list(pruned)
+        if fresh:
+            for hook in self.config.on_prune:
+                try:
+                    hook(list(fresh), namespace)
+                except Exception:
+                    logger.exception("on_prune hook %r failed; the reduce goes on", hook)
+        return fresh

@@ -1,0 +1,317 @@
+"""ReducingSaver: a LangGraph checkpointer wrapper that stores a bounded window of messages.
+
+LangGraph writes its whole ``messages`` channel into every checkpoint, so a thread's storage grows with
+the square of its length. ``ReducingSaver`` reduces that channel on each put that writes it and
+delegates everything else to the wrapped saver.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+from reducing_saver.service.reducer import MessageReducer
+
+logger = logging.getLogger(__name__)
+
+#: Optional saver capabilities: (sync method, async method).
+OPTIONAL_CAPABILITIES: dict[str, tuple[str, str]] = {
+    "copy_thread": ("copy_thread", "acopy_thread"),
+    "delete_for_runs": ("delete_for_runs", "adelete_for_runs"),
+    "prune": ("prune", "aprune"),
+    "delta_channel_history": ("get_delta_channel_history", "aget_delta_channel_history"),
+}
+
+
+def saver_capabilities(saver: BaseCheckpointSaver | type[BaseCheckpointSaver]) -> frozenset[str]:
+    """The optional capabilities a saver implements: those whose sync or async method it overrides."""
+    saver_type = saver if isinstance(saver, type) else type(saver)
+    return frozenset(
+        name
+        for name, methods in OPTIONAL_CAPABILITIES.items()
+        if any(getattr(saver_type, m) is not getattr(BaseCheckpointSaver, m) for m in methods)
+    )
+
+
+def memory_namespace(reducer: MessageReducer, config: RunnableConfig) -> tuple[str, ...]:
+    """The memory namespace of a run.
+
+    ``config["configurable"][reducer.config.namespace_key]`` (a list or tuple of strings, or one string)
+    when present, else ``("memories", thread_id)``.
+    """
+    configurable = config.get("configurable") or {}
+    namespace = configurable.get(reducer.config.namespace_key)
+    if namespace is None:
+        return ("memories", str(configurable.get("thread_id", "")))
+    if isinstance(namespace, str):
+        return (namespace,)
+    return tuple(str(label) for label in namespace)
+
+
+_warned_delta_channels: set[str] = set()
+
+
+def is_delta_channel_value(checkpoint: Checkpoint, messages_key: str) -> bool:
+    """True when the messages channel is backed by a DeltaChannel (absent value, or a delta snapshot).
+
+    Such a value is rebuilt from stored writes; replacing it would break the reconstruction.
+    """
+    values = checkpoint["channel_values"]
+    return messages_key not in values or isinstance(values[messages_key], _DeltaSnapshot)
+
+
+def _warn_delta_channel(messages_key: str) -> None:
+    if messages_key not in _warned_delta_channels:
+        _warned_delta_channels.add(messages_key)
+        logger.warning(
+            "channel %r is backed by a DeltaChannel; it is stored as written, not reduced", messages_key
+        )
+
+
+def apply_reducer(
+    reducer: MessageReducer,
+    checkpoint: Checkpoint,
+    config: RunnableConfig,
+    messages_key: str = "messages",
+) -> Checkpoint:
+    """Return ``checkpoint`` with its messages channel cut to the reducer's window.
+
+    The input is not modified; when nothing is pruned (or the channel is not a list of messages, or is
+    backed by a DeltaChannel) the same checkpoint object comes back.
+    """
+    if is_delta_channel_value(checkpoint, messages_key):
+        if messages_key in checkpoint.get("channel_versions", {}):
+            _warn_delta_channel(messages_key)
+        return checkpoint
+    messages = checkpoint["channel_values"][messages_key]
+    if not isinstance(messages, list):
+        return checkpoint
+    kept, pruned = reducer.reduce(messages, memory_namespace(reducer, config))
+    if not pruned:
+        return checkpoint
+    reduced = checkpoint.copy()
+    reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: kept}
+    return reduced
+
+
+class ReducingSaver(BaseCheckpointSaver):
+    """Wraps a LangGraph checkpointer so every stored checkpoint keeps a bounded window of messages.
+
+    Which of three cases holds is decided once, here:
+
+    * ``inner`` has no ``reducer`` attribute: this wrapper reduces (``passthrough`` is False);
+    * ``inner.reducer is None``: ``reducer`` is assigned to it and every call passes through;
+    * ``inner.reducer is reducer`` (another ``ReducingSaver`` with the same reducer, say): pass through.
+
+    A different reducer raises ``ValueError``: two dedupe memories would deliver pruned messages twice.
+
+    The optional capabilities (``copy_thread``, ``delete_for_runs``, ``prune``,
+    ``get_delta_channel_history`` and their async twins) exist on the wrapper exactly when ``inner``
+    implements them, so capability probes see the inner saver's truth.
+
+    Args:
+        inner: The saver that stores the checkpoints.
+        reducer: The reducer applied to the messages channel.
+        messages_key: The channel holding the messages list.
+
+    Raises:
+        ValueError: If ``inner`` already carries a different reducer.
+    """
+
+    capabilities: frozenset[str] = frozenset()
+
+    def __new__(cls, inner: BaseCheckpointSaver, *args: Any, **kwargs: Any) -> ReducingSaver:
+        return super().__new__(_variant(cls, saver_capabilities(inner)))
+
+    def __init__(
+        self,
+        inner: BaseCheckpointSaver,
+        reducer: MessageReducer,
+        *,
+        messages_key: str = "messages",
+    ) -> None:
+        super().__init__(serde=inner.serde)
+        if not hasattr(inner, "reducer"):
+            self.passthrough = False
+        elif inner.reducer is None:
+            inner.reducer = reducer
+            self.passthrough = True
+        elif inner.reducer is reducer:
+            self.passthrough = True
+        else:
+            raise ValueError(
+                f"{type(inner).__name__} already reduces with {inner.reducer!r}; wrapping it with a "
+                "different reducer would prune (and deliver) the same messages twice"
+            )
+        self.inner = inner
+        self.reducer = reducer
+        self.messages_key = messages_key
+
+    def __repr__(self) -> str:
+        return f"ReducingSaver({self.inner!r}, {self.reducer!r})"
+
+    @property
+    def config_specs(self) -> list:
+        return self.inner.config_specs
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.inner.get_next_version(current, channel)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> BaseCheckpointSaver:
+        inner = self.inner.with_allowlist(extra_allowlist)
+        if inner is self.inner:
+            return self
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.inner, clone.serde = inner, inner.serde
+        return clone
+
+    def _reduce(self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
+        if self.passthrough or self.messages_key not in new_versions:
+            return checkpoint
+        return apply_reducer(self.reducer, checkpoint, config, self.messages_key)
+
+    # -- the required saver API ---------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self.inner.get_tuple(config)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        return self.inner.list(config, filter=filter, before=before, limit=limit)
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self.inner.put(config, self._reduce(config, checkpoint, new_versions), metadata, new_versions)
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        return self.inner.put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        return self.inner.delete_thread(thread_id)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self.inner.aget_tuple(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        async for item in self.inner.alist(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        reduced = self._reduce(config, checkpoint, new_versions)
+        return await self.inner.aput(config, reduced, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        return await self.inner.aput_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        return await self.inner.adelete_thread(thread_id)
+
+
+# -- optional capabilities: mixed in only when the inner saver has them ---------------------------
+
+
+class _CopyThread:
+    inner: BaseCheckpointSaver
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        return self.inner.copy_thread(source_thread_id, target_thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        return await self.inner.acopy_thread(source_thread_id, target_thread_id)
+
+
+class _DeleteForRuns:
+    inner: BaseCheckpointSaver
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        return self.inner.delete_for_runs(run_ids)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        return await self.inner.adelete_for_runs(run_ids)
+
+
+class _Prune:
+    inner: BaseCheckpointSaver
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        return self.inner.prune(thread_ids, strategy=strategy)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        return await self.inner.aprune(thread_ids, strategy=strategy)
+
+
+class _DeltaChannelHistory:
+    inner: BaseCheckpointSaver
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self.inner.get_delta_channel_history(config=config, channels=channels)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await self.inner.aget_delta_channel_history(config=config, channels=channels)
+
+
+_MIXINS: dict[str, type] = {
+    "copy_thread": _CopyThread,
+    "delete_for_runs": _DeleteForRuns,
+    "prune": _Prune,
+    "delta_channel_history": _DeltaChannelHistory,
+}
+_VARIANTS: dict[tuple[type, frozenset[str]], type] = {}
+
+
+def _variant(base: type[ReducingSaver], capabilities: frozenset[str]) -> type[ReducingSaver]:
+    """The subclass of ``base`` that carries exactly ``capabilities`` (cached per set)."""
+    key = (base, capabilities)
+    if key not in _VARIANTS:
+        mixins = tuple(_MIXINS[name] for name in OPTIONAL_CAPABILITIES if name in capabilities)
+        _VARIANTS[key] = (
+            type(base.__name__, (*mixins, base), {"capabilities": capabilities, "__module__": base.__module__})
+            if mixins
+            else base
+        )
+    return _VARIANTS[key]
