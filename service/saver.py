@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -22,28 +22,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from reducing_saver.client._capabilities import saver_capabilities, with_capabilities
 from reducing_saver.service.reducer import MessageReducer
 
 logger = logging.getLogger(__name__)
-
-#: Optional saver capabilities: (sync method, async method).
-OPTIONAL_CAPABILITIES: dict[str, tuple[str, str]] = {
-    "copy_thread": ("copy_thread", "acopy_thread"),
-    "delete_for_runs": ("delete_for_runs", "adelete_for_runs"),
-    "prune": ("prune", "aprune"),
-    "delta_channel_history": ("get_delta_channel_history", "aget_delta_channel_history"),
-}
-
-
-def saver_capabilities(saver: BaseCheckpointSaver | type[BaseCheckpointSaver]) -> frozenset[str]:
-    """The optional capabilities a saver implements: those whose sync or async method it overrides."""
-    saver_type = saver if isinstance(saver, type) else type(saver)
-    return frozenset(
-        name
-        for name, methods in OPTIONAL_CAPABILITIES.items()
-        if any(getattr(saver_type, m) is not getattr(BaseCheckpointSaver, m) for m in methods)
-    )
-
 
 def memory_namespace(reducer: MessageReducer, config: RunnableConfig) -> tuple[str, ...]:
     """The memory namespace of a run.
@@ -80,29 +62,59 @@ def _warn_delta_channel(messages_key: str) -> None:
         )
 
 
+class MessagesCodec(Protocol):
+    """Turns a stored messages value into a list the reducer can cut, and the kept part back.
+
+    The in-process default works on lists of message objects; the service plugs in one that reads the
+    client's serialized bytes without importing anything.
+    """
+
+    def decode(self, value: Any) -> list[Any] | None:
+        """The messages in ``value``, or ``None`` to store ``value`` as it is."""
+
+    def encode(self, kept: list[Any], original: Any) -> Any:
+        """The stored form of ``kept`` (a prefix-pruned sublist of ``decode(original)``)."""
+
+
+class ListCodec:
+    """Messages channel values that are plain lists of messages (in-process savers)."""
+
+    def decode(self, value: Any) -> list[Any] | None:
+        return value if isinstance(value, list) else None
+
+    def encode(self, kept: list[Any], original: Any) -> Any:
+        return kept
+
+
+LIST_CODEC = ListCodec()
+
+
 def apply_reducer(
     reducer: MessageReducer,
     checkpoint: Checkpoint,
     config: RunnableConfig,
     messages_key: str = "messages",
+    *,
+    codec: MessagesCodec = LIST_CODEC,
 ) -> Checkpoint:
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
 
-    The input is not modified; when nothing is pruned (or the channel is not a list of messages, or is
-    backed by a DeltaChannel) the same checkpoint object comes back.
+    The input is not modified; when nothing is pruned (or the channel holds no readable messages list,
+    or is backed by a DeltaChannel) the same checkpoint object comes back.
     """
     if is_delta_channel_value(checkpoint, messages_key):
         if messages_key in checkpoint.get("channel_versions", {}):
             _warn_delta_channel(messages_key)
         return checkpoint
-    messages = checkpoint["channel_values"][messages_key]
-    if not isinstance(messages, list):
+    value = checkpoint["channel_values"][messages_key]
+    messages = codec.decode(value)
+    if messages is None:
         return checkpoint
     kept, pruned = reducer.reduce(messages, memory_namespace(reducer, config))
     if not pruned:
         return checkpoint
     reduced = checkpoint.copy()
-    reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: kept}
+    reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: codec.encode(kept, value)}
     return reduced
 
 
@@ -125,6 +137,7 @@ class ReducingSaver(BaseCheckpointSaver):
         inner: The saver that stores the checkpoints.
         reducer: The reducer applied to the messages channel.
         messages_key: The channel holding the messages list.
+        codec: Reads and writes the stored form of the messages channel (default: plain lists).
 
     Raises:
         ValueError: If ``inner`` already carries a different reducer.
@@ -133,7 +146,7 @@ class ReducingSaver(BaseCheckpointSaver):
     capabilities: frozenset[str] = frozenset()
 
     def __new__(cls, inner: BaseCheckpointSaver, *args: Any, **kwargs: Any) -> ReducingSaver:
-        return super().__new__(_variant(cls, saver_capabilities(inner)))
+        return super().__new__(with_capabilities(cls, saver_capabilities(inner), _MIXINS))
 
     def __init__(
         self,
@@ -141,6 +154,7 @@ class ReducingSaver(BaseCheckpointSaver):
         reducer: MessageReducer,
         *,
         messages_key: str = "messages",
+        codec: MessagesCodec = LIST_CODEC,
     ) -> None:
         super().__init__(serde=inner.serde)
         if not hasattr(inner, "reducer"):
@@ -158,6 +172,7 @@ class ReducingSaver(BaseCheckpointSaver):
         self.inner = inner
         self.reducer = reducer
         self.messages_key = messages_key
+        self.codec = codec
 
     def __repr__(self) -> str:
         return f"ReducingSaver({self.inner!r}, {self.reducer!r})"
@@ -181,7 +196,7 @@ class ReducingSaver(BaseCheckpointSaver):
     def _reduce(self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
-        return apply_reducer(self.reducer, checkpoint, config, self.messages_key)
+        return apply_reducer(self.reducer, checkpoint, config, self.messages_key, codec=self.codec)
 
     # -- the required saver API ---------------------------------------------------------------------
 
@@ -301,17 +316,3 @@ _MIXINS: dict[str, type] = {
     "prune": _Prune,
     "delta_channel_history": _DeltaChannelHistory,
 }
-_VARIANTS: dict[tuple[type, frozenset[str]], type] = {}
-
-
-def _variant(base: type[ReducingSaver], capabilities: frozenset[str]) -> type[ReducingSaver]:
-    """The subclass of ``base`` that carries exactly ``capabilities`` (cached per set)."""
-    key = (base, capabilities)
-    if key not in _VARIANTS:
-        mixins = tuple(_MIXINS[name] for name in OPTIONAL_CAPABILITIES if name in capabilities)
-        _VARIANTS[key] = (
-            type(base.__name__, (*mixins, base), {"capabilities": capabilities, "__module__": base.__module__})
-            if mixins
-            else base
-        )
-    return _VARIANTS[key]
