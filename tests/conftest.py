@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -40,13 +40,84 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def fresh_pg(pg_database: str) -> Iterator[str]:
-    """A database of its own for one test: the saver tables start empty."""
-    name = f"rs_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg_url(name)
-    finally:
+def make_database(pg_database: str) -> Iterator[Callable[[], str]]:
+    """Create empty databases for one test (dropped after it); returns their URLs."""
+    prefix = pg_database.rsplit("/", 1)[1]
+    names: list[str] = []
+
+    def create() -> str:
+        name = f"{prefix}_{len(names)}_{uuid.uuid4().hex[:6]}"
         with psycopg.connect(pg_url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        names.append(name)
+        return pg_url(name)
+
+    yield create
+    with psycopg.connect(pg_url("postgres"), autocommit=True) as conn:
+        for name in names:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def fresh_pg(make_database: Callable[[], str]) -> str:
+    """A database of its own for one test: the saver tables start empty."""
+    return make_database()
+
+
+# -- a chat-API validity check shared by the reducer, saver and storage tests -----------------------
+
+_CHUNK_KINDS = {
+    "AIMessageChunk": "ai",
+    "HumanMessageChunk": "human",
+    "SystemMessageChunk": "system",
+    "ToolMessageChunk": "tool",
+}
+
+
+def _msg_get(message, name):
+    return message.get(name) if isinstance(message, dict) else getattr(message, name, None)
+
+
+def msg_kind(message) -> str:
+    """``"system"``, ``"human"``, ``"ai"``, ``"tool"``, ... for message objects and ``model_dump()`` dicts."""
+    kind = _msg_get(message, "type") or ""
+    return _CHUNK_KINDS.get(kind, kind)
+
+
+def api_window_problems(window, *, start_on="human") -> list[str]:
+    """Why ``window`` is not a message list a chat-model API accepts; empty when it is one.
+
+    Written independently of the reducer, from the rules an API enforces:
+
+    * with ``start_on="human"`` the first message after an optional leading system message is human;
+    * every tool message answers a tool call of an earlier AI message in the window;
+    * every tool call of an AI message is answered by a later tool message, except the calls of the
+      newest message when it is an AI message whose tools have not run yet.
+    """
+    problems: list[str] = []
+    head = 1 if window and msg_kind(window[0]) == "system" else 0
+    if start_on == "human" and len(window) > head and msg_kind(window[head]) != "human":
+        problems.append(f"window starts on {msg_kind(window[head])!r} at index {head}, not on a human message")
+    open_calls: dict[str, int] = {}
+    answered: set[str] = set()
+    for index, message in enumerate(window):
+        kind = msg_kind(message)
+        if kind == "ai":
+            for call in _msg_get(message, "tool_calls") or ():
+                open_calls[call["id"]] = index
+        elif kind == "tool":
+            call_id = _msg_get(message, "tool_call_id")
+            if call_id not in open_calls:
+                problems.append(f"tool message at index {index} answers {call_id!r}, a call not in the window")
+            answered.add(call_id)
+    last = len(window) - 1
+    for call_id, index in open_calls.items():
+        if call_id not in answered and index != last:
+            problems.append(f"tool call {call_id!r} of the AI message at index {index} has no result")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def window_problems():
+    """:func:`api_window_problems`, for tests that check stored windows."""
+    return api_window_problems

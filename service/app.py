@@ -1,0 +1,426 @@
+"""The FastAPI application: the whole LangGraph saver API over HTTP, reduced centrally.
+
+``create_app(settings)`` builds an app whose lifespan opens the backend once. Saver calls are
+blocking (PostgresSaver, SqliteSaver), so the routes are plain functions that FastAPI runs in its
+thread pool; the backend lends each call a saver of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
+from reducing_saver.service import schemas
+from reducing_saver.service.backends import Backend, open_backend
+from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
+from reducing_saver.service.reducer import MessageReducer
+from reducing_saver.service.settings import Settings
+
+logger = logging.getLogger("reducing_saver.service")
+
+try:
+    __version__ = version("reducing-saver")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0"
+
+
+class ORJSONResponse(JSONResponse):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+# -- wire conversion ------------------------------------------------------------------------------
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, Blob):
+        return blob_to_wire(value.type, value.data)
+    if is_inline(value):
+        return value
+    raise TypeError(f"stored value of type {type(value).__name__} cannot travel")
+
+
+def _from_wire(value: Any, field: str) -> Any:
+    if isinstance(value, schemas.TypedValue):
+        try:
+            return Blob(value.type, base64.b64decode(value.data, validate=True))
+        except (binascii.Error, ValueError):
+            raise HTTPException(422, f"{field}.data is not valid base64") from None
+    return value
+
+
+def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
+    checkpoint = dict(item.checkpoint)
+    values = checkpoint.pop("channel_values", None) or {}
+    return {
+        "config": item.config,
+        "checkpoint": checkpoint,
+        "values": {channel: _wire_value(value) for channel, value in values.items()},
+        "metadata": item.metadata,
+        "parent_config": item.parent_config,
+        "pending_writes": [
+            [task_id, channel, _wire_value(value)] for task_id, channel, value in item.pending_writes or ()
+        ],
+    }
+
+
+def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> RunnableConfig:
+    configurable = dict(config.configurable)
+    thread_id = configurable.get("thread_id")
+    if need_thread and (thread_id is None or thread_id == ""):
+        raise HTTPException(422, "config.configurable.thread_id is required")
+    if thread_id is not None:
+        configurable["thread_id"] = str(thread_id)
+    checkpoint_ns = configurable.get("checkpoint_ns")
+    if checkpoint_ns is None:
+        configurable["checkpoint_ns"] = ""
+    elif not isinstance(checkpoint_ns, str):
+        raise HTTPException(422, "config.configurable.checkpoint_ns must be a string")
+    run_config: RunnableConfig = {"configurable": configurable}
+    if config.metadata:
+        run_config["metadata"] = dict(config.metadata)
+    return run_config
+
+
+# -- request size ---------------------------------------------------------------------------------
+
+
+class BodySizeLimit:
+    """Answer 413 to bodies over ``limit`` bytes, before the app parses anything."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._reject(send, 400, "Content-Length is not a number")
+                    return
+                if declared > self.limit:
+                    await self._reject(send, 413, self._too_large())
+                    return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._reject(send, 413, self._too_large())
+
+    def _too_large(self) -> str:
+        return f"request body is larger than the limit of {self.limit} bytes (setting max_body_bytes)"
+
+    @staticmethod
+    async def _reject(send: Send, status: int, detail: str) -> None:
+        body = orjson.dumps({"detail": detail})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+# -- the app --------------------------------------------------------------------------------------
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _message_hooks(paths: list[str], codec: SafeMessagesCodec) -> list[Callable[..., Any]]:
+    """Operator hooks get the pruned messages as LangChain objects (or dicts for custom classes)."""
+    hooks = []
+    for path in paths:
+        hook = _import(path)
+
+        def call(messages: list[Any], namespace: tuple[str, ...], hook: Callable[..., Any] = hook) -> Any:
+            return hook([to_message(m) for m in messages], namespace)
+
+        hooks.append(call)
+    return hooks
+
+
+class Service:
+    """What the routes share: settings, the reducer, the codec and the backend."""
+
+    def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
+        self.settings = settings
+        self.codec = SafeMessagesCodec(settings.allowed_message_classes)
+        hooks = [*_message_hooks(settings.on_prune, self.codec), *(extra_hooks or [])]
+        self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
+        self.backend: Backend | None = None
+
+    def open(self) -> Backend:
+        self.backend = open_backend(self.settings, self.reducer, self.codec)
+        return self.backend
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+def get_service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def get_backend(request: Request) -> Backend:
+    backend = request.app.state.service.backend
+    if backend is None:
+        raise HTTPException(503, "the service is starting or stopping")
+    return backend
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+BackendDep = Annotated[Backend, Depends(get_backend)]
+
+_ERRORS = {
+    413: {"model": schemas.ErrorResponse, "description": "Body larger than max_body_bytes."},
+    422: {"model": schemas.ErrorResponse, "description": "A field is missing, of the wrong type, or refused."},
+    503: {"model": schemas.ErrorResponse, "description": "The database is unreachable."},
+}
+
+
+def _require(backend: Backend, capability: str) -> None:
+    if capability not in backend.capabilities:
+        raise HTTPException(404, f"the {backend.kind} backend has no {capability}")
+
+
+def create_app(settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None) -> FastAPI:
+    """Build the service app.
+
+    Args:
+        settings: The settings; read from the environment when omitted.
+        on_prune: Extra reducer hooks (for embedding and tests), called with the pruned messages as
+            ``model_dump()`` dicts and the namespace.
+    """
+    settings = settings or Settings()
+    service = Service(settings, on_prune)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend = service.open()
+        logger.info("backend %s ready (%d savers)", backend.kind, backend.size)
+        try:
+            yield
+        finally:
+            service.close()
+
+    app = FastAPI(
+        title="reducing-saver",
+        version=__version__,
+        summary="LangGraph checkpoints over HTTP; every stored checkpoint keeps a bounded window of messages.",
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+    )
+    app.state.service = service
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(UnsafeMessagesError)
+    async def _unsafe(request: Request, exc: UnsafeMessagesError) -> Response:
+        return ORJSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(NotImplementedError)
+    async def _unsupported(request: Request, exc: NotImplementedError) -> Response:
+        return ORJSONResponse({"detail": str(exc) or "not supported by this backend"}, status_code=409)
+
+    @app.get("/healthz", tags=["health"], summary="The process is alive.")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], summary="The database answers.", responses={503: _ERRORS[503]})
+    def readyz(backend: BackendDep) -> dict[str, str]:
+        try:
+            backend.ready()
+        except Exception as exc:
+            raise HTTPException(503, f"database not reachable: {type(exc).__name__}") from None
+        return {"status": "ready"}
+
+    @app.get("/v1/capabilities", tags=["saver"], response_model=schemas.CapabilitiesResponse)
+    def capabilities(service: ServiceDep, backend: BackendDep) -> Any:
+        """The backend's optional capabilities and the reducer's configuration."""
+        config = service.reducer.config
+        return {
+            "capabilities": sorted(backend.capabilities),
+            "backend": backend.kind,
+            "messages_key": settings.messages_key,
+            "reducer": {
+                "max_messages": config.max_messages,
+                "min_messages": config.count_target,
+                "max_tokens": config.max_tokens,
+                "target_tokens": config.token_target,
+                "preserve_first": config.preserve_first,
+                "cascade_tool_messages": config.cascade_tool_messages,
+                "start_on": config.start_on,
+                "namespace_key": config.namespace_key,
+            },
+            "version": __version__,
+        }
+
+    @app.post(
+        "/v1/checkpoints/get",
+        tags=["saver"],
+        response_model=schemas.GetCheckpointResponse,
+        responses=_ERRORS,
+        summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
+    )
+    def get_checkpoint(body: schemas.GetCheckpointRequest, backend: BackendDep) -> Any:
+        with backend.borrow() as saver:
+            item = saver.get_tuple(_run_config(body.config))
+        return ORJSONResponse({"checkpoint": _tuple_out(item) if item else None})
+
+    @app.post(
+        "/v1/checkpoints/list",
+        tags=["saver"],
+        response_model=schemas.ListCheckpointsResponse,
+        responses=_ERRORS,
+        summary="List checkpoints, newest first, filtered by thread, metadata, before and limit.",
+    )
+    def list_checkpoints(body: schemas.ListCheckpointsRequest, backend: BackendDep) -> Any:
+        config = _run_config(body.config, need_thread=False) if body.config else None
+        before = _run_config(body.before, need_thread=False) if body.before else None
+        with backend.borrow() as saver:
+            items = [
+                _tuple_out(item)
+                for item in saver.list(config, filter=body.filter, before=before, limit=body.limit)
+            ]
+        return ORJSONResponse({"checkpoints": items})
+
+    @app.post(
+        "/v1/checkpoints/put",
+        tags=["saver"],
+        response_model=schemas.PutCheckpointResponse,
+        responses=_ERRORS,
+        summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
+    )
+    def put_checkpoint(body: schemas.PutCheckpointRequest, backend: BackendDep) -> Any:
+        config = _run_config(body.config)
+        checkpoint = body.checkpoint.model_dump()
+        checkpoint["channel_values"] = {
+            channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
+        }
+        with backend.borrow() as saver:
+            next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
+        return ORJSONResponse({"config": next_config})
+
+    @app.post(
+        "/v1/writes/put",
+        tags=["saver"],
+        status_code=204,
+        responses=_ERRORS,
+        summary="Store a task's pending writes (idempotent per task_id and index).",
+    )
+    def put_writes(body: schemas.PutWritesRequest, backend: BackendDep) -> Response:
+        config = _run_config(body.config)
+        if not config["configurable"].get("checkpoint_id"):
+            raise HTTPException(422, "config.configurable.checkpoint_id is required for writes")
+        writes = [
+            (channel, _from_wire(value, f"writes[{index}]"))
+            for index, (channel, value) in enumerate(body.writes)
+        ]
+        with backend.borrow() as saver:
+            saver.put_writes(config, writes, body.task_id, body.task_path)
+        return Response(status_code=204)
+
+    @app.post("/v1/threads/delete", tags=["threads"], status_code=204, responses=_ERRORS,
+              summary="Delete every checkpoint and write of a thread.")
+    def delete_thread(body: schemas.DeleteThreadRequest, backend: BackendDep) -> Response:
+        with backend.borrow() as saver:
+            saver.delete_thread(body.thread_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/threads/copy", tags=["threads"], status_code=204, responses=_ERRORS,
+              summary="Copy a thread's checkpoints and writes to another thread id (capability copy_thread).")
+    def copy_thread(body: schemas.CopyThreadRequest, backend: BackendDep) -> Response:
+        _require(backend, "copy_thread")
+        with backend.borrow() as saver:
+            saver.copy_thread(body.source_thread_id, body.target_thread_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/threads/prune", tags=["threads"], status_code=204, responses=_ERRORS,
+              summary="Prune threads: keep_latest keeps each namespace's head; delete removes all (capability prune).")
+    def prune(body: schemas.PruneRequest, backend: BackendDep) -> Response:
+        _require(backend, "prune")
+        with backend.borrow() as saver:
+            saver.prune(body.thread_ids, strategy=body.strategy)
+        return Response(status_code=204)
+
+    @app.post("/v1/runs/delete", tags=["threads"], status_code=204, responses=_ERRORS,
+              summary="Delete the checkpoints and writes of runs (capability delete_for_runs).")
+    def delete_for_runs(body: schemas.DeleteRunsRequest, backend: BackendDep) -> Response:
+        _require(backend, "delete_for_runs")
+        with backend.borrow() as saver:
+            saver.delete_for_runs(body.run_ids)
+        return Response(status_code=204)
+
+    @app.post(
+        "/v1/checkpoints/delta-history",
+        tags=["saver"],
+        response_model=schemas.DeltaHistoryResponse,
+        responses=_ERRORS,
+        summary="Per-channel writes and seed along a checkpoint's ancestors (capability delta_channel_history).",
+    )
+    def delta_history(body: schemas.DeltaHistoryRequest, backend: BackendDep) -> Any:
+        _require(backend, "delta_channel_history")
+        with backend.borrow() as saver:
+            history = saver.get_delta_channel_history(config=_run_config(body.config), channels=body.channels)
+        channels = {}
+        for channel, entry in history.items():
+            out: dict[str, Any] = {
+                "writes": [[task_id, ch, _wire_value(value)] for task_id, ch, value in entry["writes"]]
+            }
+            if "seed" in entry:
+                out["seed"] = _wire_value(entry["seed"])
+            channels[channel] = out
+        return ORJSONResponse({"channels": channels})
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory: ``uvicorn --factory reducing_saver.service.app:app_from_env``."""
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper())
+    return create_app(settings)

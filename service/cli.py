@@ -1,0 +1,113 @@
+"""The ``reducing-saver`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from reducing_saver.service.settings import Settings
+
+ENV_PREFIX = "REDUCING_SAVER_"
+
+#: CLI flag -> settings field, for every flag of ``serve``.
+SERVE_FLAGS: dict[str, str] = {
+    "--database": "database",
+    "--host": "host",
+    "--port": "port",
+    "--workers": "workers",
+    "--pool-size": "pool_size",
+    "--max-messages": "max_messages",
+    "--min-messages": "min_messages",
+    "--max-tokens": "max_tokens",
+    "--target-tokens": "target_tokens",
+    "--allow-message-class": "allowed_message_classes",
+    "--on-prune": "on_prune",
+    "--max-body-bytes": "max_body_bytes",
+    "--log-level": "log_level",
+}
+
+
+def _help(field: str) -> str:
+    info = Settings.model_fields[field]
+    default = info.get_default(call_default_factory=True)
+    shown = ",".join(default) if isinstance(default, list) else default
+    return f"{info.description} [env {ENV_PREFIX}{field.upper()}; default: {shown}]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reducing-saver",
+        description="A LangGraph checkpoint service that keeps every stored checkpoint to a window of messages.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP service",
+        description="Run the HTTP service. Every option can also be set by its environment variable "
+        f"({ENV_PREFIX}<NAME>) or in a .env file; options given here win.",
+    )
+    for flag, field in SERVE_FLAGS.items():
+        serve.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
+    return parser
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    """Settings from flags given on the command line, then the environment, then defaults."""
+    overrides = {field: getattr(args, field) for field in SERVE_FLAGS.values() if getattr(args, field) is not None}
+    return Settings(**overrides)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "settings"
+        flag = next((f for f, name in SERVE_FLAGS.items() if name == field), None)
+        where = f"{flag} / {ENV_PREFIX}{field.upper()}" if flag else field
+        lines.append(f"  {where}: {item['msg']} (got {item.get('input')!r})")
+    return "invalid settings:\n" + "\n".join(lines)
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from reducing_saver.service.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(
+        f"reducing-saver listening on http://{settings.host}:{settings.port} "
+        f"(backend {settings.backend}: {settings.database_for_display()}, {settings.workers} worker(s))",
+        flush=True,
+    )
+    common = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False}
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **common)
+        return
+    # Worker processes build their own app from the environment.
+    for field, value in settings.model_dump().items():
+        name = f"{ENV_PREFIX}{field.upper()}"
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = ",".join(value) if isinstance(value, list) else str(value)
+    uvicorn.run("reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args)
+    except ValidationError as error:
+        print(f"reducing-saver: {_describe(error)}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        serve(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

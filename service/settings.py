@@ -1,0 +1,128 @@
+"""The service's settings: one class, read from ``REDUCING_SAVER_*`` variables, ``.env`` and CLI flags."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from reducing_saver.service.reducer import ReducerConfig
+
+BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "sqlite", "memory": "memory"}
+DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told. Each field is also ``REDUCING_SAVER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="REDUCING_SAVER_", env_file=".env", extra="ignore", validate_default=True
+    )
+
+    database: str = Field(
+        DEFAULT_DATABASE,
+        description="Where checkpoints live: postgresql://user:pass@host:port/db, sqlite:///path/to/file "
+        "(relative to the working folder) or memory:// (tests only).",
+    )
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    workers: int = Field(1, ge=1, description="uvicorn worker processes.")
+    pool_size: int = Field(
+        8, ge=1, description="PostgreSQL connections per worker process (= parallel saver calls)."
+    )
+    max_messages: int | None = Field(20, ge=1, description="Reduce a messages list longer than this.")
+    min_messages: int | None = Field(
+        None, ge=1, description="Reduce down to this many messages (default: max_messages)."
+    )
+    max_tokens: int | None = Field(None, ge=1, description="Reduce a messages list over this many tokens.")
+    target_tokens: int | None = Field(None, ge=1, description="Reduce down to this many tokens.")
+    preserve_first: bool = Field(True, description="Never prune a leading system message.")
+    start_on_human: bool = Field(True, description="Kept windows start on a human message.")
+    messages_key: str = Field("messages", description="The channel holding the messages list.")
+    namespace_key: str = Field(
+        "memory_namespace", description="config['configurable'] key naming a run's memory namespace."
+    )
+    allowed_message_classes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Extra message classes the service accepts in the messages channel, as "
+        "comma-separated module:Class names (LangChain's own message classes are always accepted).",
+    )
+    on_prune: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hooks called with (pruned messages as dicts, namespace) after a prune, as "
+        "comma-separated module:callable import paths.",
+    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("allowed_message_classes", "on_prune", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_message_classes", "on_prune")
+    @classmethod
+    def _check_import_paths(cls, value: list[str]) -> list[str]:
+        for name in value:
+            module, _, attribute = name.partition(":")
+            if not module or not attribute:
+                raise ValueError(f"{name!r} is not a module:name import path")
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _check_database(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in BACKEND_SCHEMES:
+            raise ValueError(
+                f"unsupported database URL scheme {scheme!r}; use postgresql://, sqlite:/// or memory://"
+            )
+        if BACKEND_SCHEMES[scheme] == "sqlite" and not sqlite_path(value):
+            raise ValueError("a sqlite URL needs a file path: sqlite:///path/to/file.sqlite")
+        return value
+
+    @model_validator(mode="after")
+    def _check_reducer(self) -> Settings:
+        try:
+            self.reducer_config()
+        except ValueError as exc:
+            raise ValueError(f"reducer settings: {exc}") from None
+        return self
+
+    @property
+    def backend(self) -> str:
+        return BACKEND_SCHEMES[urlsplit(self.database).scheme]
+
+    def reducer_config(self, **extra: object) -> ReducerConfig:
+        return ReducerConfig(
+            max_messages=self.max_messages,
+            min_messages=self.min_messages,
+            max_tokens=self.max_tokens,
+            target_tokens=self.target_tokens,
+            preserve_first=self.preserve_first,
+            start_on="human" if self.start_on_human else None,
+            namespace_key=self.namespace_key,
+            **extra,
+        )
+
+    def database_for_display(self) -> str:
+        """The database URL with any password replaced by ``***``."""
+        return redact_url(self.database)
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///relative/file`` -> ``relative/file``; ``sqlite:////abs/file`` -> ``/abs/file``."""
+    return url.split("sqlite://", 1)[1][1:] if url.startswith("sqlite://") else ""
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))

@@ -1,0 +1,78 @@
+"""Start the real service in a uvicorn process of its own, through the `reducing-saver` CLI."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).with_name("reducing-saver")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServiceProcess:
+    def __init__(self, process: subprocess.Popen, url: str, log: Path) -> None:
+        self.process = process
+        self.url = url
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"service exited with {process.returncode}:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"service not ready after {timeout}s:\n{log.read_text(errors='replace')}")
+
+
+@contextmanager
+def run_service(
+    log_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[ServiceProcess]:
+    """Run `reducing-saver serve ARGS --port PORT`, wait for /readyz, stop it (SIGTERM) afterwards."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = log_dir / f"service-{port}.log"
+    full_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(CLI), "serve", "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT, env=full_env,
+            cwd=log_dir,
+        )
+    try:
+        wait_ready(url, process, log)
+        yield ServiceProcess(process, url, log)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

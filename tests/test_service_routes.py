@@ -1,0 +1,164 @@
+"""Routes of the service app in-process (FastAPI TestClient): bad input, refusals, reduction on the wire."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import ormsgpack
+import pytest
+from fastapi.testclient import TestClient
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from reducing_saver.client._wire import blob_to_wire
+from reducing_saver.service.app import create_app
+from reducing_saver.service.settings import Settings
+
+SERDE = JsonPlusSerializer()
+
+
+@pytest.fixture
+def pruned() -> list:
+    return []
+
+
+@pytest.fixture
+def client(pruned):
+    app = create_app(
+        Settings(database="memory://", max_messages=4, min_messages=2, max_body_bytes=64 * 1024),
+        on_prune=[lambda messages, namespace: pruned.append((list(messages), namespace))],
+    )
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def _config(thread_id: str = "t1", **extra) -> dict:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **extra}}
+
+
+def _put_body(messages_value: dict, thread_id: str = "t1", **configurable) -> dict:
+    checkpoint = empty_checkpoint()
+    checkpoint.pop("channel_values")
+    checkpoint["channel_versions"] = {"messages": "1"}
+    return {
+        "config": _config(thread_id, **configurable),
+        "checkpoint": checkpoint,
+        "values": {"messages": messages_value},
+        "metadata": {"source": "loop", "step": 1},
+        "new_versions": {"messages": "1"},
+    }
+
+
+def _messages(n: int) -> list:
+    out = [SystemMessage("sys", id="s")]
+    for i in range(n):
+        out.append(HumanMessage(f"q{i}", id=f"h{i}"))
+        out.append(AIMessage(f"a{i}", id=f"a{i}"))
+    return out
+
+
+def _get(client: TestClient, thread_id: str = "t1"):
+    response = client.post("/v1/checkpoints/get", json={"config": _config(thread_id)})
+    assert response.status_code == 200, response.text
+    return response.json()["checkpoint"]
+
+
+def test_put_reduces_the_messages_channel_byte_identically(client, pruned):
+    messages = _messages(4)  # system + 8 messages, window 2..4
+    response = client.post("/v1/checkpoints/put", json=_put_body(blob_to_wire(*SERDE.dumps_typed(messages))))
+    assert response.status_code == 200, response.text
+    stored = _get(client)["values"]["messages"]
+    kept = SERDE.loads_typed((stored["type"], base64.b64decode(stored["data"])))
+    assert [m.id for m in kept] == ["s", "h3", "a3"]
+    assert base64.b64decode(stored["data"]) == SERDE.dumps_typed([messages[0], *messages[-2:]])[1]
+    assert [[m["id"] for m in batch] for batch, _ in pruned] == [["h0", "a0", "h1", "a1", "h2", "a2"]]
+    assert pruned[0][1] == ("memories", "t1")
+
+
+def test_memory_namespace_comes_from_the_config(client, pruned):
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(4))), memory_namespace=["team", "x"])
+    assert client.post("/v1/checkpoints/put", json=body).status_code == 200
+    assert pruned[0][1] == ("team", "x")
+
+
+@pytest.mark.parametrize(
+    ("code", "args", "allowable"),
+    [(0, "touch {marker}", False), (5, {"content": "touch {marker}"}, True)],
+)
+def test_hostile_extension_is_refused_and_not_executed(client, tmp_path: Path, code, args, allowable):
+    marker = tmp_path / "executed"
+    args = args.format(marker=marker) if isinstance(args, str) else {"content": f"touch {marker}"}
+    payload = ormsgpack.packb([ormsgpack.Ext(code, ormsgpack.packb(("os", "system", args, "x")))])
+    response = client.post("/v1/checkpoints/put", json=_put_body(blob_to_wire("msgpack", payload)))
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert "os.system" in detail and f"code {code}" in detail
+    # Only a message class (code 5) can be allowed by the operator; the detail says how.
+    assert ("REDUCING_SAVER_ALLOWED_MESSAGE_CLASSES" in detail) is allowable
+    assert not marker.exists()
+    assert _get(client) is None  # nothing stored
+    assert client.get("/healthz").status_code == 200
+
+
+def test_unreadable_messages_are_stored_unreduced(client):
+    opaque = blob_to_wire("msgpack+aes", b"\x00secret bytes")
+    assert client.post("/v1/checkpoints/put", json=_put_body(opaque)).status_code == 200
+    assert _get(client)["values"]["messages"] == opaque
+    assert client.app.state.service.codec.unreadable == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected_status", "needle"),
+    [
+        (lambda b: b.update(extra_field=1), 422, "extra_field"),
+        (lambda b: b["values"].update(messages={"type": "msgpack", "data": "***not base64***"}), 422, "base64"),
+        (lambda b: b["values"].update(messages={"type": "msgpack"}), 422, "data"),
+        (lambda b: b["checkpoint"].update(id=5), 422, "id"),
+        (lambda b: b["config"]["configurable"].pop("thread_id"), 422, "thread_id"),
+        (lambda b: b.update(new_versions="x"), 422, "new_versions"),
+    ],
+)
+def test_bad_put_bodies_name_the_field(client, mutate, expected_status, needle):
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(1))))
+    mutate(body)
+    response = client.post("/v1/checkpoints/put", json=body)
+    assert response.status_code == expected_status, response.text
+    assert needle in response.text
+    assert _get(client) is None
+    assert client.get("/healthz").status_code == 200
+
+
+def test_malformed_json_is_refused(client):
+    response = client.post(
+        "/v1/checkpoints/put", content=b'{"config": ', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert "json" in response.text.lower()
+
+
+def test_body_over_the_limit_gets_413_before_parsing(client):
+    big = blob_to_wire("msgpack", b"x" * (80 * 1024))
+    response = client.post("/v1/checkpoints/put", json=_put_body(big))
+    assert response.status_code == 413
+    assert "max_body_bytes" in response.json()["detail"]
+    assert _get(client) is None
+
+
+def test_missing_capability_is_404(client):
+    response = client.post("/v1/threads/prune", json={"thread_ids": ["t1"], "strategy": "delete"})
+    assert response.status_code == 404
+    assert "prune" in response.json()["detail"]
+
+
+def test_openapi_documents_every_route(client):
+    spec = client.get("/openapi.json").json()
+    paths = set(spec["paths"])
+    assert {
+        "/healthz", "/readyz", "/v1/capabilities", "/v1/checkpoints/get", "/v1/checkpoints/list",
+        "/v1/checkpoints/put", "/v1/writes/put", "/v1/threads/delete", "/v1/threads/copy",
+        "/v1/threads/prune", "/v1/runs/delete", "/v1/checkpoints/delta-history",
+    } <= paths
+    put = spec["paths"]["/v1/checkpoints/put"]["post"]
+    assert {"200", "413", "422"} <= set(put["responses"])
