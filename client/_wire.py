@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
 API_PREFIX = "/v1"
+_ID_KEYS = ("thread_id", "checkpoint_ns", "checkpoint_id")
 JSON_INLINE_TYPES = (str, bool, int, float)
 #: The largest int JSON carries exactly (orjson refuses bigger ones).
 _INT64 = (-(2**63), 2**64 - 1)
@@ -66,6 +68,9 @@ def is_inline(value: Any) -> bool:
         return True
     if isinstance(value, int) and not isinstance(value, bool):
         return type(value) is int and _INT64[0] <= value <= _INT64[1]
+    if type(value) is float:
+        # JSON has no NaN or infinity (orjson would write null), and JSONB cannot store them.
+        return math.isfinite(value)
     return type(value) in JSON_INLINE_TYPES
 
 
@@ -117,7 +122,9 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
     for key, value in (config.get("configurable") or {}).items():
         if key.startswith("__"):
             continue
-        if key == namespace_key and isinstance(value, (list, tuple)):
+        if key in _ID_KEYS and value is not None:
+            configurable[key] = str(value)
+        elif key == namespace_key and isinstance(value, (list, tuple)):
             configurable[key] = [str(label) for label in value]
         elif is_inline(value):
             configurable[key] = value

@@ -1,0 +1,779 @@
+"""RemoteReducingSaver: a LangGraph checkpointer that stores through the reducing-saver service.
+
+Every decision that is not I/O is shared between the sync and async paths: a saver method builds a
+``_Call`` (HTTP method, path, JSON body, whether it may be retried, and the parser of the answer), and
+``_Http.send`` / ``_Http.asend`` only send it, retry it and map failures to ``ReducingSaverError``s.
+A sync method and its async twin differ in their ``send`` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from importlib import metadata as importlib_metadata
+from typing import Any, Generic, Self, TypeVar
+
+import httpx
+import orjson
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from reducing_saver.client._capabilities import OPTIONAL_CAPABILITIES, with_capabilities
+from reducing_saver.client._errors import (
+    PayloadTooLargeError,
+    ReducingSaverError,
+    RequestTimeoutError,
+    ServerUnavailableError,
+    error_from_response,
+)
+from reducing_saver.client._wire import (
+    API_PREFIX,
+    Blob,
+    WireError,
+    blob_to_wire,
+    channel_value_from_wire,
+    checkpoint_fields,
+    config_to_wire,
+    is_inline,
+)
+
+try:
+    __version__ = importlib_metadata.version("reducing-saver")
+except importlib_metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0"
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "REDUCING_SAVER_API_KEY"
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+#: Answers that mean "try again": a proxy or load balancer found no healthy service.
+RETRY_STATUSES = frozenset({502, 503, 504})
+#: A connection that breaks while a body this large is being sent is most likely a 413 (see FACTS.md).
+LARGE_BODY = 1024 * 1024
+MAX_BACKOFF = 10.0
+#: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
+#: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
+SPARSE_BACKENDS = frozenset({"postgres", "memory"})
+INLINE_IN_EVERY_ROW = frozenset({"postgres"})
+
+T = TypeVar("T")
+
+
+# -- what the service says about itself -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteReducer:
+    """The reducer the service applies, as ``GET /v1/capabilities`` describes it (read-only).
+
+    A ``RemoteReducingSaver`` always carries one, so wrapping it in a local ``ReducingSaver`` (which
+    would reduce, and deliver pruned messages, a second time) raises ``ValueError``.
+    """
+
+    max_messages: int | None
+    min_messages: int | None
+    max_tokens: int | None
+    target_tokens: int | None
+    preserve_first: bool
+    cascade_tool_messages: bool
+    start_on: str | None
+    namespace_key: str
+
+
+@dataclass(frozen=True)
+class _ServerInfo:
+    capabilities: frozenset[str]
+    backend: str
+    messages_key: str
+    reducer: RemoteReducer
+    version: str
+
+
+def _parse_server_info(content: bytes) -> _ServerInfo:
+    body = orjson.loads(content)
+    advertised = body["capabilities"]
+    unknown = sorted(set(advertised) - OPTIONAL_CAPABILITIES.keys())
+    if unknown:  # a newer service; its extra capabilities stay unused
+        logger.info("ignoring capabilities this client does not know: %s", unknown)
+    reducer = body["reducer"]
+    return _ServerInfo(
+        capabilities=frozenset(name for name in advertised if name in OPTIONAL_CAPABILITIES),
+        backend=body["backend"],
+        messages_key=body["messages_key"],
+        reducer=RemoteReducer(**{f.name: reducer[f.name] for f in fields(RemoteReducer)}),
+        version=body["version"],
+    )
+
+
+# -- calls: everything about a request except sending it ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    method: str
+    path: str
+    body: bytes | None
+    idempotent: bool
+    parse: Callable[[bytes], T]
+
+
+def _no_content(content: bytes) -> None:
+    return None
+
+
+def _post(
+    path: str, body: Mapping[str, Any], parse: Callable[[bytes], T], *, idempotent: bool = True
+) -> _Call[T]:
+    return _Call("POST", API_PREFIX + path, orjson.dumps(body), idempotent, parse)
+
+
+def _capabilities_call() -> _Call[_ServerInfo]:
+    return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
+
+
+def _parse_put(content: bytes) -> RunnableConfig:
+    return orjson.loads(content)["config"]
+
+
+# -- I/O --------------------------------------------------------------------------------------------
+
+
+def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
+    return (
+        isinstance(exc, (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError))
+        and call.body is not None
+        and len(call.body) > LARGE_BODY
+    )
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(max(float(response.headers.get("retry-after", 0)), 0.0), MAX_BACKOFF)
+    except ValueError:  # an HTTP date: not worth parsing for a floor
+        return 0.0
+
+
+def _finish(call: _Call[T], response: httpx.Response) -> T:
+    if not response.is_success:
+        raise error_from_response(response, method=call.method, path=call.path)
+    try:
+        return call.parse(response.content)
+    except (orjson.JSONDecodeError, WireError, KeyError) as exc:
+        raise ReducingSaverError(
+            f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
+            f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
+            status_code=response.status_code,
+            request_id=response.headers.get("x-request-id"),
+        ) from exc
+
+
+class _Http:
+    """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None,
+        timeout: httpx.Timeout | float,
+        max_retries: int,
+        backoff: float,
+        headers: Mapping[str, str] | None,
+        transport: httpx.BaseTransport | None,
+        async_transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https"):
+            raise ValueError(
+                "RemoteReducingSaver needs the service's http:// or https:// URL, "
+                f"got a {parsed.scheme!r} URL (the database URL belongs in the service's settings, "
+                "not in the client)"
+            )
+        if timeout is None:
+            raise ValueError("timeout=None would let a call wait forever; pass seconds or an httpx.Timeout")
+        if max_retries < 0 or backoff < 0:
+            raise ValueError("max_retries and backoff must not be negative")
+        #: The URL without credentials, for messages and repr.
+        self.url = str(parsed.copy_with(username=None, password=None))
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        all_headers = {
+            "User-Agent": f"reducing-saver/{__version__}",
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        }
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        self._options: dict[str, Any] = {"base_url": parsed, "headers": all_headers, "timeout": self.timeout}
+        self._client = httpx.Client(transport=transport, **self._options)
+        self._async_transport = async_transport
+        self._aclient: httpx.AsyncClient | None = None
+        self._aclient_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    def send(self, call: _Call[T]) -> T:
+        for attempt in itertools.count():
+            try:
+                response = self._client.request(call.method, call.path, content=call.body)
+            except httpx.TransportError as exc:
+                delay = self._retry_delay(call, attempt, exc)
+                if delay is None:
+                    raise self._transport_error(call, exc) from exc
+            else:
+                delay = self._retry_delay(call, attempt, response)
+                if delay is None:
+                    return _finish(call, response)
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def asend(self, call: _Call[T]) -> T:
+        client = self._async_client()
+        for attempt in itertools.count():
+            try:
+                response = await client.request(call.method, call.path, content=call.body)
+            except httpx.TransportError as exc:
+                delay = self._retry_delay(call, attempt, exc)
+                if delay is None:
+                    raise self._transport_error(call, exc) from exc
+            else:
+                delay = self._retry_delay(call, attempt, response)
+                if delay is None:
+                    return _finish(call, response)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _async_client(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise RuntimeError("this RemoteReducingSaver is closed")
+        loop = asyncio.get_running_loop()
+        # Pooled connections belong to the loop that opened them; a saver used under a new loop (a second
+        # asyncio.run, a per-test loop) gets a fresh pool instead of sockets of a dead loop.
+        if self._aclient is None or self._aclient_loop is not loop:
+            self._aclient = httpx.AsyncClient(transport=self._async_transport, **self._options)
+            self._aclient_loop = loop
+        return self._aclient
+
+    def _retry_delay(
+        self, call: _Call[Any], attempt: int, outcome: httpx.Response | Exception
+    ) -> float | None:
+        """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final."""
+        if not call.idempotent or attempt >= self.max_retries:
+            return None
+        floor = 0.0
+        if isinstance(outcome, httpx.Response):
+            if outcome.status_code not in RETRY_STATUSES:
+                return None
+            reason = f"{outcome.status_code} {outcome.reason_phrase}"
+            floor = _retry_after(outcome)
+        elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError)):
+            if _broke_large_upload(call, outcome):
+                return None
+            reason = type(outcome).__name__
+        else:
+            return None
+        delay = max(min(self.backoff * 2**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
+        logger.warning(
+            "%s %s: %s; retry %d of %d in %.2fs",
+            call.method,
+            call.path,
+            reason,
+            attempt + 1,
+            self.max_retries,
+            delay,
+        )
+        return delay
+
+    def _transport_error(self, call: _Call[Any], exc: httpx.TransportError) -> ReducingSaverError:
+        where = f"{call.method} {call.path}"
+        if isinstance(exc, httpx.TimeoutException):
+            return RequestTimeoutError(
+                f"{where}: the service at {self.url} did not answer in time "
+                f"({type(exc).__name__}; {self.timeout})"
+            )
+        if _broke_large_upload(call, exc):
+            assert call.body is not None
+            return PayloadTooLargeError(
+                f"{where}: the service closed the connection while receiving a {len(call.body)}-byte body; "
+                "the likely cause is a body over the service's request size limit (413)"
+            )
+        return ServerUnavailableError(
+            f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
+        )
+
+    def close(self) -> None:
+        self._closed = True
+        self._client.close()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        aclient, self._aclient = self._aclient, None
+        if aclient is not None and self._aclient_loop is asyncio.get_running_loop():
+            await aclient.aclose()
+        self._client.close()
+
+
+# -- the saver --------------------------------------------------------------------------------------
+
+
+class RemoteReducingSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer backed by a reducing-saver service; use it where you would use PostgresSaver.
+
+    The service keeps every stored checkpoint's messages channel to a bounded window; this client only
+    (de)serializes with its ``serde`` and talks HTTP. The constructor asks the service for its
+    capabilities (one blocking request) and returns an instance of the class variant that has exactly
+    the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
+    ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
+
+    Sync calls share one keep-alive ``httpx.Client``; async calls one ``httpx.AsyncClient`` per event
+    loop, created on first use. Close with ``close()``/``aclose()`` or use ``with``/``async with``.
+
+    Args:
+        url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
+        api_key: Sent as ``Authorization: Bearer <api_key>``; defaults to the ``REDUCING_SAVER_API_KEY``
+            environment variable. Never shown in ``repr`` or in error messages.
+        timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
+        serde: Serializer for channel and write values, e.g. an ``EncryptedSerializer`` (the service then
+            stores bytes it cannot read, and cannot reduce them). Defaults to ``JsonPlusSerializer``.
+        max_retries: Retries of an idempotent call after a connection error or a 502/503/504.
+            ``copy_thread`` is never retried, and timeouts are not (the call may have run; the time
+            budget is spent). A ``Retry-After`` header sets a floor on the delay.
+        backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
+        headers: Extra headers sent with every request.
+        transport: httpx transport for the sync client (tests pass ``httpx.MockTransport``).
+        async_transport: httpx transport for the async client.
+
+    Attributes:
+        reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
+        backend: The service's storage backend: ``"postgres"``, ``"sqlite"`` or ``"memory"``.
+        messages_key: The channel the service reduces.
+        capabilities: The optional capabilities of this instance's class.
+        server_version: The service's version.
+
+    Raises:
+        ValueError: If ``url`` is not an http(s) URL or an option is out of range.
+        ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+    """
+
+    capabilities: frozenset[str] = frozenset()
+    reducer: RemoteReducer
+    backend: str
+    messages_key: str
+    server_version: str
+    _http: _Http
+
+    # The class of the instance depends on the service's answer, so construction happens here.
+    def __new__(
+        cls,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        serde: SerializerProtocol | None = None,
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> Self:
+        http = _Http(
+            url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            headers=headers,
+            transport=transport,
+            async_transport=async_transport,
+        )
+        try:
+            info = http.send(_capabilities_call())
+        except BaseException:
+            http.close()
+            raise
+        self = super().__new__(with_capabilities(cls, info.capabilities, _MIXINS))
+        BaseCheckpointSaver.__init__(self, serde=serde)
+        self._http = http
+        self.reducer = info.reducer
+        self.backend = info.backend
+        self.messages_key = info.messages_key
+        self.server_version = info.version
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Everything is set up by ``__new__`` (see the class docstring for the arguments)."""
+
+    def __copy__(self) -> Self:
+        # BaseCheckpointSaver.with_allowlist copies the saver; the copy shares the connection pools.
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self._http.url!r}, backend={self.backend!r}, "
+            f"capabilities={sorted(self.capabilities)})"
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """Close the sync connection pool (in async code use ``aclose``, which closes both)."""
+        self._http.close()
+
+    async def aclose(self) -> None:
+        """Close the async and sync connection pools."""
+        await self._http.aclose()
+
+    def get_next_version(self, current: str | float | None, channel: None) -> str:
+        """The next channel version, computed locally in the format of ``PostgresSaver``/``InMemorySaver``."""
+        if current is None:
+            n = 0
+        elif isinstance(current, str):
+            n = int(current.split(".", 1)[0])
+        else:
+            n = int(current)
+        return f"{n + 1:032}.{random.random():016}"
+
+    # -- encoding and decoding, shared by sync and async --------------------------------------------
+
+    def _config(self, config: RunnableConfig | None) -> dict | None:
+        return config_to_wire(config, namespace_key=self.reducer.namespace_key)
+
+    def _encode_value(self, value: Any) -> Any:
+        return value if is_inline(value) else blob_to_wire(*self.serde.dumps_typed(value))
+
+    def _decode_value(self, value: Any, field: str) -> Any:
+        decoded = channel_value_from_wire(value, field)
+        return self.serde.loads_typed((decoded.type, decoded.data)) if isinstance(decoded, Blob) else decoded
+
+    def _decode_writes(self, writes: Sequence[Sequence[Any]], field: str) -> list[tuple[str, str, Any]]:
+        return [
+            (task_id, channel, self._decode_value(value, f"{field}[{i}]"))
+            for i, (task_id, channel, value) in enumerate(writes)
+        ]
+
+    def _decode_tuple(self, wire: Mapping[str, Any]) -> CheckpointTuple:
+        checkpoint = {
+            **wire["checkpoint"],
+            "channel_values": {
+                channel: self._decode_value(value, f"values.{channel}")
+                for channel, value in wire["values"].items()
+            },
+        }
+        return CheckpointTuple(
+            config=wire["config"],
+            checkpoint=checkpoint,  # type: ignore[arg-type]
+            metadata=wire["metadata"],
+            parent_config=wire.get("parent_config"),
+            pending_writes=self._decode_writes(wire.get("pending_writes") or [], "pending_writes"),
+        )
+
+    def _parse_get(self, content: bytes) -> CheckpointTuple | None:
+        wire = orjson.loads(content)["checkpoint"]
+        return None if wire is None else self._decode_tuple(wire)
+
+    def _parse_list(self, content: bytes) -> list[CheckpointTuple]:
+        return [self._decode_tuple(wire) for wire in orjson.loads(content)["checkpoints"]]
+
+    # -- calls, shared by sync and async ------------------------------------------------------------
+
+    def _get_tuple_call(self, config: RunnableConfig) -> _Call[CheckpointTuple | None]:
+        return _post("/checkpoints/get", {"config": self._config(config)}, self._parse_get)
+
+    def _list_call(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> _Call[list[CheckpointTuple]]:
+        body = {
+            "config": self._config(config),
+            "filter": filter,
+            "before": self._config(before),
+            "limit": limit,
+        }
+        return _post("/checkpoints/list", body, self._parse_list)
+
+    def _put_call(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> _Call[RunnableConfig]:
+        values = checkpoint["channel_values"]
+        if self.backend in SPARSE_BACKENDS:  # send only what the backend will store
+            keep_inline = self.backend in INLINE_IN_EVERY_ROW
+            values = {
+                channel: value
+                for channel, value in values.items()
+                if channel in new_versions or (keep_inline and is_inline(value))
+            }
+        body = {
+            "config": self._config(config),
+            "checkpoint": checkpoint_fields(checkpoint),
+            "values": {channel: self._encode_value(value) for channel, value in values.items()},
+            "metadata": metadata,
+            "new_versions": new_versions,
+        }
+        return _post("/checkpoints/put", body, _parse_put)
+
+    def _put_writes_call(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> _Call[None]:
+        body = {
+            "config": self._config(config),
+            "writes": [[channel, blob_to_wire(*self.serde.dumps_typed(value))] for channel, value in writes],
+            "task_id": task_id,
+            "task_path": task_path,
+        }
+        return _post("/writes/put", body, _no_content)
+
+    def _delete_thread_call(self, thread_id: str) -> _Call[None]:
+        return _post("/threads/delete", {"thread_id": str(thread_id)}, _no_content)
+
+    # -- the required saver API ---------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch the checkpoint ``config`` names (the latest of its thread without a ``checkpoint_id``).
+
+        Returns:
+            The checkpoint tuple, or ``None`` when the service has no such checkpoint.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        return self._http.send(self._get_tuple_call(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Yield matching checkpoints, newest first (one request, made at the first ``next``).
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        yield from self._http.send(self._list_call(config, filter, before, limit))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint; the service reduces its messages channel first.
+
+        Returns:
+            The config of the stored checkpoint.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        return self._http.send(self._put_call(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Store a task's pending writes for the checkpoint ``config`` names.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        self._http.send(self._put_writes_call(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of a thread.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        self._http.send(self._delete_thread_call(thread_id))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async ``get_tuple``."""
+        return await self._http.asend(self._get_tuple_call(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async ``list``."""
+        for item in await self._http.asend(self._list_call(config, filter, before, limit)):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async ``put``."""
+        return await self._http.asend(self._put_call(config, checkpoint, metadata, new_versions))
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Async ``put_writes``."""
+        await self._http.asend(self._put_writes_call(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async ``delete_thread``."""
+        await self._http.asend(self._delete_thread_call(thread_id))
+
+
+# -- optional capabilities: mixed in only when the service's backend has them ----------------------
+
+
+class _CopyThread:
+    _http: _Http
+
+    @staticmethod
+    def _copy_thread_call(source_thread_id: str, target_thread_id: str) -> _Call[None]:
+        body = {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
+        # Not idempotent: a retry after a lost answer could copy twice.
+        return _post("/threads/copy", body, _no_content, idempotent=False)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of one thread to another (never retried).
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        self._http.send(self._copy_thread_call(source_thread_id, target_thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async ``copy_thread``."""
+        await self._http.asend(self._copy_thread_call(source_thread_id, target_thread_id))
+
+
+class _DeleteForRuns:
+    _http: _Http
+
+    @staticmethod
+    def _delete_for_runs_call(run_ids: Sequence[str]) -> _Call[None]:
+        return _post("/runs/delete", {"run_ids": [str(run_id) for run_id in run_ids]}, _no_content)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints and writes of the given runs.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        self._http.send(self._delete_for_runs_call(run_ids))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async ``delete_for_runs``."""
+        await self._http.asend(self._delete_for_runs_call(run_ids))
+
+
+class _Prune:
+    _http: _Http
+
+    @staticmethod
+    def _prune_call(thread_ids: Sequence[str], strategy: str) -> _Call[None]:
+        body = {"thread_ids": [str(thread_id) for thread_id in thread_ids], "strategy": strategy}
+        return _post("/threads/prune", body, _no_content)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads: ``"keep_latest"`` keeps each namespace's newest checkpoint, ``"delete"`` all.
+
+        Raises:
+            BadRequestError: If the service refuses the strategy or a thread (e.g. one using a DeltaChannel).
+            ReducingSaverError: A subclass naming what else failed.
+        """
+        self._http.send(self._prune_call(thread_ids, strategy))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async ``prune``."""
+        await self._http.asend(self._prune_call(thread_ids, strategy))
+
+
+class _DeltaChannelHistory:
+    _http: _Http
+    _config: Callable[[RunnableConfig | None], dict | None]
+    _decode_value: Callable[[Any, str], Any]
+    _decode_writes: Callable[[Sequence[Sequence[Any]], str], list[tuple[str, str, Any]]]
+
+    def _delta_history_call(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> _Call[Mapping[str, DeltaChannelHistory]]:
+        body = {"config": self._config(config), "channels": list(channels)}
+        return _post("/checkpoints/delta-history", body, self._parse_delta_history)
+
+    def _parse_delta_history(self, content: bytes) -> dict[str, DeltaChannelHistory]:
+        result: dict[str, DeltaChannelHistory] = {}
+        for channel, entry in orjson.loads(content)["channels"].items():
+            history: DeltaChannelHistory = {
+                "writes": self._decode_writes(entry["writes"], f"{channel}.writes")
+            }
+            if "seed" in entry:
+                history["seed"] = self._decode_value(entry["seed"], f"{channel}.seed")
+            result[channel] = history
+        return result
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Per channel, the writes along ``config``'s ancestor chain and the nearest stored value (beta).
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        if not channels:
+            return {}
+        return self._http.send(self._delta_history_call(config, channels))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Async ``get_delta_channel_history``."""
+        if not channels:
+            return {}
+        return await self._http.asend(self._delta_history_call(config, channels))
+
+
+_MIXINS: dict[str, type] = {
+    "copy_thread": _CopyThread,
+    "delete_for_runs": _DeleteForRuns,
+    "prune": _Prune,
+    "delta_channel_history": _DeltaChannelHistory,
+}
