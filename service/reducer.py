@@ -1,8 +1,10 @@
 """The message reducer: which messages of a conversation stay in a stored checkpoint.
 
 Pure code: no HTTP, no database. A reducer works on LangChain message objects and on their
-``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects),
-and never invents, copies or truncates a message: ``kept + pruned`` is always the input, order kept.
+``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects; both
+forms get the same cut), and never invents, copies or truncates a message: the pruned messages are one
+contiguous run of the input, right after a preserved system message, so the input is always
+``kept[:head] + pruned + kept[head:]`` (``head`` is 1 when a system message is preserved, else 0).
 
 The window it keeps is one a chat-model API accepts:
 
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 import orjson
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ChatMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
 logger = logging.getLogger(__name__)
@@ -50,17 +53,19 @@ class ReducerConfig:
             happen once every few messages instead of on every put). Defaults to ``max_messages``.
         max_tokens: Reduce when the list holds more than this many tokens. ``None`` turns token mode off.
         target_tokens: Reduce down to this many tokens. Defaults to ``max_tokens``.
-        token_counter: Counts the tokens of a list of messages (objects or dicts); applied to one
-            message at a time. Defaults to langchain_core's ``count_tokens_approximately``.
+        token_counter: Counts the tokens of a list of messages (objects or dicts, as handed to the
+            reducer); applied to one message at a time. Defaults to langchain_core's
+            ``count_tokens_approximately``, which counts a ``model_dump()`` dict as the message it dumps.
         preserve_first: Never prune a leading system message.
         cascade_tool_messages: Keep or prune an AI tool call together with the tool messages that answer
             it. With ``False`` a cut may orphan tool messages (the window is then not always API-valid).
         start_on: ``"human"``: the first kept message after the system prompt is a human message.
             ``None``: a window may start on any message type.
-        on_prune: Hooks called as ``hook(pruned_messages, namespace)`` after a prune. A hook that raises
-            is logged and does not break the reduce.
-        dedupe_on_prune: Deliver each message to the hooks once per reducer, although LangGraph hands
-            every put of a turn the same unreduced list.
+        on_prune: Hooks called as ``hook(pruned_messages, namespace)`` after a prune (a single callable
+            is accepted too). A hook that raises is logged and does not break the reduce.
+        dedupe_on_prune: Deliver each message to the hooks once per reducer and namespace, although
+            LangGraph hands every put of a turn the same unreduced list. Messages are told apart by id;
+            id-less messages of the same type and content in one namespace count as one.
         dedupe_capacity: How many delivered message keys the reducer remembers.
         namespace_key: The ``config["configurable"]`` key that names a run's memory namespace.
     """
@@ -79,6 +84,16 @@ class ReducerConfig:
     namespace_key: str = "memory_namespace"
 
     def __post_init__(self) -> None:
+        for name in ("max_messages", "min_messages", "max_tokens", "target_tokens", "dedupe_capacity"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if self.token_counter is not None and not callable(self.token_counter):
+            raise TypeError(f"token_counter must be callable, got {self.token_counter!r}")
+        hooks = (self.on_prune,) if callable(self.on_prune) else tuple(self.on_prune)
+        for hook in hooks:
+            if not callable(hook):
+                raise TypeError(f"on_prune hooks must be callable, got {hook!r}")
         if self.max_messages is None and self.max_tokens is None:
             raise ValueError("ReducerConfig needs max_messages or max_tokens (or both)")
         if self.max_messages is not None and self.max_messages < 1:
@@ -105,7 +120,7 @@ class ReducerConfig:
             raise ValueError(f"start_on must be 'human' or None, got {self.start_on!r}")
         if self.dedupe_capacity < 1:
             raise ValueError(f"dedupe_capacity must be at least 1, got {self.dedupe_capacity}")
-        object.__setattr__(self, "on_prune", tuple(self.on_prune))
+        object.__setattr__(self, "on_prune", hooks)
 
     @property
     def count_target(self) -> int | None:
@@ -117,7 +132,10 @@ class ReducerConfig:
 
 
 class ReduceResult(NamedTuple):
-    """``kept + pruned`` is the reduced list, in order."""
+    """The split of a messages list: ``kept[:head] + pruned + kept[head:]`` is the input, same objects.
+
+    ``head`` is 1 when a leading system message was preserved, else 0.
+    """
 
     kept: list[Any]
     pruned: list[Any]
@@ -167,7 +185,24 @@ def message_key(message: MessageLike, namespace: Sequence[str]) -> str:
 
 
 def _default_token_counter(messages: Sequence[Any]) -> int:
-    return count_tokens_approximately(messages)
+    return count_tokens_approximately([_as_message(m) for m in messages])
+
+
+def _as_message(message: MessageLike) -> Any:
+    """The message object a ``model_dump()`` dict came from, so both forms count the same.
+
+    ``count_tokens_approximately`` coerces dicts itself but refuses chunk types (``"AIMessageChunk"``);
+    rebuilding the object by its type handles every LangChain message type.
+    """
+    if not isinstance(message, Mapping):
+        return message
+    try:
+        return messages_from_dict([{"type": message.get("type"), "data": dict(message)}])[0]
+    except Exception:  # noqa: BLE001 - unknown type or malformed dict (validators raise anything)
+        content = message.get("content")
+        if not isinstance(content, (str, list)):
+            content = "" if content is None else str(content)
+        return ChatMessage(role=message_type(message) or "unknown", content=content)
 
 
 class MessageReducer:
@@ -185,6 +220,20 @@ class MessageReducer:
         self.config = config if config is not None else ReducerConfig(**options)
         self._count_tokens: TokenCounter = self.config.token_counter or _default_token_counter
         self._delivered: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
+        # The service reduces puts from many threads with one reducer.
+        self._delivered_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies and pickles carry the dedupe memory, not the lock.
+        state = self.__dict__.copy()
+        del state["_delivered_lock"]
+        with self._delivered_lock:
+            state["_delivered"] = OrderedDict(self._delivered)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._delivered_lock = threading.Lock()
 
     def __repr__(self) -> str:
         c = self.config
@@ -284,18 +333,23 @@ class MessageReducer:
         return ReduceResult(kept, pruned)
 
     def deliver(self, pruned: Sequence[Any], namespace: tuple[str, ...]) -> list[Any]:
-        """Hand ``pruned`` to the hooks, once per message key when deduping; return what was handed."""
+        """Hand ``pruned`` to the hooks, once per message key when deduping; return what was handed.
+
+        Thread-safe: concurrent calls deliver each key once (while the reducer remembers it). The hooks
+        run outside the lock, so a slow hook does not hold up other threads' bookkeeping.
+        """
         if self.config.dedupe_on_prune:
+            keyed = [((namespace, message_key(message, namespace)), message) for message in pruned]
             fresh = []
-            for message in pruned:
-                key = (namespace, message_key(message, namespace))
-                if key in self._delivered:
-                    self._delivered.move_to_end(key)
-                    continue
-                self._delivered[key] = None
-                fresh.append(message)
-            while len(self._delivered) > self.config.dedupe_capacity:
-                self._delivered.popitem(last=False)
+            with self._delivered_lock:
+                for key, message in keyed:
+                    if key in self._delivered:
+                        self._delivered.move_to_end(key)
+                        continue
+                    self._delivered[key] = None
+                    fresh.append(message)
+                while len(self._delivered) > self.config.dedupe_capacity:
+                    self._delivered.popitem(last=False)
         else:
             fresh = list(pruned)
         if fresh:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -21,11 +21,11 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
-
 from reducing_saver.client._capabilities import saver_capabilities, with_capabilities
 from reducing_saver.service.reducer import MessageReducer
 
 logger = logging.getLogger(__name__)
+
 
 def memory_namespace(reducer: MessageReducer, config: RunnableConfig) -> tuple[str, ...]:
     """The memory namespace of a run.
@@ -100,7 +100,8 @@ def apply_reducer(
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
 
     The input is not modified; when nothing is pruned (or the channel holds no readable messages list,
-    or is backed by a DeltaChannel) the same checkpoint object comes back.
+    or is backed by a DeltaChannel) the same checkpoint object comes back. A DeltaChannel-backed channel
+    is logged as a warning once per channel name and process.
     """
     if is_delta_channel_value(checkpoint, messages_key):
         if messages_key in checkpoint.get("channel_versions", {}):
@@ -145,8 +146,15 @@ class ReducingSaver(BaseCheckpointSaver):
 
     capabilities: frozenset[str] = frozenset()
 
-    def __new__(cls, inner: BaseCheckpointSaver, *args: Any, **kwargs: Any) -> ReducingSaver:
-        return super().__new__(with_capabilities(cls, saver_capabilities(inner), _MIXINS))
+    def __new__(cls, inner: BaseCheckpointSaver | None = None, *args: Any, **kwargs: Any) -> Self:
+        if inner is None:
+            # copy.copy, deepcopy and pickle call __new__ with the class alone; it is already the variant.
+            return super().__new__(cls)
+        # type(saver)(other_inner, ...) must mirror other_inner, not add its mixins to saver's.
+        base, mixins = cls, tuple(_MIXINS.values())
+        while any(parent in mixins for parent in base.__bases__):
+            base = base.__bases__[-1]
+        return super().__new__(with_capabilities(base, saver_capabilities(inner), _MIXINS))
 
     def __init__(
         self,
@@ -193,7 +201,9 @@ class ReducingSaver(BaseCheckpointSaver):
         clone.inner, clone.serde = inner, inner.serde
         return clone
 
-    def _reduce(self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
+    def _reduce(
+        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
         return apply_reducer(self.reducer, checkpoint, config, self.messages_key, codec=self.codec)

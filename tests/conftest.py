@@ -121,3 +121,64 @@ def api_window_problems(window, *, start_on="human") -> list[str]:
 def window_problems():
     """:func:`api_window_problems`, for tests that check stored windows."""
     return api_window_problems
+
+
+# -- a real LangGraph chat graph answered by a langchain_core fake chat model -----------------------
+
+
+def padded(text: str, length: int = 400) -> str:
+    """``text`` padded to exactly ``length`` characters, so message sizes do not drift between turns."""
+    return text.ljust(length, ".")[:length]
+
+
+def human(turn: int, prefix: str = "g", length: int = 400):
+    from langchain_core.messages import HumanMessage
+
+    return HumanMessage(padded(f"question {turn}", length), id=f"{prefix}-h-{turn:04d}")
+
+
+def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with_tools: bool = False, state_schema=None):
+    """A compiled ``StateGraph(MessagesState)`` whose chat node answers with ``GenericFakeChatModel``.
+
+    Without tools each turn adds one AI answer of ``length`` characters. With tools, on two turns out of
+    three the model first calls one or two tools (answered by a prebuilt ``ToolNode``), then answers.
+    Ids are deterministic and fixed-width (``f"{prefix}-ai-{turn:04d}"``), so sizes do not drift.
+    """
+    import itertools
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    def answers():
+        for turn in itertools.count():
+            if with_tools and turn % 3 != 2:
+                calls = [
+                    {"id": f"{prefix}-call-{turn:04d}-{k}", "name": "lookup", "args": {"q": f"turn {turn:04d} part {k}"}}
+                    for k in range(1 + turn % 2)
+                ]
+                yield AIMessage("", id=f"{prefix}-ai-{turn:04d}-call", tool_calls=calls)
+            yield AIMessage(padded(f"answer {turn}", length), id=f"{prefix}-ai-{turn:04d}")
+
+    model = GenericFakeChatModel(messages=answers())
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return padded(f"result for {q}", length)
+
+    def chat(state):
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(state_schema or MessagesState)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    if with_tools:
+        builder.add_node("tools", ToolNode([lookup]))
+        builder.add_conditional_edges("chat", tools_condition)
+        builder.add_edge("tools", "chat")
+    else:
+        builder.add_edge("chat", END)
+    return builder.compile(checkpointer=checkpointer)
