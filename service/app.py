@@ -27,6 +27,7 @@ from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
 from reducing_saver.service import schemas
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
+from reducing_saver.service.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.reducer import MessageReducer
 from reducing_saver.service.settings import Settings
 
@@ -183,30 +184,33 @@ def _message_hooks(paths: list[str], codec: SafeMessagesCodec) -> list[Callable[
 
 
 class Service:
-    """What the routes share: settings, the reducer, the codec and the backend."""
+    """What the routes share: settings, the reducer, the codec, the metrics and the backend."""
 
     def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
         self.settings = settings
         self.codec = SafeMessagesCodec(settings.allowed_message_classes)
-        hooks = [*_message_hooks(settings.on_prune, self.codec), *(extra_hooks or [])]
+        self.metrics = ServiceMetrics(self.codec)
+        hooks = [*_message_hooks(settings.on_prune, self.codec), *(extra_hooks or []), self.metrics.count_delivered]
         self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
         self.backend: Backend | None = None
 
     def open(self) -> Backend:
-        self.backend = open_backend(self.settings, self.reducer, self.codec)
+        self.backend = open_backend(self.settings, self.reducer, self.metrics.measuring())
+        self.metrics.watch(self.backend)
         return self.backend
 
     def close(self) -> None:
         if self.backend is not None:
+            self.metrics.watch(None)
             self.backend.close()
             self.backend = None
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
     return request.app.state.service
 
 
-def get_backend(request: Request) -> Backend:
+async def get_backend(request: Request) -> Backend:
     backend = request.app.state.service.backend
     if backend is None:
         raise HTTPException(503, "the service is starting or stopping")
@@ -246,7 +250,9 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         try:
             yield
         finally:
+            # uvicorn sends the lifespan shutdown once in-flight requests are done (or the grace is over).
             service.close()
+            logger.info("backend %s closed; shutdown complete", backend.kind)
 
     app = FastAPI(
         title="reducing-saver",
@@ -257,6 +263,8 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     )
     app.state.service = service
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    # Added last, so outermost: requests refused by the body limit get a request id, a log line and a count.
+    app.add_middleware(ObservabilityMiddleware, metrics=service.metrics)
 
     @app.exception_handler(UnsafeMessagesError)
     async def _unsafe(request: Request, exc: UnsafeMessagesError) -> Response:
@@ -277,6 +285,17 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         except Exception as exc:
             raise HTTPException(503, f"database not reachable: {type(exc).__name__}") from None
         return {"status": "ready"}
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics of this worker process.",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format."}},
+    )
+    async def metrics(request: Request) -> Response:
+        body, content_type = service.metrics.render(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/capabilities", tags=["saver"], response_model=schemas.CapabilitiesResponse)
     def capabilities(service: ServiceDep, backend: BackendDep) -> Any:
@@ -422,5 +441,5 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
 def app_from_env() -> FastAPI:
     """uvicorn factory: ``uvicorn --factory reducing_saver.service.app:app_from_env``."""
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper())
+    configure_logging(settings)
     return create_app(settings)

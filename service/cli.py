@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -29,7 +31,11 @@ SERVE_FLAGS: dict[str, str] = {
     "--on-prune": "on_prune",
     "--max-body-bytes": "max_body_bytes",
     "--log-level": "log_level",
+    "--log-format": "log_format",
+    "--shutdown-grace-seconds": "shutdown_grace_seconds",
 }
+
+logger = logging.getLogger("reducing_saver.service")
 
 
 def _help(field: str) -> str:
@@ -72,18 +78,37 @@ def _describe(error: ValidationError) -> str:
     return "invalid settings:\n" + "\n".join(lines)
 
 
+def _exit_after_shutdown(signum: int, frame: object) -> None:
+    # uvicorn re-raises SIGTERM once it has shut down gracefully; exit 0 instead of dying by the signal.
+    raise SystemExit(0)
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
     from reducing_saver.service.app import create_app
+    from reducing_saver.service.observability import configure_logging
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(
-        f"reducing-saver listening on http://{settings.host}:{settings.port} "
-        f"(backend {settings.backend}: {settings.database_for_display()}, {settings.workers} worker(s))",
-        flush=True,
+    configure_logging(settings)
+    logger.info(
+        "reducing-saver listening on http://%s:%d (backend %s: %s, %d worker(s))",
+        settings.host,
+        settings.port,
+        settings.backend,
+        settings.database_for_display(),
+        settings.workers,
     )
-    common = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_after_shutdown)
+    common = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        # Every line goes through the handler configure_logging installed; the middleware logs access.
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
+    }
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **common)
         return

@@ -56,6 +56,15 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="Log lines as JSON objects (one per line) or as text."
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
+        "database is closed.",
+    )
 
     @field_validator("allowed_message_classes", "on_prune", mode="before")
     @classmethod

@@ -1,0 +1,515 @@
+"""What the service tells its operators: Prometheus metrics, request ids and structured logs.
+
+* ``ServiceMetrics`` owns one Prometheus registry per app: HTTP requests by route template, the bytes of
+  the messages channel received and stored, messages pruned, unreadable messages channels, and (read at
+  scrape time) the backend's savers and the PostgreSQL pool.
+* ``ObservabilityMiddleware`` is pure ASGI: it accepts or makes the request id, echoes it in
+  ``X-Request-ID``, exposes it to log records, counts and times the request, and writes one access log
+  line.
+* ``configure_logging`` installs one handler on the root logger: JSON lines (or text), with the request
+  id on every record and the database password redacted from every line.
+
+Metrics are per process: with several uvicorn workers, each worker answers ``/metrics`` with its own
+numbers (``PROMETHEUS_MULTIPROC_DIR`` is not supported). Scale with replicas of one worker each, or
+scrape the workers apart, when the numbers must add up.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import IO, Any
+from urllib.parse import unquote, urlsplit
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reducing_saver.client._wire import Blob
+from reducing_saver.service.messages_codec import SafeMessagesCodec
+
+access_logger = logging.getLogger("reducing_saver.access")
+
+REQUEST_ID_HEADER = "X-Request-ID"
+MAX_REQUEST_ID_LENGTH = 128
+
+#: Routes polled by probes and scrapers: their access lines are logged at DEBUG, not INFO.
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+#: Latency buckets in seconds: a put is ~1 ms on loopback, so the default buckets (from 5 ms) are too coarse.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+_request_id: ContextVar[str | None] = ContextVar("reducing_saver_request_id", default=None)
+
+
+def current_request_id() -> str | None:
+    """The id of the request being handled, or ``None`` outside a request."""
+    return _request_id.get()
+
+
+def accept_request_id(value: str | None) -> str:
+    """``value`` when it is a usable request id (1 to 128 printable ASCII characters), else a new one."""
+    if value and len(value) <= MAX_REQUEST_ID_LENGTH and value.isascii() and value.isprintable():
+        return value
+    return uuid.uuid4().hex
+
+
+# -- measuring the messages channel ---------------------------------------------------------------
+
+
+class _PutMeasure:
+    """What the codec saw of one request's messages channel; settled when the request succeeds."""
+
+    __slots__ = ("decoded", "kept", "received", "seen", "stored")
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.received = 0
+        self.stored: int | None = None  # None: stored as received (not re-encoded)
+        self.decoded = 0
+        self.kept: int | None = None
+
+
+# Set by the middleware for each request. The route runs in a worker thread with a copy of the context,
+# which holds this same object, so the codec's notes reach the middleware.
+_put_measure: ContextVar[_PutMeasure | None] = ContextVar("reducing_saver_put_measure", default=None)
+
+
+class MeasuringCodec:
+    """A ``MessagesCodec`` that notes, for the request in progress, the bytes and messages of a put.
+
+    ``ReducingSaver`` calls ``decode`` on every messages channel a put writes, and ``encode`` only when
+    the reducer pruned something; a value that is not re-encoded is stored as received. The notes are
+    settled into the counters by ``ObservabilityMiddleware`` once the request has succeeded, so a
+    counter never counts a put that failed, and never moves backwards. Outside a request (no middleware)
+    nothing is counted.
+    """
+
+    def __init__(self, inner: SafeMessagesCodec) -> None:
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"MeasuringCodec({self.inner!r})"
+
+    @property
+    def unreadable(self) -> int:
+        return self.inner.unreadable
+
+    @property
+    def allowed(self) -> frozenset[tuple[str, str]]:
+        return self.inner.allowed
+
+    def decode(self, value: Any) -> list[Any] | None:
+        messages = self.inner.decode(value)
+        measure = _put_measure.get()
+        if measure is not None and isinstance(value, Blob):
+            measure.seen = True
+            measure.received = len(value.data)
+            measure.decoded = len(messages) if messages is not None else 0
+        return messages
+
+    def encode(self, kept: list[Any], original: Any) -> Any:
+        encoded = self.inner.encode(kept, original)
+        measure = _put_measure.get()
+        if measure is not None and measure.seen and isinstance(encoded, Blob):
+            measure.stored = len(encoded.data)
+            measure.kept = len(kept)
+        return encoded
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+class ServiceMetrics:
+    """The service's Prometheus metrics, in a registry of their own (one per app).
+
+    Args:
+        codec: The service's codec; its ``unreadable`` count is read at scrape time.
+
+    Attributes:
+        registry: The registry ``/metrics`` renders.
+    """
+
+    def __init__(self, codec: SafeMessagesCodec) -> None:
+        self.codec = codec
+        self.registry = CollectorRegistry()
+        labels = ("method", "route", "status")
+        self.requests = Counter(
+            "reducing_saver_http_requests",
+            "HTTP requests handled, by method, route template and status code.",
+            labels,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "reducing_saver_http_request_duration_seconds",
+            "Time from receiving a request to sending the last byte of its response.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.received_bytes = Counter(
+            "reducing_saver_messages_received_bytes",
+            "Bytes of the messages channel received by successful checkpoint puts (the serialized blob).",
+            registry=self.registry,
+        )
+        self.stored_bytes = Counter(
+            "reducing_saver_messages_stored_bytes",
+            "Bytes of the messages channel stored by those puts, after reduction.",
+            registry=self.registry,
+        )
+        self.pruned = Counter(
+            "reducing_saver_messages_pruned",
+            "Messages cut from the messages channel by successful puts, counted on every put that cuts "
+            "them (before dedupe: LangGraph hands each put of a turn the whole list, so a message can "
+            "count several times).",
+            registry=self.registry,
+        )
+        self.delivered = Counter(
+            "reducing_saver_messages_delivered",
+            "Pruned messages handed to the on_prune hooks (after dedupe: once per message and namespace "
+            "while the reducer remembers it).",
+            registry=self.registry,
+        )
+        self._backend: Any = None
+        self._pool: Any = None
+        self.registry.register(_StateCollector(self))
+
+    def measuring(self) -> MeasuringCodec:
+        """The codec to hand the backend: the service's codec, with the put measurements."""
+        return MeasuringCodec(self.codec)
+
+    def count_delivered(self, messages: list[Any], namespace: tuple[str, ...]) -> None:
+        """An ``on_prune`` hook: counts the messages the reducer delivers."""
+        self.delivered.inc(len(messages))
+
+    def watch(self, backend: Any) -> None:
+        """Read the savers (and, on PostgreSQL, the connection pool) of ``backend`` at scrape time.
+
+        Borrows one saver once, to find the pool its savers share; call it before serving.
+        ``None`` stops watching.
+        """
+        self._backend, self._pool = backend, None
+        if backend is None:
+            return
+        with backend.borrow() as saver:
+            conn = getattr(getattr(saver, "inner", None), "conn", None)
+        if callable(getattr(conn, "get_stats", None)):
+            self._pool = conn
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        labels = (method if method in _METHODS else "other", route, str(status))
+        self.requests.labels(*labels).inc()
+        self.latency.labels(*labels).observe(seconds)
+
+    def settle(self, measure: _PutMeasure) -> None:
+        self.received_bytes.inc(measure.received)
+        self.stored_bytes.inc(measure.received if measure.stored is None else measure.stored)
+        if measure.kept is not None:
+            self.pruned.inc(measure.decoded - measure.kept)
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The registry in the exposition format ``accept`` asks for (Prometheus text by default).
+
+        Returns:
+            ``(body, content_type)``.
+        """
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+def _borrowed(backend: Any) -> int | None:
+    # Backend keeps its idle savers in a SimpleQueue; the borrowed ones are the rest.
+    idle = getattr(backend, "_idle", None)
+    return backend.size - idle.qsize() if idle is not None else None
+
+
+class _StateCollector(Collector):
+    """Values read at scrape time: the codec's unreadable count, the savers and the pool."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        yield CounterMetricFamily(
+            "reducing_saver_messages_unreadable",
+            "Messages channel values the service could not read (another serde, not a list of messages) "
+            "and stored unreduced.",
+            value=metrics.codec.unreadable,
+        )
+        backend = metrics._backend
+        if backend is None:
+            return
+        yield GaugeMetricFamily(
+            "reducing_saver_backend_savers",
+            "Saver instances of the backend (parallel saver calls).",
+            value=backend.size,
+        )
+        borrowed = _borrowed(backend)
+        if borrowed is not None:
+            yield GaugeMetricFamily(
+                "reducing_saver_backend_savers_borrowed",
+                "Saver instances lent to a call right now.",
+                value=borrowed,
+            )
+        if metrics._pool is None:
+            return
+        stats = metrics._pool.get_stats()
+        size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        for name, help_text, value in (
+            ("size", "PostgreSQL connections open in the pool.", size),
+            ("available", "PostgreSQL connections idle in the pool.", available),
+            ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
+            (
+                "requests_waiting",
+                "Callers waiting for a PostgreSQL connection.",
+                stats.get("requests_waiting", 0),
+            ),
+        ):
+            yield GaugeMetricFamily(f"reducing_saver_db_pool_{name}", help_text, value=value)
+
+
+# -- the middleware -------------------------------------------------------------------------------
+
+
+def _route_template(scope: Scope) -> str:
+    """The matched route's path template (never the raw path, whose values are unbounded)."""
+    path = getattr(scope.get("route"), "path", None)
+    if path is None:
+        # Answered before routing (a 413 from the body limit, say), or matched nothing.
+        router = getattr(scope.get("app"), "router", None)
+        for route in getattr(router, "routes", ()):
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                path = getattr(route, "path", None)
+                break
+    return path or "unmatched"
+
+
+class ObservabilityMiddleware:
+    """Request id, access log and request metrics for every HTTP request, as pure ASGI.
+
+    The request id comes from the ``X-Request-ID`` header when it is 1 to 128 printable ASCII characters,
+    else it is a new ``uuid4().hex``; it is echoed in the response's ``X-Request-ID`` and carried by
+    every log record written while the request runs (threads the route runs in included).
+
+    Args:
+        app: The ASGI app to wrap.
+        metrics: Where request counts, latencies and put measurements go.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value.decode("latin-1")
+                break
+        request_id = accept_request_id(given)
+        id_header = (b"x-request-id", request_id.encode("ascii"))
+        measure = _PutMeasure()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), id_header]}
+            await send(message)
+
+        id_token = _request_id.set(request_id)
+        measure_token = _put_measure.set(measure)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if not status:
+                status = 500  # raised before answering; Starlette's error middleware sends the 500
+            seconds = time.perf_counter() - started
+            route = _route_template(scope)
+            self.metrics.observe_request(scope["method"], route, status, seconds)
+            if measure.seen and status < 400:
+                self.metrics.settle(measure)
+            level = logging.DEBUG if route in QUIET_ROUTES and status < 400 else logging.INFO
+            if access_logger.isEnabledFor(level):
+                duration_ms = round(seconds * 1000, 3)
+                access_logger.log(
+                    level,
+                    "%s %s %d %.1fms",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    duration_ms,
+                    extra={
+                        "method": scope["method"],
+                        "route": route,
+                        "status": status,
+                        "duration_ms": duration_ms,
+                    },
+                )
+            _put_measure.reset(measure_token)
+            _request_id.reset(id_token)
+
+
+# -- logging --------------------------------------------------------------------------------------
+
+
+class RequestIdFilter(logging.Filter):
+    """Puts the current request id (or ``None``) on each record as ``request_id``.
+
+    Attach it to a handler, not a logger: handler filters see records propagated from every logger.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = _request_id.get()
+        return True
+
+
+class _Redacting:
+    """Replaces secrets (the database password) in every formatted line with ``***``."""
+
+    secrets: tuple[str, ...] = ()
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=`` and goes in the JSON.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "request_id",
+    "color_message",  # uvicorn's ANSI-coloured copy of the message
+}
+
+
+class JsonFormatter(_Redacting, logging.Formatter):
+    """One JSON object per record: ``timestamp``, ``level``, ``logger``, ``message``, ``request_id``, the
+    record's ``extra`` fields, and ``exception`` / ``stack`` when present.
+
+    Args:
+        secrets: Strings that must never appear in a log line; each is replaced by ``***``.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and key not in payload:
+                payload[key] = value
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            payload["exception"] = record.exc_text
+        if record.stack_info:
+            payload["stack"] = self.formatStack(record.stack_info)
+        line = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        return self.redact(line)
+
+
+class TextFormatter(_Redacting, logging.Formatter):
+    """``time LEVEL logger [request id] message``, for people reading a terminal."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s", defaults={"request_id": "-"}
+        )
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "request_id", None) is None:
+            # A copy: other handlers of the same record must still see None.
+            record = logging.makeLogRecord({**record.__dict__, "request_id": "-"})
+        return self.redact(super().format(record))
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The password of ``url`` as written and percent-decoded (empty when there is none)."""
+    password = urlsplit(url).password
+    if not password:
+        return ()
+    return tuple({password, unquote(password)})
+
+
+def log_handler(
+    log_format: str = "json", *, secrets: Iterable[str] = (), stream: IO[str] | None = None
+) -> logging.Handler:
+    """A stream handler with the service's formatter and the request id filter.
+
+    Args:
+        log_format: ``"json"`` (one object per line) or ``"text"``.
+        secrets: Strings redacted from every line.
+        stream: Where lines go (default: stderr).
+    """
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter(secrets) if log_format == "json" else TextFormatter(secrets))
+    handler.addFilter(RequestIdFilter())
+    handler._reducing_saver = True  # type: ignore[attr-defined]
+    return handler
+
+
+def configure_logging(settings: Any, *, stream: IO[str] | None = None) -> logging.Handler:
+    """Route every log record of the process (uvicorn's included) through one handler on the root logger.
+
+    Replaces a handler this function installed before; leaves other handlers alone. Start uvicorn with
+    ``log_config=None`` so it adds no handlers of its own.
+
+    Args:
+        settings: The service ``Settings`` (``log_format``, ``log_level``, ``database``).
+        stream: Where lines go (default: stderr).
+
+    Returns:
+        The installed handler.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_reducing_saver", False):
+            root.removeHandler(handler)
+    handler = log_handler(settings.log_format, secrets=url_secrets(settings.database), stream=stream)
+    root.addHandler(handler)
+    root.setLevel(settings.log_level.upper())
+    return handler
+
+
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "JsonFormatter",
+    "MeasuringCodec",
+    "ObservabilityMiddleware",
+    "RequestIdFilter",
+    "ServiceMetrics",
+    "TextFormatter",
+    "accept_request_id",
+    "configure_logging",
+    "current_request_id",
+    "log_handler",
+    "url_secrets",
+]
