@@ -26,6 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
 from reducing_saver.service import schemas
 from reducing_saver.service.backends import Backend, open_backend
+from reducing_saver.service.hotpath import HotPath
+from reducing_saver.service.savers import ThreadNotEmptyError
 from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
 from reducing_saver.service.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.reducer import MessageReducer
@@ -97,6 +99,37 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
     if config.metadata:
         run_config["metadata"] = dict(config.metadata)
     return run_config
+
+
+# -- the per-step operations (shared by the FastAPI routes and the hot path) ---------------------
+
+
+def get_checkpoint_op(backend: Backend, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
+    with backend.borrow() as saver:
+        item = saver.get_tuple(_run_config(body.config))
+    return {"checkpoint": _tuple_out(item) if item else None}
+
+
+def put_checkpoint_op(backend: Backend, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
+    config = _run_config(body.config)
+    checkpoint = body.checkpoint.model_dump()
+    checkpoint["channel_values"] = {
+        channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
+    }
+    with backend.borrow() as saver:
+        next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
+    return {"config": next_config}
+
+
+def put_writes_op(backend: Backend, body: schemas.PutWritesRequest) -> None:
+    config = _run_config(body.config)
+    if not config["configurable"].get("checkpoint_id"):
+        raise HTTPException(422, "config.configurable.checkpoint_id is required for writes")
+    writes = [
+        (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
+    ]
+    with backend.borrow() as saver:
+        saver.put_writes(config, writes, body.task_id, body.task_path)
 
 
 # -- request size ---------------------------------------------------------------------------------
@@ -227,11 +260,6 @@ _ERRORS = {
 }
 
 
-def _require(backend: Backend, capability: str) -> None:
-    if capability not in backend.capabilities:
-        raise HTTPException(404, f"the {backend.kind} backend has no {capability}")
-
-
 def create_app(settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None) -> FastAPI:
     """Build the service app.
 
@@ -262,6 +290,16 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         default_response_class=ORJSONResponse,
     )
     app.state.service = service
+    # Innermost: the per-step routes skip FastAPI's routing (their FastAPI twins below document them).
+    app.add_middleware(
+        HotPath,
+        routes={
+            "/v1/checkpoints/get": (schemas.GetCheckpointRequest, get_checkpoint_op, 200),
+            "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
+            "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
+        },
+        backend=lambda: service.backend,
+    )
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     # Added last, so outermost: requests refused by the body limit get a request id, a log line and a count.
     app.add_middleware(ObservabilityMiddleware, metrics=service.metrics)
@@ -269,6 +307,10 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     @app.exception_handler(UnsafeMessagesError)
     async def _unsafe(request: Request, exc: UnsafeMessagesError) -> Response:
         return ORJSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(ThreadNotEmptyError)
+    async def _target_exists(request: Request, exc: ThreadNotEmptyError) -> Response:
+        return ORJSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(NotImplementedError)
     async def _unsupported(request: Request, exc: NotImplementedError) -> Response:
@@ -326,9 +368,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
     )
     def get_checkpoint(body: schemas.GetCheckpointRequest, backend: BackendDep) -> Any:
-        with backend.borrow() as saver:
-            item = saver.get_tuple(_run_config(body.config))
-        return ORJSONResponse({"checkpoint": _tuple_out(item) if item else None})
+        return ORJSONResponse(get_checkpoint_op(backend, body))
 
     @app.post(
         "/v1/checkpoints/list",
@@ -355,14 +395,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
     )
     def put_checkpoint(body: schemas.PutCheckpointRequest, backend: BackendDep) -> Any:
-        config = _run_config(body.config)
-        checkpoint = body.checkpoint.model_dump()
-        checkpoint["channel_values"] = {
-            channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
-        }
-        with backend.borrow() as saver:
-            next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
-        return ORJSONResponse({"config": next_config})
+        return ORJSONResponse(put_checkpoint_op(backend, body))
 
     @app.post(
         "/v1/writes/put",
@@ -372,15 +405,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         summary="Store a task's pending writes (idempotent per task_id and index).",
     )
     def put_writes(body: schemas.PutWritesRequest, backend: BackendDep) -> Response:
-        config = _run_config(body.config)
-        if not config["configurable"].get("checkpoint_id"):
-            raise HTTPException(422, "config.configurable.checkpoint_id is required for writes")
-        writes = [
-            (channel, _from_wire(value, f"writes[{index}]"))
-            for index, (channel, value) in enumerate(body.writes)
-        ]
-        with backend.borrow() as saver:
-            saver.put_writes(config, writes, body.task_id, body.task_path)
+        put_writes_op(backend, body)
         return Response(status_code=204)
 
     @app.post("/v1/threads/delete", tags=["threads"], status_code=204, responses=_ERRORS,
@@ -391,25 +416,22 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         return Response(status_code=204)
 
     @app.post("/v1/threads/copy", tags=["threads"], status_code=204, responses=_ERRORS,
-              summary="Copy a thread's checkpoints and writes to another thread id (capability copy_thread).")
+              summary="Copy a thread's checkpoints and writes to another thread id .")
     def copy_thread(body: schemas.CopyThreadRequest, backend: BackendDep) -> Response:
-        _require(backend, "copy_thread")
         with backend.borrow() as saver:
             saver.copy_thread(body.source_thread_id, body.target_thread_id)
         return Response(status_code=204)
 
     @app.post("/v1/threads/prune", tags=["threads"], status_code=204, responses=_ERRORS,
-              summary="Prune threads: keep_latest keeps each namespace's head; delete removes all (capability prune).")
+              summary="Prune threads: keep_latest keeps each namespace's head; delete removes all.")
     def prune(body: schemas.PruneRequest, backend: BackendDep) -> Response:
-        _require(backend, "prune")
         with backend.borrow() as saver:
             saver.prune(body.thread_ids, strategy=body.strategy)
         return Response(status_code=204)
 
     @app.post("/v1/runs/delete", tags=["threads"], status_code=204, responses=_ERRORS,
-              summary="Delete the checkpoints and writes of runs (capability delete_for_runs).")
+              summary="Delete the checkpoints and writes of runs.")
     def delete_for_runs(body: schemas.DeleteRunsRequest, backend: BackendDep) -> Response:
-        _require(backend, "delete_for_runs")
         with backend.borrow() as saver:
             saver.delete_for_runs(body.run_ids)
         return Response(status_code=204)
@@ -419,10 +441,9 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         tags=["saver"],
         response_model=schemas.DeltaHistoryResponse,
         responses=_ERRORS,
-        summary="Per-channel writes and seed along a checkpoint's ancestors (capability delta_channel_history).",
+        summary="Per-channel writes and seed along a checkpoint's ancestors.",
     )
     def delta_history(body: schemas.DeltaHistoryRequest, backend: BackendDep) -> Any:
-        _require(backend, "delta_channel_history")
         with backend.borrow() as saver:
             history = saver.get_delta_channel_history(config=_run_config(body.config), channels=body.channels)
         channels = {}

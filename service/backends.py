@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.memory import InMemorySaver
 
 from reducing_saver.service.reducer import MessageReducer
 from reducing_saver.service.saver import MessagesCodec, ReducingSaver
+from reducing_saver.service.savers import InMemoryLifecycleSaver, PostgresLifecycleSaver, SqliteLifecycleSaver
 from reducing_saver.service.serde import VerbatimSerde
 from reducing_saver.service.settings import Settings, sqlite_path
 
@@ -80,27 +80,24 @@ def open_backend(settings: Settings, reducer: MessageReducer, codec: MessagesCod
         return ReducingSaver(inner, reducer, messages_key=settings.messages_key, codec=codec)
 
     if settings.backend == "memory":
-        return Backend("memory", [wrap(InMemorySaver(serde=VerbatimSerde()))], [])
+        return Backend("memory", [wrap(InMemoryLifecycleSaver(serde=VerbatimSerde()))], [])
     if settings.backend == "sqlite":
         return _open_sqlite(settings, wrap)
     return _open_postgres(settings, wrap)
 
 
 def _open_sqlite(settings: Settings, wrap) -> Backend:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
     path = Path(sqlite_path(settings.database))
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    inner = SqliteSaver(conn, serde=VerbatimSerde())
+    inner = SqliteLifecycleSaver(conn, serde=VerbatimSerde())
     inner.setup()
     return Backend("sqlite", [wrap(inner)], [conn.close])
 
 
 def _open_postgres(settings: Settings, wrap) -> Backend:
     import psycopg
-    from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 
@@ -113,7 +110,7 @@ def _open_postgres(settings: Settings, wrap) -> Backend:
         name="reducing-saver",
     )
     pool.open(wait=True, timeout=30.0)
-    savers = [PostgresSaver(pool, serde=VerbatimSerde()) for _ in range(settings.pool_size)]
+    savers = [PostgresLifecycleSaver(pool, serde=VerbatimSerde()) for _ in range(settings.pool_size)]
     # Replicas that start together must not run the migrations at the same time.
     with psycopg.connect(settings.database, autocommit=True) as lock_conn:
         lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_KEY,))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Capability, DetectedCapabilities
+from langgraph.checkpoint.conformance.capabilities import Capability, DetectedCapabilities
 
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
@@ -16,18 +16,12 @@ from tests.support.sync_adapter import SyncAdapter
 
 pytestmark = pytest.mark.e2e
 
-BASE = {cap.value for cap in BASE_CAPABILITIES}
-# What each backend's LangGraph saver implements (PostgresSaver 3.2: prune; none has copy_thread or
-# delete_for_runs), as the conformance suite detects it.
-EXPECTED = {
-    "memory": BASE,
-    "sqlite": BASE,
-    "postgres": BASE | {Capability.PRUNE.value},
-}
+# The service gives every backend copy_thread, delete_for_runs and prune, so the suite detects all
+# eight capabilities everywhere.
+ALL = {cap.value for cap in Capability}
+EXPECTED = {"memory": ALL, "sqlite": ALL, "postgres": ALL}
 SERVICE_CAPABILITIES = {
-    "memory": ["delta_channel_history"],
-    "sqlite": ["delta_channel_history"],
-    "postgres": ["delta_channel_history", "prune"],
+    backend: ["copy_thread", "delete_for_runs", "delta_channel_history", "prune"] for backend in EXPECTED
 }
 
 

@@ -146,10 +146,17 @@ def test_body_over_the_limit_gets_413_before_parsing(client):
     assert _get(client) is None
 
 
-def test_missing_capability_is_404(client):
-    response = client.post("/v1/threads/prune", json={"thread_ids": ["t1"], "strategy": "delete"})
-    assert response.status_code == 404
-    assert "prune" in response.json()["detail"]
+def test_thread_lifecycle_routes(client):
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(1))))
+    assert client.post("/v1/checkpoints/put", json=body).status_code == 200
+    assert client.post("/v1/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"}).status_code == 204
+    assert _get(client, "t2")["values"] == _get(client, "t1")["values"]
+    again = client.post("/v1/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"})
+    assert again.status_code == 409 and "t2" in again.json()["detail"]
+    assert client.post("/v1/threads/prune", json={"thread_ids": ["t2"], "strategy": "delete"}).status_code == 204
+    assert _get(client, "t2") is None
+    bad = client.post("/v1/threads/prune", json={"thread_ids": ["t1"], "strategy": "everything"})
+    assert bad.status_code == 422 and "strategy" in bad.text
 
 
 def test_openapi_documents_every_route(client):

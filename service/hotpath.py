@@ -1,0 +1,77 @@
+"""The per-step routes without FastAPI's routing and dependency machinery.
+
+A LangGraph turn makes one ``get_tuple``, about three ``put`` and two ``put_writes`` calls, one after
+another, so every microsecond the service spends on them shows in the agent's turn time. ``HotPath`` is
+an ASGI middleware that answers exactly those three routes itself: it reads the body, then in one
+worker-thread hop validates it with the same pydantic models the OpenAPI document describes (straight
+from JSON bytes), calls the saver and encodes the answer with orjson. Errors have FastAPI's shapes. Every
+other request, and these routes' documentation, stays with FastAPI.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import HTTPException
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from reducing_saver.service.messages_codec import UnsafeMessagesError
+
+logger = logging.getLogger("reducing_saver.service")
+
+#: (request model, operation(backend, body) -> payload or None, success status)
+Route = tuple[type[BaseModel], Callable[[Any, Any], Any], int]
+
+
+class HotPath:
+    """Answer the routes in ``routes`` (by exact path, POST only); pass everything else on."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, Route], backend: Callable[[], Any]) -> None:
+        self.app = app
+        self.routes = {path: (TypeAdapter(model), op, status) for path, (model, op, status) in routes.items()}
+        self.backend = backend
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        status, body = await run_in_threadpool(self._handle, route, b"".join(chunks))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _handle(self, route: tuple[TypeAdapter, Callable[[Any, Any], Any], int], raw: bytes) -> tuple[int, bytes]:
+        adapter, op, ok = route
+        try:
+            request = adapter.validate_json(raw)
+            backend = self.backend()
+            if backend is None:
+                raise HTTPException(503, "the service is starting or stopping")
+            payload = op(backend, request)
+        except ValidationError as exc:
+            errors = [{**error, "loc": ["body", *error["loc"]]} for error in exc.errors(include_url=False)]
+            return 422, orjson.dumps({"detail": errors}, default=str)
+        except HTTPException as exc:
+            return exc.status_code, orjson.dumps({"detail": exc.detail})
+        except UnsafeMessagesError as exc:
+            return 422, orjson.dumps({"detail": str(exc)})
+        except NotImplementedError as exc:
+            return 409, orjson.dumps({"detail": str(exc) or "not supported by this backend"})
+        except Exception:
+            logger.exception("request failed")
+            return 500, orjson.dumps({"detail": "internal server error"})
+        return ok, b"" if payload is None else orjson.dumps(payload)
