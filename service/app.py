@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
@@ -27,6 +27,7 @@ from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
 from reducing_saver.service import schemas
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
+from reducing_saver.service.memory import Memory, store_namespace
 from reducing_saver.service.savers import ThreadNotEmptyError
 from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
 from reducing_saver.service.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
@@ -104,14 +105,21 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
 # -- the per-step operations (shared by the FastAPI routes and the hot path) ---------------------
 
 
-def get_checkpoint_op(backend: Backend, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
-    with backend.borrow() as saver:
+def get_checkpoint_op(service: Service, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
+    with service.open_backend().borrow() as saver:
         item = saver.get_tuple(_run_config(body.config))
     return {"checkpoint": _tuple_out(item) if item else None}
 
 
-def put_checkpoint_op(backend: Backend, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
+def put_checkpoint_op(service: Service, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
     config = _run_config(body.config)
+    if service.settings.messages_key in body.new_versions:
+        # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
+        try:
+            store_namespace(config, service.settings.namespace_key)
+        except ValueError as exc:
+            raise HTTPException(422, f"config.configurable.{service.settings.namespace_key}: {exc}") from None
+    backend = service.open_backend()
     checkpoint = body.checkpoint.model_dump()
     checkpoint["channel_values"] = {
         channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
@@ -121,14 +129,14 @@ def put_checkpoint_op(backend: Backend, body: schemas.PutCheckpointRequest) -> d
     return {"config": next_config}
 
 
-def put_writes_op(backend: Backend, body: schemas.PutWritesRequest) -> None:
+def put_writes_op(service: Service, body: schemas.PutWritesRequest) -> None:
     config = _run_config(body.config)
     if not config["configurable"].get("checkpoint_id"):
         raise HTTPException(422, "config.configurable.checkpoint_id is required for writes")
     writes = [
         (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
     ]
-    with backend.borrow() as saver:
+    with service.open_backend().borrow() as saver:
         saver.put_writes(config, writes, body.task_id, body.task_path)
 
 
@@ -217,7 +225,7 @@ def _message_hooks(paths: list[str], codec: SafeMessagesCodec) -> list[Callable[
 
 
 class Service:
-    """What the routes share: settings, the reducer, the codec, the metrics and the backend."""
+    """What the routes share: settings, the reducer, the codec, the metrics, the backend and memory."""
 
     def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
         self.settings = settings
@@ -226,17 +234,53 @@ class Service:
         hooks = [*_message_hooks(settings.on_prune, self.codec), *(extra_hooks or []), self.metrics.count_delivered]
         self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
         self.backend: Backend | None = None
+        self.memory: Memory | None = None
 
     def open(self) -> Backend:
-        self.backend = open_backend(self.settings, self.reducer, self.metrics.measuring())
-        self.metrics.watch(self.backend)
-        return self.backend
+        backend = open_backend(self.settings, self.reducer, self.metrics.measuring(), self._record_pruned)
+        self.memory = Memory(self.settings, pool=backend.pool)
+        if self.settings.extract:
+            self.memory.start()
+        self.backend = backend
+        self.metrics.watch(backend)
+        return backend
+
+    def _record_pruned(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
+        assert self.memory is not None, "the backend records only while the service is open"
+        self.memory.record(pruned, namespace, config, checkpoint)
+
+    def open_backend(self) -> Backend:
+        """The backend, or 503 while the service starts or stops."""
+        backend = self.backend
+        if backend is None:
+            raise HTTPException(503, "the service is starting or stopping")
+        return backend
 
     def close(self) -> None:
-        if self.backend is not None:
+        backend, self.backend = self.backend, None
+        if self.memory is not None:
+            self.memory.close(self.settings.shutdown_grace_seconds)
+            self.memory = None
+        if backend is not None:
             self.metrics.watch(None)
-            self.backend.close()
-            self.backend = None
+            backend.close()
+
+
+def _memory(service: Service) -> Memory:
+    if service.memory is None:
+        raise HTTPException(503, "the service is starting or stopping")
+    return service.memory
+
+
+def _dead_letter(entry: Any) -> dict[str, Any]:
+    return {
+        "namespace": list(entry.namespace),
+        "key": entry.key,
+        "thread_id": entry.thread_id,
+        "attempts": entry.attempts,
+        "last_error": entry.last_error,
+        "pruned_at": entry.pruned_at.isoformat(),
+    }
 
 
 async def get_service(request: Request) -> Service:
@@ -244,10 +288,7 @@ async def get_service(request: Request) -> Service:
 
 
 async def get_backend(request: Request) -> Backend:
-    backend = request.app.state.service.backend
-    if backend is None:
-        raise HTTPException(503, "the service is starting or stopping")
-    return backend
+    return request.app.state.service.open_backend()
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
@@ -298,7 +339,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
             "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
             "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
         },
-        backend=lambda: service.backend,
+        service=service,
     )
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     # Added last, so outermost: requests refused by the body limit get a request id, a log line and a count.
@@ -367,8 +408,8 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         responses=_ERRORS,
         summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
     )
-    def get_checkpoint(body: schemas.GetCheckpointRequest, backend: BackendDep) -> Any:
-        return ORJSONResponse(get_checkpoint_op(backend, body))
+    def get_checkpoint(body: schemas.GetCheckpointRequest, service: ServiceDep) -> Any:
+        return ORJSONResponse(get_checkpoint_op(service, body))
 
     @app.post(
         "/v1/checkpoints/list",
@@ -394,8 +435,8 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         responses=_ERRORS,
         summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
     )
-    def put_checkpoint(body: schemas.PutCheckpointRequest, backend: BackendDep) -> Any:
-        return ORJSONResponse(put_checkpoint_op(backend, body))
+    def put_checkpoint(body: schemas.PutCheckpointRequest, service: ServiceDep) -> Any:
+        return ORJSONResponse(put_checkpoint_op(service, body))
 
     @app.post(
         "/v1/writes/put",
@@ -404,8 +445,8 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         responses=_ERRORS,
         summary="Store a task's pending writes (idempotent per task_id and index).",
     )
-    def put_writes(body: schemas.PutWritesRequest, backend: BackendDep) -> Response:
-        put_writes_op(backend, body)
+    def put_writes(body: schemas.PutWritesRequest, service: ServiceDep) -> Response:
+        put_writes_op(service, body)
         return Response(status_code=204)
 
     @app.post("/v1/threads/delete", tags=["threads"], status_code=204, responses=_ERRORS,
@@ -435,6 +476,22 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         with backend.borrow() as saver:
             saver.delete_for_runs(body.run_ids)
         return Response(status_code=204)
+
+    @app.get("/v1/extraction/status", tags=["memory"], response_model=schemas.ExtractionStatus,
+             summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age.")
+    def extraction_status(service: ServiceDep) -> Any:
+        return _memory(service).outbox.status()
+
+    @app.get("/v1/extraction/dead-letters", tags=["memory"], response_model=schemas.DeadLettersResponse,
+             summary="Messages whose extraction failed every attempt, oldest first.")
+    def dead_letters(service: ServiceDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        entries = _memory(service).outbox.dead_letters(limit)
+        return {"dead_letters": [_dead_letter(entry) for entry in entries]}
+
+    @app.post("/v1/extraction/retry-dead", tags=["memory"], response_model=schemas.RetryDeadResponse,
+              summary="Put every dead letter back in the queue for another round of attempts.")
+    def retry_dead(service: ServiceDep) -> Any:
+        return {"requeued": _memory(service).outbox.retry_dead()}
 
     @app.post(
         "/v1/checkpoints/delta-history",

@@ -14,11 +14,12 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from reducing_saver.service.reducer import MessageReducer
-from reducing_saver.service.saver import MessagesCodec, ReducingSaver
+from reducing_saver.service.saver import MessagesCodec, RecordPruned, ReducingSaver
 from reducing_saver.service.savers import InMemoryLifecycleSaver, PostgresLifecycleSaver, SqliteLifecycleSaver
 from reducing_saver.service.serde import VerbatimSerde
 from reducing_saver.service.settings import Settings, sqlite_path
@@ -32,8 +33,10 @@ _SETUP_LOCK_KEY = 0x7265647563696E67  # "reducing"
 class Backend:
     """A fixed set of ``ReducingSaver`` instances over one database; borrow one per call."""
 
-    def __init__(self, kind: str, savers: list[ReducingSaver], close: list) -> None:
+    def __init__(self, kind: str, savers: list[ReducingSaver], close: list, pool: Any = None) -> None:
         self.kind = kind
+        #: The PostgreSQL connection pool the savers share (None on other backends).
+        self.pool = pool
         self.capabilities = savers[0].capabilities
         self._idle: queue.SimpleQueue[ReducingSaver] = queue.SimpleQueue()
         for saver in savers:
@@ -73,11 +76,18 @@ class Backend:
                 logger.exception("closing the %s backend failed", self.kind)
 
 
-def open_backend(settings: Settings, reducer: MessageReducer, codec: MessagesCodec) -> Backend:
+def open_backend(
+    settings: Settings,
+    reducer: MessageReducer,
+    codec: MessagesCodec,
+    record_pruned: RecordPruned | None = None,
+) -> Backend:
     """Open the database named by ``settings.database``, create its tables, and wrap the savers."""
 
     def wrap(inner: BaseCheckpointSaver) -> ReducingSaver:
-        return ReducingSaver(inner, reducer, messages_key=settings.messages_key, codec=codec)
+        return ReducingSaver(
+            inner, reducer, messages_key=settings.messages_key, codec=codec, record_pruned=record_pruned
+        )
 
     if settings.backend == "memory":
         return Backend("memory", [wrap(InMemoryLifecycleSaver(serde=VerbatimSerde()))], [])
@@ -118,7 +128,7 @@ def _open_postgres(settings: Settings, wrap) -> Backend:
             savers[0].setup()
         finally:
             lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK_KEY,))
-    return Backend("postgres", [wrap(saver) for saver in savers], [pool.close])
+    return Backend("postgres", [wrap(saver) for saver in savers], [pool.close], pool=pool)
 
 
 __all__ = ["Backend", "open_backend"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -33,7 +34,27 @@ SERVE_FLAGS: dict[str, str] = {
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
+    "--extract": "extract",
+    "--extractor": "extractor",
+    "--extraction-batch-size": "extraction_batch_size",
+    "--extraction-max-attempts": "extraction_max_attempts",
+    "--extraction-lease-seconds": "extraction_lease_seconds",
 }
+#: The flags of ``worker``: where the outbox is, how to deliver, how to log.
+WORKER_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag]
+    for flag in (
+        "--database",
+        "--extractor",
+        "--extraction-batch-size",
+        "--extraction-max-attempts",
+        "--extraction-lease-seconds",
+        "--log-level",
+        "--log-format",
+    )
+}
+EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
+ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS}
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -57,14 +78,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the HTTP service. Every option can also be set by its environment variable "
         f"({ENV_PREFIX}<NAME>) or in a .env file; options given here win.",
     )
-    for flag, field in SERVE_FLAGS.items():
-        serve.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
+    _add_flags(serve, SERVE_FLAGS)
+    worker = commands.add_parser(
+        "worker",
+        help="deliver pruned messages to long-term memory (no HTTP)",
+        description="Claim pruned messages from the service database's outbox and hand them to the "
+        "extractor until SIGTERM or SIGINT. Run any number of these; each message is delivered once. "
+        "Serve with --no-extract when only workers should deliver.",
+    )
+    _add_flags(worker, WORKER_FLAGS)
+    extraction = commands.add_parser("extraction", help="inspect or re-drive the extraction outbox")
+    actions = extraction.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age (JSON)"),
+        ("retry-dead", "put every dead letter back in the queue"),
+    ):
+        _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
     return parser
+
+
+def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    for flag, field in flags.items():
+        if Settings.model_fields[field].annotation is bool:
+            parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
+        else:
+            parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
     """Settings from flags given on the command line, then the environment, then defaults."""
-    overrides = {field: getattr(args, field) for field in SERVE_FLAGS.values() if getattr(args, field) is not None}
+    overrides = {
+        field: getattr(args, field)
+        for field in ALL_FLAGS.values()
+        if getattr(args, field, None) is not None
+    }
     return Settings(**overrides)
 
 
@@ -72,7 +119,7 @@ def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "settings"
-        flag = next((f for f, name in SERVE_FLAGS.items() if name == field), None)
+        flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
         where = f"{flag} / {ENV_PREFIX}{field.upper()}" if flag else field
         lines.append(f"  {where}: {item['msg']} (got {item.get('input')!r})")
     return "invalid settings:\n" + "\n".join(lines)
@@ -122,6 +169,40 @@ def serve(settings: Settings) -> None:
     uvicorn.run("reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common)
 
 
+def worker(settings: Settings) -> None:
+    """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
+    from reducing_saver.service.memory import Memory
+    from reducing_saver.service.observability import configure_logging
+
+    configure_logging(settings)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    memory = Memory(settings)
+    deliverer = memory.deliverer_for()
+    logger.info(
+        "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
+    )
+    try:
+        deliverer.run_forever(stop)
+    finally:
+        memory.close(settings.shutdown_grace_seconds)
+        logger.info("worker %s stopped", deliverer.worker_id)
+
+
+def extraction(settings: Settings, action: str) -> None:
+    from reducing_saver.service.outbox import open_outbox
+
+    outbox = open_outbox(settings.database, pool_size=1)
+    try:
+        if action == "status":
+            print(json.dumps(outbox.status()))
+        else:
+            print(json.dumps({"requeued": outbox.retry_dead()}))
+    finally:
+        outbox.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -131,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         serve(settings)
+    elif args.command == "worker":
+        worker(settings)
+    else:
+        extraction(settings, args.action)
     return 0
 
 

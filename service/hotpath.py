@@ -24,17 +24,17 @@ from reducing_saver.service.messages_codec import UnsafeMessagesError
 
 logger = logging.getLogger("reducing_saver.service")
 
-#: (request model, operation(backend, body) -> payload or None, success status)
+#: (request model, operation(service, body) -> payload or None, success status)
 Route = tuple[type[BaseModel], Callable[[Any, Any], Any], int]
 
 
 class HotPath:
     """Answer the routes in ``routes`` (by exact path, POST only); pass everything else on."""
 
-    def __init__(self, app: ASGIApp, routes: dict[str, Route], backend: Callable[[], Any]) -> None:
+    def __init__(self, app: ASGIApp, routes: dict[str, Route], service: Any) -> None:
         self.app = app
         self.routes = {path: (TypeAdapter(model), op, status) for path, (model, op, status) in routes.items()}
-        self.backend = backend
+        self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -57,11 +57,7 @@ class HotPath:
     def _handle(self, route: tuple[TypeAdapter, Callable[[Any, Any], Any], int], raw: bytes) -> tuple[int, bytes]:
         adapter, op, ok = route
         try:
-            request = adapter.validate_json(raw)
-            backend = self.backend()
-            if backend is None:
-                raise HTTPException(503, "the service is starting or stopping")
-            payload = op(backend, request)
+            payload = op(self.service, adapter.validate_json(raw))
         except ValidationError as exc:
             errors = [{**error, "loc": ["body", *error["loc"]]} for error in exc.errors(include_url=False)]
             return 422, orjson.dumps({"detail": errors}, default=str)

@@ -312,6 +312,19 @@ class MessageReducer:
 
     # -- reduce -----------------------------------------------------------------------------------
 
+    def split(self, messages: Sequence[MessageLike]) -> ReduceResult:
+        """Cut ``messages`` to the window without calling any hook.
+
+        Returns:
+            ``ReduceResult(kept, pruned)``, holding the same objects as the input.
+        """
+        messages = list(messages)
+        pruned_count = self.select(messages)
+        if not pruned_count:
+            return ReduceResult(messages, [])
+        head = 1 if self.config.preserve_first and message_type(messages[0]) == "system" else 0
+        return ReduceResult(messages[:head] + messages[head + pruned_count :], messages[head : head + pruned_count])
+
     def reduce(self, messages: Sequence[MessageLike], namespace: Sequence[str] = ()) -> ReduceResult:
         """Cut ``messages`` to the window and deliver the pruned messages to the hooks.
 
@@ -322,15 +335,10 @@ class MessageReducer:
         Returns:
             ``ReduceResult(kept, pruned)``; ``kept`` holds the same objects as the input.
         """
-        messages = list(messages)
-        pruned_count = self.select(messages)
-        if not pruned_count:
-            return ReduceResult(messages, [])
-        head = 1 if self.config.preserve_first and message_type(messages[0]) == "system" else 0
-        pruned = messages[head : head + pruned_count]
-        kept = messages[:head] + messages[head + pruned_count :]
-        self.deliver(pruned, tuple(namespace))
-        return ReduceResult(kept, pruned)
+        result = self.split(messages)
+        if result.pruned:
+            self.deliver(result.pruned, tuple(namespace))
+        return result
 
     def deliver(self, pruned: Sequence[Any], namespace: tuple[str, ...]) -> list[Any]:
         """Hand ``pruned`` to the hooks, once per message key when deduping; return what was handed.

@@ -8,7 +8,7 @@ delegates everything else to the wrapped saver.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol, Self
 
 from langchain_core.runnables import RunnableConfig
@@ -62,6 +62,10 @@ def _warn_delta_channel(messages_key: str) -> None:
         )
 
 
+#: ``record_pruned(pruned, namespace, config, checkpoint)``: durably records messages leaving the window.
+RecordPruned = Callable[[list[Any], tuple[str, ...], RunnableConfig, Checkpoint], None]
+
+
 class MessagesCodec(Protocol):
     """Turns a stored messages value into a list the reducer can cut, and the kept part back.
 
@@ -96,12 +100,17 @@ def apply_reducer(
     messages_key: str = "messages",
     *,
     codec: MessagesCodec = LIST_CODEC,
+    record_pruned: RecordPruned | None = None,
 ) -> Checkpoint:
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
 
     The input is not modified; when nothing is pruned (or the channel holds no readable messages list,
     or is backed by a DeltaChannel) the same checkpoint object comes back. A DeltaChannel-backed channel
     is logged as a warning once per channel name and process.
+
+    ``record_pruned(pruned, namespace, config, checkpoint)``, when given, runs before the ``on_prune``
+    hooks with every pruned message (no dedupe); an exception from it propagates, so a caller that stores
+    the result only afterwards never stores a checkpoint whose pruned messages were not recorded.
     """
     if is_delta_channel_value(checkpoint, messages_key):
         if messages_key in checkpoint.get("channel_versions", {}):
@@ -111,9 +120,13 @@ def apply_reducer(
     messages = codec.decode(value)
     if messages is None:
         return checkpoint
-    kept, pruned = reducer.reduce(messages, memory_namespace(reducer, config))
+    kept, pruned = reducer.split(messages)
     if not pruned:
         return checkpoint
+    namespace = memory_namespace(reducer, config)
+    if record_pruned is not None:
+        record_pruned(pruned, namespace, config, checkpoint)
+    reducer.deliver(pruned, namespace)
     reduced = checkpoint.copy()
     reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: codec.encode(kept, value)}
     return reduced
@@ -139,6 +152,8 @@ class ReducingSaver(BaseCheckpointSaver):
         reducer: The reducer applied to the messages channel.
         messages_key: The channel holding the messages list.
         codec: Reads and writes the stored form of the messages channel (default: plain lists).
+        record_pruned: Called with every pruned message before the put is stored (see
+            ``apply_reducer``); the service records them in its extraction outbox here.
 
     Raises:
         ValueError: If ``inner`` already carries a different reducer.
@@ -163,6 +178,7 @@ class ReducingSaver(BaseCheckpointSaver):
         *,
         messages_key: str = "messages",
         codec: MessagesCodec = LIST_CODEC,
+        record_pruned: RecordPruned | None = None,
     ) -> None:
         super().__init__(serde=inner.serde)
         if not hasattr(inner, "reducer"):
@@ -181,6 +197,7 @@ class ReducingSaver(BaseCheckpointSaver):
         self.reducer = reducer
         self.messages_key = messages_key
         self.codec = codec
+        self.record_pruned = record_pruned
 
     def __repr__(self) -> str:
         return f"ReducingSaver({self.inner!r}, {self.reducer!r})"
@@ -206,7 +223,9 @@ class ReducingSaver(BaseCheckpointSaver):
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
-        return apply_reducer(self.reducer, checkpoint, config, self.messages_key, codec=self.codec)
+        return apply_reducer(
+            self.reducer, checkpoint, config, self.messages_key, codec=self.codec, record_pruned=self.record_pruned
+        )
 
     # -- the required saver API ---------------------------------------------------------------------
 

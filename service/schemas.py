@@ -158,3 +158,28 @@ class CapabilitiesResponse(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str | list[dict[str, Any]]
+
+
+class ExtractionStatus(BaseModel):
+    pending: int = Field(description="Pruned messages waiting for delivery (including those waiting for a retry).")
+    in_flight: int = Field(description="Claimed by a deliverer right now.")
+    delivered: int
+    dead: int = Field(description="Dead letters: failed max_attempts times; kept until re-driven.")
+    oldest_pending_age_seconds: float | None = Field(description="null when nothing is pending.")
+
+
+class DeadLetter(BaseModel):
+    namespace: list[str]
+    key: str
+    thread_id: str
+    attempts: int
+    last_error: str | None
+    pruned_at: str
+
+
+class DeadLettersResponse(BaseModel):
+    dead_letters: list[DeadLetter]
+
+
+class RetryDeadResponse(BaseModel):
+    requeued: int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -65,6 +66,51 @@ class Settings(BaseSettings):
         description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
         "database is closed.",
     )
+
+    extract: bool = Field(
+        True,
+        description="Deliver pruned messages to long-term memory from this process (turn off when "
+        "`reducing-saver worker` processes deliver instead).",
+    )
+    extractor: str | None = Field(
+        None,
+        description="module:callable called as (messages, namespace, store) for each namespace's pruned "
+        "messages; default: write each message into the store under its namespace.",
+    )
+    extraction_batch_size: int = Field(100, ge=1, description="Outbox rows a deliverer claims at a time.")
+    extraction_lease_seconds: float = Field(
+        30.0, gt=0, description="How long a claim lasts without renewal (a crashed worker's rows return after it)."
+    )
+    extraction_max_attempts: int = Field(
+        8, ge=1, description="Attempts per message before it becomes a dead letter."
+    )
+    extraction_base_backoff: float = Field(1.0, ge=0, description="Seconds before the first retry (doubles, with jitter).")
+    extraction_max_backoff: float = Field(300.0, ge=0, description="Longest wait between attempts.")
+    extraction_idle_seconds: float = Field(1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty.")
+
+    @field_validator("extractor")
+    @classmethod
+    def _check_extractor(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        module, _, attribute = value.partition(":")
+        if not module or not attribute:
+            raise ValueError(f"{value!r} is not a module:callable import path")
+        try:
+            target: object = importlib.import_module(module)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"extractor {value!r} cannot be imported: {exc}") from None
+        if not callable(target):
+            raise ValueError(f"extractor {value!r} is not callable")
+        return value
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> Settings:
+        if self.extraction_max_backoff < self.extraction_base_backoff:
+            raise ValueError("extraction_max_backoff must be at least extraction_base_backoff")
+        return self
 
     @field_validator("allowed_message_classes", "on_prune", mode="before")
     @classmethod

@@ -52,15 +52,15 @@ class Recorder:
 
 
 def count_reduce_calls(reducer: MessageReducer, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Spy on ``reducer.reduce``; returns a list that grows by one entry per call."""
+    """Spy on ``reducer.split`` (where savers cut a list); returns a list that grows by one entry per call."""
     calls: list[int] = []
-    original = reducer.reduce
+    original = reducer.split
 
-    def spy(messages, namespace=()):
+    def spy(messages):
         calls.append(len(messages))
-        return original(messages, namespace)
+        return original(messages)
 
-    monkeypatch.setattr(reducer, "reduce", spy)
+    monkeypatch.setattr(reducer, "split", spy)
     return calls
 
 

@@ -1,0 +1,114 @@
+"""Long-term memory: the outbox the put path records into, and the deliverer that empties it.
+
+Every message that leaves the window is recorded in the outbox *before* the checkpoint that drops it
+is stored (``record`` is the ``ReducingSaver``'s ``record_pruned``): at every instant a message is in
+the thread's latest checkpoint, pending in the outbox, or extracted. The outbox's key
+``(namespace, message key)`` makes the several puts of one turn, and several replicas, record a message
+once; the deliverer hands each row to the extractor and marks it done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint
+
+from reducing_saver.service.extraction import (
+    Deliverer,
+    StoreExtractor,
+    load_extractor,
+    open_store,
+    validate_namespace,
+)
+from reducing_saver.service.outbox import MemoryOutbox, make_entries, open_outbox
+from reducing_saver.service.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def escape_label(label: str) -> str:
+    """A thread id as a store namespace label: ``%`` -> ``%25``, ``.`` -> ``%2E`` (stores refuse dots)."""
+    return label.replace("%", "%25").replace(".", "%2E")
+
+
+def store_namespace(config: RunnableConfig, namespace_key: str) -> tuple[str, ...]:
+    """The memory namespace of a run, as the store keeps it.
+
+    ``config["configurable"][namespace_key]`` as given (a label the store would refuse raises
+    ``ValueError``), else ``("memories", thread_id)`` with the thread id escaped by :func:`escape_label`.
+    """
+    configurable = config.get("configurable") or {}
+    namespace = configurable.get(namespace_key)
+    if namespace is None:
+        return ("memories", escape_label(str(configurable.get("thread_id", ""))))
+    labels = (namespace,) if isinstance(namespace, str) else tuple(namespace)
+    validate_namespace(labels)
+    return labels
+
+
+#: Connections of a deliverer's own outbox pool (claims, renewals, completions) and of its store's.
+DELIVERER_POOL_SIZE = 2
+
+
+class Memory:
+    """The outbox and, when this process delivers, the store and the deliverer.
+
+    On PostgreSQL the put path records over the backend's pool (``pool``); a deliverer gets an outbox
+    over a pool of its own, so delivery never takes a connection a saver call is waiting for.
+    """
+
+    def __init__(self, settings: Settings, *, pool: Any = None) -> None:
+        self.settings = settings
+        self.outbox = open_outbox(settings.database, pool=pool, pool_size=DELIVERER_POOL_SIZE)
+        self._shares_backend_pool = pool is not None
+        self.deliverer: Deliverer | None = None
+        self._closers: list[Callable[[], None]] = []
+
+    def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
+        """Durably record pruned messages before their checkpoint is stored (raises on failure)."""
+        namespace = store_namespace(config, self.settings.namespace_key)
+        thread_id = str(config["configurable"]["thread_id"])
+        self.outbox.record(make_entries(pruned, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"]))
+
+    def deliverer_for(self) -> Deliverer:
+        """A deliverer writing to the store (or the configured extractor)."""
+        if isinstance(self.outbox, MemoryOutbox) or not self._shares_backend_pool:
+            outbox = self.outbox  # a memory outbox has one copy; a worker process has no backend pool
+        else:
+            outbox = open_outbox(self.settings.database, pool_size=DELIVERER_POOL_SIZE)
+            self._closers.append(outbox.close)
+        store, close_store = open_store(self.settings.database, pool_size=DELIVERER_POOL_SIZE)
+        self._closers.append(close_store)
+        extractor = (
+            load_extractor(self.settings.extractor, store) if self.settings.extractor else StoreExtractor(store)
+        )
+        self.deliverer = Deliverer(
+            outbox,
+            extractor,
+            batch_size=self.settings.extraction_batch_size,
+            lease_seconds=self.settings.extraction_lease_seconds,
+            max_attempts=self.settings.extraction_max_attempts,
+            base_backoff=self.settings.extraction_base_backoff,
+            max_backoff=self.settings.extraction_max_backoff,
+            idle_sleep=self.settings.extraction_idle_seconds,
+        )
+        return self.deliverer
+
+    def start(self) -> None:
+        """Deliver in a background thread of this process."""
+        self.deliverer_for().start()
+        logger.info("extraction delivery started (%s)", self.deliverer.worker_id)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop delivering (rows in hand are handed back), then close the store and the outbox."""
+        if self.deliverer is not None:
+            self.deliverer.stop(timeout)
+            self.deliverer.release()
+            self.deliverer = None
+        for close in reversed(self._closers):
+            close()
+        self._closers.clear()
+        self.outbox.close()
