@@ -242,7 +242,7 @@ class Service:
         if self.settings.extract:
             self.memory.start()
         self.backend = backend
-        self.metrics.watch(backend)
+        self.metrics.watch(backend, self.memory.outbox)
         return backend
 
     def _record_pruned(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:

@@ -48,6 +48,11 @@ class Backend:
     def size(self) -> int:
         return self._size
 
+    @property
+    def borrowed(self) -> int:
+        """Savers lent to a call right now."""
+        return self._size - self._idle.qsize()
+
     @contextmanager
     def borrow(self) -> Iterator[ReducingSaver]:
         """A saver for the length of one call; waits while all are busy."""

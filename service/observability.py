@@ -38,6 +38,7 @@ from reducing_saver.client._wire import Blob
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 
 access_logger = logging.getLogger("reducing_saver.access")
+logger = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
 MAX_REQUEST_ID_LENGTH = 128
@@ -193,19 +194,13 @@ class ServiceMetrics:
         """An ``on_prune`` hook: counts the messages the reducer delivers."""
         self.delivered.inc(len(messages))
 
-    def watch(self, backend: Any) -> None:
-        """Read the savers (and, on PostgreSQL, the connection pool) of ``backend`` at scrape time.
+    def watch(self, backend: Any, outbox: Any = None) -> None:
+        """Read the savers, the connection pool (PostgreSQL) and the extraction outbox at scrape time.
 
-        Borrows one saver once, to find the pool its savers share; call it before serving.
         ``None`` stops watching.
         """
-        self._backend, self._pool = backend, None
-        if backend is None:
-            return
-        with backend.borrow() as saver:
-            conn = getattr(getattr(saver, "inner", None), "conn", None)
-        if callable(getattr(conn, "get_stats", None)):
-            self._pool = conn
+        self._backend, self._outbox = backend, outbox
+        self._pool = getattr(backend, "pool", None)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method if method in _METHODS else "other", route, str(status))
@@ -226,12 +221,6 @@ class ServiceMetrics:
         """
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
-
-
-def _borrowed(backend: Any) -> int | None:
-    # Backend keeps its idle savers in a SimpleQueue; the borrowed ones are the rest.
-    idle = getattr(backend, "_idle", None)
-    return backend.size - idle.qsize() if idle is not None else None
 
 
 class _StateCollector(Collector):
@@ -256,13 +245,12 @@ class _StateCollector(Collector):
             "Saver instances of the backend (parallel saver calls).",
             value=backend.size,
         )
-        borrowed = _borrowed(backend)
-        if borrowed is not None:
-            yield GaugeMetricFamily(
-                "reducing_saver_backend_savers_borrowed",
-                "Saver instances lent to a call right now.",
-                value=borrowed,
-            )
+        yield GaugeMetricFamily(
+            "reducing_saver_backend_savers_borrowed",
+            "Saver instances lent to a call right now.",
+            value=backend.borrowed,
+        )
+        yield from _outbox_metrics(metrics._outbox)
         if metrics._pool is None:
             return
         stats = metrics._pool.get_stats()
@@ -278,6 +266,28 @@ class _StateCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(f"reducing_saver_db_pool_{name}", help_text, value=value)
+
+
+def _outbox_metrics(outbox: Any) -> Iterator[Metric]:
+    if outbox is None:
+        return
+    try:
+        status = outbox.status()
+    except Exception:
+        logger.exception("reading the extraction outbox for /metrics failed")
+        return
+    for name, help_text in (
+        ("pending", "Pruned messages waiting for extraction (retries included)."),
+        ("in_flight", "Pruned messages claimed by a deliverer right now."),
+        ("delivered", "Pruned messages delivered to long-term memory."),
+        ("dead", "Pruned messages whose extraction failed every attempt (dead letters)."),
+    ):
+        yield GaugeMetricFamily(f"reducing_saver_outbox_{name}", help_text, value=status[name])
+    yield GaugeMetricFamily(
+        "reducing_saver_outbox_oldest_pending_age_seconds",
+        "Age of the oldest pending message (0 when none is pending).",
+        value=status["oldest_pending_age_seconds"] or 0,
+    )
 
 
 # -- the middleware -------------------------------------------------------------------------------

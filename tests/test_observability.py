@@ -110,6 +110,23 @@ def _records(stream: io.StringIO) -> list[dict]:
 # -- metrics --------------------------------------------------------------------------------------
 
 
+def test_the_extraction_outbox_shows_in_the_metrics(client):
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(4))))
+    assert client.post("/v1/checkpoints/put", json=body).status_code == 200
+    deadline = time.monotonic() + 10
+    while True:
+        samples = _metrics(client)
+        if _value(samples, "reducing_saver_outbox_delivered") == 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    # The 6 pruned messages were recorded, then the service's deliverer moved them to the store.
+    assert _value(samples, "reducing_saver_outbox_delivered") == 6
+    assert _value(samples, "reducing_saver_outbox_pending") == 0
+    assert _value(samples, "reducing_saver_outbox_in_flight") == 0
+    assert _value(samples, "reducing_saver_outbox_dead") == 0
+    assert _value(samples, "reducing_saver_outbox_oldest_pending_age_seconds") == 0
+
+
 def test_a_pruning_put_shows_in_the_metrics(client):
     messages = _messages(4)  # system + 8 messages; the window keeps s, h3, a3
     received = SERDE.dumps_typed(messages)[1]
