@@ -65,6 +65,8 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 #: A connection that breaks while a body this large is being sent is most likely a 413 (see FACTS.md).
 LARGE_BODY = 1024 * 1024
 MAX_BACKOFF = 10.0
+#: Keep-alive connections per saver (sync and async each).
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
 SPARSE_BACKENDS = frozenset({"postgres", "memory"})
@@ -181,6 +183,13 @@ def _finish(call: _Call[T], response: httpx.Response) -> T:
         ) from exc
 
 
+async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await session.close()
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -221,17 +230,100 @@ class _Http:
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
-        self._options: dict[str, Any] = {"base_url": parsed, "headers": all_headers, "timeout": self.timeout}
-        self._client = httpx.Client(transport=transport, **self._options)
+        self._base = parsed
+        self._headers = httpx.Headers(all_headers)
+        self._urls: dict[str, httpx.URL] = {}
+        self._extensions = {"timeout": self.timeout.as_dict()}
+        # Calls go straight to the transport: the service needs none of httpx.Client's per-request work
+        # (URL merging, cookies, redirects, auth flows), which costs more CPU than the request itself
+        # (benchmarks/http_clients.py).
+        self._transport = transport or httpx.HTTPTransport(limits=LIMITS)
         self._async_transport = async_transport
-        self._aclient: httpx.AsyncClient | None = None
-        self._aclient_loop: asyncio.AbstractEventLoop | None = None
+        self._session: Any = None  # aiohttp.ClientSession of self._session_loop
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._session_closer: AsyncIterator[None] | None = None
         self._closed = False
+
+    def _request(self, call: _Call[Any]) -> httpx.Request:
+        url = self._urls.get(call.path)
+        if url is None:
+            url = self._urls[call.path] = self._base.join(call.path)
+        return httpx.Request(call.method, url, headers=self._headers, content=call.body, extensions=self._extensions)
+
+    def _exchange(self, call: _Call[Any]) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("this RemoteReducingSaver is closed")
+        response = self._transport.handle_request(self._request(call))
+        try:
+            response.read()
+        finally:
+            response.close()
+        return response
+
+    async def _aexchange(self, call: _Call[Any]) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("this RemoteReducingSaver is closed")
+        if self._async_transport is not None:
+            response = await self._async_transport.handle_async_request(self._request(call))
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            return response
+        return await self._aiohttp_exchange(call)
+
+    async def _aiohttp_exchange(self, call: _Call[Any]) -> httpx.Response:
+        # aiohttp costs a quarter of httpx.AsyncClient's CPU per call (benchmarks/http_clients.py). Its
+        # errors become the httpx errors the shared retry and error-mapping code knows.
+        import aiohttp
+
+        session = await self._aiohttp_session()
+        request = self._request(call)
+        try:
+            async with session.request(
+                call.method, str(request.url), data=call.body, headers=self._headers.multi_items()
+            ) as answer:
+                content = await answer.read()
+                return httpx.Response(answer.status, headers=answer.raw_headers, content=content, request=request)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=request) from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        except (aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
+            raise httpx.WriteError(str(exc), request=request) from exc
+        except aiohttp.ClientError as exc:
+            raise httpx.NetworkError(str(exc), request=request) from exc
+
+    async def _aiohttp_session(self) -> Any:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        # Pooled connections belong to the loop that opened them; a saver used under a new loop (a second
+        # asyncio.run, a per-test loop) gets a fresh session instead of sockets of a dead loop.
+        if self._session is None or self._session_loop is not loop or self._session.closed:
+            timeout = self.timeout
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=LIMITS.max_connections),
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeout.connect,
+                    sock_read=timeout.read,
+                ),
+                skip_auto_headers=("User-Agent", "Content-Type", "Accept-Encoding"),
+            )
+            self._session_loop = loop
+            # Close the session on its own loop when that loop shuts down (asyncio.run and pytest finalize
+            # async generators then), so a saver used from several asyncio.run calls leaks nothing.
+            self._session_closer = _close_at_loop_shutdown(self._session)
+            await self._session_closer.__anext__()
+        return self._session
 
     def send(self, call: _Call[T]) -> T:
         for attempt in itertools.count():
             try:
-                response = self._client.request(call.method, call.path, content=call.body)
+                response = self._exchange(call)
             except httpx.TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc)
                 if delay is None:
@@ -244,10 +336,9 @@ class _Http:
         raise AssertionError("unreachable")
 
     async def asend(self, call: _Call[T]) -> T:
-        client = self._async_client()
         for attempt in itertools.count():
             try:
-                response = await client.request(call.method, call.path, content=call.body)
+                response = await self._aexchange(call)
             except httpx.TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc)
                 if delay is None:
@@ -258,17 +349,6 @@ class _Http:
                     return _finish(call, response)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
-
-    def _async_client(self) -> httpx.AsyncClient:
-        if self._closed:
-            raise RuntimeError("this RemoteReducingSaver is closed")
-        loop = asyncio.get_running_loop()
-        # Pooled connections belong to the loop that opened them; a saver used under a new loop (a second
-        # asyncio.run, a per-test loop) gets a fresh pool instead of sockets of a dead loop.
-        if self._aclient is None or self._aclient_loop is not loop:
-            self._aclient = httpx.AsyncClient(transport=self._async_transport, **self._options)
-            self._aclient_loop = loop
-        return self._aclient
 
     def _retry_delay(
         self, call: _Call[Any], attempt: int, outcome: httpx.Response | Exception
@@ -319,14 +399,16 @@ class _Http:
 
     def close(self) -> None:
         self._closed = True
-        self._client.close()
+        self._transport.close()
 
     async def aclose(self) -> None:
         self._closed = True
-        aclient, self._aclient = self._aclient, None
-        if aclient is not None and self._aclient_loop is asyncio.get_running_loop():
-            await aclient.aclose()
-        self._client.close()
+        session, self._session = self._session, None
+        if session is not None and self._session_loop is asyncio.get_running_loop():
+            await session.close()
+        if self._async_transport is not None:
+            await self._async_transport.aclose()
+        self._transport.close()
 
 
 # -- the saver --------------------------------------------------------------------------------------
@@ -341,8 +423,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
     ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
 
-    Sync calls share one keep-alive ``httpx.Client``; async calls one ``httpx.AsyncClient`` per event
-    loop, created on first use. Close with ``close()``/``aclose()`` or use ``with``/``async with``.
+    Sync calls share one keep-alive httpx transport; async calls one aiohttp session per event loop,
+    created on first use and closed when that loop shuts down (``benchmarks/http_clients.py`` shows why:
+    httpx's client layers cost more CPU than the request). Close with ``close()``/``aclose()`` or use
+    ``with``/``async with``.
 
     Args:
         url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
@@ -356,8 +440,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             budget is spent). A ``Retry-After`` header sets a floor on the delay.
         backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
         headers: Extra headers sent with every request.
-        transport: httpx transport for the sync client (tests pass ``httpx.MockTransport``).
-        async_transport: httpx transport for the async client.
+        transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
+        async_transport: httpx transport for async calls instead of aiohttp.
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.

@@ -833,28 +833,37 @@ def test_url_credentials_stay_out_of_repr() -> None:
     assert "reducing-saver.test:8000" in repr(saver)
 
 
-def test_context_managers_close_the_clients() -> None:
-    with make_saver(FakeService()) as saver:
+class ClosingTransport(httpx.MockTransport):
+    """A mock transport that remembers being closed (sync and async)."""
+
+    closed = aclosed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.aclosed = True
+
+
+def test_context_managers_close_the_transport() -> None:
+    transport = ClosingTransport(FakeService())
+    with RemoteReducingSaver("http://reducing-saver.test", transport=transport) as saver:
         saver.get_tuple(config())
-    assert saver._http._client.is_closed
+    assert transport.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        saver.get_tuple(config())
 
 
-async def test_async_context_manager_closes_the_clients() -> None:
-    async with make_saver(FakeService()) as saver:
+async def test_async_context_manager_closes_the_transports() -> None:
+    service = FakeService()
+    transport, async_transport = ClosingTransport(service), ClosingTransport(service)
+    async with RemoteReducingSaver(
+        "http://reducing-saver.test", transport=transport, async_transport=async_transport
+    ) as saver:
         await saver.aget_tuple(config())
-        aclient = saver._http._aclient
-    assert aclient is not None and aclient.is_closed
-    assert saver._http._client.is_closed
+    assert transport.closed and async_transport.aclosed
     with pytest.raises(RuntimeError, match="closed"):
         await saver.aget_tuple(config())
-
-
-def test_async_client_follows_the_event_loop() -> None:
-    saver = make_saver(FakeService())
-    asyncio.run(saver.aget_tuple(config()))
-    first = saver._http._aclient
-    asyncio.run(saver.aget_tuple(config()))
-    assert saver._http._aclient is not first
 
 
 # -- conformance through a loopback -----------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""The client's real I/O (httpx transport for sync, aiohttp for async) against a real uvicorn process."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+
+from reducing_saver.client import (
+    BadRequestError,
+    PayloadTooLargeError,
+    RemoteReducingSaver,
+    RequestTimeoutError,
+    ServerUnavailableError,
+)
+from tests.support.server import free_port, run_service
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("client-http")
+    with run_service(folder, "--database", "memory://", "--max-body-bytes", str(256 * 1024)) as process:
+        yield process
+
+
+def _checkpoint(value: object) -> dict:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"blob": value}
+    checkpoint["channel_versions"] = {"blob": "1"}
+    return checkpoint
+
+
+CONFIG = {"configurable": {"thread_id": "http", "checkpoint_ns": ""}}
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_round_trip_and_errors(service, api):
+    saver = RemoteReducingSaver(service.url, max_retries=0)
+
+    async def calls():
+        put = saver.put if api == "sync" else saver.aput
+        get = saver.get_tuple if api == "sync" else saver.aget_tuple
+        run = (lambda f, *a: f(*a)) if api == "sync" else None
+
+        async def call(f, *args):
+            return f(*args) if run else await f(*args)
+
+        await call(put, CONFIG, _checkpoint({"a", "set"}), {"step": 1}, {"blob": "1"})
+        stored = await call(get, CONFIG)
+        assert stored.checkpoint["channel_values"]["blob"] == {"a", "set"}
+        with pytest.raises(PayloadTooLargeError):
+            await call(put, CONFIG, _checkpoint(b"x" * (512 * 1024)), {}, {"blob": "2"})
+        with pytest.raises(BadRequestError, match="thread_id"):
+            await call(get, {"configurable": {"checkpoint_ns": ""}})
+
+    asyncio.run(calls())
+    asyncio.run(saver.aclose())
+
+
+def test_async_sessions_follow_the_event_loop(service):
+    saver = RemoteReducingSaver(service.url)
+    for _ in range(3):  # each asyncio.run is a new loop; a stale session would fail here
+        assert asyncio.run(saver.aget_tuple({"configurable": {"thread_id": "none", "checkpoint_ns": ""}})) is None
+    saver.close()
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_connection_refused_is_server_unavailable(service, api):
+    saver = RemoteReducingSaver(service.url)
+    saver.close()  # the capabilities request's connection
+    saver._http = type(saver._http)(
+        f"http://127.0.0.1:{free_port()}", api_key=None, timeout=5, max_retries=2, backoff=0.01,
+        headers=None, transport=None, async_transport=None,
+    )  # nothing listens there
+    with pytest.raises(ServerUnavailableError, match="could not reach"):
+        if api == "sync":
+            saver.get_tuple(CONFIG)
+        else:
+            asyncio.run(saver.aget_tuple(CONFIG))
+    saver.close()
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_silent_server_times_out(api):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        saver = object.__new__(RemoteReducingSaver)
+        from reducing_saver.client._client import _Http
+
+        saver._http = _Http(
+            f"http://127.0.0.1:{port}", api_key=None, timeout=0.3, max_retries=3, backoff=0.01,
+            headers=None, transport=None, async_transport=None,
+        )
+        call = RemoteReducingSaver._delete_thread_call(saver, "t")
+        with pytest.raises(RequestTimeoutError, match="did not answer in time"):
+            if api == "sync":
+                saver._http.send(call)
+            else:
+                asyncio.run(saver._http.asend(call))
+        saver._http.close()
