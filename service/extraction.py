@@ -318,6 +318,7 @@ class Deliverer:
         #: Rows the last ``run_once`` claimed.
         self.last_claimed = 0
         self._stop_event: threading.Event | None = None
+        self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -466,10 +467,15 @@ class Deliverer:
                     logger.exception("%s: delivery round failed", self.worker_id)
                     stop_event.wait(min(self.max_backoff, self.idle_sleep * 2 ** min(errors, 8)))
                     continue
-                if self.last_claimed < self.batch_size:
-                    stop_event.wait(self.idle_sleep)
+                if self.last_claimed < self.batch_size and not stop_event.is_set():
+                    self._wakeup.wait(self.idle_sleep)
+                    self._wakeup.clear()
         finally:
             self.release()
+
+    def wake(self) -> None:
+        """Cut the current idle sleep short: rows were just recorded (same process) or it should stop."""
+        self._wakeup.set()
 
     def start(self) -> threading.Thread:
         """Run :meth:`run_forever` in a daemon thread; :meth:`stop` ends it."""
@@ -488,6 +494,7 @@ class Deliverer:
         rest of its batch, and ends."""
         if self._stop_event is not None:
             self._stop_event.set()
+        self._wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
