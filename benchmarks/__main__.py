@@ -1,0 +1,291 @@
+"""The benchmark suite: storage, latency, throughput and service cost, in one run.
+
+    .venv/bin/python -m benchmarks [--quick] [--out benchmarks/results]
+
+Creates a PostgreSQL database of its own (dropped afterwards), starts ``reducing-saver serve`` on it
+(the real CLI, default settings but ``--max-messages``), runs the four sections against that service and
+that database, writes ``results.json``, ``storage.png`` and ``performance.png`` into ``--out``, and prints
+a summary with the ratios. Every comparison is measured in the same run, interleaved, so that a busy
+machine shifts both sides alike. ``--quick`` is a smoke version (seconds, not minutes) for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from benchmarks._common import DEFAULT_SERVER, scratch_database
+
+# The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
+# re-import this module, and need none of it.
+
+# Service cost runs before throughput: 32 agent processes leave PostgreSQL (autovacuum) and the load
+# average busy for a while after them.
+SECTIONS = ("storage", "latency", "service_cost", "throughput")
+
+FULL = {
+    "storage_turns": 100,
+    "window": 20,
+    "latency_turns": 40,
+    "latency_rounds": 5,
+    "agents": [1, 8, 32],
+    "duration": 10.0,
+    "throughput_rounds": 2,
+    "turns_per_thread": 20,
+    "cost_requests": 2000,
+    "cost_concurrency": 8,
+    "profile_seconds": 10.0,
+    "idle_seconds": 3.0,
+}
+QUICK = {
+    "storage_turns": 12,
+    "window": 20,
+    "latency_turns": 5,
+    "latency_rounds": 1,
+    "agents": [1, 2],
+    "duration": 1.5,
+    "throughput_rounds": 1,
+    "turns_per_thread": 20,
+    "cost_requests": 100,
+    "cost_concurrency": 2,
+    "profile_seconds": 2.0,
+    "idle_seconds": 0.5,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few turns, 1 and 2 agents, tiny loads")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the results")
+    parser.add_argument("--postgres", default=DEFAULT_SERVER,
+                        help="PostgreSQL server URL without a database (default: %(default)s)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of: "
+                        + ", ".join(SECTIONS))
+    parser.add_argument("--agents", help="comma-separated agent counts for the throughput section")
+    parser.add_argument("--duration", type=float, help="seconds per throughput phase")
+    return parser.parse_args(argv)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for package in ("reducing-saver", "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres",
+                    "psycopg", "uvicorn", "fastapi", "httpx", "aiohttp"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _machine(server: str) -> dict[str, Any]:
+    with psycopg.connect(f"{server}/postgres") as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "postgres": version,
+        "postgres_server": server.rsplit("@", 1)[-1],
+        "load_average_at_start": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
+def _machine_line(machine: dict[str, Any]) -> str:
+    return (
+        f"{machine['cpus']} cores, PostgreSQL {machine['postgres'].split()[0]} on loopback, "
+        f"load average {machine['load_average_at_start'][0]} at start (a shared machine)"
+    )
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures the issue asks to report, as ratios from this run."""
+    out: dict[str, Any] = {}
+    if "latency" in results:
+        for mode in ("sync", "async"):
+            out[f"remote_vs_inprocess_median_{mode}"] = results["latency"][mode]["ratios"]["remote_vs_inprocess_median"]
+    if "throughput" in results:
+        level = results["throughput"]["levels"][-1]
+        out["largest_level_agents"] = level["agents"]
+        out["agents_service_vs_direct_turns_per_s"] = level["ratios"]["service_vs_direct_turns_per_s"]
+        out["agents_connections_service"] = level["service"]["connections_max"]
+        out["agents_connections_direct"] = level["direct"]["connections_max"]
+    if "storage" in results:
+        ratios = results["storage"]["ratios"]
+        out["newest_blob_final_vs_window_fill"] = ratios["service_blob_final_vs_window_fill"]
+        out["pruned_thread_vs_window_checkpoint"] = ratios["service_after_prune_vs_window_checkpoint"]
+    return out
+
+
+def _kb(value: float) -> str:
+    return f"{value / 1024:,.1f} KB"
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    print()
+    print(f"== reducing-saver benchmarks ({'quick' if results['meta']['quick'] else 'full'}) — "
+          f"{results['meta']['machine_line']}")
+    if "storage" in results:
+        s = results["storage"]
+        t = s["totals"]
+        print(f"\nStorage: {s['turns']} turns, window {s['window']} (full at turn {s['window_fill_turn']})")
+        print(f"  {'':28}{'service':>14}{'plain':>14}{'plain/service':>15}")
+        rows = [
+            ("newest messages blob", "newest_messages_blob_bytes"),
+            ("head checkpoint", "head_checkpoint_bytes"),
+            ("thread total", "thread_bytes"),
+            ("thread total, stored", "stored_bytes"),
+            ("after prune(keep_latest)", "after_prune_bytes"),
+        ]
+        for label, key in rows:
+            a, b = t["service"][key], t["plain"][key]
+            print(f"  {label:28}{_kb(a):>14}{_kb(b):>14}{b / a:>14.1f}x")
+        r = s["ratios"]
+        print(f"  service blob at turn {s['turns']} / at window fill: {r['service_blob_final_vs_window_fill']:.2f}x "
+              f"(plain: {r['plain_blob_final_vs_window_fill']:.2f}x)")
+        print(f"  service thread after prune / one window's checkpoint ({_kb(s['window_checkpoint_bytes'])}): "
+              f"{r['service_after_prune_vs_window_checkpoint']:.2f}x")
+        m = s["long_term_memory"]
+        print(f"  long-term memory for the service thread: outbox {_kb(m['outbox_bytes'])}, "
+              f"store {_kb(m['store_bytes'])} ({m['store_items']} items)")
+    if "latency" in results:
+        lat = results["latency"]
+        print(f"\nLatency per turn: {lat['rounds']} rounds x {lat['turns_per_thread']} turns per checkpointer, interleaved")
+        print(f"  {'':7}{'remote':>18}{'in-process':>18}{'plain':>18}   remote/in-process (median, p95)")
+        for mode in ("sync", "async"):
+            cells = "".join(f"{lat[mode][k]['median_ms']:>8.2f} / {lat[mode][k]['p95_ms']:>6.2f}"
+                            for k in ("remote", "inprocess", "plain"))
+            ratios = lat[mode]["ratios"]
+            print(f"  {mode:7}{cells}   {ratios['remote_vs_inprocess_median']:.2f}x, {ratios['remote_vs_inprocess_p95']:.2f}x")
+        print("  (ms, median / p95)")
+    if "throughput" in results:
+        tp = results["throughput"]
+        print(f"\nThroughput: agent processes, {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating")
+        print(f"  {'agents':>6} | {'service turns/s':>15} {'p95 ms':>8} {'conns':>6} {'CPU us/turn':>12} |"
+              f" {'direct turns/s':>14} {'p95 ms':>8} {'conns':>6} | {'turns/s ratio':>13}")
+        for level in tp["levels"]:
+            sv, dr = level["service"], level["direct"]
+            print(f"  {level['agents']:>6} | {sv['turns_per_s']:>15.1f} {sv['p95_ms']:>8.1f} {sv['connections_max']:>6} "
+                  f"{sv['service_cpu_us_per_turn']:>12.0f} | {dr['turns_per_s']:>14.1f} {dr['p95_ms']:>8.1f} "
+                  f"{dr['connections_max']:>6} | {level['ratios']['service_vs_direct_turns_per_s']:>12.2f}x")
+    if "service_cost" in results:
+        cost = results["service_cost"]
+        print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
+              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core)")
+        for route, fig in cost["routes"].items():
+            extra = ""
+            if "cpu_us_per_request_with_extraction" in fig:
+                extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} us with extraction"
+            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f} us ({fig['cpu_us_per_request_net_of_idle']:.0f} "
+                  f"net of idle{extra}), {fig['requests_per_s']:.0f} req/s")
+        print(f"  per turn from routes: {cost['cpu_us_per_turn_from_routes']:.0f} us")
+        prof = cost["profile"]
+        if "error" in prof:
+            print(f"  profile failed: {prof['error']}")
+        else:
+            print(f"  profile ({prof['samples']} samples): " + ", ".join(
+                f"{name} {pct}%" for name, pct in list(prof["components"].items())[:6]))
+            print("  inclusive: " + ", ".join(
+                f"{name} {pct}%" for name, pct in prof["key_frames_inclusive_pct"].items()))
+            print("  top frames by own samples:")
+            for entry in prof["top_own"][:8]:
+                print(f"    {entry['pct']:5.1f}%  {entry['frame']}")
+    if results.get("targets"):
+        print("\nTargets (ratios from this run):")
+        for key, value in results["targets"].items():
+            print(f"  {key}: {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = dict(QUICK if args.quick else FULL)
+    if args.agents:
+        settings["agents"] = [int(value) for value in args.agents.split(",")]
+    if args.duration:
+        settings["duration"] = args.duration
+    sections = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown sections: {sorted(unknown)}")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    from benchmarks import latency, service_cost, storage, throughput
+    from tests.support.server import run_service  # the real `reducing-saver serve` process
+
+    started = time.monotonic()
+    machine = _machine(args.postgres)
+    results: dict[str, Any] = {
+        "meta": {
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "quick": args.quick,
+            "settings": settings,
+            "machine": machine,
+            "machine_line": _machine_line(machine),
+            "versions": _versions(),
+            "command": " ".join([Path(sys.executable).name, "-m", "benchmarks", *(argv or sys.argv[1:])]),
+        }
+    }
+
+    def log(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {line}", flush=True)
+
+    def section(name: str) -> None:
+        load = round(os.getloadavg()[0], 2)
+        results["meta"].setdefault("load_average_by_section", {})[name] = load
+        log(f"{name} (load average {load})")
+
+    with scratch_database(args.postgres) as database, run_service(
+        out, "--database", throughput.with_application_name(database, throughput.SERVICE_APP),
+        "--max-messages", str(settings["window"]),
+    ) as service:
+        log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
+        results["meta"]["service_args"] = ["--max-messages", str(settings["window"]), "(other settings default)"]
+        if "storage" in sections:
+            section("storage")
+            results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
+                                             window=settings["window"])
+        if "latency" in sections:
+            section("latency")
+            results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
+                                             rounds=settings["latency_rounds"], window=settings["window"], log=log)
+        if "service_cost" in sections:
+            section("service_cost")
+            results["service_cost"] = service_cost.run(
+                service.url, service.process.pid, requests=settings["cost_requests"],
+                concurrency=settings["cost_concurrency"], profile_seconds=settings["profile_seconds"],
+                out_dir=out, idle_seconds=settings["idle_seconds"], log=log,
+            )
+        if "throughput" in sections:
+            section("throughput")
+            results["throughput"] = throughput.run(
+                service.url, service.process.pid, args.postgres, database, agent_counts=settings["agents"],
+                duration=settings["duration"], rounds=settings["throughput_rounds"],
+                turns_per_thread=settings["turns_per_thread"], log=log,
+            )
+    results["targets"] = targets(results)
+    results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]
+    results["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    from benchmarks import charts  # matplotlib loads only when there is something to draw
+
+    if "storage" in results:
+        charts.storage_chart(results["storage"], results["meta"]["machine_line"], out / "storage.png")
+    if "latency" in results and "throughput" in results:
+        charts.performance_chart(results["latency"], results["throughput"], results["meta"]["machine_line"],
+                                 out / "performance.png")
+    print_summary(results)
+    log(f"wrote {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

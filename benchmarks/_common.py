@@ -1,0 +1,102 @@
+"""What every benchmark section shares: scratch databases, the chat graph, percentiles, CPU readings."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+PG_HOST = os.environ.get("REDUCING_SAVER_TEST_PGHOST", "127.0.0.1")
+PG_PORT = os.environ.get("REDUCING_SAVER_TEST_PGPORT", "5432")
+PG_USER = os.environ.get("REDUCING_SAVER_TEST_PGUSER", "postgres")
+DEFAULT_SERVER = f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}"
+
+MESSAGE_CHARS = 400
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Messages are words drawn from a fixed vocabulary: about as compressible as prose (PostgreSQL compresses
+# large blobs), unlike a repeated phrase. Sizes are reported uncompressed (octet_length) anyway.
+_VOCABULARY = [
+    "".join(random.Random(seed).choices("abcdefghijklmnopqrstuvwxyz", k=3 + seed % 7)) for seed in range(600)
+]
+
+
+def text(seed: int | str, length: int = MESSAGE_CHARS) -> str:
+    """``length`` characters of deterministic word salad for ``seed``."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < length:
+        word = rng.choice(_VOCABULARY)
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)[:length]
+
+
+def user_input(turn: int) -> dict[str, Any]:
+    return {"messages": [("user", text(f"user-{turn}"))]}
+
+
+def chat_graph(checkpointer: Any) -> Any:
+    """FACTS.md's simple chat graph: ``StateGraph(MessagesState)``, one node answering ~400 characters."""
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    def bot(state: MessagesState) -> dict[str, list[AIMessage]]:
+        return {"messages": [AIMessage(text(f"ai-{len(state['messages'])}"))]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("bot", bot)
+    builder.add_edge(START, "bot")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def thread_config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def summary(latencies_ms: list[float]) -> dict[str, float]:
+    return {
+        "n": len(latencies_ms),
+        "median_ms": round(statistics.median(latencies_ms), 3),
+        "p95_ms": round(percentile(latencies_ms, 0.95), 3),
+        "mean_ms": round(statistics.fmean(latencies_ms), 3),
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@contextmanager
+def scratch_database(server: str = DEFAULT_SERVER) -> Iterator[str]:
+    """A database of this run's own on ``server``, dropped afterwards; yields its URL."""
+    name = f"rs_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

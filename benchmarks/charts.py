@@ -1,0 +1,91 @@
+"""The charts: storage per turn (service vs plain PostgresSaver) and latency / throughput."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+COLORS = {"service": "#1f77b4", "plain": "#d62728", "remote": "#1f77b4", "inprocess": "#2ca02c",
+          "direct": "#d62728"}
+
+
+def _kb(values: list[int]) -> list[float]:
+    return [value / 1024 for value in values]
+
+
+def storage_chart(storage: dict[str, Any], machine: str, path: Path) -> None:
+    turns = storage["per_turn"]["turn"]
+    figure, (blob_axis, total_axis) = plt.subplots(1, 2, figsize=(12, 4.6))
+    labels = {"service": f"through the service (window {storage['window']})", "plain": "plain PostgresSaver"}
+    for kind in ("plain", "service"):
+        series = storage["per_turn"][kind]
+        blob_axis.plot(turns, _kb(series["messages_blob_bytes"]), color=COLORS[kind], label=labels[kind])
+        total_axis.plot(turns, [value / 1024 / 1024 for value in series["thread_bytes"]], color=COLORS[kind],
+                        label=labels[kind])
+    fill = storage["window_fill_turn"]
+    blob_axis.axvline(fill, color="grey", linestyle=":", linewidth=1)
+    blob_axis.annotate("window full", (fill, 0), textcoords="offset points", xytext=(4, 6), fontsize=8,
+                       color="grey")
+    blob_axis.set_title("newest messages blob, per turn")
+    blob_axis.set_xlabel("turn")
+    blob_axis.set_ylabel("KB")
+    blob_axis.legend(loc="upper left")
+    totals = storage["totals"]
+    total_axis.set_title("thread total (checkpoints + blobs + writes)")
+    total_axis.set_xlabel("turn")
+    total_axis.set_ylabel("MB")
+    total_axis.legend(loc="upper left")
+    note = (
+        f"after prune(keep_latest): plain {totals['plain']['after_prune_bytes'] / 1024:.1f} KB, "
+        f"service {totals['service']['after_prune_bytes'] / 1024:.1f} KB"
+    )
+    total_axis.text(0.98, 0.04, note, transform=total_axis.transAxes, ha="right", fontsize=8)
+    figure.suptitle(
+        f"{storage['turns']}-turn chat, ~400-character messages, logical bytes (before PostgreSQL compression)"
+        f"\n{machine}", fontsize=9,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machine: str, path: Path) -> None:
+    figure, (latency_axis, throughput_axis) = plt.subplots(1, 2, figsize=(12, 4.6))
+    kinds = ("remote", "inprocess", "plain")
+    names = {"remote": "RemoteReducingSaver", "inprocess": "ReducingSaver(PostgresSaver)", "plain": "PostgresSaver"}
+    width = 0.26
+    for offset, kind in enumerate(kinds):
+        xs = [index + (offset - 1) * width for index in range(2)]
+        medians = [latency[mode][kind]["median_ms"] for mode in ("sync", "async")]
+        p95 = [latency[mode][kind]["p95_ms"] for mode in ("sync", "async")]
+        latency_axis.bar(xs, medians, width, color=COLORS[kind], label=names[kind])
+        latency_axis.errorbar(xs, medians, yerr=[[0, 0], [p - m for p, m in zip(p95, medians, strict=True)]],
+                              fmt="none", ecolor="black", capsize=3, linewidth=1)
+    latency_axis.set_xticks([0, 1], ["sync invoke", "async ainvoke"])
+    latency_axis.set_ylabel("ms per turn (bar: median, whisker: p95)")
+    latency_axis.set_title("per-turn latency, one agent")
+    latency_axis.legend(fontsize=8)
+    counts = [level["agents"] for level in throughput["levels"]]
+    for mode, label in (("service", "through one service"), ("direct", "own AsyncPostgresSaver each")):
+        rates = [level[mode]["turns_per_s"] for level in throughput["levels"]]
+        throughput_axis.plot(counts, rates, marker="o", color=COLORS[mode], label=label)
+        for count, level in zip(counts, throughput["levels"], strict=True):
+            throughput_axis.annotate(f"{level[mode]['connections_max']} conn", (count, level[mode]["turns_per_s"]),
+                                     textcoords="offset points", xytext=(4, -10 if mode == "direct" else 6),
+                                     fontsize=7, color=COLORS[mode])
+    throughput_axis.set_xscale("log", base=2)
+    throughput_axis.set_xticks(counts, [str(count) for count in counts])
+    throughput_axis.set_xlabel("concurrent agent processes")
+    throughput_axis.set_ylabel("turns/s, all agents")
+    throughput_axis.set_title("throughput (labels: PostgreSQL connections, max)")
+    throughput_axis.set_ylim(bottom=0)
+    throughput_axis.legend(fontsize=8)
+    figure.suptitle(machine, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

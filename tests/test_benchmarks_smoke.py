@@ -1,0 +1,109 @@
+"""The benchmark suite runs end to end (`python -m benchmarks --quick`) and writes what it promises.
+
+Only that: the figures are checked for presence and sign, never for speed, since CI machines are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PG_HOST, PG_PORT, PG_USER
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    out = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_") or "_TEST_PG" in k}
+    env["NO_PROXY"] = "*"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        env.pop(name, None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out),
+         "--postgres", f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert completed.returncode == 0, f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
+    results = json.loads((out / "results.json").read_text())
+    return out, results, completed.stdout
+
+
+def test_storage_section(quick_run: tuple[Path, dict, str]) -> None:
+    storage = quick_run[1]["storage"]
+    for kind in ("service", "plain"):
+        series = storage["per_turn"][kind]
+        assert len(series["messages_blob_bytes"]) == storage["turns"]
+        assert all(positive(value) for value in series["messages_blob_bytes"])
+        assert all(positive(value) for value in series["thread_bytes"])
+        totals = storage["totals"][kind]
+        for key in ("thread_bytes", "stored_bytes", "newest_messages_blob_bytes", "after_prune_bytes",
+                    "messages_blob_bytes_at_window_fill"):
+            assert positive(totals[key]), (kind, key, totals[key])
+    assert positive(storage["window_checkpoint_bytes"])
+    for key in ("service_blob_final_vs_window_fill", "plain_blob_final_vs_window_fill",
+                "plain_vs_service_thread_bytes", "service_after_prune_vs_window_checkpoint",
+                "plain_vs_service_after_prune"):
+        assert positive(storage["ratios"][key]), key
+
+
+def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
+    latency = quick_run[1]["latency"]
+    for mode in ("sync", "async"):
+        for kind in ("remote", "inprocess", "plain"):
+            figures = latency[mode][kind]
+            assert positive(figures["n"]) and positive(figures["median_ms"]) and positive(figures["p95_ms"])
+        for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median"):
+            assert positive(latency[mode]["ratios"][key]), (mode, key)
+
+
+def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
+    levels = quick_run[1]["throughput"]["levels"]
+    assert [level["agents"] for level in levels] == [1, 2]
+    for level in levels:
+        for mode in ("service", "direct"):
+            figures = level[mode]
+            for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max"):
+                assert positive(figures[key]), (level["agents"], mode, key, figures[key])
+        assert positive(level["service"]["service_cpu_us_per_turn"])
+        assert positive(level["ratios"]["service_vs_direct_turns_per_s"])
+
+
+def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
+    cost = quick_run[1]["service_cost"]
+    for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get", "/healthz"):
+        figures = cost["routes"][route]
+        assert figures["requests_counted_by_service"] == figures["requests"], route
+        assert positive(figures["cpu_us_per_request"]), route
+    assert positive(cost["cpu_us_per_turn_from_routes"])
+    profile = cost["profile"]
+    assert "error" not in profile, profile.get("error")
+    assert positive(profile["samples"])
+    assert profile["top_own"] and all(positive(entry["samples"]) for entry in profile["top_own"])
+    assert profile["top_inclusive"] and profile["components"]
+
+
+def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
+    out, results, stdout = quick_run
+    for key in ("remote_vs_inprocess_median_sync", "remote_vs_inprocess_median_async",
+                "agents_service_vs_direct_turns_per_s", "agents_connections_service", "agents_connections_direct",
+                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
+        assert positive(results["targets"][key]), key
+    for name in ("storage.png", "performance.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        assert len(data) > 10_000, (name, len(data))
+    assert "Targets (ratios from this run)" in stdout
