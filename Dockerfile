@@ -7,6 +7,10 @@
 # arguments after the image name are `reducing-saver serve` flags. Without REDUCING_SAVER_DATABASE the
 # service keeps a SQLite file in /data (mount a volume there to keep it).
 #
+# The image listens on 0.0.0.0, so the service refuses to start without API keys: mount a key file and
+# set REDUCING_SAVER_API_KEYS_FILE (lines `tenant sha256-hex-of-key`), or, for a throwaway local run,
+# pass -e REDUCING_SAVER_INSECURE=true.
+#
 # glibc slim, not alpine: ormsgpack's Rust code needs more than musl's default thread stack.
 FROM python:3.11-slim
 

@@ -24,7 +24,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
-from reducing_saver.service import schemas
+from reducing_saver.service import schemas, security
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
 from reducing_saver.service.memory import Memory, store_namespace
@@ -33,6 +33,7 @@ from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessa
 from reducing_saver.service.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.reducer import MessageReducer
 from reducing_saver.service.settings import Settings
+from reducing_saver.service.sweeper import InvalidTTLError, Sweeper, SweepStatus, open_sweeper
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -105,32 +106,53 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
 # -- the per-step operations (shared by the FastAPI routes and the hot path) ---------------------
 
 
+def _scope(service: Service) -> security.TenantScope:
+    """The request's tenant scope (identity without API keys); see service/security.py."""
+    return security.TenantScope.for_request(service.api_keys is not None)
+
+
 def get_checkpoint_op(service: Service, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
+    scope = _scope(service)
+    config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     with service.open_backend().borrow() as saver:
-        item = saver.get_tuple(_run_config(body.config))
-    return {"checkpoint": _tuple_out(item) if item else None}
+        item = saver.get_tuple(config)
+    return {"checkpoint": scope.tuple_out(_tuple_out(item)) if item else None}
 
 
 def put_checkpoint_op(service: Service, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
+    scope = _scope(service)
     config = _run_config(body.config)
-    if service.settings.messages_key in body.new_versions:
+    messages_key = service.settings.messages_key
+    if messages_key in body.new_versions:
         # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
         try:
             store_namespace(config, service.settings.namespace_key)
         except ValueError as exc:
             raise HTTPException(422, f"config.configurable.{service.settings.namespace_key}: {exc}") from None
+        value = body.values.get(messages_key)
+        if isinstance(value, schemas.TypedValue):
+            try:
+                security.check_messages_value(value.type, value.data, f"values.{messages_key}")
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
+    config = scope.config_in(config, service.settings.namespace_key, namespace=messages_key in body.new_versions)
     backend = service.open_backend()
+    if service.sweeper is not None:  # before the write, so a TTL sweep of this thread skips it (sweeper.py)
+        try:
+            service.sweeper.touch(config)
+        except InvalidTTLError as exc:
+            raise HTTPException(422, str(exc)) from None
     checkpoint = body.checkpoint.model_dump()
     checkpoint["channel_values"] = {
         channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
     }
     with backend.borrow() as saver:
         next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
-    return {"config": next_config}
+    return {"config": scope.config_out(next_config)}
 
 
 def put_writes_op(service: Service, body: schemas.PutWritesRequest) -> None:
-    config = _run_config(body.config)
+    config = _scope(service).config_in(_run_config(body.config), service.settings.namespace_key)
     if not config["configurable"].get("checkpoint_id"):
         raise HTTPException(422, "config.configurable.checkpoint_id is required for writes")
     writes = [
@@ -229,18 +251,27 @@ class Service:
 
     def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
         self.settings = settings
+        #: API key digests and tenants; None in single-tenant mode (no key configured).
+        self.api_keys = security.load_api_keys(settings)
         self.codec = SafeMessagesCodec(settings.allowed_message_classes)
         self.metrics = ServiceMetrics(self.codec)
         hooks = [*_message_hooks(settings.on_prune, self.codec), *(extra_hooks or []), self.metrics.count_delivered]
         self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
         self.backend: Backend | None = None
         self.memory: Memory | None = None
+        self.sweeper: Sweeper | None = None
 
     def open(self) -> Backend:
         backend = open_backend(self.settings, self.reducer, self.metrics.measuring(), self._record_pruned)
         self.memory = Memory(self.settings, pool=backend.pool)
         if self.settings.extract:
             self.memory.start()
+        # Before the backend is served: every put notes its thread's write in the TTL ledger.
+        self.sweeper = open_sweeper(
+            self.settings, backend=backend, recorder=self.memory.outbox, registry=self.metrics.registry
+        )
+        if self.settings.sweep:
+            self.sweeper.start()
         self.backend = backend
         self.metrics.watch(backend, self.memory.outbox)
         return backend
@@ -258,6 +289,9 @@ class Service:
 
     def close(self) -> None:
         backend, self.backend = self.backend, None
+        if self.sweeper is not None:
+            self.sweeper.close(self.settings.shutdown_grace_seconds)
+            self.sweeper = None
         if self.memory is not None:
             self.memory.close(self.settings.shutdown_grace_seconds)
             self.memory = None
@@ -341,7 +375,13 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         },
         service=service,
     )
+    limits = security.Limits.from_settings(settings)
+    # Inside the size limit: JSON bodies that are not UTF-8, nest too deep or repeat a key get 422.
+    app.add_middleware(security.BodyGuard, limits=limits)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    # Outside the size limit: a request without a valid key is refused before its body is read.
+    public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
+    app.add_middleware(security.AuthMiddleware, keys=service.api_keys, limits=limits, public=frozenset(public))
     # Added last, so outermost: requests refused by the body limit get a request id, a log line and a count.
     app.add_middleware(ObservabilityMiddleware, metrics=service.metrics)
 
@@ -418,14 +458,18 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         responses=_ERRORS,
         summary="List checkpoints, newest first, filtered by thread, metadata, before and limit.",
     )
-    def list_checkpoints(body: schemas.ListCheckpointsRequest, backend: BackendDep) -> Any:
-        config = _run_config(body.config, need_thread=False) if body.config else None
+    def list_checkpoints(body: schemas.ListCheckpointsRequest, service: ServiceDep, backend: BackendDep) -> Any:
+        scope = _scope(service)
+        # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
+        config = _run_config(body.config) if body.config else None
         before = _run_config(body.before, need_thread=False) if body.before else None
+        if config is not None:
+            config = scope.config_in(config, settings.namespace_key)
         with backend.borrow() as saver:
-            items = [
-                _tuple_out(item)
-                for item in saver.list(config, filter=body.filter, before=before, limit=body.limit)
-            ]
+            found = security.list_checkpoints(
+                saver, backend.kind, scope, config, filter=body.filter, before=before, limit=body.limit
+            )
+            items = [scope.tuple_out(_tuple_out(item)) for item in found]
         return ORJSONResponse({"checkpoints": items})
 
     @app.post(
@@ -451,47 +495,79 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
 
     @app.post("/v1/threads/delete", tags=["threads"], status_code=204, responses=_ERRORS,
               summary="Delete every checkpoint and write of a thread.")
-    def delete_thread(body: schemas.DeleteThreadRequest, backend: BackendDep) -> Response:
+    def delete_thread(body: schemas.DeleteThreadRequest, service: ServiceDep, backend: BackendDep) -> Response:
+        thread_id = _scope(service).thread(body.thread_id)
+        if settings.extract_on_delete and service.sweeper is not None:
+            service.sweeper.delete_extracting(thread_id)  # its window goes to long-term memory first
+            return Response(status_code=204)
         with backend.borrow() as saver:
-            saver.delete_thread(body.thread_id)
+            saver.delete_thread(thread_id)
         return Response(status_code=204)
 
     @app.post("/v1/threads/copy", tags=["threads"], status_code=204, responses=_ERRORS,
               summary="Copy a thread's checkpoints and writes to another thread id .")
-    def copy_thread(body: schemas.CopyThreadRequest, backend: BackendDep) -> Response:
+    def copy_thread(body: schemas.CopyThreadRequest, service: ServiceDep, backend: BackendDep) -> Response:
+        if body.source_thread_id == body.target_thread_id:  # was a ValueError from the saver: a 500
+            raise HTTPException(422, f"target_thread_id: the same thread as source_thread_id ({body.source_thread_id!r})")
+        scope = _scope(service)
+        if service.sweeper is not None:  # the copy is the target's write: its TTL age starts now
+            service.sweeper.copied(scope.thread(body.source_thread_id), scope.thread(body.target_thread_id))
         with backend.borrow() as saver:
-            saver.copy_thread(body.source_thread_id, body.target_thread_id)
+            try:
+                saver.copy_thread(scope.thread(body.source_thread_id), scope.thread(body.target_thread_id))
+            except ThreadNotEmptyError:
+                raise ThreadNotEmptyError(body.target_thread_id) from None
         return Response(status_code=204)
 
     @app.post("/v1/threads/prune", tags=["threads"], status_code=204, responses=_ERRORS,
               summary="Prune threads: keep_latest keeps each namespace's head; delete removes all.")
-    def prune(body: schemas.PruneRequest, backend: BackendDep) -> Response:
+    def prune(body: schemas.PruneRequest, service: ServiceDep, backend: BackendDep) -> Response:
+        scope = _scope(service)
         with backend.borrow() as saver:
-            saver.prune(body.thread_ids, strategy=body.strategy)
+            try:
+                saver.prune(scope.threads(body.thread_ids), strategy=body.strategy)
+            except NotImplementedError as exc:
+                raise NotImplementedError(scope.text(str(exc))) from None
         return Response(status_code=204)
 
     @app.post("/v1/runs/delete", tags=["threads"], status_code=204, responses=_ERRORS,
               summary="Delete the checkpoints and writes of runs.")
-    def delete_for_runs(body: schemas.DeleteRunsRequest, backend: BackendDep) -> Response:
+    def delete_for_runs(body: schemas.DeleteRunsRequest, service: ServiceDep, backend: BackendDep) -> Response:
+        scope = _scope(service)
         with backend.borrow() as saver:
-            saver.delete_for_runs(body.run_ids)
+            if scope.tenant is None:
+                saver.delete_for_runs(body.run_ids)
+            else:  # only this tenant's threads (the service's savers take a thread-id prefix)
+                saver.inner.delete_for_runs(body.run_ids, thread_id_prefix=scope.prefix)
         return Response(status_code=204)
+
+    @app.get("/v1/sweeps/status", tags=["threads"], response_model=SweepStatus,
+             summary="TTL sweeps: settings, this process's figures, and every sweeper's from the sweep log.")
+    def sweeps_status(service: ServiceDep) -> Any:
+        if service.sweeper is None:
+            raise HTTPException(503, "the service is starting or stopping")
+        return service.sweeper.status()
 
     @app.get("/v1/extraction/status", tags=["memory"], response_model=schemas.ExtractionStatus,
              summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age.")
     def extraction_status(service: ServiceDep) -> Any:
-        return _memory(service).outbox.status()
+        return _memory(service).outbox.status(namespace_prefix=_scope(service).namespace_prefix)
 
     @app.get("/v1/extraction/dead-letters", tags=["memory"], response_model=schemas.DeadLettersResponse,
              summary="Messages whose extraction failed every attempt, oldest first.")
     def dead_letters(service: ServiceDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-        entries = _memory(service).outbox.dead_letters(limit)
-        return {"dead_letters": [_dead_letter(entry) for entry in entries]}
+        scope = _scope(service)
+        entries = _memory(service).outbox.dead_letters(limit, namespace_prefix=scope.namespace_prefix)
+        return {
+            "dead_letters": [
+                {**_dead_letter(entry), "namespace": scope.unnamespace(entry.namespace)} for entry in entries
+            ]
+        }
 
     @app.post("/v1/extraction/retry-dead", tags=["memory"], response_model=schemas.RetryDeadResponse,
               summary="Put every dead letter back in the queue for another round of attempts.")
     def retry_dead(service: ServiceDep) -> Any:
-        return {"requeued": _memory(service).outbox.retry_dead()}
+        return {"requeued": _memory(service).outbox.retry_dead(namespace_prefix=_scope(service).namespace_prefix)}
 
     @app.post(
         "/v1/checkpoints/delta-history",
@@ -500,9 +576,10 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         responses=_ERRORS,
         summary="Per-channel writes and seed along a checkpoint's ancestors.",
     )
-    def delta_history(body: schemas.DeltaHistoryRequest, backend: BackendDep) -> Any:
+    def delta_history(body: schemas.DeltaHistoryRequest, service: ServiceDep, backend: BackendDep) -> Any:
+        config = _scope(service).config_in(_run_config(body.config), settings.namespace_key)
         with backend.borrow() as saver:
-            history = saver.get_delta_channel_history(config=_run_config(body.config), channels=body.channels)
+            history = saver.get_delta_channel_history(config=config, channels=body.channels)
         channels = {}
         for channel, entry in history.items():
             out: dict[str, Any] = {
@@ -513,6 +590,8 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
             channels[channel] = out
         return ORJSONResponse({"channels": channels})
 
+    if service.api_keys is not None:
+        security.document_auth(app, public)
     return app
 
 

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from reducing_saver.service.settings import Settings
 
@@ -31,6 +31,9 @@ SERVE_FLAGS: dict[str, str] = {
     "--allow-message-class": "allowed_message_classes",
     "--on-prune": "on_prune",
     "--max-body-bytes": "max_body_bytes",
+    # No flag for api_keys: a key on a command line is visible to every user of the host (ps).
+    "--api-keys-file": "api_keys_file",
+    "--insecure": "insecure",
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
@@ -39,6 +42,11 @@ SERVE_FLAGS: dict[str, str] = {
     "--extraction-batch-size": "extraction_batch_size",
     "--extraction-max-attempts": "extraction_max_attempts",
     "--extraction-lease-seconds": "extraction_lease_seconds",
+    "--ttl-strategy": "ttl_strategy",
+    "--default-ttl": "default_ttl",
+    "--sweep-interval": "sweep_interval",
+    "--sweep": "sweep",
+    "--extract-on-delete": "extract_on_delete",
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -54,7 +62,12 @@ WORKER_FLAGS: dict[str, str] = {
     )
 }
 EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
-ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS}
+#: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
+SWEEP_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag]
+    for flag in ("--database", "--ttl-strategy", "--default-ttl", "--allow-message-class", "--log-level", "--log-format")
+}
+ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -94,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("retry-dead", "put every dead letter back in the queue"),
     ):
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
+    sweep_parser = commands.add_parser(
+        "sweep",
+        help="apply the TTL strategy to expired threads once (for cron)",
+        description="Prune (keep_latest) or delete every thread idle for longer than its TTL, once, and "
+        "print what was done as JSON. Safe while services sweep the same database.",
+    )
+    _add_flags(sweep_parser, SWEEP_FLAGS)
+    sweep_parser.add_argument(
+        "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
+    )
     return parser
 
 
@@ -121,7 +144,8 @@ def _describe(error: ValidationError) -> str:
         field = ".".join(str(part) for part in item["loc"]) or "settings"
         flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
         where = f"{flag} / {ENV_PREFIX}{field.upper()}" if flag else field
-        lines.append(f"  {where}: {item['msg']} (got {item.get('input')!r})")
+        shown = "" if "api_keys" in field or field == "settings" else f" (got {item.get('input')!r})"
+        lines.append(f"  {where}: {item['msg']}{shown}")
     return "invalid settings:\n" + "\n".join(lines)
 
 
@@ -137,6 +161,11 @@ def serve(settings: Settings) -> None:
     from reducing_saver.service.observability import configure_logging
 
     configure_logging(settings)
+    from reducing_saver.service.security import check_exposure
+
+    if refusal := check_exposure(settings):
+        logger.error("%s", refusal)
+        raise SystemExit(f"reducing-saver: {refusal}")
     logger.info(
         "reducing-saver listening on http://%s:%d (backend %s: %s, %d worker(s))",
         settings.host,
@@ -165,7 +194,13 @@ def serve(settings: Settings) -> None:
         if value is None:
             os.environ.pop(name, None)
         else:
-            os.environ[name] = ",".join(value) if isinstance(value, list) else str(value)
+            os.environ[name] = (
+                ",".join(value)
+                if isinstance(value, list)
+                else value.get_secret_value()
+                if isinstance(value, SecretStr)
+                else str(value)
+            )
     uvicorn.run("reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common)
 
 
@@ -176,10 +211,10 @@ def worker(settings: Settings) -> None:
 
     configure_logging(settings)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     memory = Memory(settings)
     deliverer = memory.deliverer_for()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: (stop.set(), deliverer.wake()))
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
@@ -203,6 +238,35 @@ def extraction(settings: Settings, action: str) -> None:
         outbox.close()
 
 
+def sweep(settings: Settings, *, dry_run: bool) -> int:
+    """One TTL sweep; prints its report as JSON. Exit 1 when a thread failed (the next sweep retries it)."""
+    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.outbox import open_outbox
+    from reducing_saver.service.sweeper import open_sweeper
+
+    configure_logging(settings)
+    if settings.backend == "memory":
+        print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
+        return 2
+    # Deleted threads' windows go to the outbox; the service or a worker delivers them. PostgreSQL records
+    # in the sweep's own transaction: there the outbox is only set up.
+    outbox = None if dry_run else open_outbox(settings.database, pool_size=1)
+    if outbox is not None and settings.backend == "postgres":
+        outbox.close()
+        outbox = None
+    try:
+        sweeper = open_sweeper(settings, recorder=outbox)
+        try:
+            report = sweeper.sweep(dry_run=dry_run)
+        finally:
+            sweeper.close()
+    finally:
+        if outbox is not None:
+            outbox.close()
+    print(json.dumps(report.as_dict()))
+    return 1 if report.errors else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -214,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(settings)
     elif args.command == "worker":
         worker(settings)
+    elif args.command == "sweep":
+        return sweep(settings, dry_run=args.dry_run)
     else:
         extraction(settings, args.action)
     return 0

@@ -10,6 +10,7 @@ other request, and these routes' documentation, stays with FastAPI.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,10 @@ class HotPath:
             payload = op(self.service, adapter.validate_json(raw))
         except ValidationError as exc:
             errors = [{**error, "loc": ["body", *error["loc"]]} for error in exc.errors(include_url=False)]
-            return 422, orjson.dumps({"detail": errors}, default=str)
+            try:
+                return 422, orjson.dumps({"detail": errors}, default=str)
+            except TypeError:  # an echoed input orjson cannot encode (an int beyond 64 bits): was a 500
+                return 422, json.dumps({"detail": errors}, default=str).encode()
         except HTTPException as exc:
             return exc.status_code, orjson.dumps({"detail": exc.detail})
         except UnsafeMessagesError as exc:

@@ -24,6 +24,7 @@ from reducing_saver.service.extraction import (
     validate_namespace,
 )
 from reducing_saver.service.outbox import MemoryOutbox, make_entries, open_outbox
+from reducing_saver.service.security import load_api_keys, stored_thread_to_agent
 from reducing_saver.service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -64,14 +65,18 @@ class Memory:
         self.settings = settings
         self.outbox = open_outbox(settings.database, pool=pool, pool_size=DELIVERER_POOL_SIZE)
         self._shares_backend_pool = pool is not None
+        self._tenant_mode = load_api_keys(settings) is not None
         self.deliverer: Deliverer | None = None
         self._closers: list[Callable[[], None]] = []
 
     def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
         """Durably record pruned messages before their checkpoint is stored (raises on failure)."""
         namespace = store_namespace(config, self.settings.namespace_key)
-        thread_id = str(config["configurable"]["thread_id"])
+        # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
+        thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
         self.outbox.record(make_entries(pruned, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"]))
+        if self.deliverer is not None:
+            self.deliverer.wake()  # deliver now rather than after the idle sleep
 
     def deliverer_for(self) -> Deliverer:
         """A deliverer writing to the store (or the configured extractor)."""

@@ -503,7 +503,11 @@ def configure_logging(settings: Any, *, stream: IO[str] | None = None) -> loggin
     for handler in list(root.handlers):
         if getattr(handler, "_reducing_saver", False):
             root.removeHandler(handler)
-    handler = log_handler(settings.log_format, secrets=url_secrets(settings.database), stream=stream)
+    # Plain API keys (REDUCING_SAVER_API_KEYS) are redacted too, should one ever reach a log line.
+    keys = getattr(settings, "api_keys", None)
+    plain = [pair.partition("=")[2].strip() for pair in keys.get_secret_value().split(",")] if keys else []
+    secrets = (*url_secrets(settings.database), *(key for key in plain if key))
+    handler = log_handler(settings.log_format, secrets=secrets, stream=stream)
     root.addHandler(handler)
     root.setLevel(settings.log_level.upper())
     return handler

@@ -206,9 +206,11 @@ class Outbox(Protocol):
         dead: bool = False,
     ) -> bool: ...
     def release(self, worker_id: str, keys: Iterable[EntryKey] | None = None) -> int: ...
-    def status(self) -> dict[str, Any]: ...
-    def dead_letters(self, limit: int = 100) -> list[OutboxEntry]: ...
-    def retry_dead(self, keys: Iterable[EntryKey] | None = None) -> int: ...
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]: ...
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]: ...
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int: ...
     def purge_delivered(self, older_than_seconds: float) -> int: ...
     def close(self) -> None: ...
 
@@ -463,8 +465,10 @@ class PostgresOutbox:
             )
             return cur.rowcount
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
         """Counts by state, and the age of the oldest undelivered, not dead, row.
+
+        ``namespace_prefix`` counts only rows whose namespace starts with those labels (a tenant's).
 
         Returns:
             ``{"pending", "in_flight", "delivered", "dead", "oldest_pending_age_seconds"}``; ``pending``
@@ -481,7 +485,8 @@ class PostgresOutbox:
                       count(*) FILTER (WHERE status = 'dead') AS dead,
                       extract(epoch FROM now() - min(pruned_at) FILTER (WHERE status = 'pending'))::float8
                         AS oldest
-                    FROM {TABLE}"""
+                    FROM {TABLE}{_pg_prefix_where(namespace_prefix, "WHERE")}""",
+                _pg_prefix_params(namespace_prefix),
             )
             row = cur.fetchone()
         oldest = row["oldest"]
@@ -493,18 +498,22 @@ class PostgresOutbox:
             "oldest_pending_age_seconds": None if oldest is None else max(0.0, float(oldest)),
         }
 
-    def dead_letters(self, limit: int = 100) -> list[OutboxEntry]:
-        """Parked rows, oldest failure first, with their ``attempts`` and ``last_error``."""
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
+        """Parked rows, oldest failure first, with their ``attempts`` and ``last_error`` (only those under
+        ``namespace_prefix`` when given)."""
         with self._cursor() as cur:
             cur.execute(
-                f"SELECT {_PG_COLUMNS} FROM {TABLE} WHERE status = 'dead' ORDER BY failed_at, namespace, key "
-                "LIMIT %s",
-                [limit],
+                f"SELECT {_PG_COLUMNS} FROM {TABLE} WHERE status = 'dead'"
+                f"{_pg_prefix_where(namespace_prefix, 'AND')} ORDER BY failed_at, namespace, key LIMIT %s",
+                [*_pg_prefix_params(namespace_prefix), limit],
             )
             return [_pg_entry(r) for r in cur.fetchall()]
 
-    def retry_dead(self, keys: Iterable[EntryKey] | None = None) -> int:
-        """Send dead letters (all, or those named) back to pending with a fresh attempt count.
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int:
+        """Send dead letters (all, or those named; only under ``namespace_prefix`` when given) back to
+        pending with a fresh attempt count.
 
         Returns:
             How many rows were re-driven.
@@ -515,8 +524,9 @@ class PostgresOutbox:
         with self._cursor() as cur:
             cur.execute(
                 f"UPDATE {TABLE} SET status = 'pending', attempts = 0, available_at = now(), "
-                f"claimed_by = NULL, lease_until = NULL WHERE status = 'dead'{where}",
-                params,
+                f"claimed_by = NULL, lease_until = NULL WHERE status = 'dead'{where}"
+                f"{_pg_prefix_where(namespace_prefix, 'AND')}",
+                [*params, *_pg_prefix_params(namespace_prefix)],
             )
             return cur.rowcount
 
@@ -560,6 +570,14 @@ class _PgCursor:
             self._tx.__exit__(*exc)
         finally:
             self._conn_cm.__exit__(*exc)
+
+
+def _pg_prefix_where(prefix: Sequence[str] | None, keyword: str) -> str:
+    return "" if prefix is None else f" {keyword} namespace[1:%s] = %s::text[]"
+
+
+def _pg_prefix_params(prefix: Sequence[str] | None) -> list[Any]:
+    return [] if prefix is None else [len(prefix), list(prefix)]
 
 
 def _pg_keys_filter(keys: Iterable[EntryKey] | None) -> tuple[str | None, list[Any]]:
@@ -804,9 +822,10 @@ class SqliteOutbox:
             )
             return cur.rowcount if pairs else 0
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
         """See :meth:`PostgresOutbox.status`."""
         now = time.time()
+        where, extra = _sqlite_prefix_where(namespace_prefix, "WHERE")
         row = (
             self._conn()
             .execute(
@@ -817,8 +836,8 @@ class SqliteOutbox:
                   COALESCE(SUM(status = 'done'), 0) AS delivered,
                   COALESCE(SUM(status = 'dead'), 0) AS dead,
                   MIN(CASE WHEN status = 'pending' THEN pruned_at END) AS oldest
-                FROM {TABLE}""",
-                (now, now),
+                FROM {TABLE}{where}""",
+                (now, now, *extra),
             )
             .fetchone()
         )
@@ -831,35 +850,39 @@ class SqliteOutbox:
             "oldest_pending_age_seconds": None if oldest is None else max(0.0, now - oldest),
         }
 
-    def dead_letters(self, limit: int = 100) -> list[OutboxEntry]:
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.dead_letters`."""
+        where, extra = _sqlite_prefix_where(namespace_prefix, "AND")
         rows = (
             self._conn()
             .execute(
-                f"SELECT {_SQLITE_COLUMNS} FROM {TABLE} WHERE status = 'dead' "
+                f"SELECT {_SQLITE_COLUMNS} FROM {TABLE} WHERE status = 'dead'{where} "
                 "ORDER BY failed_at, namespace, key LIMIT ?",
-                (limit,),
+                (*extra, limit),
             )
             .fetchall()
         )
         return [_sqlite_entry(r) for r in rows]
 
-    def retry_dead(self, keys: Iterable[EntryKey] | None = None) -> int:
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int:
         """See :meth:`PostgresOutbox.retry_dead`."""
+        where, extra = _sqlite_prefix_where(namespace_prefix, "AND")
         base = (
             f"UPDATE {TABLE} SET status = 'pending', attempts = 0, available_at = ?, claimed_by = NULL, "
-            "lease_until = NULL WHERE status = 'dead'"
+            f"lease_until = NULL WHERE status = 'dead'{where}"
         )
         now = time.time()
         with self._write() as cur:
             if keys is None:
-                cur.execute(base, (now,))
+                cur.execute(base, (now, *extra))
                 return cur.rowcount
             pairs = sorted({(tuple(ns), k) for ns, k in keys})
             if not pairs:
                 return 0
             cur.executemany(
-                base + " AND namespace = ? AND key = ?", [(now, _ns_text(ns), k) for ns, k in pairs]
+                base + " AND namespace = ? AND key = ?", [(now, *extra, _ns_text(ns), k) for ns, k in pairs]
             )
             return cur.rowcount
 
@@ -887,6 +910,14 @@ class _SqliteImmediate:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._cur.close()
         self._conn.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _sqlite_prefix_where(prefix: Sequence[str] | None, keyword: str) -> tuple[str, tuple[Any, ...]]:
+    """Rows whose namespace (a JSON array) starts with the labels of ``prefix``."""
+    if prefix is None:
+        return "", ()
+    tests = " AND ".join(f"json_extract(namespace, '$[{i}]') IS ?" for i in range(len(prefix)))
+    return f" {keyword} ({tests})", tuple(prefix)
 
 
 def _ns_text(namespace: Sequence[str]) -> str:
@@ -1032,13 +1063,15 @@ class MemoryOutbox:
                 row.attempts = max(row.attempts - 1, 0)
             return len(rows)
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
         """See :meth:`PostgresOutbox.status`."""
         now = time.time()
         counts = {"pending": 0, "in_flight": 0, "delivered": 0, "dead": 0}
         oldest: datetime | None = None
         with self._lock:
             for row in self._rows.values():
+                if not _under(row.entry.namespace, namespace_prefix):
+                    continue
                 if row.status == "done":
                     counts["delivered"] += 1
                 elif row.status == "dead":
@@ -1051,14 +1084,20 @@ class MemoryOutbox:
         age = None if oldest is None else max(0.0, now - oldest.timestamp())
         return {**counts, "oldest_pending_age_seconds": age}
 
-    def dead_letters(self, limit: int = 100) -> list[OutboxEntry]:
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.dead_letters`."""
         with self._lock:
-            dead = [row for row in self._rows.values() if row.status == "dead"]
+            dead = [
+                row
+                for row in self._rows.values()
+                if row.status == "dead" and _under(row.entry.namespace, namespace_prefix)
+            ]
             dead.sort(key=lambda row: (row.failed_at or 0.0, row.entry.namespace, row.entry.key))
             return [row.snapshot() for row in dead[:limit]]
 
-    def retry_dead(self, keys: Iterable[EntryKey] | None = None) -> int:
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int:
         """See :meth:`PostgresOutbox.retry_dead`."""
         with self._lock:
             if keys is None:
@@ -1066,6 +1105,7 @@ class MemoryOutbox:
             else:
                 found = (self._rows.get((tuple(ns), k)) for ns, k in set(keys))
                 rows = [row for row in found if row is not None and row.status == "dead"]
+            rows = [row for row in rows if _under(row.entry.namespace, namespace_prefix)]
             for row in rows:
                 row.status, row.attempts, row.available_at = "pending", 0, time.time()
                 row.claimed_by = row.lease_until = None
@@ -1083,6 +1123,10 @@ class MemoryOutbox:
             for ident in gone:
                 del self._rows[ident]
             return len(gone)
+
+
+def _under(namespace: Sequence[str], prefix: Sequence[str] | None) -> bool:
+    return prefix is None or tuple(namespace[: len(prefix)]) == tuple(prefix)
 
 
 # -- choosing one ----------------------------------------------------------------------------------

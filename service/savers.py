@@ -109,6 +109,16 @@ def _copy_ids(source_thread_id: str, target_thread_id: str) -> tuple[str, str]:
     return source, target
 
 
+#: ``config["configurable"]`` key that makes the PostgreSQL saver's ``list`` keep only thread ids with
+#: this prefix (set by ``service/security.py`` for a tenant's list across threads; never by agents).
+THREAD_PREFIX_KEY = "__thread_id_prefix__"
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (escape ``\\``) for strings starting with ``prefix``."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
 def _refuse(delta_threads: Iterable[str]) -> None:
     if found := sorted(set(delta_threads)):
         raise NotImplementedError(
@@ -191,6 +201,7 @@ SELECT (SELECT count(*) FROM c) AS checkpoints,
 _PG_DELETE_RUN_CHECKPOINTS_SQL = """
 DELETE FROM checkpoints
 WHERE jsonb_typeof(metadata -> 'run_id') = 'string' AND metadata ->> 'run_id' = ANY(%s)
+  AND (%s::text IS NULL OR thread_id LIKE %s ESCAPE '\\')
 RETURNING thread_id, checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions
 """
 
@@ -275,9 +286,10 @@ class PostgresLifecycleSaver(PostgresSaver):
                 raise ThreadNotEmptyError(target)
             cur.execute(_PG_COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
 
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
 
+        ``thread_id_prefix`` (the service's tenant scoping) restricts it to threads whose id starts so.
         A checkpoint belongs to a run when its metadata ``run_id`` is that string. Blobs a deleted
         checkpoint referenced stay while any remaining checkpoint of the same thread and namespace
         references them; a remaining checkpoint whose parent is deleted is left with no parent. All in
@@ -294,7 +306,8 @@ class PostgresLifecycleSaver(PostgresSaver):
         if not runs:
             return
         with self._transaction() as cur:
-            cur.execute(_PG_DELETE_RUN_CHECKPOINTS_SQL, (runs,), prepare=False)
+            like = None if thread_id_prefix is None else _like_prefix(thread_id_prefix)
+            cur.execute(_PG_DELETE_RUN_CHECKPOINTS_SQL, (runs, like, like), prepare=False)
             groups = _versions_by_group(cur.fetchall())
             for (thread_id, ns), (ids, freed) in sorted(groups.items()):
                 cur.execute(_PG_DELETE_WRITES_SQL, (thread_id, ns, ids), prepare=False)
@@ -330,6 +343,19 @@ class PostgresLifecycleSaver(PostgresSaver):
                 delta += [r["thread_id"] for r in cur.fetchall()]
             _refuse(delta)
         super().prune(ids, strategy=strategy)
+
+    def _search_where(
+        self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
+    ) -> tuple[str, list[Any]]:
+        """PostgresSaver's, plus ``thread_id LIKE prefix%`` when ``config`` names only a thread-id prefix
+        (``THREAD_PREFIX_KEY``: the service lists one tenant's threads in the query, before the LIMIT)."""
+        prefix = ((config or {}).get("configurable") or {}).get(THREAD_PREFIX_KEY)
+        if prefix is None:
+            return super()._search_where(config, filter, before)
+        where, params = super()._search_where(None, filter, before)
+        clause = "thread_id LIKE %s ESCAPE '\\'"
+        where = f"{where} AND {clause}" if where else f"WHERE {clause}"
+        return where, [*params, _like_prefix(prefix)]
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
@@ -404,8 +430,10 @@ class SqliteLifecycleSaver(SqliteSaver):
                 (target, source),
             )
 
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs and their pending writes, in one transaction.
+
+        ``thread_id_prefix`` restricts it to threads whose id starts so (the service's tenant scoping).
 
         A checkpoint belongs to a run when its metadata ``run_id`` is that string. A remaining checkpoint
         whose parent is deleted is left with no parent.
@@ -424,7 +452,8 @@ class SqliteLifecycleSaver(SqliteSaver):
             for thread_id, ns, checkpoint_id in cur.execute(
                 _SQ_RUN_CHECKPOINTS_SQL, (json.dumps(runs),)
             ).fetchall():
-                groups[(thread_id, ns)].append(checkpoint_id)
+                if thread_id_prefix is None or thread_id.startswith(thread_id_prefix):
+                    groups[(thread_id, ns)].append(checkpoint_id)
             for (thread_id, ns), ids in sorted(groups.items()):
                 params = (thread_id, ns, json.dumps(ids))
                 in_ids = "IN (SELECT value FROM json_each(?))"
@@ -663,10 +692,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
                     changes.blobs[(target, ns, channel, version)] = blob
             self._apply(changes)
 
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
 
-        Same rules as :meth:`PostgresLifecycleSaver.delete_for_runs`, atomically.
+        Same rules as :meth:`PostgresLifecycleSaver.delete_for_runs` (``thread_id_prefix`` included),
+        atomically.
 
         Raises:
             TypeError: If ``run_ids`` is a single string.
@@ -677,6 +707,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
         with self.lock:
             changes = _Changes()
             for thread_id, namespaces in self.storage.items():
+                if thread_id_prefix is not None and not thread_id.startswith(thread_id_prefix):
+                    continue
                 for ns, checkpoints in namespaces.items():
                     doomed = {
                         checkpoint_id

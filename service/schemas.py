@@ -6,9 +6,24 @@ Channel and write values are ``WireValue``s: an inline JSON primitive, or ``{"ty
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from reducing_saver.service import security
 
 Primitive = StrictStr | StrictInt | StrictFloat | StrictBool | None
 Version = StrictStr | StrictInt | StrictFloat
@@ -23,6 +38,43 @@ class TypedValue(BaseModel):
 
 
 WireValue = Primitive | TypedValue
+
+
+# -- caps (service/security.py): the numbers are settings, read per request; the OpenAPI document shows them
+
+
+def _refusing(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """A validator running ``check(value, *args)``; its ValueError becomes a pydantic error (a 422)."""
+
+    def run(value: Any) -> Any:
+        try:
+            return check(value, *args)
+        except ValueError as exc:
+            raise PydanticCustomError("refused", "{reason}", {"reason": str(exc)}) from None
+
+    return run
+
+
+def _capped(field: str, what: str, setting: str) -> Any:
+    """Annotated metadata: at most ``setting`` items, checked before the items are validated."""
+    keyword = "maxItems" if what != "channels" else "maxProperties"
+    return (
+        BeforeValidator(_refusing(security.check_count, field, what, setting)),
+        Field(json_schema_extra=security.documented(**{keyword: setting})),
+    )
+
+
+ThreadId = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        pattern=security.THREAD_ID_SCHEMA_PATTERN,
+        json_schema_extra=security.documented(maxLength="max_thread_id_length"),
+        description="A thread id: no control characters, NUL, '/' or '\\', not '.' or '..', at most "
+        "max_thread_id_length characters.",
+    ),
+    AfterValidator(_refusing(security.check_thread_id)),
+]
 
 
 class Strict(BaseModel):
@@ -41,16 +93,24 @@ class RunConfig(Strict):
         default_factory=dict, description="Run metadata merged into checkpoint metadata."
     )
 
+    @field_validator("configurable")
+    @classmethod
+    def _check_ids(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _refusing(security.check_configurable)(value)
+
 
 class CheckpointFields(BaseModel):
     """A LangGraph checkpoint without its channel values."""
 
     model_config = ConfigDict(extra="allow")
     v: StrictInt
-    id: StrictStr
+    id: StrictStr = Field(pattern=security.UUID_SCHEMA_PATTERN, description="A UUID (LangGraph's uuid6).")
     ts: StrictStr
-    channel_versions: dict[str, Version]
-    versions_seen: dict[str, dict[str, Version]]
+    channel_versions: Annotated[dict[str, Version], *_capped("checkpoint.channel_versions", "channels", "max_channels")]
+    versions_seen: Annotated[
+        dict[str, Annotated[dict[str, Version], *_capped("checkpoint.versions_seen[node]", "channels", "max_channels")]],
+        *_capped("checkpoint.versions_seen", "channels", "max_channels"),
+    ]
     updated_channels: list[StrictStr] | None = None
 
 
@@ -62,45 +122,58 @@ class ListCheckpointsRequest(Strict):
     config: RunConfig | None = Field(None, description="Thread (and namespace) to list; null lists all threads.")
     filter: dict[str, Any] | None = Field(None, description="Metadata containment filter (types kept).")
     before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
-    limit: StrictInt | None = Field(None, ge=0, description="At most this many checkpoints.")
+    limit: (
+        Annotated[
+            StrictInt,
+            Field(ge=0, json_schema_extra=security.documented(maximum="max_list_limit")),
+            AfterValidator(_refusing(security.check_limit)),
+        ]
+        | None
+    ) = Field(None, description="At most this many checkpoints (at most max_list_limit).")
 
 
 class PutCheckpointRequest(Strict):
     config: RunConfig
     checkpoint: CheckpointFields
-    values: dict[str, WireValue] = Field(description="Channel values, by channel name.")
+    values: Annotated[dict[str, WireValue], *_capped("values", "channels", "max_channels")] = Field(
+        description="Channel values, by channel name."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
-    new_versions: dict[str, Version] = Field(description="Channels written by this checkpoint.")
+    new_versions: Annotated[dict[str, Version], *_capped("new_versions", "channels", "max_channels")] = Field(
+        description="Channels written by this checkpoint."
+    )
 
 
 class PutWritesRequest(Strict):
     config: RunConfig
-    writes: list[tuple[StrictStr, WireValue]] = Field(description="(channel, value) pairs.")
+    writes: Annotated[
+        list[tuple[StrictStr, WireValue]], *_capped("writes", "writes", "max_writes_per_call")
+    ] = Field(description="(channel, value) pairs.")
     task_id: StrictStr
     task_path: StrictStr = ""
 
 
 class DeleteThreadRequest(Strict):
-    thread_id: StrictStr
+    thread_id: ThreadId
 
 
 class CopyThreadRequest(Strict):
-    source_thread_id: StrictStr
-    target_thread_id: StrictStr
+    source_thread_id: ThreadId
+    target_thread_id: ThreadId
 
 
 class PruneRequest(Strict):
-    thread_ids: list[StrictStr]
+    thread_ids: Annotated[list[ThreadId], *_capped("thread_ids", "thread ids", "max_ids_per_call")]
     strategy: Literal["keep_latest", "delete"] = "keep_latest"
 
 
 class DeleteRunsRequest(Strict):
-    run_ids: list[StrictStr]
+    run_ids: Annotated[list[StrictStr], *_capped("run_ids", "run ids", "max_ids_per_call")]
 
 
 class DeltaHistoryRequest(Strict):
     config: RunConfig
-    channels: list[StrictStr]
+    channels: Annotated[list[StrictStr], *_capped("channels", "channel names", "max_channels")]
 
 
 class CheckpointConfig(BaseModel):

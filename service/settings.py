@@ -6,9 +6,10 @@ import importlib
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from reducing_saver.service.durations import parse_duration
 from reducing_saver.service.reducer import ReducerConfig
 
 BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "sqlite", "memory": "memory"}
@@ -19,7 +20,12 @@ class Settings(BaseSettings):
     """Everything the service can be told. Each field is also ``REDUCING_SAVER_<FIELD>``."""
 
     model_config = SettingsConfigDict(
-        env_prefix="REDUCING_SAVER_", env_file=".env", extra="ignore", validate_default=True
+        env_prefix="REDUCING_SAVER_",
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+        # str(ValidationError) would quote the raw input, API keys included (the CLI names the field).
+        hide_input_in_errors=True,
     )
 
     database: str = Field(
@@ -56,6 +62,33 @@ class Settings(BaseSettings):
         "comma-separated module:callable import paths.",
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    # -- security (service/security.py): API keys, tenants, exposure, input caps --
+    api_keys: SecretStr | None = Field(
+        None,
+        description="API keys as comma-separated tenant=key pairs (development; prefer api_keys_file). "
+        "With any key configured every route but /healthz and /readyz needs `Authorization: Bearer <key>`, "
+        "and each tenant sees only its own threads.",
+    )
+    api_keys_file: str | None = Field(
+        None, description="File of API keys: one `tenant sha256-hex-of-key` per line (# comments allowed)."
+    )
+    insecure: bool = Field(
+        False, description="Allow listening on a non-loopback address with no API key configured."
+    )
+    metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
+    max_writes_per_call: int = Field(1000, ge=1, description="Most pending writes in one writes/put call.")
+    max_ids_per_call: int = Field(
+        1000, ge=1, description="Most thread ids (threads/prune) or run ids (runs/delete) in one call."
+    )
+    max_list_limit: int = Field(1000, ge=1, description="Largest `limit` a checkpoints/list call may ask for.")
+    max_nesting_depth: int = Field(32, ge=4, description="Deepest nesting of arrays and objects in a JSON body.")
+    max_thread_id_length: int = Field(256, ge=1, description="Longest thread id, in characters.")
+    max_channels: int = Field(
+        1000, ge=1, description="Most channels in a checkpoint's values, versions or a delta-history call."
+    )
+    max_messages_per_put: int = Field(
+        10000, ge=1, description="Most entries in the messages channel list of one checkpoint put."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["json", "text"] = Field(
         "json", description="Log lines as JSON objects (one per line) or as text."
@@ -88,6 +121,24 @@ class Settings(BaseSettings):
     extraction_max_backoff: float = Field(300.0, ge=0, description="Longest wait between attempts.")
     extraction_idle_seconds: float = Field(1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty.")
 
+    # -- TTL sweeps (service/sweeper.py) --
+    ttl_strategy: Literal["keep_latest", "delete"] = Field(
+        "keep_latest",
+        description="What a sweep does to a thread idle for longer than its TTL: keep_latest prunes it to its "
+        "head checkpoint; delete removes it (its last window goes to long-term memory first).",
+    )
+    default_ttl: float | None = Field(
+        None,
+        description="TTL of threads whose puts set no checkpoint_ttl, counted from the last write: seconds or "
+        "90s, 15m, 2h, 7d; off when unset.",
+    )
+    sweep_interval: float = Field("5m", description="Time between TTL sweeps of this process (s, m, h, d).")
+    sweep: bool = Field(True, description="Run the TTL sweeper in this process.")
+    sweep_batch_size: int = Field(100, ge=1, description="Expired threads a sweep lists at a time.")
+    extract_on_delete: bool = Field(
+        False, description="A client's delete_thread sends the thread's last window to long-term memory first."
+    )
+
     @field_validator("extractor")
     @classmethod
     def _check_extractor(cls, value: str | None) -> str | None:
@@ -106,10 +157,24 @@ class Settings(BaseSettings):
             raise ValueError(f"extractor {value!r} is not callable")
         return value
 
+    @field_validator("default_ttl", "sweep_interval", mode="before")
+    @classmethod
+    def _parse_duration(cls, value: object, info: ValidationInfo) -> object:
+        if info.field_name == "default_ttl" and (value is None or str(value).strip().lower() in ("", "off", "none")):
+            return None
+        return parse_duration(value, name=info.field_name)
+
     @model_validator(mode="after")
     def _check_backoff(self) -> Settings:
         if self.extraction_max_backoff < self.extraction_base_backoff:
             raise ValueError("extraction_max_backoff must be at least extraction_base_backoff")
+        return self
+
+    @model_validator(mode="after")
+    def _check_api_keys(self) -> Settings:
+        from reducing_saver.service.security import load_api_keys  # security imports these settings
+
+        load_api_keys(self)  # raises ValueError naming the line or pair, never the key
         return self
 
     @field_validator("allowed_message_classes", "on_prune", mode="before")

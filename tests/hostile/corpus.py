@@ -1,0 +1,325 @@
+"""Hostile requests, each with a name and what the service must answer.
+
+Every case is a request a careless or malicious client could send. ``tests/test_hostile_corpus.py``
+replays each against a running service (a real uvicorn process on PostgreSQL, with an API key) and
+checks that the answer's status is one of ``expect``, that its detail names what it should (``names``),
+that nothing was stored, that no marker file appeared, and that the next ordinary request is served.
+
+Payloads that name code (``os.system``, ``subprocess.Popen``, ``builtins.eval``,
+``importlib.import_module``) are shaped exactly as LangGraph's msgpack ext hook reads each extension
+code, and point at marker files: decoded the stock way, codes 0 and 1 really run them
+(``test_the_attacks_are_live`` proves it in a subprocess), so an absent marker means "not executed".
+
+The one exception to "4xx, nothing stored" is :data:`SNAPSHOT_CASE`: extension code 7 as the whole
+messages value is a DeltaChannel snapshot, which the service stores as sent without decoding (by design:
+LangGraph graphs put them there, see FACTS.md). The hostile payload inside it is stored and must never run.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import ormsgpack
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+
+TARGETS = [("os", "system"), ("subprocess", "Popen"), ("builtins", "eval"), ("importlib", "import_module")]
+TRIPWIRE_MODULE = "tests.hostile.tripwire"
+HUMAN = ("langchain_core.messages.human", "HumanMessage")
+AI = ("langchain_core.messages.ai", "AIMessage")
+MB = 1024 * 1024
+
+
+@dataclass
+class Context:
+    """Where markers go: one file per case and target, plus the tripwire the import payloads create."""
+
+    markers: Path
+    tripwire: Path
+
+    def marker(self, case: str) -> Path:
+        return self.markers / f"{case}.marker"
+
+
+@dataclass
+class Case:
+    """One hostile request.
+
+    Attributes:
+        name: Unique, stable id (pytest shows it).
+        path: The route.
+        body: Builds the raw body bytes from a ``Context``.
+        expect: Acceptable statuses.
+        names: Substrings the response's detail must contain (the field, the cap's setting, ...).
+        method: HTTP method.
+        headers: Extra headers (content type overrides, say).
+        raw: Send over a raw socket (bodies too large for an HTTP client to finish sending).
+    """
+
+    name: str
+    path: str
+    body: Callable[[Context], bytes]
+    expect: frozenset[int] = frozenset({422})
+    names: tuple[str, ...] = ()
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bool = False
+
+
+# -- building blocks -----------------------------------------------------------------------------------
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def config(thread_id: Any = "victim", **extra: Any) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **extra}}
+
+
+def checkpoint(**changes: Any) -> dict[str, Any]:
+    cp = dict(empty_checkpoint())
+    cp.pop("channel_values")
+    cp["channel_versions"] = {"messages": "1"}
+    cp.update(changes)
+    return cp
+
+
+def put_body(messages: Any, thread_id: Any = "victim", **overrides: Any) -> dict[str, Any]:
+    """A checkpoint put whose messages channel is ``messages`` (a wire value)."""
+    body = {
+        "config": config(thread_id),
+        "checkpoint": checkpoint(),
+        "values": {"messages": messages},
+        "metadata": {"source": "loop", "step": 1},
+        "new_versions": {"messages": "1"},
+    }
+    body.update(overrides)
+    return body
+
+
+def msgpack_value(data: bytes) -> dict[str, str]:
+    return {"type": "msgpack", "data": b64(data)}
+
+
+def json_bytes(body: Any) -> Callable[[Context], bytes]:
+    return lambda ctx: orjson.dumps(body)
+
+
+def attack_argument(target: tuple[str, str], marker: Path) -> Any:
+    return {
+        ("os", "system"): f"touch {marker}",
+        ("subprocess", "Popen"): ["touch", str(marker)],
+        ("builtins", "eval"): f"open({str(marker)!r}, 'w').close()",
+        ("importlib", "import_module"): TRIPWIRE_MODULE,
+    }[target]
+
+
+def attack(code: int, target: tuple[str, str], marker: Path) -> ormsgpack.Ext:
+    """An extension shaped the way LangGraph's ext hook reads each code."""
+    module, name = target
+    arg = attack_argument(target, marker)
+    payload = {
+        0: (module, name, arg),  # getattr(import_module(module), name)(arg)
+        1: (module, name, [arg]),  # ...(*args)
+        2: (module, name, {"command": arg}),  # ...(**kwargs)
+        3: (module, name, arg, "__call__"),  # getattr(getattr(mod, name), method)(arg)
+        4: (module, name, {"command": arg}),  # pydantic v1: cls(**kwargs)
+        5: (module, name, {"command": arg}, "model_validate_json"),  # pydantic v2
+        6: (module, name, arg, "C", b"\x00"),  # numpy-shaped; never a message
+        7: ormsgpack.packb([(module, name, arg)]),  # a snapshot's value, nested where no snapshot goes
+    }[code]
+    return ormsgpack.Ext(code, payload if isinstance(payload, bytes) else ormsgpack.packb(payload))
+
+
+def message_ext(module_class: tuple[str, str], fields: dict[str, Any]) -> ormsgpack.Ext:
+    return ormsgpack.Ext(5, ormsgpack.packb((*module_class, fields, "model_validate_json")))
+
+
+def human_with(ext: ormsgpack.Ext) -> ormsgpack.Ext:
+    fields = HumanMessage("hello", id="h").model_dump()
+    fields["additional_kwargs"] = {"x": ext}
+    return message_ext(HUMAN, fields)
+
+
+def ai_calling_with(ext: ormsgpack.Ext) -> ormsgpack.Ext:
+    fields = AIMessage("", id="a", tool_calls=[{"name": "t", "args": {"q": "ok"}, "id": "c"}]).model_dump()
+    fields["tool_calls"][0]["args"]["q"] = ext
+    return message_ext(AI, fields)
+
+
+PLACEMENTS: dict[str, Callable[[ormsgpack.Ext], list[Any]]] = {
+    "element": lambda ext: [ext],
+    "in-additional-kwargs": lambda ext: [human_with(ext)],
+    "in-tool-call-args": lambda ext: [message_ext(HUMAN, HumanMessage("q", id="q").model_dump()), ai_calling_with(ext)],
+}
+
+
+def _ext_case(code: int, target: tuple[str, str], placement: str) -> Case:
+    name = f"ext{code}-{target[0]}.{target[1]}-{placement}"
+
+    def body(ctx: Context) -> bytes:
+        ext = attack(code, target, ctx.marker(name))
+        return orjson.dumps(put_body(msgpack_value(ormsgpack.packb(PLACEMENTS[placement](ext))), thread_id=name))
+
+    return Case(name, "/v1/checkpoints/put", body, names=("messages", f"code {code}"))
+
+
+def snapshot_body(ctx: Context) -> bytes:
+    """Extension 7 as the whole messages value: a DeltaChannel snapshot, whose content names os.system."""
+    inside = ormsgpack.packb([attack(0, ("os", "system"), ctx.marker("snapshot")), attack(1, ("subprocess", "Popen"), ctx.marker("snapshot"))])
+    return orjson.dumps(put_body(msgpack_value(ormsgpack.packb(ormsgpack.Ext(7, inside))), thread_id="snapshot"))
+
+
+SNAPSHOT_CASE = Case("ext7-top-level-snapshot", "/v1/checkpoints/put", snapshot_body, expect=frozenset({200}))
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"a": value}
+    return value
+
+
+def deep_text(depth: int) -> bytes:
+    """JSON nested ``depth`` deep, built as text (a Python structure that deep would not serialize)."""
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def _replace_metadata(body: bytes, metadata: bytes) -> bytes:
+    marker = b'"metadata":{"source":"loop","step":1}'
+    assert marker in body
+    return body.replace(marker, b'"metadata":' + metadata)
+
+
+def _get(thread_id: Any, **extra: Any) -> Callable[[Context], bytes]:
+    return json_bytes({"config": config(thread_id, **extra)})
+
+
+THREAD_IDS = {
+    "nul": "vic\x00tim",
+    "slash-traversal": "../../etc/passwd",
+    "dotdot": "..",
+    "backslash": "..\\..\\windows",
+    "escape-sequence": "\x1b[2J\x1b[31mowned",
+    "10kb": "t" * 10 * 1024,
+}
+
+
+def _cases() -> list[Case]:
+    cases: list[Case] = []
+    # -- code execution through the messages channel: codes 0-7, four targets, three placements --------
+    for code in range(8):
+        for target in TARGETS:
+            for placement in PLACEMENTS:
+                cases.append(_ext_case(code, target, placement))
+
+    put = "/v1/checkpoints/put"
+    # -- structure ---------------------------------------------------------------------------------
+    cases += [
+        Case("deep-metadata-40", put, lambda ctx: _replace_metadata(orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="deep")), orjson.dumps(nested(40))), names=("max_nesting_depth",)),
+        Case("deep-metadata-100000", put, lambda ctx: _replace_metadata(orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="deep")), deep_text(100_000)), names=("max_nesting_depth",)),
+        Case("deep-list-filter-5000", "/v1/checkpoints/list", lambda ctx: b'{"config":null,"filter":' + deep_text(5000) + b"}", names=("max_nesting_depth",)),
+        Case("deep-arrays-get-3000", "/v1/checkpoints/get", lambda ctx: b'{"config":' + b"[" * 3000 + b"]" * 3000 + b"}", names=("max_nesting_depth",)),
+        Case(
+            "messages-million-entries",
+            put,
+            lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([None] * 1_000_000)), thread_id="million")),
+            names=("values.messages", "1000000", "max_messages_per_put"),
+        ),
+        Case(
+            "messages-million-human-dicts",
+            put,
+            lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([{"type": "human", "content": ""}] * 1_000_000)), thread_id="million2")),
+            expect=frozenset({413, 422}),
+        ),
+        Case("body-100mb-declared", put, lambda ctx: b"{" + b" " * (100 * MB) + b"}", expect=frozenset({413}), names=("max_body_bytes",), raw=True),
+        Case(
+            "body-100mb-chunked",
+            put,
+            lambda ctx: b"{" + b" " * (100 * MB) + b"}",
+            expect=frozenset({413}),
+            names=("max_body_bytes",),
+            raw=True,
+            headers={"transfer-encoding": "chunked"},
+        ),
+        Case("truncated-msgpack", put, lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([message_ext(HUMAN, HumanMessage("hi", id="h").model_dump())] * 3)[:-5]), thread_id="trunc")), names=("values.messages", "msgpack")),
+        Case("invalid-msgpack-byte", put, lambda ctx: orjson.dumps(put_body(msgpack_value(b"\xc1"), thread_id="c1")), names=("values.messages",)),
+        Case("empty-msgpack", put, lambda ctx: orjson.dumps(put_body(msgpack_value(b""), thread_id="empty")), names=("values.messages",)),
+        Case("msgpack-array-header-claims-4-billion", put, lambda ctx: orjson.dumps(put_body(msgpack_value(b"\xdd\xff\xff\xff\xff"), thread_id="claims")), names=("max_messages_per_put",)),
+        Case("bad-base64-messages", put, json_bytes(put_body({"type": "msgpack", "data": "!!!not base64!!!"}, thread_id="b64")), names=("values.messages", "base64")),
+        Case("bad-base64-other-channel", put, json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="b64b", values={"messages": msgpack_value(ormsgpack.packb([])), "other": {"type": "msgpack", "data": "%%%%"}})), names=("values.other", "base64")),
+        Case("bad-base64-write", "/v1/writes/put", json_bytes({"config": config("b64w", checkpoint_id=empty_checkpoint()["id"]), "writes": [["messages", {"type": "msgpack", "data": "a"}]], "task_id": "t"}), names=("writes[0]", "base64")),
+        Case("non-utf8-latin1", put, lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="caf\u00e9")).decode().encode("latin-1"), names=("UTF-8",)),
+        Case("non-utf8-utf16", put, lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="utf16")).decode().encode("utf-16"), names=("UTF-8",)),
+        Case("not-json", put, lambda ctx: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, names=("body",)),
+        Case("lone-surrogate-escape", put, lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="SURR")).replace(b'"SURR"', b'"\\ud800"'), names=("body",)),
+        Case("duplicate-top-level-key", put, lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="dup")).replace(b'"metadata":', b'"metadata":{},"metadata":', 1), names=("repeats the key", "metadata")),
+        Case("duplicate-thread-id-key", "/v1/checkpoints/get", lambda ctx: b'{"config":{"configurable":{"thread_id":"victim","thread_id":"mine","checkpoint_ns":""}}}', names=("repeats the key", "thread_id")),
+        Case("duplicate-key-spaced", "/v1/threads/delete", lambda ctx: b'{ "thread_id" : "a" , "thread_id" : "b" }', names=("repeats the key",)),
+        Case("duplicate-key-escaped", "/v1/threads/delete", lambda ctx: b'{"thread_id":"a","thread\\u005fid":"b"}', names=("repeats the key",)),
+    ]
+    # -- limits ------------------------------------------------------------------------------------
+    lst = "/v1/checkpoints/list"
+    cases += [
+        Case("limit-negative", lst, json_bytes({"config": None, "limit": -1}), names=("limit",)),
+        Case("limit-huge", lst, json_bytes({"config": None, "limit": 10**6}), names=("limit", "max_list_limit")),
+        Case("limit-beyond-int64", lst, lambda ctx: b'{"config":null,"limit":100000000000000000000000000000}', names=("64-bit",)),
+        Case("metadata-int-beyond-64-bits", put, lambda ctx: _replace_metadata(orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="bigint")), b'{"n":-100000000000000000000000000000}'), names=("64-bit",)),
+        Case("limit-string", lst, json_bytes({"config": None, "limit": "10; DROP TABLE checkpoints"}), names=("limit",)),
+        Case("list-config-without-thread", lst, json_bytes({"config": {"configurable": {"checkpoint_ns": ""}}}), names=("thread_id",)),
+        Case("list-reserved-prefix-key", lst, json_bytes({"config": {"configurable": {"thread_id": "x", "__thread_id_prefix__": ""}}}), names=("__thread_id_prefix__", "reserved")),
+        Case(
+            "writes-10000",
+            "/v1/writes/put",
+            json_bytes({"config": config("w", checkpoint_id=empty_checkpoint()["id"]), "writes": [[f"c{i}", i] for i in range(10_000)], "task_id": "t"}),
+            names=("writes", "10000", "max_writes_per_call"),
+        ),
+        Case(
+            "channels-10000-values",
+            put,
+            json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="ch", values={f"c{i}": i for i in range(10_000)})),
+            names=("values", "max_channels"),
+        ),
+        Case(
+            "channels-10000-new-versions",
+            put,
+            json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="ch2", new_versions={f"c{i}": "1" for i in range(10_000)})),
+            names=("new_versions", "max_channels"),
+        ),
+        Case(
+            "channels-10000-versions-seen",
+            put,
+            json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="ch3", checkpoint=checkpoint(versions_seen={"node": {f"c{i}": "1" for i in range(10_000)}}))),
+            names=("max_channels",),
+        ),
+        Case("delta-history-10000-channels", "/v1/checkpoints/delta-history", json_bytes({"config": config("d"), "channels": [f"c{i}" for i in range(10_000)]}), names=("channels", "max_channels")),
+        Case("prune-10000-threads", "/v1/threads/prune", json_bytes({"thread_ids": [f"t{i}" for i in range(10_000)], "strategy": "delete"}), names=("thread_ids", "max_ids_per_call")),
+        Case("runs-delete-10000", "/v1/runs/delete", json_bytes({"run_ids": [f"r{i}" for i in range(10_000)]}), names=("run_ids", "max_ids_per_call")),
+        Case("checkpoint-id-not-uuid", put, json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="cid", checkpoint=checkpoint(id="not-a-uuid"))), names=("checkpoint", "id")),
+        Case("checkpoint-id-sql", put, json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id="cid2", checkpoint=checkpoint(id="1' OR '1'='1"))), names=("checkpoint", "id")),
+        Case("config-checkpoint-id-not-uuid", "/v1/checkpoints/get", _get("victim", checkpoint_id="../../x"), names=("checkpoint_id", "UUID")),
+        Case("writes-checkpoint-id-not-uuid", "/v1/writes/put", json_bytes({"config": config("w2", checkpoint_id="x" * 5000), "writes": [["c", 1]], "task_id": "t"}), names=("checkpoint_id", "UUID")),
+        Case("before-checkpoint-id-not-uuid", lst, json_bytes({"config": None, "before": {"configurable": {"checkpoint_id": "yesterday"}}}), names=("checkpoint_id",)),
+    ]
+    # -- thread ids, on every route that takes one ---------------------------------------------------
+    for kind, thread_id in THREAD_IDS.items():
+        names = ("thread_id",) + (("max_thread_id_length",) if kind == "10kb" else ())
+        cases += [
+            Case(f"thread-{kind}-get", "/v1/checkpoints/get", _get(thread_id), names=names),
+            Case(f"thread-{kind}-put", put, json_bytes(put_body(msgpack_value(ormsgpack.packb([])), thread_id=thread_id)), names=names),
+            Case(f"thread-{kind}-delete", "/v1/threads/delete", json_bytes({"thread_id": thread_id}), names=("thread_id",)),
+            Case(f"thread-{kind}-copy", "/v1/threads/copy", json_bytes({"source_thread_id": "ok", "target_thread_id": thread_id}), names=("target_thread_id",)),
+            Case(f"thread-{kind}-prune", "/v1/threads/prune", json_bytes({"thread_ids": ["ok", thread_id], "strategy": "delete"}), names=("thread_ids",)),
+        ]
+    names = [case.name for case in cases]
+    assert len(names) == len(set(names)), "case names must be unique"
+    return cases
+
+
+CASES: list[Case] = _cases()
