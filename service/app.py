@@ -246,6 +246,24 @@ def _message_hooks(paths: list[str], codec: SafeMessagesCodec) -> list[Callable[
     return hooks
 
 
+class ServiceApp(FastAPI):
+    """A FastAPI app with a pipeline of ASGI middleware (``outer_middleware``, outermost first) in front
+    of FastAPI's own middleware stack.
+
+    The service's middleware (request ids and metrics, auth, size and shape checks, the hot path) is
+    pure ASGI and handles its own errors; putting it outside FastAPI's error, exception and routing
+    layers keeps those off the per-step calls.
+    """
+
+    outer_middleware: list[tuple[type, dict[str, Any]]] = []
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app = super().build_middleware_stack()
+        for cls, options in reversed(self.outer_middleware):
+            app = cls(app, **options)
+        return app
+
+
 class Service:
     """What the routes share: settings, the reducer, the codec, the metrics, the backend and memory."""
 
@@ -357,7 +375,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
             service.close()
             logger.info("backend %s closed; shutdown complete", backend.kind)
 
-    app = FastAPI(
+    app = ServiceApp(
         title="reducing-saver",
         version=__version__,
         summary="LangGraph checkpoints over HTTP; every stored checkpoint keeps a bounded window of messages.",
@@ -365,25 +383,31 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         default_response_class=ORJSONResponse,
     )
     app.state.service = service
-    # Innermost: the per-step routes skip FastAPI's routing (their FastAPI twins below document them).
-    app.add_middleware(
-        HotPath,
-        routes={
-            "/v1/checkpoints/get": (schemas.GetCheckpointRequest, get_checkpoint_op, 200),
-            "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
-            "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
-        },
-        service=service,
-    )
+    # The request pipeline, outermost first. It runs before FastAPI's own stack (error pages, exception
+    # handlers, routing), which only the routes the hot path does not answer reach.
     limits = security.Limits.from_settings(settings)
-    # Inside the size limit: JSON bodies that are not UTF-8, nest too deep or repeat a key get 422.
-    app.add_middleware(security.BodyGuard, limits=limits)
-    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
-    # Outside the size limit: a request without a valid key is refused before its body is read.
     public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
-    app.add_middleware(security.AuthMiddleware, keys=service.api_keys, limits=limits, public=frozenset(public))
-    # Added last, so outermost: requests refused by the body limit get a request id, a log line and a count.
-    app.add_middleware(ObservabilityMiddleware, metrics=service.metrics)
+    app.outer_middleware = [
+        # Request id, access log and count for everything, refusals included.
+        (ObservabilityMiddleware, {"metrics": service.metrics}),
+        # A request without a valid key is refused before its body is read.
+        (security.AuthMiddleware, {"keys": service.api_keys, "limits": limits, "public": frozenset(public)}),
+        (BodySizeLimit, {"limit": settings.max_body_bytes}),
+        # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422.
+        (security.BodyGuard, {"limits": limits}),
+        # The per-step routes, without FastAPI's routing (their FastAPI twins below document them).
+        (
+            HotPath,
+            {
+                "routes": {
+                    "/v1/checkpoints/get": (schemas.GetCheckpointRequest, get_checkpoint_op, 200),
+                    "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
+                    "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
+                },
+                "service": service,
+            },
+        ),
+    ]
 
     @app.exception_handler(UnsafeMessagesError)
     async def _unsafe(request: Request, exc: UnsafeMessagesError) -> Response:

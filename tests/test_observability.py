@@ -293,14 +293,24 @@ def test_json_logs_carry_the_request_id_into_the_route_thread(log_lines):
         hook_logger.info("got %d pruned messages", len(messages))
 
     app = create_app(Settings(database="memory://", max_messages=4, min_messages=2), on_prune=[hook])
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(4))))
+    access_logger = logging.getLogger("reducing_saver.access")
     with TestClient(app) as client:
-        body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(4))))
-        response = client.post("/v1/checkpoints/put", json=body, headers={"X-Request-ID": "req-42"})
+        # A successful per-step call is access-logged at DEBUG: nothing at INFO ...
+        client.post("/v1/checkpoints/put", json=body, headers={"X-Request-ID": "req-41"})
+        assert not any(r.get("request_id") == "req-41" and r["logger"] == "reducing_saver.access"
+                       for r in _records(log_lines))
+        # ... and a line once the access logger is at DEBUG.
+        access_logger.setLevel(logging.DEBUG)
+        try:
+            response = client.post("/v1/checkpoints/put", json=body, headers={"X-Request-ID": "req-42"})
+        finally:
+            access_logger.setLevel(logging.NOTSET)
     assert response.status_code == 200
 
     records = _records(log_lines)  # every line is one JSON object
     hook_line = next(r for r in records if r["logger"] == "tests.hook")
-    assert hook_line["request_id"] == "req-42"
+    assert hook_line["request_id"] == "req-41"
     assert hook_line["message"] == "got 6 pruned messages"
     access = next(
         r for r in records if r["logger"] == "reducing_saver.access" and r["request_id"] == "req-42"
@@ -309,7 +319,7 @@ def test_json_logs_carry_the_request_id_into_the_route_thread(log_lines):
     assert access["route"] == "/v1/checkpoints/put"
     assert access["status"] == 200
     assert access["duration_ms"] > 0
-    assert access["level"] == "INFO"
+    assert access["level"] == "DEBUG"
     assert {"timestamp", "logger", "message"} <= set(access)
     startup = next(r for r in records if "ready" in r["message"])
     assert startup["request_id"] is None
@@ -407,7 +417,7 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 @pytest.mark.e2e
 def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(tmp_path, pg_database):
     url = pg_database.replace("postgres@", "postgres:s3cret-pass@")
-    with run_service(tmp_path, "--database", url, "--shutdown-grace-seconds", "20") as service:
+    with run_service(tmp_path, "--database", url, "--shutdown-grace-seconds", "20", "--log-level", "debug") as service:
         release, started, result = threading.Event(), threading.Event(), {}
         thread = _stalled_put(service.url, release, started, result)
         assert started.wait(10)
