@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
 from reducing_saver.service import schemas, security
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
+from reducing_saver.service.imports import import_callable
 from reducing_saver.service.memory import Memory, store_namespace
 from reducing_saver.service.savers import ThreadNotEmptyError
 from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
@@ -225,19 +225,11 @@ class _BodyTooLarge(Exception):
 # -- the app --------------------------------------------------------------------------------------
 
 
-def _import(path: str) -> Callable[..., Any]:
-    module, _, name = path.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in name.split("."):
-        target = getattr(target, part)
-    return target
-
-
 def _message_hooks(paths: list[str], codec: SafeMessagesCodec) -> list[Callable[..., Any]]:
     """Operator hooks get the pruned messages as LangChain objects (or dicts for custom classes)."""
     hooks = []
     for path in paths:
-        hook = _import(path)
+        hook = import_callable(path, "on_prune hook")
 
         def call(messages: list[Any], namespace: tuple[str, ...], hook: Callable[..., Any] = hook) -> Any:
             return hook([to_message(m) for m in messages], namespace)

@@ -21,7 +21,6 @@ The extractor is any callable ``extractor(entries, namespace)`` (its result may 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import os
@@ -39,6 +38,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 
+from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
 from reducing_saver.service.outbox import EntryKey, Outbox, OutboxEntry
 
@@ -186,18 +186,7 @@ def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtract
     Raises:
         ValueError: If ``path`` is not ``module:name``, cannot be imported, or names no callable.
     """
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"extractor {path!r} is not a module:callable import path")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"extractor {path!r} cannot be loaded: {exc}") from exc
-    if not callable(target):
-        raise ValueError(f"extractor {path!r} is a {type(target).__name__}, not a callable")
-    return CallableExtractor(target, store)
+    return CallableExtractor(import_callable(path, "extractor"), store)
 
 
 def open_store(database_url: str, *, pool_size: int = 2) -> tuple[BaseStore, Callable[[], None]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -10,6 +9,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from reducing_saver.service.durations import parse_duration
+from reducing_saver.service.imports import import_callable
 from reducing_saver.service.reducer import ReducerConfig
 
 BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "sqlite", "memory": "memory"}
@@ -142,19 +142,8 @@ class Settings(BaseSettings):
     @field_validator("extractor")
     @classmethod
     def _check_extractor(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        module, _, attribute = value.partition(":")
-        if not module or not attribute:
-            raise ValueError(f"{value!r} is not a module:callable import path")
-        try:
-            target: object = importlib.import_module(module)
-            for part in attribute.split("."):
-                target = getattr(target, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"extractor {value!r} cannot be imported: {exc}") from None
-        if not callable(target):
-            raise ValueError(f"extractor {value!r} is not callable")
+        if value is not None:
+            import_callable(value, "extractor")
         return value
 
     @field_validator("default_ttl", "sweep_interval", mode="before")

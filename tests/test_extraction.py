@@ -431,9 +431,9 @@ def test_load_extractor_runs_sync_and_async_callables():
 def test_load_extractor_explains_bad_paths():
     with pytest.raises(ValueError, match="module:callable"):
         load_extractor("no_colon")
-    with pytest.raises(ValueError, match="cannot be loaded"):
+    with pytest.raises(ValueError, match="cannot be imported"):
         load_extractor("tests.test_extraction:missing")
-    with pytest.raises(ValueError, match="cannot be loaded"):
+    with pytest.raises(ValueError, match="cannot be imported"):
         load_extractor("no_such_module_here:x")
     with pytest.raises(ValueError, match="not a callable"):
         load_extractor("tests.test_extraction:NS")
