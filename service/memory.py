@@ -10,6 +10,8 @@ once; the deliverer hands each row to the extractor and marks it done.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +52,8 @@ def store_namespace(config: RunnableConfig, namespace_key: str) -> tuple[str, ..
     return labels
 
 
+#: Outbox keys a process remembers having committed (oldest forgotten first).
+RECORDED_KEYS_REMEMBERED = 100_000
 #: Connections of a deliverer's own outbox pool (claims, renewals, completions) and of its store's.
 DELIVERER_POOL_SIZE = 2
 
@@ -68,13 +72,27 @@ class Memory:
         self._tenant_mode = load_api_keys(settings) is not None
         self.deliverer: Deliverer | None = None
         self._closers: list[Callable[[], None]] = []
+        self._recorded: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
+        self._recorded_lock = threading.Lock()
 
     def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
         """Durably record pruned messages before their checkpoint is stored (raises on failure)."""
         namespace = store_namespace(config, self.settings.namespace_key)
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
-        self.outbox.record(make_entries(pruned, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"]))
+        entries = make_entries(pruned, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
+        # LangGraph hands every put of a turn the same unreduced list, so most records repeat keys this
+        # process already committed: those rows are durable, and need no second round trip.
+        with self._recorded_lock:
+            fresh = [entry for entry in entries if entry.ident not in self._recorded]
+        if not fresh:
+            return
+        self.outbox.record(fresh)
+        with self._recorded_lock:
+            for entry in fresh:
+                self._recorded[entry.ident] = None
+            while len(self._recorded) > RECORDED_KEYS_REMEMBERED:
+                self._recorded.popitem(last=False)
         if self.deliverer is not None:
             self.deliverer.wake()  # deliver now rather than after the idle sleep
 

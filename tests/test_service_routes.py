@@ -169,3 +169,16 @@ def test_openapi_documents_every_route(client):
     } <= paths
     put = spec["paths"]["/v1/checkpoints/put"]["post"]
     assert {"200", "413", "422"} <= set(put["responses"])
+
+
+def test_repeat_puts_of_a_turn_record_the_pruned_messages_once(client, monkeypatch):
+    outbox = client.app.state.service.memory.outbox
+    recorded = []
+    original = outbox.record
+    monkeypatch.setattr(outbox, "record", lambda entries: recorded.append(len(entries)) or original(entries))
+    body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(4))))
+    for _ in range(3):  # LangGraph hands every put of a turn the same unreduced list
+        assert client.post("/v1/checkpoints/put", json=body).status_code == 200
+    assert recorded == [6]  # one round trip; the repeats are known to be committed
+    status = client.get("/v1/extraction/status").json()
+    assert status["pending"] + status["in_flight"] + status["delivered"] == 6
