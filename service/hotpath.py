@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from reducing_saver.service.asgi import read_body
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 
 logger = logging.getLogger("reducing_saver.service")
@@ -42,15 +43,10 @@ class HotPath:
         if route is None:
             await self.app(scope, receive, send)
             return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        status, body = await run_in_threadpool(self._handle, route, b"".join(chunks))
+        raw = await read_body(receive)
+        if raw is None:
+            return
+        status, body = await run_in_threadpool(self._handle, route, raw)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

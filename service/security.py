@@ -40,6 +40,7 @@ import orjson
 import ormsgpack
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reducing_saver.service.asgi import read_body
 from reducing_saver.service.savers import THREAD_PREFIX_KEY
 
 __all__ = [
@@ -415,15 +416,9 @@ class BodyGuard:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return
         problem = self.problem(body) if body else None
         if problem is not None:
             await _reply(send, 422, [{"type": "body_refused", "loc": ["body"], "msg": problem}])
