@@ -93,10 +93,15 @@ def blob_from_wire(value: Any, field: str) -> Blob:
         raise WireError(f"{field}.type", "must be a non-empty string")
     if not isinstance(data, str):
         raise WireError(f"{field}.data", "must be a base64 string")
+    return Blob(type_, base64_from_wire(data, f"{field}.data"))
+
+
+def base64_from_wire(data: str, field: str) -> bytes:
+    """Decode strict base64; raises ``WireError`` naming ``field`` when ``data`` is not."""
     try:
-        return Blob(type_, base64.b64decode(data, validate=True))
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise WireError(f"{field}.data", f"is not valid base64 ({exc})") from None
+        raise WireError(field, f"is not valid base64 ({exc})") from None
 
 
 def channel_value_from_wire(value: Any, field: str) -> Any:
@@ -157,6 +162,7 @@ __all__ = [
     "API_PREFIX",
     "Blob",
     "WireError",
+    "base64_from_wire",
     "blob_from_wire",
     "blob_to_wire",
     "channel_value_from_wire",

@@ -7,8 +7,6 @@ thread pool; the backend lends each call a saver of its own.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +20,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.client._wire import Blob, blob_to_wire, is_inline
+from reducing_saver.client._wire import Blob, WireError, base64_from_wire, blob_to_wire, is_inline
 from reducing_saver.service import schemas, security
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
@@ -64,9 +62,9 @@ def _wire_value(value: Any) -> Any:
 def _from_wire(value: Any, field: str) -> Any:
     if isinstance(value, schemas.TypedValue):
         try:
-            return Blob(value.type, base64.b64decode(value.data, validate=True))
-        except (binascii.Error, ValueError):
-            raise HTTPException(422, f"{field}.data is not valid base64") from None
+            return Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
+        except WireError as exc:
+            raise HTTPException(422, str(exc)) from None
     return value
 
 
