@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import metadata as importlib_metadata
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Self, TypeVar
 
 import httpx
 import orjson
@@ -31,7 +31,6 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-
 from reducing_saver.client._capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 from reducing_saver.client._errors import (
     PayloadTooLargeError,
@@ -154,6 +153,15 @@ def _parse_put(content: bytes) -> RunnableConfig:
 # -- I/O --------------------------------------------------------------------------------------------
 
 
+class _Answer(NamedTuple):
+    """The service's answer, whichever library carried it; the aiohttp path builds no httpx objects."""
+
+    status: int
+    #: Case-insensitive: ``httpx.Headers`` or aiohttp's ``CIMultiDictProxy``.
+    headers: Mapping[str, str]
+    content: bytes
+
+
 def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
     return (
         isinstance(exc, (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError))
@@ -162,24 +170,25 @@ def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
     )
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _retry_after(answer: _Answer) -> float:
     try:
-        return min(max(float(response.headers.get("retry-after", 0)), 0.0), MAX_BACKOFF)
+        return min(max(float(answer.headers.get("retry-after", 0)), 0.0), MAX_BACKOFF)
     except ValueError:  # an HTTP date: not worth parsing for a floor
         return 0.0
 
 
-def _finish(call: _Call[T], response: httpx.Response) -> T:
-    if not response.is_success:
+def _finish(call: _Call[T], answer: _Answer) -> T:
+    if not 200 <= answer.status < 300:
+        response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
     try:
-        return call.parse(response.content)
+        return call.parse(answer.content)
     except (orjson.JSONDecodeError, WireError, KeyError) as exc:
         raise ReducingSaverError(
             f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
             f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
-            status_code=response.status_code,
-            request_id=response.headers.get("x-request-id"),
+            status_code=answer.status,
+            request_id=answer.headers.get("x-request-id"),
         ) from exc
 
 
@@ -232,7 +241,9 @@ class _Http:
             all_headers["Authorization"] = f"Bearer {api_key}"
         self._base = parsed
         self._headers = httpx.Headers(all_headers)
+        self._header_items = self._headers.multi_items()
         self._urls: dict[str, httpx.URL] = {}
+        self._url_texts: dict[str, str] = {}
         self._extensions = {"timeout": self.timeout.as_dict()}
         # Calls go straight to the transport: the service needs none of httpx.Client's per-request work
         # (URL merging, cookies, redirects, auth flows), which costs more CPU than the request itself
@@ -250,51 +261,56 @@ class _Http:
             url = self._urls[call.path] = self._base.join(call.path)
         return httpx.Request(call.method, url, headers=self._headers, content=call.body, extensions=self._extensions)
 
-    def _exchange(self, call: _Call[Any]) -> httpx.Response:
+    def _url_text(self, path: str) -> str:
+        url = self._url_texts.get(path)
+        if url is None:
+            url = self._url_texts[path] = str(self._base.join(path))
+        return url
+
+    def _exchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
             raise RuntimeError("this RemoteReducingSaver is closed")
         response = self._transport.handle_request(self._request(call))
         try:
-            response.read()
+            content = response.read()
         finally:
             response.close()
-        return response
+        return _Answer(response.status_code, response.headers, content)
 
-    async def _aexchange(self, call: _Call[Any]) -> httpx.Response:
+    async def _aexchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
             raise RuntimeError("this RemoteReducingSaver is closed")
         if self._async_transport is not None:
             response = await self._async_transport.handle_async_request(self._request(call))
             try:
-                await response.aread()
+                content = await response.aread()
             finally:
                 await response.aclose()
-            return response
+            return _Answer(response.status_code, response.headers, content)
         return await self._aiohttp_exchange(call)
 
-    async def _aiohttp_exchange(self, call: _Call[Any]) -> httpx.Response:
-        # aiohttp costs a quarter of httpx.AsyncClient's CPU per call (benchmarks/http_clients.py). Its
-        # errors become the httpx errors the shared retry and error-mapping code knows.
+    async def _aiohttp_exchange(self, call: _Call[Any]) -> _Answer:
+        # aiohttp costs a quarter of httpx.AsyncClient's CPU per call (benchmarks/http_clients.py), and
+        # building httpx objects around it would cost as much again, so a success makes none. Errors
+        # become the httpx errors the shared retry and error-mapping code knows.
         import aiohttp
 
         session = await self._aiohttp_session()
-        request = self._request(call)
         try:
             async with session.request(
-                call.method, str(request.url), data=call.body, headers=self._headers.multi_items()
+                call.method, self._url_text(call.path), data=call.body, headers=self._header_items
             ) as answer:
-                content = await answer.read()
-                return httpx.Response(answer.status, headers=answer.raw_headers, content=content, request=request)
+                return _Answer(answer.status, answer.headers, await answer.read())
         except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=request) from exc
+            raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=self._request(call)) from exc
         except aiohttp.ServerDisconnectedError as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+            raise httpx.RemoteProtocolError(str(exc), request=self._request(call)) from exc
         except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
+            raise httpx.ConnectError(str(exc), request=self._request(call)) from exc
         except (aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise httpx.WriteError(str(exc), request=request) from exc
+            raise httpx.WriteError(str(exc), request=self._request(call)) from exc
         except aiohttp.ClientError as exc:
-            raise httpx.NetworkError(str(exc), request=request) from exc
+            raise httpx.NetworkError(str(exc), request=self._request(call)) from exc
 
     async def _aiohttp_session(self) -> Any:
         import aiohttp
@@ -323,44 +339,42 @@ class _Http:
     def send(self, call: _Call[T]) -> T:
         for attempt in itertools.count():
             try:
-                response = self._exchange(call)
+                answer = self._exchange(call)
             except httpx.TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
             else:
-                delay = self._retry_delay(call, attempt, response)
+                delay = self._retry_delay(call, attempt, answer)
                 if delay is None:
-                    return _finish(call, response)
+                    return _finish(call, answer)
             time.sleep(delay)
         raise AssertionError("unreachable")
 
     async def asend(self, call: _Call[T]) -> T:
         for attempt in itertools.count():
             try:
-                response = await self._aexchange(call)
+                answer = await self._aexchange(call)
             except httpx.TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
             else:
-                delay = self._retry_delay(call, attempt, response)
+                delay = self._retry_delay(call, attempt, answer)
                 if delay is None:
-                    return _finish(call, response)
+                    return _finish(call, answer)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _retry_delay(
-        self, call: _Call[Any], attempt: int, outcome: httpx.Response | Exception
-    ) -> float | None:
+    def _retry_delay(self, call: _Call[Any], attempt: int, outcome: _Answer | Exception) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final."""
         if not call.idempotent or attempt >= self.max_retries:
             return None
         floor = 0.0
-        if isinstance(outcome, httpx.Response):
-            if outcome.status_code not in RETRY_STATUSES:
+        if isinstance(outcome, _Answer):
+            if outcome.status not in RETRY_STATUSES:
                 return None
-            reason = f"{outcome.status_code} {outcome.reason_phrase}"
+            reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
             floor = _retry_after(outcome)
         elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError)):
             if _broke_large_upload(call, outcome):

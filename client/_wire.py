@@ -37,7 +37,7 @@ class Blob:
     The service stores blobs verbatim; only the client that made one decodes it.
     """
 
-    __slots__ = ("type", "data")
+    __slots__ = ("data", "type")
 
     def __init__(self, type: str, data: bytes) -> None:
         self.type = type

@@ -54,8 +54,9 @@ def test_round_trip_and_errors(service, api):
         assert stored.checkpoint["channel_values"]["blob"] == {"a", "set"}
         with pytest.raises(PayloadTooLargeError):
             await call(put, CONFIG, _checkpoint(b"x" * (512 * 1024)), {}, {"blob": "2"})
-        with pytest.raises(BadRequestError, match="thread_id"):
+        with pytest.raises(BadRequestError, match="thread_id") as info:
             await call(get, {"configurable": {"checkpoint_ns": ""}})
+        assert info.value.status_code == 422 and info.value.request_id
 
     asyncio.run(calls())
     asyncio.run(saver.aclose())

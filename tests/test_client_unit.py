@@ -375,6 +375,27 @@ def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.Mon
         assert 0.1 * 2**attempt * 0.5 <= delay <= 0.1 * 2**attempt
 
 
+@pytest.mark.parametrize("api", ["sync", "async"])
+async def test_retry_after_sets_a_floor_on_the_delay(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    delays: list[float] = []
+
+    async def asleep(delay: float) -> None:
+        delays.append(delay)
+
+    monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
+    monkeypatch.setattr("reducing_saver.client._client.asyncio.sleep", asleep)
+    service = FakeService()
+    saver = make_saver(service, max_retries=3)
+    service.override = sequence(
+        lambda request: httpx.Response(503, headers={"Retry-After": "2"}),
+        lambda request: httpx.Response(503, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+        lambda request: httpx.Response(200, json={"checkpoint": None}),
+    )
+    assert (saver.get_tuple(config()) if api == "sync" else await saver.aget_tuple(config())) is None
+    assert delays == [2.0, 0.0]  # backoff=0: the header alone; a date is not parsed
+    await saver.aclose()
+
+
 def test_copy_thread_is_not_retried() -> None:
     service = FakeService(capabilities=["copy_thread"])
     saver = make_saver(service, max_retries=3)
