@@ -395,6 +395,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
                     "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
                 },
                 "service": service,
+                "offload": settings.offload_calls,
             },
         ),
     ]

@@ -189,12 +189,15 @@ def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtract
     return CallableExtractor(import_callable(path, "extractor"), store)
 
 
-def open_store(database_url: str, *, pool_size: int = 2) -> tuple[BaseStore, Callable[[], None]]:
+def open_store(
+    database_url: str, *, pool_size: int = 2, pool: Any = None
+) -> tuple[BaseStore, Callable[[], None]]:
     """The long-term memory store for a service database URL, set up, and a function that closes it.
 
-    ``postgresql://`` gives a ``PostgresStore`` over a pool of its own (migrations under an advisory
-    lock, so replicas starting together do not race), ``sqlite:///path`` a ``SqliteStore`` in that file,
-    ``memory://`` an ``InMemoryStore``.
+    ``postgresql://`` gives a ``PostgresStore`` over ``pool`` (a ``ConnectionPool`` with autocommit and
+    dict rows, left open by the closer) or else over a pool of its own of ``pool_size`` connections
+    (migrations under an advisory lock, so replicas starting together do not race), ``sqlite:///path`` a
+    ``SqliteStore`` in that file, ``memory://`` an ``InMemoryStore``.
     """
     from reducing_saver.service.settings import BACKEND_SCHEMES, sqlite_path
 
@@ -217,15 +220,18 @@ def open_store(database_url: str, *, pool_size: int = 2) -> tuple[BaseStore, Cal
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
 
-        pool = ConnectionPool(
-            database_url,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-            open=False,
-            name="reducing-saver-store",
-        )
-        pool.open(wait=True, timeout=30.0)
+        close_pool: Callable[[], None] = lambda: None
+        if pool is None:
+            pool = ConnectionPool(
+                database_url,
+                min_size=1,
+                max_size=pool_size,
+                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                open=False,
+                name="reducing-saver-store",
+            )
+            pool.open(wait=True, timeout=30.0)
+            close_pool = pool.close
         try:
             store = PostgresStore(pool)
             with pool.connection() as conn:
@@ -235,9 +241,9 @@ def open_store(database_url: str, *, pool_size: int = 2) -> tuple[BaseStore, Cal
                 finally:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (_STORE_SETUP_LOCK_KEY,))
         except BaseException:
-            pool.close()
+            close_pool()
             raise
-        return store, pool.close
+        return store, close_pool
     raise ValueError(f"unsupported database URL {database_url!r}; use postgresql://, sqlite:/// or memory://")
 
 
@@ -266,6 +272,8 @@ class Deliverer:
         base_backoff: Seconds before the first retry; doubled each attempt, with jitter (50–100 %).
         max_backoff: The longest wait between attempts.
         idle_sleep: How long ``run_forever`` sleeps when there was less than a batch to do.
+        linger: After a :meth:`wake`, how long to let more rows gather before claiming: one claim, one
+            store batch and one completion then cover the pruned messages of many puts instead of one.
         rng: Source of the jitter (seed it for reproducible tests).
     """
 
@@ -281,6 +289,7 @@ class Deliverer:
         base_backoff: float = 1.0,
         max_backoff: float = 300.0,
         idle_sleep: float = 1.0,
+        linger: float = 0.0,
         rng: random.Random | None = None,
     ) -> None:
         if batch_size < 1:
@@ -303,6 +312,7 @@ class Deliverer:
         self.base_backoff = base_backoff
         self.max_backoff = max_backoff
         self.idle_sleep = idle_sleep
+        self.linger = linger
         self.rng = rng or random.Random()
         #: Rows the last ``run_once`` claimed.
         self.last_claimed = 0
@@ -457,8 +467,10 @@ class Deliverer:
                     stop_event.wait(min(self.max_backoff, self.idle_sleep * 2 ** min(errors, 8)))
                     continue
                 if self.last_claimed < self.batch_size and not stop_event.is_set():
-                    self._wakeup.wait(self.idle_sleep)
+                    woken = self._wakeup.wait(self.idle_sleep)
                     self._wakeup.clear()
+                    if woken and self.linger:
+                        stop_event.wait(self.linger)
         finally:
             self.release()
 

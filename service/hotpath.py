@@ -2,10 +2,15 @@
 
 A LangGraph turn makes one ``get_tuple``, about three ``put`` and two ``put_writes`` calls, one after
 another, so every microsecond the service spends on them shows in the agent's turn time. ``HotPath`` is
-an ASGI middleware that answers exactly those three routes itself: it reads the body, then in one
-worker-thread hop validates it with the same pydantic models the OpenAPI document describes (straight
-from JSON bytes), calls the saver and encodes the answer with orjson. Errors have FastAPI's shapes. Every
-other request, and these routes' documentation, stays with FastAPI.
+an ASGI middleware that answers exactly those three routes itself: it reads the body, validates it with
+the same pydantic models the OpenAPI document describes (straight from JSON bytes), calls the saver and
+encodes the answer with orjson. Errors have FastAPI's shapes. Every other request, and these routes'
+documentation, stays with FastAPI.
+
+By default the call runs on the event loop itself, as a sync worker would run it: a worker-thread hop
+costs more CPU than a ``get_tuple`` on PostgreSQL, and the process answers one call at a time, so
+concurrency comes from worker processes (``--workers``). With ``offload=True`` (``--offload-calls``)
+each call runs in a worker thread instead, so one process has several database calls in flight.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ Route = tuple[type[BaseModel], Callable[[Any, Any], Any], int]
 class HotPath:
     """Answer the routes in ``routes`` (by exact path, POST only); pass everything else on."""
 
-    def __init__(self, app: ASGIApp, routes: dict[str, Route], service: Any) -> None:
+    def __init__(self, app: ASGIApp, routes: dict[str, Route], service: Any, *, offload: bool = False) -> None:
         self.app = app
         self.routes = {path: (TypeAdapter(model), op, status) for path, (model, op, status) in routes.items()}
         self.service = service
+        self.offload = offload
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -46,7 +52,10 @@ class HotPath:
         raw = await read_body(receive)
         if raw is None:
             return
-        status, body = await run_in_threadpool(self._handle, route, raw)
+        if self.offload:
+            status, body = await run_in_threadpool(self._handle, route, raw)
+        else:
+            status, body = self._handle(route, raw)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -54,21 +54,23 @@ def store_namespace(config: RunnableConfig, namespace_key: str) -> tuple[str, ..
 
 #: Outbox keys a process remembers having committed (oldest forgotten first).
 RECORDED_KEYS_REMEMBERED = 100_000
-#: Connections of a deliverer's own outbox pool (claims, renewals, completions) and of its store's.
+#: Connections of a deliverer's own outbox pool (claims, renewals, completions) and of its store's, in a
+#: process without a backend pool (``reducing-saver worker``).
 DELIVERER_POOL_SIZE = 2
 
 
 class Memory:
     """The outbox and, when this process delivers, the store and the deliverer.
 
-    On PostgreSQL the put path records over the backend's pool (``pool``); a deliverer gets an outbox
-    over a pool of its own, so delivery never takes a connection a saver call is waiting for.
+    On PostgreSQL in the service (``pool`` given: the backend's), recording, delivery and the store all
+    use that one pool, so a process never holds more than ``pool_size`` connections; delivery takes
+    one or two of them for a moment per batch. A worker process opens small pools of its own.
     """
 
     def __init__(self, settings: Settings, *, pool: Any = None) -> None:
         self.settings = settings
         self.outbox = open_outbox(settings.database, pool=pool, pool_size=DELIVERER_POOL_SIZE)
-        self._shares_backend_pool = pool is not None
+        self._pool = pool
         self._tenant_mode = load_api_keys(settings) is not None
         self.deliverer: Deliverer | None = None
         self._closers: list[Callable[[], None]] = []
@@ -98,18 +100,15 @@ class Memory:
 
     def deliverer_for(self) -> Deliverer:
         """A deliverer writing to the store (or the configured extractor)."""
-        if isinstance(self.outbox, MemoryOutbox) or not self._shares_backend_pool:
-            outbox = self.outbox  # a memory outbox has one copy; a worker process has no backend pool
-        else:
-            outbox = open_outbox(self.settings.database, pool_size=DELIVERER_POOL_SIZE)
-            self._closers.append(outbox.close)
-        store, close_store = open_store(self.settings.database, pool_size=DELIVERER_POOL_SIZE)
+        store, close_store = open_store(
+            self.settings.database, pool_size=DELIVERER_POOL_SIZE, pool=self._pool
+        )
         self._closers.append(close_store)
         extractor = (
             load_extractor(self.settings.extractor, store) if self.settings.extractor else StoreExtractor(store)
         )
         self.deliverer = Deliverer(
-            outbox,
+            self.outbox,
             extractor,
             batch_size=self.settings.extraction_batch_size,
             lease_seconds=self.settings.extraction_lease_seconds,
@@ -117,6 +116,7 @@ class Memory:
             base_backoff=self.settings.extraction_base_backoff,
             max_backoff=self.settings.extraction_max_backoff,
             idle_sleep=self.settings.extraction_idle_seconds,
+            linger=self.settings.extraction_linger_seconds,
         )
         return self.deliverer
 

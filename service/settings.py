@@ -37,7 +37,15 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
     workers: int = Field(1, ge=1, description="uvicorn worker processes.")
     pool_size: int = Field(
-        8, ge=1, description="PostgreSQL connections per worker process (= parallel saver calls)."
+        4,
+        ge=2,
+        description="PostgreSQL connections per worker process, shared by saver calls, recording pruned "
+        "messages, delivery and sweeps.",
+    )
+    offload_calls: bool = Field(
+        False,
+        description="Run get/put/put_writes in worker threads, several at once per process, instead of "
+        "one at a time on the event loop (lower latency and CPU; scale with --workers).",
     )
     max_messages: int | None = Field(20, ge=1, description="Reduce a messages list longer than this.")
     min_messages: int | None = Field(
@@ -120,6 +128,12 @@ class Settings(BaseSettings):
     extraction_base_backoff: float = Field(1.0, ge=0, description="Seconds before the first retry (doubles, with jitter).")
     extraction_max_backoff: float = Field(300.0, ge=0, description="Longest wait between attempts.")
     extraction_idle_seconds: float = Field(1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty.")
+    extraction_linger_seconds: float = Field(
+        0.25,
+        ge=0,
+        description="How long a deliverer woken by new rows waits for more before claiming: batches the "
+        "pruned messages of many puts into one store write (0: deliver each put's rows at once).",
+    )
 
     # -- TTL sweeps (service/sweeper.py) --
     ttl_strategy: Literal["keep_latest", "delete"] = Field(
