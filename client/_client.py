@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+
 from reducing_saver.client._capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 from reducing_saver.client._errors import (
     PayloadTooLargeError,

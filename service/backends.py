@@ -18,6 +18,7 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from reducing_saver.service.pglock import setup_lock
 from reducing_saver.service.reducer import MessageReducer
 from reducing_saver.service.saver import MessagesCodec, RecordPruned, ReducingSaver
 from reducing_saver.service.savers import InMemoryLifecycleSaver, PostgresLifecycleSaver, SqliteLifecycleSaver
@@ -128,11 +129,8 @@ def _open_postgres(settings: Settings, wrap) -> Backend:
     savers = [PostgresLifecycleSaver(pool, serde=VerbatimSerde()) for _ in range(settings.pool_size)]
     # Replicas that start together must not run the migrations at the same time.
     with psycopg.connect(settings.database, autocommit=True) as lock_conn:
-        lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_KEY,))
-        try:
+        with setup_lock(lock_conn, _SETUP_LOCK_KEY):
             savers[0].setup()
-        finally:
-            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK_KEY,))
     return Backend("postgres", [wrap(saver) for saver in savers], [pool.close], pool=pool)
 
 

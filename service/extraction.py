@@ -41,6 +41,7 @@ from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
 from reducing_saver.service.outbox import EntryKey, Outbox, OutboxEntry
+from reducing_saver.service.pglock import setup_lock
 
 __all__ = [
     "CallableExtractor",
@@ -216,6 +217,7 @@ def open_store(
         store.setup()
         return store, conn.close
     if kind == "postgres":
+        import psycopg
         from langgraph.store.postgres import PostgresStore
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
@@ -234,12 +236,10 @@ def open_store(
             close_pool = pool.close
         try:
             store = PostgresStore(pool)
-            with pool.connection() as conn:
-                conn.execute("SELECT pg_advisory_lock(%s)", (_STORE_SETUP_LOCK_KEY,))
-                try:
+            # The lock gets a connection of its own: setup() takes pool connections while it is held.
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                with setup_lock(conn, _STORE_SETUP_LOCK_KEY):
                     store.setup()
-                finally:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (_STORE_SETUP_LOCK_KEY,))
         except BaseException:
             close_pool()
             raise

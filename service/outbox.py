@@ -39,6 +39,7 @@ import orjson
 from langchain_core.messages import BaseMessage
 
 from reducing_saver.service.messages_codec import EncodedMessage
+from reducing_saver.service.pglock import setup_lock
 from reducing_saver.service.reducer import message_key
 
 __all__ = [
@@ -298,13 +299,10 @@ class PostgresOutbox:
         """Create the table and its indexes (idempotent), one statement at a time, under an advisory lock
         so replicas starting together do not race."""
         with self._pool.connection() as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_KEY,))
-            try:
+            with setup_lock(conn, _SETUP_LOCK_KEY):
                 for statement in _PG_SETUP:
                     with conn.transaction():
                         conn.execute(statement)
-            finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK_KEY,))
 
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.

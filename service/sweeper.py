@@ -98,6 +98,7 @@ from reducing_saver.service.extraction import default_worker_id, validate_namesp
 from reducing_saver.service.memory import escape_label
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.outbox import OutboxEntry, make_entries
+from reducing_saver.service.pglock import setup_lock
 from reducing_saver.service.serde import VerbatimSerde
 
 __all__ = [
@@ -409,12 +410,9 @@ class PostgresLedger:
         import psycopg
 
         with psycopg.connect(self.database, autocommit=True) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_KEY,))
-            try:
+            with setup_lock(conn, _SETUP_LOCK_KEY):
                 for statement in _PG_SETUP:
                     conn.execute(statement)
-            finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK_KEY,))
 
     def close(self) -> None:
         if self._own_pool is not None:
