@@ -73,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         + ", ".join(SECTIONS))
     parser.add_argument("--agents", help="comma-separated agent counts for the throughput section")
     parser.add_argument("--duration", type=float, help="seconds per throughput phase")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="the service's worker processes (default: the machine's cores, %(default)s)")
+    parser.add_argument("--pool-size", type=int, default=2,
+                        help="the service's PostgreSQL connections per worker (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -242,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"].setdefault("load_average_by_section", {})[name] = load
         log(f"{name} (load average {load})")
 
+    service_args = ["--max-messages", str(settings["window"]), "--workers", str(args.workers),
+                    "--pool-size", str(args.pool_size)]
     with scratch_database(args.postgres) as database, run_service(
-        out, "--database", throughput.with_application_name(database, throughput.SERVICE_APP),
-        "--max-messages", str(settings["window"]),
+        out, "--database", throughput.with_application_name(database, throughput.SERVICE_APP), *service_args
     ) as service:
         log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
-        results["meta"]["service_args"] = ["--max-messages", str(settings["window"]), "(other settings default)"]
+        results["meta"]["service_args"] = [*service_args, "(other settings default)"]
         if "storage" in sections:
             section("storage")
             results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],

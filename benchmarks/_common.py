@@ -81,12 +81,28 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as listed:
+                children += [int(child) for child in listed.read().split()]
+    except FileNotFoundError:  # exited meanwhile
+        pass
+    return children
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
+    """User + system CPU time of process ``pid`` (all its threads) and of its live child processes (the
+    worker processes of ``serve --workers N``), from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return own + sum(cpu_seconds(child) for child in _children(pid))
 
 
 @contextmanager

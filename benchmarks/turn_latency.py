@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 from pathlib import Path
 
@@ -39,10 +40,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the service's worker processes")
+    parser.add_argument("--pool-size", type=int, default=2, help="the service's connections per worker")
     args = parser.parse_args()
     options = {"turns": args.turns, "rounds": args.rounds, "window": args.window}
     with tempfile.TemporaryDirectory() as folder, run_service(
-        Path(folder), "--database", args.database, "--max-messages", str(args.window)
+        Path(folder), "--database", args.database, "--max-messages", str(args.window),
+        "--workers", str(args.workers), "--pool-size", str(args.pool_size),
     ) as service:
         samples = run_sync(service.url, args.database, **options)
         report("sync", samples["remote"], samples["inprocess"], samples["plain"])
