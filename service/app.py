@@ -26,10 +26,10 @@ from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.memory import Memory, store_namespace
-from reducing_saver.service.savers import ThreadNotEmptyError
 from reducing_saver.service.messages_codec import SafeMessagesCodec, UnsafeMessagesError, to_message
 from reducing_saver.service.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.reducer import MessageReducer
+from reducing_saver.service.savers import ThreadNotEmptyError
 from reducing_saver.service.settings import Settings
 from reducing_saver.service.sweeper import InvalidTTLError, Sweeper, SweepStatus, open_sweeper
 

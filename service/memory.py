@@ -25,7 +25,7 @@ from reducing_saver.service.extraction import (
     open_store,
     validate_namespace,
 )
-from reducing_saver.service.outbox import MemoryOutbox, make_entries, open_outbox
+from reducing_saver.service.outbox import make_entries, open_outbox
 from reducing_saver.service.security import load_api_keys, stored_thread_to_agent
 from reducing_saver.service.settings import Settings
 

@@ -281,14 +281,13 @@ class SafeMessagesCodec:
         with self._lock:
             self.unreadable += 1
         logger.debug("messages channel left unreduced: %s", reason)
-        return None
 
 
 # -- decoding ----------------------------------------------------------------------------------------
 
 
 class _Refusal:
-    __slots__ = ("code", "module", "name", "detail")
+    __slots__ = ("code", "detail", "module", "name")
 
     def __init__(self, code: int, module: str | None, name: str | None, detail: str = "") -> None:
         self.code, self.module, self.name, self.detail = code, module, name, detail
@@ -317,7 +316,7 @@ class _Decoder:
     pass can find where the first pass stopped.
     """
 
-    __slots__ = ("allowed", "mark", "depth", "refusal", "unreadable")
+    __slots__ = ("allowed", "depth", "mark", "refusal", "unreadable")
 
     def __init__(self, allowed: frozenset[tuple[str, str]], mark: bool = False) -> None:
         self.allowed = allowed

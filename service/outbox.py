@@ -25,6 +25,7 @@ transactions) and :class:`MemoryOutbox` (one process, for ``memory://``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import sqlite3
@@ -298,17 +299,16 @@ class PostgresOutbox:
     def setup(self) -> None:
         """Create the table and its indexes (idempotent), one statement at a time, under an advisory lock
         so replicas starting together do not race."""
-        with self._pool.connection() as conn:
-            with setup_lock(conn, _SETUP_LOCK_KEY):
-                for statement in _PG_SETUP:
-                    with conn.transaction():
-                        conn.execute(statement)
+        with self._pool.connection() as conn, setup_lock(conn, _SETUP_LOCK_KEY):
+            for statement in _PG_SETUP:
+                with conn.transaction():
+                    conn.execute(statement)
 
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.
 
-        Idempotent: keys already present (pending, done or dead) are left alone. One transaction; rows go
-        in key order.
+        Idempotent: keys already present (pending, done or dead) are left alone. All or nothing (one
+        statement, or one transaction over several); rows go in key order.
 
         Returns:
             How many rows were inserted.
@@ -316,33 +316,42 @@ class PostgresOutbox:
         Raises:
             psycopg.Error: If the rows could not be written (nothing is recorded then).
         """
-        from psycopg.types.json import Json
-
         rows = _sorted_unique(entries)
         if not rows:
             return 0
+        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows), _INSERT_CHUNK)]
+        with self._pool.connection() as conn:
+            # One INSERT is atomic on its own autocommit connection: one round trip, where BEGIN and
+            # COMMIT would add two. Several need the transaction.
+            atomic = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
+            with atomic, conn.cursor() as cur:
+                inserted = self._insert(cur, chunks)
+        return inserted
+
+    @staticmethod
+    def _insert(cur: Any, chunks: list[list[OutboxEntry]]) -> int:
+        from psycopg.types.json import Json
+
         inserted = 0
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            for start in range(0, len(rows), _INSERT_CHUNK):
-                chunk = rows[start : start + _INSERT_CHUNK]
-                params: list[Any] = []
-                for e in chunk:
-                    params += [
-                        list(e.namespace),
-                        e.key,
-                        e.thread_id,
-                        e.checkpoint_id,
-                        Json(e.message, dumps=_dumps),
-                        e.message_class,
-                        _utc(e.pruned_at),
-                    ]
-                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
-                cur.execute(
-                    f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-                    f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING",
-                    params,
-                )
-                inserted += cur.rowcount
+        for chunk in chunks:
+            params: list[Any] = []
+            for e in chunk:
+                params += [
+                    list(e.namespace),
+                    e.key,
+                    e.thread_id,
+                    e.checkpoint_id,
+                    Json(e.message, dumps=_dumps),
+                    e.message_class,
+                    _utc(e.pruned_at),
+                ]
+            values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+            cur.execute(
+                f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
+                f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING",
+                params,
+            )
+            inserted += cur.rowcount
         return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:

@@ -21,6 +21,7 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
 from reducing_saver.client._capabilities import saver_capabilities, with_capabilities
 from reducing_saver.service.reducer import MessageReducer
 

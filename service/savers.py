@@ -58,6 +58,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL, PRUNE_STRATEGIES
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
+
 from reducing_saver.client._wire import Blob
 
 __all__ = [

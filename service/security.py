@@ -44,8 +44,8 @@ from reducing_saver.service.asgi import read_body
 from reducing_saver.service.savers import THREAD_PREFIX_KEY
 
 __all__ = [
-    "AuthMiddleware",
     "ApiKeys",
+    "AuthMiddleware",
     "BodyGuard",
     "Limits",
     "TenantScope",
@@ -480,8 +480,7 @@ def _shape(value: Any) -> tuple[int, int, bool]:
     push, pop = stack.append, stack.pop
     while stack:
         item, level = pop()
-        if level > depth:
-            depth = level
+        depth = max(depth, level)
         if type(item) is dict:
             keys += len(item)
             item = item.values()
@@ -605,7 +604,7 @@ class TenantScope:
         return [self.prefix + t for t in thread_ids]
 
     def unthread(self, stored: str) -> str:
-        return stored[len(self.prefix) :] if stored.startswith(self.prefix) else stored
+        return stored.removeprefix(self.prefix)
 
     def owns(self, stored: str) -> bool:
         return stored.startswith(self.prefix)
