@@ -26,6 +26,7 @@ from reducing_saver.service.extraction import (
     validate_namespace,
 )
 from reducing_saver.service.outbox import make_entries, open_outbox
+from reducing_saver.service.reducer import message_key
 from reducing_saver.service.security import load_api_keys, stored_thread_to_agent
 from reducing_saver.service.settings import Settings
 
@@ -82,13 +83,16 @@ class Memory:
         namespace = store_namespace(config, self.settings.namespace_key)
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
-        entries = make_entries(pruned, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
         # LangGraph hands every put of a turn the same unreduced list, so most records repeat keys this
-        # process already committed: those rows are durable, and need no second round trip.
+        # process already committed: those rows are durable, and need neither entries nor a round trip.
+        namespace = tuple(str(label) for label in namespace)
         with self._recorded_lock:
-            fresh = [entry for entry in entries if entry.ident not in self._recorded]
-        if not fresh:
+            unseen = [
+                message for message in pruned if (namespace, message_key(message, namespace)) not in self._recorded
+            ]
+        if not unseen:
             return
+        fresh = make_entries(unseen, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
         self.outbox.record(fresh)
         with self._recorded_lock:
             for entry in fresh:

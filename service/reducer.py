@@ -143,7 +143,9 @@ class ReduceResult(NamedTuple):
 
 def message_field(message: MessageLike, name: str, default: Any = None) -> Any:
     """Read a field from a message object or its ``model_dump()`` dict."""
-    if isinstance(message, Mapping):
+    # isinstance(dict) first: the service reduces dicts, and an ABC check (Mapping) costs a microsecond
+    # per call, many times per message and put.
+    if isinstance(message, (dict, Mapping)):
         return message.get(name, default)
     return getattr(message, name, default)
 
@@ -288,21 +290,22 @@ class MessageReducer:
         n = len(messages)
         # A cut inside a tool-call group (AI call ... its last answer) would orphan one side.
         inside_group = [False] * (n + 1)
+        kinds = [message_type(message) for message in messages]
         if config.cascade_tool_messages:
             last_answer: dict[str, int] = {}
             for index in range(head, n):
-                call_id = message_field(messages[index], "tool_call_id")
-                if message_type(messages[index]) == "tool" and call_id:
+                if kinds[index] == "tool" and (call_id := message_field(messages[index], "tool_call_id")):
                     last_answer[call_id] = index
-            for index in range(head, n):
-                ends = [last_answer[c] for c in _tool_call_ids(messages[index]) if c in last_answer]
-                for inner in range(index + 1, max(ends, default=index) + 1):
-                    inside_group[inner] = True
+            if last_answer:  # no tool answers, no groups
+                for index in range(head, n):
+                    ends = [last_answer[c] for c in _tool_call_ids(messages[index]) if c in last_answer]
+                    for inner in range(index + 1, max(ends, default=index) + 1):
+                        inside_group[inner] = True
         cuts = []
         for cut in range(head + 1, n):
             if inside_group[cut]:
                 continue
-            kind = message_type(messages[cut])
+            kind = kinds[cut]
             if config.start_on == "human" and kind != "human":
                 continue
             if config.cascade_tool_messages and kind == "tool":
