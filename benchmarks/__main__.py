@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agents", help="comma-separated agent counts for the throughput section")
     parser.add_argument("--duration", type=float, help="seconds per throughput phase")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="the service's worker processes (default: the machine's cores, %(default)s)")
+                        help="the service's worker processes in the throughput section (default: the machine's "
+                        "cores, %(default)s); the other sections use one")
     parser.add_argument("--pool-size", type=int, default=2,
                         help="the service's PostgreSQL connections per worker (default: %(default)s)")
     return parser.parse_args(argv)
@@ -246,35 +247,41 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"].setdefault("load_average_by_section", {})[name] = load
         log(f"{name} (load average {load})")
 
-    service_args = ["--max-messages", str(settings["window"]), "--workers", str(args.workers),
-                    "--pool-size", str(args.pool_size)]
-    with scratch_database(args.postgres) as database, run_service(
-        out, "--database", throughput.with_application_name(database, throughput.SERVICE_APP), *service_args
-    ) as service:
-        log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
-        results["meta"]["service_args"] = [*service_args, "(other settings default)"]
-        if "storage" in sections:
-            section("storage")
-            results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
-                                             window=settings["window"])
-        if "latency" in sections:
-            section("latency")
-            results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
-                                             rounds=settings["latency_rounds"], window=settings["window"], log=log)
-        if "service_cost" in sections:
-            section("service_cost")
-            results["service_cost"] = service_cost.run(
-                service.url, service.process.pid, requests=settings["cost_requests"],
-                concurrency=settings["cost_concurrency"], profile_seconds=settings["profile_seconds"],
-                out_dir=out, idle_seconds=settings["idle_seconds"], log=log,
-            )
+    # One service process for the single-client sections (its /metrics and py-spy see every request);
+    # the throughput section gets --workers of them.
+    single_args = ["--max-messages", str(settings["window"]), "--pool-size", str(args.pool_size)]
+    scaled_args = [*single_args, "--workers", str(args.workers)]
+    results["meta"]["service_args"] = {"storage, latency, service_cost": single_args, "throughput": scaled_args}
+    with scratch_database(args.postgres) as database:
+        url = throughput.with_application_name(database, throughput.SERVICE_APP)
+        if {"storage", "latency", "service_cost"} & set(sections):
+            with run_service(out, "--database", url, *single_args) as service:
+                log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
+                if "storage" in sections:
+                    section("storage")
+                    results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
+                                                     window=settings["window"])
+                if "latency" in sections:
+                    section("latency")
+                    results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
+                                                     rounds=settings["latency_rounds"], window=settings["window"],
+                                                     log=log)
+                if "service_cost" in sections:
+                    section("service_cost")
+                    results["service_cost"] = service_cost.run(
+                        service.url, service.process.pid, requests=settings["cost_requests"],
+                        concurrency=settings["cost_concurrency"], profile_seconds=settings["profile_seconds"],
+                        out_dir=out, idle_seconds=settings["idle_seconds"], log=log,
+                    )
         if "throughput" in sections:
-            section("throughput")
-            results["throughput"] = throughput.run(
-                service.url, service.process.pid, args.postgres, database, agent_counts=settings["agents"],
-                duration=settings["duration"], rounds=settings["throughput_rounds"],
-                turns_per_thread=settings["turns_per_thread"], log=log,
-            )
+            with run_service(out, "--database", url, *scaled_args) as service:
+                log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}")
+                section("throughput")
+                results["throughput"] = throughput.run(
+                    service.url, service.process.pid, args.postgres, database, agent_counts=settings["agents"],
+                    duration=settings["duration"], rounds=settings["throughput_rounds"],
+                    turns_per_thread=settings["turns_per_thread"], log=log,
+                )
     results["targets"] = targets(results)
     results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]
     results["meta"]["wall_s"] = round(time.monotonic() - started, 1)

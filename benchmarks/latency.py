@@ -20,10 +20,10 @@ from typing import Any
 
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service import MessageReducer, ReducingSaver
 
 from benchmarks._common import chat_graph, ratio, summary, thread_config, user_input
+from reducing_saver.client import RemoteReducingSaver
+from reducing_saver.service import MessageReducer, ReducingSaver
 
 KINDS = ("remote", "inprocess", "plain")
 

@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 from langgraph.checkpoint.memory import InMemorySaver
-from reducing_saver.client import RemoteReducingSaver
 
 from benchmarks._common import chat_graph, cpu_seconds, thread_config, user_input
 from benchmarks.storage import wait_extraction_drained
+from reducing_saver.client import RemoteReducingSaver
 
 ROUTES = ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get", "/healthz")
 
@@ -321,7 +321,7 @@ def profile(url: str, pid: int, calls: list[tuple[str, tuple]], *, seconds: floa
         with log.open("wb") as log_file:
             recorder = subprocess.Popen(
                 [py_spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "200",
-                 "--format", "raw", "--output", str(raw_path), "--gil", "--full-filenames"],
+                 "--format", "raw", "--output", str(raw_path), "--gil", "--full-filenames", "--subprocesses"],
                 stdout=log_file, stderr=subprocess.STDOUT,
             )
         time.sleep(0.5)  # let py-spy attach before the load starts

@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
-from reducing_saver.client import RemoteReducingSaver
 
 from benchmarks._common import chat_graph, ratio, thread_config, user_input
+from reducing_saver.client import RemoteReducingSaver
 
 NEWEST_MESSAGES_BLOB = """
     SELECT octet_length(b.blob)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--window", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the service's worker processes")
+    parser.add_argument("--workers", type=int, default=1, help="the service's worker processes")
     parser.add_argument("--pool-size", type=int, default=2, help="the service's connections per worker")
     args = parser.parse_args()
     options = {"turns": args.turns, "rounds": args.rounds, "window": args.window}

@@ -38,9 +38,9 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, description="uvicorn worker processes.")
     pool_size: int = Field(
         4,
-        ge=2,
+        ge=1,
         description="PostgreSQL connections per worker process, shared by saver calls, recording pruned "
-        "messages, delivery and sweeps.",
+        "messages, delivery and sweeps (give a process that delivers at least 2).",
     )
     offload_calls: bool = Field(
         False,

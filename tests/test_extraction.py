@@ -437,3 +437,30 @@ def test_load_extractor_explains_bad_paths():
         load_extractor("no_such_module_here:x")
     with pytest.raises(ValueError, match="not a callable"):
         load_extractor("tests.test_extraction:NS")
+
+
+# -- batching after a wake -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.5])
+def test_a_woken_deliverer_lingers_so_one_batch_covers_the_rows_of_many_puts(linger):
+    outbox = MemoryOutbox()
+    batches: list[int] = []
+    deliverer = Deliverer(outbox, lambda batch, ns: batches.append(len(batch)), idle_sleep=30, linger=linger)
+    deliverer.start()
+    try:
+        time.sleep(0.1)  # the first round found nothing: it sleeps until woken
+        for put in range(5):  # five puts, 50 ms apart, each recording two rows and waking the deliverer
+            outbox.record(human_entries(2, prefix=f"put-{put}"))
+            deliverer.wake()
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while sum(batches) < 10:
+            assert time.monotonic() < deadline, batches
+            time.sleep(0.01)
+    finally:
+        deliverer.stop()
+    if linger:
+        assert batches == [10]  # all five puts' rows in one claim
+    else:
+        assert len(batches) >= 4  # each wake claims what one put recorded
