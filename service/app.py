@@ -413,7 +413,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         return ORJSONResponse({"detail": str(exc) or "not supported by this backend"}, status_code=409)
 
     @app.get("/healthz", tags=["health"], summary="The process is alive.")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:  # on the event loop: a liveness probe needs no thread
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], summary="The database answers.", responses={503: _ERRORS[503]})
