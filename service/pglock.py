@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from psycopg.rows import tuple_row
+
 #: Seconds between attempts while another process holds the lock.
 POLL_SECONDS = 0.05
 
@@ -20,13 +22,10 @@ def setup_lock(conn: Any, key: int) -> Iterator[None]:
     (PostgresSaver's migrations run some) waits for every open transaction to end, so two processes
     starting together would wait for each other forever.
     """
-    while not _fetch_bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()):
-        time.sleep(POLL_SECONDS)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        while not cur.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            time.sleep(POLL_SECONDS)
     try:
         yield
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-
-
-def _fetch_bool(row: Any) -> bool:
-    return bool(next(iter(row.values())) if isinstance(row, dict) else row[0])

@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     )
     offload_calls: bool = Field(
         False,
-        description="Run get/put/put_writes in worker threads, several at once per process, instead of "
-        "one at a time on the event loop (lower latency and CPU; scale with --workers).",
+        description="Run get/put/put_writes in worker threads, several at once per process. Off (the "
+        "default), a process runs them one at a time on its event loop, which costs less CPU per call; "
+        "scale with --workers.",
     )
     max_messages: int | None = Field(20, ge=1, description="Reduce a messages list longer than this.")
     min_messages: int | None = Field(
