@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, Self, TypeVar
 
 import httpx
 import orjson
+import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
@@ -42,13 +43,16 @@ from reducing_saver.client._errors import (
 )
 from reducing_saver.client._wire import (
     API_PREFIX,
+    JSON,
+    MSGPACK,
     Blob,
     WireError,
-    blob_to_wire,
     channel_value_from_wire,
     checkpoint_fields,
     config_to_wire,
     is_inline,
+    json_default,
+    msgpack_default,
 )
 
 try:
@@ -71,6 +75,8 @@ LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
 SPARSE_BACKENDS = frozenset({"postgres", "memory"})
 INLINE_IN_EVERY_ROW = frozenset({"postgres"})
+#: ``body_format`` values: the per-step calls' bodies (other calls are always JSON).
+BODY_FORMAT_NAMES = {"msgpack": MSGPACK, "json": JSON}
 
 T = TypeVar("T")
 
@@ -103,10 +109,11 @@ class _ServerInfo:
     messages_key: str
     reducer: RemoteReducer
     version: str
+    #: Content types the per-step routes accept (a service older than msgpack bodies: JSON only).
+    body_formats: frozenset[str]
 
 
-def _parse_server_info(content: bytes) -> _ServerInfo:
-    body = orjson.loads(content)
+def _parse_server_info(body: Any) -> _ServerInfo:
     advertised = body["capabilities"]
     unknown = sorted(set(advertised) - OPTIONAL_CAPABILITIES.keys())
     if unknown:  # a newer service; its extra capabilities stay unused
@@ -118,6 +125,7 @@ def _parse_server_info(content: bytes) -> _ServerInfo:
         messages_key=body["messages_key"],
         reducer=RemoteReducer(**{f.name: reducer[f.name] for f in fields(RemoteReducer)}),
         version=body["version"],
+        body_formats=frozenset(body.get("body_formats") or (JSON,)),
     )
 
 
@@ -130,25 +138,46 @@ class _Call(Generic[T]):
     path: str
     body: bytes | None
     idempotent: bool
-    parse: Callable[[bytes], T]
+    #: Turns the decoded answer (``None`` for an empty one) into the result.
+    parse: Callable[[Any], T]
+    #: The body is msgpack (else JSON).
+    msgpack: bool = False
 
 
-def _no_content(content: bytes) -> None:
+def _no_content(body: Any) -> None:
     return None
 
 
 def _post(
-    path: str, body: Mapping[str, Any], parse: Callable[[bytes], T], *, idempotent: bool = True
+    path: str,
+    body: Mapping[str, Any],
+    parse: Callable[[Any], T],
+    *,
+    idempotent: bool = True,
+    msgpack: bool = False,
 ) -> _Call[T]:
-    return _Call("POST", API_PREFIX + path, orjson.dumps(body), idempotent, parse)
+    """A POST whose ``body`` may hold :class:`Blob` values (base64 in JSON, ``bin`` in msgpack)."""
+    if msgpack:
+        content = ormsgpack.packb(body, default=msgpack_default)
+        return _Call("POST", API_PREFIX + path, content, idempotent, parse, msgpack=True)
+    return _Call("POST", API_PREFIX + path, orjson.dumps(body, default=json_default), idempotent, parse)
 
 
 def _capabilities_call() -> _Call[_ServerInfo]:
     return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
 
 
-def _parse_put(content: bytes) -> RunnableConfig:
-    return orjson.loads(content)["config"]
+def _parse_put(body: Any) -> RunnableConfig:
+    return body["config"]
+
+
+def _loads(answer: _Answer) -> Any:
+    """The answer's body, decoded by its content type (msgpack only when the call asked for it)."""
+    if not answer.content:
+        return None
+    if answer.headers.get("content-type", "").startswith(MSGPACK):
+        return ormsgpack.unpackb(answer.content)
+    return orjson.loads(answer.content)
 
 
 # -- I/O --------------------------------------------------------------------------------------------
@@ -183,8 +212,8 @@ def _finish(call: _Call[T], answer: _Answer) -> T:
         response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
     try:
-        return call.parse(answer.content)
-    except (orjson.JSONDecodeError, WireError, KeyError) as exc:
+        return call.parse(_loads(answer))
+    except (orjson.JSONDecodeError, ormsgpack.MsgpackDecodeError, WireError, KeyError) as exc:
         raise ReducingSaverError(
             f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
             f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
@@ -233,16 +262,19 @@ class _Http:
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         all_headers = {
             "User-Agent": f"reducing-saver/{__version__}",
-            "Accept": "application/json",
-            "Content-Type": "application/json",
+            "Accept": JSON,
+            "Content-Type": JSON,
             **(headers or {}),
         }
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
         self._base = parsed
-        self._headers = httpx.Headers(all_headers)
-        self._header_items = self._headers.multi_items()
+        json_headers = httpx.Headers(all_headers)
+        msgpack_headers = httpx.Headers({**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
+        #: By ``_Call.msgpack``: the headers, and their items for aiohttp.
+        self._headers = (json_headers, msgpack_headers)
+        self._header_items = (json_headers.multi_items(), msgpack_headers.multi_items())
         self._urls: dict[str, httpx.URL] = {}
         self._url_texts: dict[str, str] = {}
         self._extensions = {"timeout": self.timeout.as_dict()}
@@ -260,7 +292,13 @@ class _Http:
         url = self._urls.get(call.path)
         if url is None:
             url = self._urls[call.path] = self._base.join(call.path)
-        return httpx.Request(call.method, url, headers=self._headers, content=call.body, extensions=self._extensions)
+        return httpx.Request(
+            call.method,
+            url,
+            headers=self._headers[call.msgpack],
+            content=call.body,
+            extensions=self._extensions,
+        )
 
     def _url_text(self, path: str) -> str:
         url = self._url_texts.get(path)
@@ -298,9 +336,8 @@ class _Http:
 
         session = await self._aiohttp_session()
         try:
-            async with session.request(
-                call.method, self._url_text(call.path), data=call.body, headers=self._header_items
-            ) as answer:
+            url, headers = self._url_text(call.path), self._header_items[call.msgpack]
+            async with session.request(call.method, url, data=call.body, headers=headers) as answer:
                 return _Answer(answer.status, answer.headers, await answer.read())
         except TimeoutError as exc:
             raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=self._request(call)) from exc
@@ -457,6 +494,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         headers: Extra headers sent with every request.
         transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
+        body_format: ``"msgpack"`` (default) sends the per-step calls (``get_tuple``, ``put``,
+            ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
+            sends them as JSON with base64 values, as every other call is. A service that does not
+            offer msgpack is spoken to in JSON.
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
@@ -464,6 +505,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         messages_key: The channel the service reduces.
         capabilities: The optional capabilities of this instance's class.
         server_version: The service's version.
+        body_format: The per-step calls' content type: ``"application/msgpack"`` or ``"application/json"``.
 
     Raises:
         ValueError: If ``url`` is not an http(s) URL or an option is out of range.
@@ -471,6 +513,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     """
 
     capabilities: frozenset[str] = frozenset()
+    #: The content type of the per-step calls' bodies, as agreed with the service.
+    body_format: str
     reducer: RemoteReducer
     backend: str
     messages_key: str
@@ -490,7 +534,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
+        body_format: str = "msgpack",
     ) -> Self:
+        if body_format not in BODY_FORMAT_NAMES:
+            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
         http = _Http(
             url,
             api_key=api_key,
@@ -513,6 +560,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         self.backend = info.backend
         self.messages_key = info.messages_key
         self.server_version = info.version
+        wanted = BODY_FORMAT_NAMES[body_format]
+        self.body_format = wanted if wanted in info.body_formats else JSON
+        self._msgpack = self.body_format == MSGPACK
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -566,7 +616,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         return config_to_wire(config, namespace_key=self.reducer.namespace_key)
 
     def _encode_value(self, value: Any) -> Any:
-        return value if is_inline(value) else blob_to_wire(*self.serde.dumps_typed(value))
+        return value if is_inline(value) else Blob(*self.serde.dumps_typed(value))
 
     def _decode_value(self, value: Any, field: str) -> Any:
         decoded = channel_value_from_wire(value, field)
@@ -594,17 +644,18 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             pending_writes=self._decode_writes(wire.get("pending_writes") or [], "pending_writes"),
         )
 
-    def _parse_get(self, content: bytes) -> CheckpointTuple | None:
-        wire = orjson.loads(content)["checkpoint"]
+    def _parse_get(self, body: Any) -> CheckpointTuple | None:
+        wire = body["checkpoint"]
         return None if wire is None else self._decode_tuple(wire)
 
-    def _parse_list(self, content: bytes) -> list[CheckpointTuple]:
-        return [self._decode_tuple(wire) for wire in orjson.loads(content)["checkpoints"]]
+    def _parse_list(self, body: Any) -> list[CheckpointTuple]:
+        return [self._decode_tuple(wire) for wire in body["checkpoints"]]
 
     # -- calls, shared by sync and async ------------------------------------------------------------
 
     def _get_tuple_call(self, config: RunnableConfig) -> _Call[CheckpointTuple | None]:
-        return _post("/checkpoints/get", {"config": self._config(config)}, self._parse_get)
+        body = {"config": self._config(config)}
+        return _post("/checkpoints/get", body, self._parse_get, msgpack=self._msgpack)
 
     def _list_call(
         self,
@@ -643,18 +694,18 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             "metadata": metadata,
             "new_versions": new_versions,
         }
-        return _post("/checkpoints/put", body, _parse_put)
+        return _post("/checkpoints/put", body, _parse_put, msgpack=self._msgpack)
 
     def _put_writes_call(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> _Call[None]:
         body = {
             "config": self._config(config),
-            "writes": [[channel, blob_to_wire(*self.serde.dumps_typed(value))] for channel, value in writes],
+            "writes": [[channel, Blob(*self.serde.dumps_typed(value))] for channel, value in writes],
             "task_id": task_id,
             "task_path": task_path,
         }
-        return _post("/writes/put", body, _no_content)
+        return _post("/writes/put", body, _no_content, msgpack=self._msgpack)
 
     def _delete_thread_call(self, thread_id: str) -> _Call[None]:
         return _post("/threads/delete", {"thread_id": str(thread_id)}, _no_content)
@@ -838,9 +889,9 @@ class _DeltaChannelHistory:
         body = {"config": self._config(config), "channels": list(channels)}
         return _post("/checkpoints/delta-history", body, self._parse_delta_history)
 
-    def _parse_delta_history(self, content: bytes) -> dict[str, DeltaChannelHistory]:
+    def _parse_delta_history(self, body: Any) -> dict[str, DeltaChannelHistory]:
         result: dict[str, DeltaChannelHistory] = {}
-        for channel, entry in orjson.loads(content)["channels"].items():
+        for channel, entry in body["channels"].items():
             history: DeltaChannelHistory = {
                 "writes": self._decode_writes(entry["writes"], f"{channel}.writes")
             }

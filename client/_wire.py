@@ -1,11 +1,14 @@
 """The wire format shared by RemoteReducingSaver and the service.
 
-Bodies are JSON (encoded with orjson). Channel values and pending-write values travel as the client's
-serde output, so the service never needs to understand them:
+Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoints/get``,
+``/v1/checkpoints/put``, ``/v1/writes/put``), msgpack (``application/msgpack``) of the same structure.
+Channel values and pending-write values travel as the client's serde output, so the service never
+needs to understand them:
 
-* a channel value that is ``None``, ``bool``, ``int``, ``float`` or ``str`` travels inline, as JSON
+* a channel value that is ``None``, ``bool``, ``int``, ``float`` or ``str`` travels inline
   (PostgresSaver keeps exactly those inline in its checkpoint row);
-* every other value travels as ``{"type": <serde type>, "data": <base64 of the serde bytes>}``.
+* every other value travels as ``{"type": <serde type>, "data": <the serde bytes>}``: in JSON the bytes
+  are base64, in msgpack they are a ``bin`` of their own (no base64 to encode, decode or validate).
 
 Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
@@ -25,6 +28,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
 API_PREFIX = "/v1"
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+#: The content types the per-step routes accept and answer in.
+BODY_FORMATS = (JSON, MSGPACK)
 _ID_KEYS = ("thread_id", "checkpoint_ns", "checkpoint_id")
 JSON_INLINE_TYPES = (str, bool, int, float)
 #: The largest int JSON carries exactly (orjson refuses bigger ones).
@@ -78,11 +85,27 @@ def is_inline(value: Any) -> bool:
 
 
 def blob_to_wire(type_: str, data: bytes) -> dict[str, str]:
+    """A blob in a JSON body: ``{"type", "data": base64}``."""
     return {"type": type_, "data": base64.b64encode(data).decode("ascii")}
 
 
+def json_default(obj: Any) -> Any:
+    """orjson's ``default``: a :class:`Blob` in a JSON body."""
+    if isinstance(obj, Blob):
+        return blob_to_wire(obj.type, obj.data)
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def msgpack_default(obj: Any) -> Any:
+    """ormsgpack's ``default``: a :class:`Blob` in a msgpack body, its bytes a ``bin``."""
+    if isinstance(obj, Blob):
+        return {"type": obj.type, "data": obj.data}
+    raise TypeError(f"Type is not msgpack serializable: {type(obj).__name__}")
+
+
 def blob_from_wire(value: Any, field: str) -> Blob:
-    """Decode ``{"type", "data"}``; raises ``WireError`` naming ``field`` on anything else."""
+    """Decode ``{"type", "data"}`` (``data`` base64 text, or bytes from a msgpack body); raises
+    ``WireError`` naming ``field`` on anything else."""
     if not isinstance(value, Mapping):
         raise WireError(field, f"expected an object with 'type' and 'data', got {type(value).__name__}")
     unknown = set(value) - {"type", "data"}
@@ -91,6 +114,8 @@ def blob_from_wire(value: Any, field: str) -> Blob:
     type_, data = value.get("type"), value.get("data")
     if not isinstance(type_, str) or not type_:
         raise WireError(f"{field}.type", "must be a non-empty string")
+    if isinstance(data, bytes):
+        return Blob(type_, data)
     if not isinstance(data, str):
         raise WireError(f"{field}.data", "must be a base64 string")
     return Blob(type_, base64_from_wire(data, f"{field}.data"))
@@ -160,6 +185,9 @@ def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "API_PREFIX",
+    "BODY_FORMATS",
+    "JSON",
+    "MSGPACK",
     "Blob",
     "WireError",
     "base64_from_wire",
@@ -170,4 +198,6 @@ __all__ = [
     "checkpoint_fields",
     "config_to_wire",
     "is_inline",
+    "json_default",
+    "msgpack_default",
 ]

@@ -20,7 +20,15 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.client._wire import Blob, WireError, base64_from_wire, blob_to_wire, is_inline
+from reducing_saver.client._wire import (
+    BODY_FORMATS,
+    MSGPACK,
+    Blob,
+    WireError,
+    base64_from_wire,
+    is_inline,
+    json_default,
+)
 from reducing_saver.service import schemas, security
 from reducing_saver.service.backends import Backend, open_backend
 from reducing_saver.service.hotpath import HotPath
@@ -42,25 +50,28 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 
 class ORJSONResponse(JSONResponse):
+    """JSON by orjson; :class:`Blob` values become ``{"type", "data": base64}``."""
+
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        return orjson.dumps(content, default=json_default)
 
 
 # -- wire conversion ------------------------------------------------------------------------------
 
 
 def _wire_value(value: Any) -> Any:
-    if isinstance(value, Blob):
-        return blob_to_wire(value.type, value.data)
-    if is_inline(value):
+    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder."""
+    if isinstance(value, Blob) or is_inline(value):
         return value
     raise TypeError(f"stored value of type {type(value).__name__} cannot travel")
 
 
 def _from_wire(value: Any, field: str) -> Any:
     if isinstance(value, schemas.TypedValue):
+        if isinstance(value.data, bytes):  # a msgpack body's bin
+            return Blob(value.type, value.data)
         try:
             return Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
         except WireError as exc:
@@ -101,6 +112,17 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
     return run_config
 
 
+def _msgpack_too(request: str, answer: str | None = None) -> dict[str, Any]:
+    """OpenAPI: the route also takes an ``application/msgpack`` body (and then answers in msgpack)."""
+    extra: dict[str, Any] = {
+        "requestBody": {"content": {MSGPACK: {"schema": {"$ref": f"#/components/schemas/{request}"}}}}
+    }
+    if answer is not None:
+        schema = {"$ref": f"#/components/schemas/{answer}"}
+        extra["responses"] = {"200": {"content": {MSGPACK: {"schema": schema}}}}
+    return extra
+
+
 # -- the per-step operations (shared by the FastAPI routes and the hot path) ---------------------
 
 
@@ -121,14 +143,15 @@ def put_checkpoint_op(service: Service, body: schemas.PutCheckpointRequest) -> d
     scope = _scope(service)
     config = _run_config(body.config)
     messages_key = service.settings.messages_key
+    values = {channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()}
     if messages_key in body.new_versions:
         # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
         try:
             store_namespace(config, service.settings.namespace_key)
         except ValueError as exc:
             raise HTTPException(422, f"config.configurable.{service.settings.namespace_key}: {exc}") from None
-        value = body.values.get(messages_key)
-        if isinstance(value, schemas.TypedValue):
+        value = values.get(messages_key)
+        if isinstance(value, Blob):
             try:
                 security.check_messages_value(value.type, value.data, f"values.{messages_key}")
             except ValueError as exc:
@@ -141,9 +164,7 @@ def put_checkpoint_op(service: Service, body: schemas.PutCheckpointRequest) -> d
         except InvalidTTLError as exc:
             raise HTTPException(422, str(exc)) from None
     checkpoint = body.checkpoint.model_dump()
-    checkpoint["channel_values"] = {
-        channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()
-    }
+    checkpoint["channel_values"] = values
     with backend.borrow() as saver:
         next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
     return {"config": scope.config_out(next_config)}
@@ -377,27 +398,22 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     # handlers, routing), which only the routes the hot path does not answer reach.
     limits = security.Limits.from_settings(settings)
     public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
+    hot_routes = {
+        "/v1/checkpoints/get": (schemas.GetCheckpointRequest, get_checkpoint_op, 200),
+        "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
+        "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
+    }
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.
         (ObservabilityMiddleware, {"metrics": service.metrics}),
         # A request without a valid key is refused before its body is read.
         (security.AuthMiddleware, {"keys": service.api_keys, "limits": limits, "public": frozenset(public)}),
         (BodySizeLimit, {"limit": settings.max_body_bytes}),
-        # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422.
-        (security.BodyGuard, {"limits": limits}),
+        # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422; msgpack bodies go to the
+        # per-step routes only (which check them as they decode), elsewhere 415.
+        (security.BodyGuard, {"limits": limits, "msgpack_paths": frozenset(hot_routes)}),
         # The per-step routes, without FastAPI's routing (their FastAPI twins below document them).
-        (
-            HotPath,
-            {
-                "routes": {
-                    "/v1/checkpoints/get": (schemas.GetCheckpointRequest, get_checkpoint_op, 200),
-                    "/v1/checkpoints/put": (schemas.PutCheckpointRequest, put_checkpoint_op, 200),
-                    "/v1/writes/put": (schemas.PutWritesRequest, put_writes_op, 204),
-                },
-                "service": service,
-                "offload": settings.offload_calls,
-            },
-        ),
+        (HotPath, {"routes": hot_routes, "service": service, "offload": settings.offload_calls}),
     ]
 
     @app.exception_handler(UnsafeMessagesError)
@@ -454,6 +470,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
                 "namespace_key": config.namespace_key,
             },
             "version": __version__,
+            "body_formats": list(BODY_FORMATS),
         }
 
     @app.post(
@@ -462,6 +479,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         response_model=schemas.GetCheckpointResponse,
         responses=_ERRORS,
         summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
+        openapi_extra=_msgpack_too("GetCheckpointRequest", "GetCheckpointResponse"),
     )
     def get_checkpoint(body: schemas.GetCheckpointRequest, service: ServiceDep) -> Any:
         return ORJSONResponse(get_checkpoint_op(service, body))
@@ -493,6 +511,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         response_model=schemas.PutCheckpointResponse,
         responses=_ERRORS,
         summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
+        openapi_extra=_msgpack_too("PutCheckpointRequest", "PutCheckpointResponse"),
     )
     def put_checkpoint(body: schemas.PutCheckpointRequest, service: ServiceDep) -> Any:
         return ORJSONResponse(put_checkpoint_op(service, body))
@@ -503,6 +522,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         status_code=204,
         responses=_ERRORS,
         summary="Store a task's pending writes (idempotent per task_id and index).",
+        openapi_extra=_msgpack_too("PutWritesRequest"),
     )
     def put_writes(body: schemas.PutWritesRequest, service: ServiceDep) -> Response:
         put_writes_op(service, body)

@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API (they document the wire format in OpenAPI).
 
 Channel and write values are ``WireValue``s: an inline JSON primitive, or ``{"type", "data"}`` with
-``data`` the base64 of the client serde's bytes. The service stores them verbatim.
+``data`` the client serde's bytes (base64 in JSON; a bin in the msgpack bodies the per-step routes also
+take). The service stores them verbatim.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictBytes,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -34,7 +36,9 @@ class TypedValue(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: StrictStr = Field(description="The serde type, e.g. 'msgpack'.")
-    data: StrictStr = Field(description="Base64 of the serde bytes.")
+    data: StrictStr | StrictBytes = Field(
+        description="The serde bytes: base64 text in a JSON body, a bin in an application/msgpack body."
+    )
 
 
 WireValue = Primitive | TypedValue
@@ -227,6 +231,10 @@ class CapabilitiesResponse(BaseModel):
     messages_key: str
     reducer: ReducerOut
     version: str
+    body_formats: list[str] = Field(
+        description="Content types of the per-step routes' bodies (checkpoints/get, checkpoints/put, "
+        "writes/put); their answers come in the request's type."
+    )
 
 
 class ErrorResponse(BaseModel):

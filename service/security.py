@@ -21,8 +21,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
 import ipaddress
@@ -40,7 +38,7 @@ import orjson
 import ormsgpack
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service.asgi import read_body
+from reducing_saver.service.asgi import is_msgpack, read_body
 from reducing_saver.service.savers import THREAD_PREFIX_KEY
 
 __all__ = [
@@ -177,7 +175,7 @@ def documented(**keywords: str) -> Callable[[dict[str, Any]], None]:
     return extra
 
 
-def check_messages_value(type_: str, data: str, field: str) -> None:
+def check_messages_value(type_: str, raw: bytes, field: str) -> None:
     """Refuse a messages channel blob the service would have to store broken or oversized.
 
     Only ``msgpack`` blobs are looked at (another serde's bytes, e.g. encrypted ones, are stored as sent;
@@ -188,10 +186,6 @@ def check_messages_value(type_: str, data: str, field: str) -> None:
     """
     if type_ != "msgpack":
         return
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        return  # the op answers bad base64 with its own 422
     if raw[:1] and raw[0] in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9):
         return  # a top-level extension: the codec decides (snapshots are stored as sent)
     count = _msgpack_array_len(raw)
@@ -405,17 +399,30 @@ class BodyGuard:
     containers of the result once for depth, the number of object keys and huge numbers, and counts
     ``":`` in the raw bytes: in compact JSON every key has one, so equal counts prove there is no
     duplicate; only when they differ does an exact check run. The body is then replayed unchanged.
+
+    An ``application/msgpack`` body passes untouched to the paths in ``msgpack_paths`` (whose handler
+    checks it as it decodes: ``service/msgpack_body.py``); any other path answers it 415.
     """
 
 
-    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+    def __init__(self, app: ASGIApp, limits: Limits, msgpack_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.limits = limits
+        self.msgpack_paths = msgpack_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                if is_msgpack(value):
+                    if scope["path"] in self.msgpack_paths:
+                        await self.app(scope, receive, send)
+                    else:
+                        await _reply(send, 415, self._msgpack_elsewhere())
+                    return
+                break
         body = await read_body(receive)
         if body is None:
             return
@@ -463,11 +470,20 @@ class BodyGuard:
             return f"the body holds the integer {number[:40]}, outside the 64-bit range"
         return None
 
+    def _msgpack_elsewhere(self) -> str:
+        paths = ", ".join(sorted(self.msgpack_paths)) or "no path"
+        return f"application/msgpack bodies are accepted on {paths}; send this request as application/json"
+
     def _too_deep(self, depth: str) -> str:
         return (
             f"the body nests {depth} levels of arrays and objects, more than the limit of "
             f"{self.limits.max_nesting_depth} (setting max_nesting_depth)"
         )
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply ``value`` (parsed JSON or msgpack) nests lists and dicts (a scalar: 0)."""
+    return _shape(value)[0]
 
 
 def _shape(value: Any) -> tuple[int, int, bool]:

@@ -37,9 +37,11 @@ def _checkpoint(value: object) -> dict:
 CONFIG = {"configurable": {"thread_id": "http", "checkpoint_ns": ""}}
 
 
+@pytest.mark.parametrize("body_format", ["msgpack", "json"])
 @pytest.mark.parametrize("api", ["sync", "async"])
-def test_round_trip_and_errors(service, api):
-    saver = RemoteReducingSaver(service.url, max_retries=0)
+def test_round_trip_and_errors(service, api, body_format):
+    saver = RemoteReducingSaver(service.url, max_retries=0, body_format=body_format)
+    assert saver.body_format == f"application/{body_format}"
 
     async def calls():
         put = saver.put if api == "sync" else saver.aput

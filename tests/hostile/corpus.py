@@ -10,6 +10,9 @@ Payloads that name code (``os.system``, ``subprocess.Popen``, ``builtins.eval``,
 code, and point at marker files: decoded the stock way, codes 0 and 1 really run them
 (``test_the_attacks_are_live`` proves it in a subprocess), so an absent marker means "not executed".
 
+The per-step routes also take ``application/msgpack`` bodies; the cases named ``msgpack-...`` send those
+(code in the envelope itself, code inside the messages bin, and the structure attacks in msgpack form).
+
 The one exception to "4xx, nothing stored" is :data:`SNAPSHOT_CASE`: extension code 7 as the whole
 messages value is a DeltaChannel snapshot, which the service stores as sent without decoding (by design:
 LangGraph graphs put them there, see FACTS.md). The hostile payload inside it is stored and must never run.
@@ -197,6 +200,51 @@ def _replace_metadata(body: bytes, metadata: bytes) -> bytes:
     return body.replace(marker, b'"metadata":' + metadata)
 
 
+MSGPACK_HEADERS = {"Content-Type": "application/msgpack"}
+
+
+def in_msgpack(body: Any) -> Any:
+    """A JSON-shaped body as the msgpack client sends it: every typed value's base64 ``data`` as bytes."""
+    if isinstance(body, dict):
+        if body.keys() == {"type", "data"} and isinstance(body["data"], str):
+            return {"type": body["type"], "data": base64.b64decode(body["data"])}
+        return {key: in_msgpack(value) for key, value in body.items()}
+    if isinstance(body, list):
+        return [in_msgpack(item) for item in body]
+    return body
+
+
+def msgpack_case(name: str, path: str, body: Callable[[Context], bytes], **options: Any) -> Case:
+    return Case(f"msgpack-{name}", path, body, headers=MSGPACK_HEADERS, **options)
+
+
+def packed(body: Any) -> Callable[[Context], bytes]:
+    return lambda ctx: ormsgpack.packb(in_msgpack(body))
+
+
+def _msgpack_ext_case(code: int, target: tuple[str, str]) -> Case:
+    name = f"msgpack-ext{code}-{target[0]}.{target[1]}-in-messages-bin"
+
+    def body(ctx: Context) -> bytes:
+        ext = attack(code, target, ctx.marker(name))
+        return ormsgpack.packb(in_msgpack(put_body(msgpack_value(ormsgpack.packb([ext])), thread_id=name)))
+
+    return Case(name, "/v1/checkpoints/put", body, names=("messages", f"code {code}"), headers=MSGPACK_HEADERS)
+
+
+def _msgpack_envelope_ext(code: int, target: tuple[str, str], where: str) -> Case:
+    """An extension in the body's own structure (the metadata, or the messages value itself)."""
+    name = f"ext{code}-{target[0]}.{target[1]}-in-envelope-{where}"
+
+    def body(ctx: Context) -> bytes:
+        ext = attack(code, target, ctx.marker(name))
+        if where == "metadata":
+            return ormsgpack.packb(in_msgpack(put_body(msgpack_value(ormsgpack.packb([])), thread_id="env", metadata={"x": ext})))
+        return ormsgpack.packb(in_msgpack(put_body(ext, thread_id="env")))
+
+    return msgpack_case(name, "/v1/checkpoints/put", body, names=("extension", f"code {code}"))
+
+
 def _get(thread_id: Any, **extra: Any) -> Callable[[Context], bytes]:
     return json_bytes({"config": config(thread_id, **extra)})
 
@@ -317,6 +365,37 @@ def _cases() -> list[Case]:
             Case(f"thread-{kind}-copy", "/v1/threads/copy", json_bytes({"source_thread_id": "ok", "target_thread_id": thread_id}), names=("target_thread_id",)),
             Case(f"thread-{kind}-prune", "/v1/threads/prune", json_bytes({"thread_ids": ["ok", thread_id], "strategy": "delete"}), names=("thread_ids",)),
         ]
+    # -- application/msgpack bodies on the per-step routes -------------------------------------------
+    for code in range(8):
+        for target in TARGETS:
+            cases.append(_msgpack_ext_case(code, target))
+    for code in (0, 1, 5):
+        for where in ("metadata", "messages-value"):
+            cases.append(_msgpack_envelope_ext(code, ("os", "system"), where))
+    empty = msgpack_value(ormsgpack.packb([]))
+    get_config = ormsgpack.packb(config("victim"))
+    cases += [
+        msgpack_case("duplicate-key", "/v1/checkpoints/get", lambda ctx: b"\x82\xa6config" + get_config + b"\xa6config" + get_config, names=("repeats the key", "config")),
+        msgpack_case("integer-map-key", "/v1/checkpoints/get", lambda ctx: b"\x81\xa6config\x81\x01\xc0", names=("map key",)),
+        msgpack_case("bytes-in-metadata", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body(empty, thread_id="mb", metadata={"x": b"raw"}))), names=("bytes", "'x'")),
+        msgpack_case("bytes-in-array", "/v1/writes/put", lambda ctx: ormsgpack.packb({"config": config("mw", checkpoint_id=empty_checkpoint()["id"]), "writes": [["c", b"raw"]], "task_id": "t"}), names=("bytes",)),
+        msgpack_case("typed-value-extra-key", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body({"type": "msgpack", "data": b"\x90", "x": 1}, thread_id="tx"))), names=("type", "data")),
+        msgpack_case("nan-in-metadata", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body(empty, thread_id="nan", metadata={"x": float("nan")}))), names=("finite",)),
+        msgpack_case("infinity-in-array", "/v1/writes/put", lambda ctx: ormsgpack.packb({"config": config("inf", checkpoint_id=empty_checkpoint()["id"]), "writes": [["c", float("inf")]], "task_id": "t"}), names=("finite",)),
+        msgpack_case("deep-metadata-40", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body(empty, thread_id="deep", metadata=nested(40)))), names=("max_nesting_depth",)),
+        msgpack_case("deep-arrays-5000", "/v1/checkpoints/get", lambda ctx: b"\x81\xa6config" + b"\x91" * 5000 + b"\xc0", names=("max_nesting_depth",)),
+        msgpack_case("truncated", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body(empty, thread_id="tr")))[:-3], names=("msgpack",)),
+        msgpack_case("trailing-bytes", "/v1/checkpoints/get", lambda ctx: ormsgpack.packb({"config": config("victim")}) + b"\xc0", names=("after its msgpack value",)),
+        msgpack_case("reserved-byte", "/v1/checkpoints/get", lambda ctx: b"\xc1", names=("msgpack",)),
+        msgpack_case("non-utf8-string", "/v1/checkpoints/get", lambda ctx: b"\x81\xa6config\x81\xacconfigurable\x81\xa9thread_id\xa2\xff\xfe", names=("UTF-8",)),
+        msgpack_case("top-level-array", "/v1/checkpoints/get", lambda ctx: ormsgpack.packb([config("victim")]), names=("body",)),
+        msgpack_case("json-sent-as-msgpack", "/v1/checkpoints/get", _get("victim"), names=("body",)),
+        msgpack_case("messages-million-entries", put, lambda ctx: ormsgpack.packb(in_msgpack(put_body(msgpack_value(ormsgpack.packb([None] * 1_000_000)), thread_id="million"))), names=("values.messages", "max_messages_per_put")),
+        msgpack_case("bad-base64-string-data", put, lambda ctx: ormsgpack.packb(put_body({"type": "msgpack", "data": "!!!"}, thread_id="b64")), names=("values.messages", "base64")),
+        msgpack_case("thread-traversal-put", put, packed(put_body(empty, thread_id="../../etc/passwd")), names=("thread_id",)),
+        msgpack_case("checkpoint-id-not-uuid", put, packed(put_body(empty, thread_id="cid", checkpoint=checkpoint(id="1' OR '1'='1"))), names=("checkpoint", "id")),
+        msgpack_case("on-a-json-only-route", "/v1/threads/delete", lambda ctx: ormsgpack.packb({"thread_id": "victim"}), expect=frozenset({415}), names=("application/msgpack", "application/json")),
+    ]
     names = [case.name for case in cases]
     assert len(names) == len(set(names)), "case names must be unique"
     return cases
