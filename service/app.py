@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
 import orjson
+import psycopg
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from langchain_core.runnables import RunnableConfig
@@ -30,7 +31,7 @@ from reducing_saver.client._wire import (
     json_default,
 )
 from reducing_saver.service import schemas, security
-from reducing_saver.service.backends import Backend, open_backend
+from reducing_saver.service.backends import Backend, open_backend, refused_value
 from reducing_saver.service.hotpath import HotPath
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.memory import Memory, store_namespace
@@ -423,6 +424,10 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     @app.exception_handler(ThreadNotEmptyError)
     async def _target_exists(request: Request, exc: ThreadNotEmptyError) -> Response:
         return ORJSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(psycopg.DataError)
+    async def _refused_value(request: Request, exc: psycopg.DataError) -> Response:
+        return ORJSONResponse({"detail": refused_value(exc)}, status_code=422)
 
     @app.exception_handler(NotImplementedError)
     async def _unsupported(request: Request, exc: NotImplementedError) -> Response:

@@ -134,4 +134,18 @@ def _open_postgres(settings: Settings, wrap) -> Backend:
     return Backend("postgres", [wrap(saver) for saver in savers], [pool.close], pool=pool)
 
 
-__all__ = ["Backend", "open_backend"]
+def refused_value(exc: Exception) -> str:
+    """The 422 detail for a value the database refused to store or compare (SQLSTATE class 22, a
+    ``psycopg.DataError``: PostgreSQL's text and JSONB cannot hold U+0000, say)."""
+    diag = getattr(exc, "diag", None)
+    reason = (getattr(diag, "message_primary", None) or str(exc).splitlines()[0]).rstrip(".")
+    detail = getattr(diag, "message_detail", None)
+    text = f"PostgreSQL refused a value of this request: {reason}"
+    if detail:
+        text += f" ({detail.rstrip('.')})"
+    if "\\u0000" in text:
+        text += "; PostgreSQL JSON cannot hold the NUL character (U+0000) in keys or strings"
+    return text
+
+
+__all__ = ["Backend", "open_backend", "refused_value"]

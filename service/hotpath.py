@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 import ormsgpack
+import psycopg
 from fastapi import HTTPException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from reducing_saver.client._wire import JSON, MSGPACK, json_default, msgpack_default
 from reducing_saver.service import msgpack_body, security
 from reducing_saver.service.asgi import is_msgpack, read_body
+from reducing_saver.service.backends import refused_value
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 
 logger = logging.getLogger("reducing_saver.service")
@@ -95,6 +97,8 @@ class HotPath:
             return 422, _JSON, orjson.dumps({"detail": str(exc)})
         except NotImplementedError as exc:
             return 409, _JSON, orjson.dumps({"detail": str(exc) or "not supported by this backend"})
+        except psycopg.DataError as exc:
+            return 422, _JSON, orjson.dumps({"detail": refused_value(exc)})
         except Exception:
             logger.exception("request failed")
             return 500, _JSON, orjson.dumps({"detail": "internal server error"})

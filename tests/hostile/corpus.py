@@ -365,6 +365,22 @@ def _cases() -> list[Case]:
             Case(f"thread-{kind}-copy", "/v1/threads/copy", json_bytes({"source_thread_id": "ok", "target_thread_id": thread_id}), names=("target_thread_id",)),
             Case(f"thread-{kind}-prune", "/v1/threads/prune", json_bytes({"thread_ids": ["ok", thread_id], "strategy": "delete"}), names=("thread_ids",)),
         ]
+    # -- NUL (U+0000), which PostgreSQL's text and JSONB cannot hold, wherever a value reaches them --
+    cid = empty_checkpoint()["id"]
+    no_messages = msgpack_value(ormsgpack.packb([]))
+    cases += [
+        Case("nul-inline-channel-value", put, json_bytes(put_body(no_messages, thread_id="nul1", values={"messages": no_messages, "x": "a\x00b"}, new_versions={"messages": "1", "x": "1"})), names=("NUL",)),
+        Case("nul-metadata-key", put, json_bytes(put_body(no_messages, thread_id="nul2", metadata={"k\x00": 1})), names=("NUL",)),
+        Case("nul-checkpoint-extra-field", put, json_bytes(put_body(no_messages, thread_id="nul3", checkpoint=checkpoint(extra="a\x00"))), names=("NUL",)),
+        Case("nul-new-version", put, json_bytes(put_body(no_messages, thread_id="nul4", new_versions={"messages": "1\x00"})), names=("NUL",)),
+        Case("nul-checkpoint-ns-put", put, json_bytes(put_body(no_messages, config={"configurable": {"thread_id": "nul5", "checkpoint_ns": "a\x00"}})), names=("NUL",)),
+        Case("nul-checkpoint-ns-get", "/v1/checkpoints/get", _get("victim", checkpoint_ns="a\x00"), names=("NUL",)),
+        Case("nul-write-task-id", "/v1/writes/put", json_bytes({"config": config("nul6", checkpoint_id=cid), "writes": [["c", 1]], "task_id": "t\x00"}), names=("NUL",)),
+        Case("nul-write-channel", "/v1/writes/put", json_bytes({"config": config("nul7", checkpoint_id=cid), "writes": [["c\x00", 1]], "task_id": "t"}), names=("NUL",)),
+        Case("nul-list-filter-key", "/v1/checkpoints/list", json_bytes({"config": None, "filter": {"k\x00": 1}}), names=("NUL",)),
+        Case("nul-run-id", "/v1/runs/delete", json_bytes({"run_ids": ["r\x00"]}), names=("NUL",)),
+        msgpack_case("nul-metadata-key", put, packed(put_body(no_messages, thread_id="nul8", metadata={"k\x00": 1})), names=("NUL",)),
+    ]
     # -- application/msgpack bodies on the per-step routes -------------------------------------------
     for code in range(8):
         for target in TARGETS:
