@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from datetime import UTC, datetime
@@ -78,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "cores, %(default)s); the other sections use one")
     parser.add_argument("--pool-size", type=int, default=2,
                         help="the service's PostgreSQL connections per worker (default: %(default)s)")
+    parser.add_argument("--serve-args", default="",
+                        help="more `reducing-saver serve` flags for the throughput section's service, "
+                        "e.g. \"--offload-calls --no-extract\"")
     return parser.parse_args(argv)
 
 
@@ -171,6 +175,10 @@ def print_summary(results: dict[str, Any]) -> None:
             ratios = lat[mode]["ratios"]
             print(f"  {mode:7}{cells}   {ratios['remote_vs_inprocess_median']:.2f}x, {ratios['remote_vs_inprocess_p95']:.2f}x")
         print("  (ms, median / p95)")
+        for mode in ("sync", "async"):
+            cpu = {k: lat[mode][k]["agent_cpu_ms_median"] for k in ("remote", "inprocess", "plain")}
+            print(f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process {cpu['inprocess']:.2f} ms, "
+                  f"plain {cpu['plain']:.2f} ms ({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)")
     if "throughput" in results:
         tp = results["throughput"]
         print(f"\nThroughput: agent processes, {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating")
@@ -181,6 +189,17 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  {level['agents']:>6} | {sv['turns_per_s']:>15.1f} {sv['p95_ms']:>8.1f} {sv['connections_max']:>6} "
                   f"{sv['service_cpu_us_per_turn']:>12.0f} | {dr['turns_per_s']:>14.1f} {dr['p95_ms']:>8.1f} "
                   f"{dr['connections_max']:>6} | {level['ratios']['service_vs_direct_turns_per_s']:>12.2f}x")
+        print("  CPU per turn (us): agents + service + PostgreSQL = total (the modes share this machine's cores)")
+        for level in tp["levels"]:
+            sv, dr = level["service"], level["direct"]
+            print(f"  {level['agents']:>6} | service {sv['agent_cpu_us_per_turn']:>6.0f} + {sv['service_cpu_us_per_turn']:>5.0f}"
+                  f" + {sv['postgres_cpu_us_per_turn']:>5.0f} = {sv['cpu_us_per_turn']:>6.0f} | direct "
+                  f"{dr['agent_cpu_us_per_turn']:>6.0f} + 0 + {dr['postgres_cpu_us_per_turn']:>5.0f} = {dr['cpu_us_per_turn']:>6.0f}")
+        print("  WAL per turn: records, syncs to disk, bytes")
+        for level in tp["levels"]:
+            sw, dw = level["service"]["wal_per_turn"], level["direct"]["wal_per_turn"]
+            print(f"  {level['agents']:>6} | service {sw['records']:>6.1f} {sw['syncs']:>6.2f} {sw['bytes']:>8} | "
+                  f"direct {dw['records']:>6.1f} {dw['syncs']:>6.2f} {dw['bytes']:>8}")
     if "service_cost" in results:
         cost = results["service_cost"]
         print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
@@ -250,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     # One service process for the single-client sections (its /metrics and py-spy see every request);
     # the throughput section gets --workers of them.
     single_args = ["--max-messages", str(settings["window"]), "--pool-size", str(args.pool_size)]
-    scaled_args = [*single_args, "--workers", str(args.workers)]
+    scaled_args = [*single_args, "--workers", str(args.workers), *shlex.split(args.serve_args)]
     results["meta"]["service_args"] = {"storage, latency, service_cost": single_args, "throughput": scaled_args}
     with scratch_database(args.postgres) as database:
         url = throughput.with_application_name(database, throughput.SERVICE_APP)

@@ -105,6 +105,27 @@ def cpu_seconds(pid: int) -> float:
     return own + sum(cpu_seconds(child) for child in _children(pid))
 
 
+def postgres_cpu_seconds() -> float:
+    """User + system CPU time of every PostgreSQL server process of this machine (its backends, WAL
+    writer, checkpointer...), from /proc; 0.0 where there is no /proc. The server must be local, as the
+    suite's is; backends that exit meanwhile take their time with them, so phases keep connections open."""
+    total = 0.0
+    try:
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except FileNotFoundError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                head, _, rest = stat.read().rpartition(")")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if head.endswith("(postgres"):
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
+
+
 @contextmanager
 def scratch_database(server: str = DEFAULT_SERVER) -> Iterator[str]:
     """A database of this run's own on ``server``, dropped afterwards; yields its URL."""

@@ -43,6 +43,7 @@ async def _run(graph: Any, agent: int, phase: str, start_at: float, end_at: floa
     latencies: list[float] = []
     late = 0
     await asyncio.sleep(max(0.0, start_at - time.time()))
+    cpu_started = time.process_time()
     turn = 0
     while time.time() < end_at:
         config = thread_config(f"tp-{phase}-{agent}-{turn // turns_per_thread}")
@@ -54,7 +55,8 @@ async def _run(graph: Any, agent: int, phase: str, start_at: float, end_at: floa
         else:
             late += 1
         turn += 1
-    return {"latencies_ms": latencies, "late_turns": late}
+    # This process's CPU (all threads) over every turn it ran, the late ones included.
+    return {"latencies_ms": latencies, "late_turns": late, "cpu_s": time.process_time() - cpu_started}
 
 
 async def _loop(agent: int, commands: Any, results: Any, turns_per_thread: int) -> None:

@@ -6,12 +6,15 @@
 
 Each round gives every checkpointer a fresh thread and runs ``turns`` turns on each, the checkpointers
 taking turns turn by turn (remote, in-process, plain, remote, ...; the order rotates every round), so
-all three see the same machine load.
+all three see the same machine load. Besides each turn's time, the agent process's own CPU time over the
+turn is kept (``cpu`` samples): what a turn costs the agent's machine, the service's and PostgreSQL's
+work aside.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -28,20 +31,28 @@ from reducing_saver.service import MessageReducer, ReducingSaver
 KINDS = ("remote", "inprocess", "plain")
 
 
-def _turn_sync(graph: Any, config: dict[str, Any], turn: int) -> float:
-    start = time.perf_counter()
+def _turn_sync(graph: Any, config: dict[str, Any], turn: int) -> tuple[float, float]:
+    """(wall ms, this process's CPU ms) of one turn."""
+    start, cpu = time.perf_counter(), time.process_time()
     graph.invoke(user_input(turn), config)
-    return (time.perf_counter() - start) * 1000
+    return (time.perf_counter() - start) * 1000, (time.process_time() - cpu) * 1000
 
 
-async def _turn_async(graph: Any, config: dict[str, Any], turn: int) -> float:
-    start = time.perf_counter()
+async def _turn_async(graph: Any, config: dict[str, Any], turn: int) -> tuple[float, float]:
+    start, cpu = time.perf_counter(), time.process_time()
     await graph.ainvoke(user_input(turn), config)
-    return (time.perf_counter() - start) * 1000
+    return (time.perf_counter() - start) * 1000, (time.process_time() - cpu) * 1000
 
 
 def _new_threads(kinds: Iterable[str]) -> dict[str, dict[str, Any]]:
     return {kind: thread_config(f"lat-{kind}-{uuid.uuid4().hex}") for kind in kinds}
+
+
+def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
+    """Wall-time summary of the turns, plus the agent process's median CPU per turn."""
+    figures = summary([wall for wall, _ in samples])
+    figures["agent_cpu_ms_median"] = round(statistics.median(cpu for _, cpu in samples), 3)
+    return figures
 
 
 def _ratios(result: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -50,6 +61,9 @@ def _ratios(result: dict[str, dict[str, float]]) -> dict[str, float]:
         "remote_vs_inprocess_p95": ratio(result["remote"]["p95_ms"], result["inprocess"]["p95_ms"]),
         "remote_vs_plain_median": ratio(result["remote"]["median_ms"], result["plain"]["median_ms"]),
         "inprocess_vs_plain_median": ratio(result["inprocess"]["median_ms"], result["plain"]["median_ms"]),
+        "remote_vs_inprocess_agent_cpu": ratio(
+            result["remote"]["agent_cpu_ms_median"], result["inprocess"]["agent_cpu_ms_median"]
+        ),
     }
 
 
@@ -59,8 +73,9 @@ def _rotated(round_index: int) -> list[str]:
 
 
 def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-             kinds: tuple[str, ...] = KINDS) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+             kinds: tuple[str, ...] = KINDS) -> dict[str, list[tuple[float, float]]]:
+    """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn."""
+    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     with ExitStack() as stack:
         graphs: dict[str, Any] = {}
         if "remote" in kinds:
@@ -86,8 +101,9 @@ def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window
 
 
 async def run_async(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-                    kinds: tuple[str, ...] = KINDS) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+                    kinds: tuple[str, ...] = KINDS) -> dict[str, list[tuple[float, float]]]:
+    """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn."""
+    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     async with AsyncExitStack() as stack:
         graphs: dict[str, Any] = {}
         if "remote" in kinds:
@@ -120,7 +136,7 @@ def run(service_url: str, database: str, *, turns: int, rounds: int, window: int
             samples = run_sync(service_url, database, turns=turns, rounds=rounds, window=window)
         else:
             samples = asyncio.run(run_async(service_url, database, turns=turns, rounds=rounds, window=window))
-        figures = {kind: summary(values) for kind, values in samples.items()}
+        figures = {kind: _figures(values) for kind, values in samples.items()}
         result[mode] = {**figures, "ratios": _ratios(figures)}
         log(f"  latency {mode}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in figures.items()))
     return result

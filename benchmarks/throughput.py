@@ -6,7 +6,9 @@ of them alternate between the two modes for ``rounds`` rounds of ``duration`` se
 instants; the others wait, idle. Meanwhile a sampler reads
 ``pg_stat_activity`` for the benchmark database every 100 ms: connections open and connections active
 (running a statement), maxima over the phase. In service phases the service process's CPU time is read
-from /proc around the phase, giving its CPU per turn.
+from /proc around the phase, giving its CPU per turn; so is PostgreSQL's (every server process), and each
+agent reports its own process CPU, so each mode's CPU per turn is accounted for: agents + service +
+PostgreSQL. On one machine the modes share its cores, so that sum sets the ratio of turns/s.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Self
 import psycopg
 
 from benchmarks import agent as agent_module
-from benchmarks._common import cpu_seconds, ratio, summary
+from benchmarks._common import cpu_seconds, postgres_cpu_seconds, ratio, summary
 
 MODES = ("service", "direct")
 #: ``application_name`` of the service's connections and of the agents' own (set in their database URLs).
@@ -33,6 +35,13 @@ CONNECTIONS = """
     WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()
     GROUP BY application_name
 """
+
+
+def wal_counters(server: str) -> tuple[int, int, int]:
+    """PostgreSQL's WAL figures since its stats reset: (records, syncs to disk, bytes)."""
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        records, syncs, written = conn.execute("SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
+    return int(records), int(syncs), int(written)
 
 
 def with_application_name(url: str, name: str) -> str:
@@ -143,15 +152,19 @@ def _phase(agents: Agents, count: int, mode: str, target: str, phase: str, durat
     with ConnectionSampler(server, database_name) as sampler:
         agents.broadcast(("go", start_at, end_at), count)
         time.sleep(max(0.0, start_at - time.time()))
-        cpu_before = cpu_seconds(service_pid)
+        cpu_before, postgres_before, wal_before = cpu_seconds(service_pid), postgres_cpu_seconds(), wal_counters(server)
         time.sleep(max(0.0, end_at - time.time()))
-        cpu_after = cpu_seconds(service_pid)
+        cpu_after, postgres_after, wal_after = cpu_seconds(service_pid), postgres_cpu_seconds(), wal_counters(server)
         stats = agents.collect("done", timeout=duration + 120, count=count)
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
     return {
         "latencies_ms": latencies,
         "late_turns": sum(answer["late_turns"] for answer in stats.values()),
         "service_cpu_s": cpu_after - cpu_before,
+        "postgres_cpu_s": postgres_after - postgres_before,
+        "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
+        "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
+        "all_turns": len(latencies) + sum(answer["late_turns"] for answer in stats.values()),
         # The connections this mode uses: the service's pool, or the agents' own.
         **sampler.figures(SERVICE_APP if mode == "service" else AGENT_APP),
         "database_connections_max": sampler.figures(None)["connections_max"],
@@ -216,6 +229,25 @@ def _level(agents: Agents, count: int, service_url: str, service_pid: int, serve
             cpu = sum(r["service_cpu_s"] for r in runs)
             level[mode]["service_cpu_us_per_turn"] = round(cpu * 1e6 / turns, 1) if turns else 0.0
             level[mode]["service_cpu_cores"] = round(cpu / seconds, 3)
+        all_turns = sum(r["all_turns"] for r in runs)
+        level[mode]["agent_cpu_us_per_turn"] = (
+            round(sum(r["agents_cpu_s"] for r in runs) * 1e6 / all_turns, 1) if all_turns else 0.0
+        )
+        level[mode]["postgres_cpu_us_per_turn"] = (
+            round(sum(r["postgres_cpu_s"] for r in runs) * 1e6 / turns, 1) if turns else 0.0
+        )
+        records, syncs, written = (sum(r["wal"][i] for r in runs) for i in range(3))
+        level[mode]["wal_per_turn"] = {
+            "records": round(records / turns, 1) if turns else 0.0,
+            "syncs": round(syncs / turns, 2) if turns else 0.0,
+            "bytes": round(written / turns) if turns else 0,
+        }
+        level[mode]["cpu_us_per_turn"] = round(
+            level[mode]["agent_cpu_us_per_turn"]
+            + level[mode]["postgres_cpu_us_per_turn"]
+            + level[mode].get("service_cpu_us_per_turn", 0.0),
+            1,
+        )
     level["ratios"] = {
         "service_vs_direct_turns_per_s": ratio(level["service"]["turns_per_s"], level["direct"]["turns_per_s"]),
         "service_vs_direct_p95": ratio(level["service"]["p95_ms"], level["direct"]["p95_ms"]),

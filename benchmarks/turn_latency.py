@@ -20,14 +20,16 @@ from benchmarks._common import percentile
 from benchmarks.latency import run_async, run_sync
 
 
-def report(name: str, remote: list[float], local: list[float], plain: list[float]) -> None:
+def report(name: str, samples: dict[str, list[tuple[float, float]]]) -> None:
     import statistics
 
+    remote, local, plain = ([wall for wall, _ in samples[kind]] for kind in ("remote", "inprocess", "plain"))
     rm, lm, pm = statistics.median(remote), statistics.median(local), statistics.median(plain)
+    rc, lc = (statistics.median(cpu for _, cpu in samples[kind]) for kind in ("remote", "inprocess"))
     print(
         f"{name:5} remote median {rm:6.2f} ms p95 {percentile(remote, .95):6.2f} | in-process median "
         f"{lm:6.2f} ms p95 {percentile(local, .95):6.2f} | plain median {pm:6.2f} ms | "
-        f"ratio remote/in-process {rm / lm:4.2f}x"
+        f"ratio remote/in-process {rm / lm:4.2f}x | agent CPU per turn {rc:.2f} vs {lc:.2f} ms"
     )
 
 
@@ -48,9 +50,9 @@ def main() -> None:
         "--workers", str(args.workers), "--pool-size", str(args.pool_size),
     ) as service:
         samples = run_sync(service.url, args.database, **options)
-        report("sync", samples["remote"], samples["inprocess"], samples["plain"])
+        report("sync", samples)
         samples = asyncio.run(run_async(service.url, args.database, **options))
-        report("async", samples["remote"], samples["inprocess"], samples["plain"])
+        report("async", samples)
 
 
 if __name__ == "__main__":

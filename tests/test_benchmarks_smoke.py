@@ -66,7 +66,9 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
         for kind in ("remote", "inprocess", "plain"):
             figures = latency[mode][kind]
             assert positive(figures["n"]) and positive(figures["median_ms"]) and positive(figures["p95_ms"])
-        for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median"):
+            assert positive(figures["agent_cpu_ms_median"]), (mode, kind)
+        for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median",
+                    "remote_vs_inprocess_agent_cpu"):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
 
 
@@ -76,8 +78,14 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
     for level in levels:
         for mode in ("service", "direct"):
             figures = level[mode]
-            for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max"):
+            for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max",
+                        "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn"):
                 assert positive(figures[key]), (level["agents"], mode, key, figures[key])
+            # Every turn writes WAL (checkpoints, blobs, writes) and commits.
+            assert positive(figures["wal_per_turn"]["records"]) and positive(figures["wal_per_turn"]["bytes"])
+            service_cpu = figures.get("service_cpu_us_per_turn", 0.0)
+            expected = figures["agent_cpu_us_per_turn"] + figures["postgres_cpu_us_per_turn"] + service_cpu
+            assert abs(figures["cpu_us_per_turn"] - expected) < 1.0, (mode, figures)
         assert positive(level["service"]["service_cpu_us_per_turn"])
         assert positive(level["ratios"]["service_vs_direct_turns_per_s"])
 
