@@ -177,8 +177,9 @@ def print_summary(results: dict[str, Any]) -> None:
         print("  (ms, median / p95)")
         for mode in ("sync", "async"):
             cpu = {k: lat[mode][k]["agent_cpu_ms_median"] for k in ("remote", "inprocess", "plain")}
-            print(f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process {cpu['inprocess']:.2f} ms, "
-                  f"plain {cpu['plain']:.2f} ms ({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)")
+            print(f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process "
+                  f"{cpu['inprocess']:.2f} ms, plain {cpu['plain']:.2f} ms "
+                  f"({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)")
     if "throughput" in results:
         tp = results["throughput"]
         print(f"\nThroughput: agent processes, {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating")
@@ -192,9 +193,12 @@ def print_summary(results: dict[str, Any]) -> None:
         print("  CPU per turn (us): agents + service + PostgreSQL = total (the modes share this machine's cores)")
         for level in tp["levels"]:
             sv, dr = level["service"], level["direct"]
-            print(f"  {level['agents']:>6} | service {sv['agent_cpu_us_per_turn']:>6.0f} + {sv['service_cpu_us_per_turn']:>5.0f}"
-                  f" + {sv['postgres_cpu_us_per_turn']:>5.0f} = {sv['cpu_us_per_turn']:>6.0f} | direct "
-                  f"{dr['agent_cpu_us_per_turn']:>6.0f} + 0 + {dr['postgres_cpu_us_per_turn']:>5.0f} = {dr['cpu_us_per_turn']:>6.0f}")
+            print(f"  {level['agents']:>6} | service {sv['agent_cpu_us_per_turn']:>6.0f} + "
+                  f"{sv['service_cpu_us_per_turn']:>5.0f} + {sv['postgres_cpu_us_per_turn']:>5.0f} = "
+                  f"{sv['cpu_us_per_turn']:>6.0f} | direct {dr['agent_cpu_us_per_turn']:>6.0f} + 0 + "
+                  f"{dr['postgres_cpu_us_per_turn']:>5.0f} = {dr['cpu_us_per_turn']:>6.0f}")
+            print(f"  {'':>6} | whole machine, per turn: service {sv['machine_cpu_us_per_turn']:>6.0f} | direct "
+                  f"{dr['machine_cpu_us_per_turn']:>6.0f}")
         print("  WAL per turn: records, syncs to disk, bytes")
         for level in tp["levels"]:
             sw, dw = level["service"]["wal_per_turn"], level["direct"]["wal_per_turn"]

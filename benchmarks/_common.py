@@ -126,6 +126,18 @@ def postgres_cpu_seconds() -> float:
     return total
 
 
+def machine_cpu_seconds() -> float:
+    """CPU time every core of this machine has spent busy (user, nice, system, irq, softirq, steal), from
+    /proc/stat; 0.0 where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except FileNotFoundError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
 @contextmanager
 def scratch_database(server: str = DEFAULT_SERVER) -> Iterator[str]:
     """A database of this run's own on ``server``, dropped afterwards; yields its URL."""

@@ -8,7 +8,9 @@ instants; the others wait, idle. Meanwhile a sampler reads
 (running a statement), maxima over the phase. In service phases the service process's CPU time is read
 from /proc around the phase, giving its CPU per turn; so is PostgreSQL's (every server process), and each
 agent reports its own process CPU, so each mode's CPU per turn is accounted for: agents + service +
-PostgreSQL. On one machine the modes share its cores, so that sum sets the ratio of turns/s.
+PostgreSQL. The whole machine's busy time per turn (/proc/stat) is kept too: it also holds what the
+processes' own figures miss (the kernel's work for their sockets, the sampler). On one machine the modes
+share its cores, so those sums set the ratio of turns/s.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Self
 import psycopg
 
 from benchmarks import agent as agent_module
-from benchmarks._common import cpu_seconds, postgres_cpu_seconds, ratio, summary
+from benchmarks._common import cpu_seconds, machine_cpu_seconds, postgres_cpu_seconds, ratio, summary
 
 MODES = ("service", "direct")
 #: ``application_name`` of the service's connections and of the agents' own (set in their database URLs).
@@ -40,7 +42,8 @@ CONNECTIONS = """
 def wal_counters(server: str) -> tuple[int, int, int]:
     """PostgreSQL's WAL figures since its stats reset: (records, syncs to disk, bytes)."""
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        records, syncs, written = conn.execute("SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
+        query = "SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal"
+        records, syncs, written = conn.execute(query).fetchone()
     return int(records), int(syncs), int(written)
 
 
@@ -152,16 +155,20 @@ def _phase(agents: Agents, count: int, mode: str, target: str, phase: str, durat
     with ConnectionSampler(server, database_name) as sampler:
         agents.broadcast(("go", start_at, end_at), count)
         time.sleep(max(0.0, start_at - time.time()))
-        cpu_before, postgres_before, wal_before = cpu_seconds(service_pid), postgres_cpu_seconds(), wal_counters(server)
+        wal_before = wal_counters(server)
+        before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
         time.sleep(max(0.0, end_at - time.time()))
-        cpu_after, postgres_after, wal_after = cpu_seconds(service_pid), postgres_cpu_seconds(), wal_counters(server)
+        after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+        wal_after = wal_counters(server)
+        (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
         stats = agents.collect("done", timeout=duration + 120, count=count)
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
     return {
         "latencies_ms": latencies,
         "late_turns": sum(answer["late_turns"] for answer in stats.values()),
-        "service_cpu_s": cpu_after - cpu_before,
-        "postgres_cpu_s": postgres_after - postgres_before,
+        "service_cpu_s": service_cpu,
+        "postgres_cpu_s": postgres_cpu,
+        "machine_cpu_s": machine_cpu,
         "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
         "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
         "all_turns": len(latencies) + sum(answer["late_turns"] for answer in stats.values()),
@@ -235,6 +242,9 @@ def _level(agents: Agents, count: int, service_url: str, service_pid: int, serve
         )
         level[mode]["postgres_cpu_us_per_turn"] = (
             round(sum(r["postgres_cpu_s"] for r in runs) * 1e6 / turns, 1) if turns else 0.0
+        )
+        level[mode]["machine_cpu_us_per_turn"] = (
+            round(sum(r["machine_cpu_s"] for r in runs) * 1e6 / turns, 1) if turns else 0.0
         )
         records, syncs, written = (sum(r["wal"][i] for r in runs) for i in range(3))
         level[mode]["wal_per_turn"] = {

@@ -79,7 +79,7 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
         for mode in ("service", "direct"):
             figures = level[mode]
             for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max",
-                        "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn"):
+                        "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn", "machine_cpu_us_per_turn"):
                 assert positive(figures[key]), (level["agents"], mode, key, figures[key])
             # Every turn writes WAL (checkpoints, blobs, writes) and commits.
             assert positive(figures["wal_per_turn"]["records"]) and positive(figures["wal_per_turn"]["bytes"])
