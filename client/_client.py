@@ -212,7 +212,10 @@ def _finish(call: _Call[T], answer: _Answer) -> T:
         response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
     try:
-        return call.parse(_loads(answer))
+        body = _loads(answer)
+        if body is None and call.parse is not _no_content:
+            raise WireError("body", "the answer is empty")
+        return call.parse(body)
     except (orjson.JSONDecodeError, ormsgpack.MsgpackDecodeError, WireError, KeyError) as exc:
         raise ReducingSaverError(
             f"{call.method} {call.path}: the answer does not follow the reducing-saver API "

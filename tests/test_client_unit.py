@@ -317,10 +317,20 @@ def test_other_statuses_raise_the_root_error() -> None:
     assert type(info.value) is ReducingSaverError
 
 
-def test_answer_that_is_not_the_api_is_reported() -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, json={"hello": "world"}),
+        httpx.Response(200),
+        httpx.Response(200, content=b"\xc1", headers={"content-type": "application/msgpack"}),
+        httpx.Response(200, content=b"\x81\xa1a\x01", headers={"content-type": "application/msgpack"}),
+    ],
+    ids=["other-json", "empty", "bad-msgpack", "other-msgpack"],
+)
+def test_answer_that_is_not_the_api_is_reported(answer: httpx.Response) -> None:
     service = FakeService()
     saver = make_saver(service)
-    service.override = lambda request: httpx.Response(200, json={"hello": "world"})
+    service.override = lambda request: answer
     with pytest.raises(ReducingSaverError, match="does not follow the reducing-saver API"):
         saver.get_tuple(config())
 
