@@ -92,38 +92,38 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+def _process_cpu(pid: int | str) -> tuple[str, float] | None:
+    """``(command name, user + system CPU seconds)`` of a process, from /proc/<pid>/stat; ``None`` once
+    it has exited."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            head, _, rest = stat.read().rpartition(")")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # rest[0] is field 3 (state): utime and stime are fields 14 and 15.
+    fields = rest.split()
+    return head.partition("(")[2], (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all its threads) and of its live child processes (the
     worker processes of ``serve --workers N``), from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    own = _process_cpu(pid)
+    if own is None:
         return 0.0
-    # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
-    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return own + sum(cpu_seconds(child) for child in _children(pid))
+    return own[1] + sum(cpu_seconds(child) for child in _children(pid))
 
 
 def postgres_cpu_seconds() -> float:
     """User + system CPU time of every PostgreSQL server process of this machine (its backends, WAL
     writer, checkpointer...), from /proc; 0.0 where there is no /proc. The server must be local, as the
     suite's is; backends that exit meanwhile take their time with them, so phases keep connections open."""
-    total = 0.0
     try:
         pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
     except FileNotFoundError:
         return 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-                head, _, rest = stat.read().rpartition(")")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if head.endswith("(postgres"):
-            fields = rest.split()
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
+    found = (_process_cpu(pid) for pid in pids)
+    return sum(cpu for name, cpu in filter(None, found) if name == "postgres")
 
 
 def machine_cpu_seconds() -> float:

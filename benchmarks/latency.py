@@ -48,11 +48,11 @@ def _new_threads(kinds: Iterable[str]) -> dict[str, dict[str, Any]]:
     return {kind: thread_config(f"lat-{kind}-{uuid.uuid4().hex}") for kind in kinds}
 
 
-def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
+def figures(samples: list[tuple[float, float]]) -> dict[str, float]:
     """Wall-time summary of the turns, plus the agent process's median CPU per turn."""
-    figures = summary([wall for wall, _ in samples])
-    figures["agent_cpu_ms_median"] = round(statistics.median(cpu for _, cpu in samples), 3)
-    return figures
+    result = summary([wall for wall, _ in samples])
+    result["agent_cpu_ms_median"] = round(statistics.median(cpu for _, cpu in samples), 3)
+    return result
 
 
 def _ratios(result: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -136,7 +136,8 @@ def run(service_url: str, database: str, *, turns: int, rounds: int, window: int
             samples = run_sync(service_url, database, turns=turns, rounds=rounds, window=window)
         else:
             samples = asyncio.run(run_async(service_url, database, turns=turns, rounds=rounds, window=window))
-        figures = {kind: _figures(values) for kind, values in samples.items()}
-        result[mode] = {**figures, "ratios": _ratios(figures)}
-        log(f"  latency {mode}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in figures.items()))
+        figures_by_kind = {kind: figures(values) for kind, values in samples.items()}
+        result[mode] = {**figures_by_kind, "ratios": _ratios(figures_by_kind)}
+        medians = ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in figures_by_kind.items())
+        log(f"  latency {mode}: {medians}")
     return result

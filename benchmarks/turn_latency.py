@@ -16,20 +16,16 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from benchmarks._common import percentile
-from benchmarks.latency import run_async, run_sync
+from benchmarks.latency import figures, run_async, run_sync
 
 
 def report(name: str, samples: dict[str, list[tuple[float, float]]]) -> None:
-    import statistics
-
-    remote, local, plain = ([wall for wall, _ in samples[kind]] for kind in ("remote", "inprocess", "plain"))
-    rm, lm, pm = statistics.median(remote), statistics.median(local), statistics.median(plain)
-    rc, lc = (statistics.median(cpu for _, cpu in samples[kind]) for kind in ("remote", "inprocess"))
+    remote, local, plain = (figures(samples[kind]) for kind in ("remote", "inprocess", "plain"))
     print(
-        f"{name:5} remote median {rm:6.2f} ms p95 {percentile(remote, .95):6.2f} | in-process median "
-        f"{lm:6.2f} ms p95 {percentile(local, .95):6.2f} | plain median {pm:6.2f} ms | "
-        f"ratio remote/in-process {rm / lm:4.2f}x | agent CPU per turn {rc:.2f} vs {lc:.2f} ms"
+        f"{name:5} remote median {remote['median_ms']:6.2f} ms p95 {remote['p95_ms']:6.2f} | "
+        f"in-process median {local['median_ms']:6.2f} ms p95 {local['p95_ms']:6.2f} | plain median {plain['median_ms']:6.2f} ms | "
+        f"ratio remote/in-process {remote['median_ms'] / local['median_ms']:4.2f}x | agent CPU per turn "
+        f"{remote['agent_cpu_ms_median']:.2f} vs {local['agent_cpu_ms_median']:.2f} ms"
     )
 
 
