@@ -23,7 +23,8 @@ def report(name: str, samples: dict[str, list[tuple[float, float]]]) -> None:
     remote, local, plain = (figures(samples[kind]) for kind in ("remote", "inprocess", "plain"))
     print(
         f"{name:5} remote median {remote['median_ms']:6.2f} ms p95 {remote['p95_ms']:6.2f} | "
-        f"in-process median {local['median_ms']:6.2f} ms p95 {local['p95_ms']:6.2f} | plain median {plain['median_ms']:6.2f} ms | "
+        f"in-process median {local['median_ms']:6.2f} ms p95 {local['p95_ms']:6.2f} | "
+        f"plain median {plain['median_ms']:6.2f} ms | "
         f"ratio remote/in-process {remote['median_ms'] / local['median_ms']:4.2f}x | agent CPU per turn "
         f"{remote['agent_cpu_ms_median']:.2f} vs {local['agent_cpu_ms_median']:.2f} ms"
     )
