@@ -47,6 +47,8 @@ FULL = {
     "cost_concurrency": 8,
     "profile_seconds": 10.0,
     "idle_seconds": 3.0,
+    "floor_requests": 3000,
+    "floor_samples": 300,
 }
 QUICK = {
     "storage_turns": 12,
@@ -61,6 +63,8 @@ QUICK = {
     "cost_concurrency": 2,
     "profile_seconds": 2.0,
     "idle_seconds": 0.5,
+    "floor_requests": 200,
+    "floor_samples": 20,
 }
 
 
@@ -121,6 +125,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     if "latency" in results:
         for mode in ("sync", "async"):
             out[f"remote_vs_inprocess_median_{mode}"] = results["latency"][mode]["ratios"]["remote_vs_inprocess_median"]
+        out["floor_remote_vs_inprocess_median_async"] = results["latency"]["floor"]["floor_ratio_async"]
     if "throughput" in results:
         level = results["throughput"]["levels"][-1]
         out["largest_level_agents"] = level["agents"]
@@ -180,6 +185,16 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process "
                   f"{cpu['inprocess']:.2f} ms, plain {cpu['plain']:.2f} ms "
                   f"({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)")
+        floor = lat["floor"]
+        ex, calls, wake = floor["exchange"], floor["calls_per_turn"], floor["idle_wake"]
+        print(f"  floor: a bare HTTP exchange (4 KB, aiohttp to a no-op app under uvicorn) takes {ex['median_us']:.0f} us "
+              f"(p95 {ex['p95_us']:.0f}), {ex['client_cpu_us']:.0f} us of client and {ex['server_cpu_us']:.0f} us of "
+              f"server CPU;")
+        print(f"    a turn makes {calls['total']:g} calls, {calls['sequential']:g} of them one after another "
+              f"(get_tuple, then the chain of puts), so no per-call service gets under "
+              f"{floor['floor_ratio_async']:.2f}x async here")
+        print(f"    PostgreSQL get_tuple: {wake['back_to_back_us']:.0f} us back to back, {wake['after_idle_us']:.0f} us "
+              f"after {wake['idle_gap_ms']:g} ms idle")
     if "throughput" in results:
         tp = results["throughput"]
         print(f"\nThroughput: agent processes, {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating")
@@ -245,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown sections: {sorted(unknown)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from benchmarks import latency, service_cost, storage, throughput
+    from benchmarks import floors, latency, service_cost, storage, throughput
     from tests.support.server import run_service  # the real `reducing-saver serve` process
 
     started = time.monotonic()
@@ -289,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
                     results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
                                                      rounds=settings["latency_rounds"], window=settings["window"],
                                                      log=log)
+                    results["latency"]["floor"] = floors.run(
+                        database, results["latency"]["async"]["inprocess"]["median_ms"],
+                        requests=settings["floor_requests"], samples=settings["floor_samples"],
+                    )
                 if "service_cost" in sections:
                     section("service_cost")
                     results["service_cost"] = service_cost.run(

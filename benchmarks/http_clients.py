@@ -10,29 +10,14 @@ two cheapest that are not hand-written: httpx's transport directly (sync) and ai
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 import httpx
 import httpx_aiohttp
 
-from tests.support.server import free_port
+from benchmarks.floors import BODY, HEADERS, bare_server
 
-APP = '''
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    while (await receive()).get("more_body"):
-        pass
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": b'{"ok": 1}'})
-'''
-BODY = b"x" * 4096
-HEADERS = {"content-type": "application/json", "user-agent": "bench"}
 N = 2000
 
 
@@ -73,38 +58,20 @@ async def async_clients(url: str) -> None:
 
 
 def main() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/x"
-    with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "bench_app.py").write_text(APP)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "bench_app:app", "--port", str(port), "--log-level", "warning"],
-            cwd=folder,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    httpx.post(url, content=b"")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-            with httpx.Client(headers=HEADERS) as client:
-                measure_sync("httpx.Client", lambda: client.post(url, content=BODY))
-            transport = httpx.HTTPTransport()
-            request_url, headers = httpx.URL(url), httpx.Headers(HEADERS)
+    with bare_server() as (url, _server):
+        with httpx.Client(headers=HEADERS) as client:
+            measure_sync("httpx.Client", lambda: client.post(url, content=BODY))
+        transport = httpx.HTTPTransport()
+        request_url, headers = httpx.URL(url), httpx.Headers(HEADERS)
 
-            def direct() -> None:
-                response = transport.handle_request(httpx.Request("POST", request_url, headers=headers, content=BODY))
-                response.read()
-                response.close()
+        def direct() -> None:
+            response = transport.handle_request(httpx.Request("POST", request_url, headers=headers, content=BODY))
+            response.read()
+            response.close()
 
-            measure_sync("httpx.HTTPTransport (sync client)", direct)
-            transport.close()
-            asyncio.run(async_clients(url))
-        finally:
-            server.terminate()
-            server.wait()
+        measure_sync("httpx.HTTPTransport (sync client)", direct)
+        transport.close()
+        asyncio.run(async_clients(url))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,15 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
         for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median",
                     "remote_vs_inprocess_agent_cpu"):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
+    floor = latency["floor"]
+    for key in ("median_us", "p95_us", "client_cpu_us", "server_cpu_us"):
+        assert positive(floor["exchange"][key]), key
+    # The chat graph's turn, counted: one get_tuple, then puts chained one after another, writes beside them.
+    calls = floor["calls_per_turn"]
+    assert calls["get_tuple"] == 1 and calls["put"] >= 2 and calls["put_writes"] >= 1
+    assert calls["sequential"] == calls["get_tuple"] + calls["put"] < calls["total"]
+    assert positive(floor["idle_wake"]["back_to_back_us"]) and positive(floor["idle_wake"]["after_idle_us"])
+    assert floor["floor_ratio_async"] > 1
 
 
 def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
