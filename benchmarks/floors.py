@@ -30,8 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks._common import chat_graph, percentile, run_time_seconds, thread_config, user_input
 
 APP = """
@@ -51,27 +49,32 @@ IDLE_GAP_S = 0.005
 @contextmanager
 def bare_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``APP`` under uvicorn on a free port: yields ``(url, process)``, stops it afterwards."""
-    from tests.support.server import free_port
+    from tests.support.server import free_port, wait_ready
 
     port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/x"
+    base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "bench_app.py").write_text(APP)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "bench_app:app", "--port", str(port), "--log-level", "warning"],
-            cwd=folder,
-        )
+        log = Path(folder, "uvicorn.log")
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "bench_app:app",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=folder,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    httpx.post(url, content=b"")
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        raise
-                    time.sleep(0.1)
-            yield url, server
+            wait_ready(base, server, log, timeout=20.0)  # APP answers every path, /readyz included
+            yield f"{base}/v1/x", server
         finally:
             server.terminate()
             server.wait()

@@ -204,6 +204,11 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, agent
     }
 
 
+def _us_per(seconds: float, turns: int) -> float:
+    """Microseconds per turn (0.0 when no turn counted)."""
+    return round(seconds * 1e6 / turns, 1) if turns else 0.0
+
+
 def _level(agents: Agents, count: int, service_url: str, service_pid: int, server: str, database: str, *,
            duration: float, rounds: int) -> dict[str, Any]:
     database_name = database.rsplit("/", 1)[1]
@@ -234,18 +239,13 @@ def _level(agents: Agents, count: int, service_url: str, service_pid: int, serve
         }
         if mode == "service":
             cpu = sum(r["service_cpu_s"] for r in runs)
-            level[mode]["service_cpu_us_per_turn"] = round(cpu * 1e6 / turns, 1) if turns else 0.0
+            level[mode]["service_cpu_us_per_turn"] = _us_per(cpu, turns)
             level[mode]["service_cpu_cores"] = round(cpu / seconds, 3)
+        # Agents report CPU over every turn they ran; the other readings cover the phase's counted turns.
         all_turns = sum(r["all_turns"] for r in runs)
-        level[mode]["agent_cpu_us_per_turn"] = (
-            round(sum(r["agents_cpu_s"] for r in runs) * 1e6 / all_turns, 1) if all_turns else 0.0
-        )
-        level[mode]["postgres_cpu_us_per_turn"] = (
-            round(sum(r["postgres_cpu_s"] for r in runs) * 1e6 / turns, 1) if turns else 0.0
-        )
-        level[mode]["machine_cpu_us_per_turn"] = (
-            round(sum(r["machine_cpu_s"] for r in runs) * 1e6 / turns, 1) if turns else 0.0
-        )
+        level[mode]["agent_cpu_us_per_turn"] = _us_per(sum(r["agents_cpu_s"] for r in runs), all_turns)
+        level[mode]["postgres_cpu_us_per_turn"] = _us_per(sum(r["postgres_cpu_s"] for r in runs), turns)
+        level[mode]["machine_cpu_us_per_turn"] = _us_per(sum(r["machine_cpu_s"] for r in runs), turns)
         records, syncs, written = (sum(r["wal"][i] for r in runs) for i in range(3))
         level[mode]["wal_per_turn"] = {
             "records": round(records / turns, 1) if turns else 0.0,
