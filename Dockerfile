@@ -26,12 +26,14 @@ COPY pyproject.toml ./
 # DL3013 wants `pip install name==version`; this installs the local project, whose dependency ranges
 # are pyproject.toml's (the project has no lock file to pin them with).
 # hadolint ignore=DL3013
-RUN mkdir client service \
-    && touch README.md client/__init__.py service/__init__.py \
+RUN mkdir client service reducer wire \
+    && touch README.md client/__init__.py service/__init__.py reducer/__init__.py wire/__init__.py \
     && pip install --no-cache-dir ".[server,examples]"
 
 # Source layer: the real packages replace the stubs; no dependency is resolved again.
 COPY README.md ./
+COPY reducer/ reducer/
+COPY wire/ wire/
 COPY client/ client/
 COPY service/ service/
 RUN pip install --no-cache-dir --no-deps --force-reinstall . \

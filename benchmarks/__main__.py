@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the service's PostgreSQL connections per worker (default: %(default)s)")
     parser.add_argument("--serve-args", default="",
                         help="more `reducing-saver serve` flags for the throughput section's service, "
-                        "e.g. \"--offload-calls --no-extract\"")
+                        "e.g. \"--no-extract --pool-size 4\"")
     return parser.parse_args(argv)
 
 

@@ -45,7 +45,7 @@ def user_input(turn: int) -> dict[str, Any]:
 
 
 def chat_graph(checkpointer: Any) -> Any:
-    """FACTS.md's simple chat graph: ``StateGraph(MessagesState)``, one node answering ~400 characters."""
+    """A simple chat graph: ``StateGraph(MessagesState)``, one node answering ~400 characters."""
     from langchain_core.messages import AIMessage
     from langgraph.graph import START, MessagesState, StateGraph
 

@@ -26,7 +26,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from benchmarks._common import chat_graph, ratio, summary, thread_config, user_input
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service import MessageReducer, ReducingSaver
+from reducing_saver.reducer import MessageReducer, ReducingSaver
 
 KINDS = ("remote", "inprocess", "plain")
 

@@ -33,7 +33,6 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from reducing_saver.client._capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 from reducing_saver.client._errors import (
     PayloadTooLargeError,
     ReducingSaverError,
@@ -41,7 +40,7 @@ from reducing_saver.client._errors import (
     ServerUnavailableError,
     error_from_response,
 )
-from reducing_saver.client._wire import (
+from reducing_saver.wire import (
     API_PREFIX,
     JSON,
     MSGPACK,
@@ -54,6 +53,7 @@ from reducing_saver.client._wire import (
     json_default,
     msgpack_default,
 )
+from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 
 try:
     __version__ = importlib_metadata.version("reducing-saver")
@@ -66,7 +66,8 @@ API_KEY_ENV = "REDUCING_SAVER_API_KEY"
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 #: Answers that mean "try again": a proxy or load balancer found no healthy service.
 RETRY_STATUSES = frozenset({502, 503, 504})
-#: A connection that breaks while a body this large is being sent is most likely a 413 (see FACTS.md).
+#: A connection that breaks while a body this large is being sent is most likely a 413: the service
+#: answers an oversized body before reading it and closes the connection, which the client sees as a reset.
 LARGE_BODY = 1024 * 1024
 MAX_BACKOFF = 10.0
 #: Keep-alive connections per saver (sync and async each).

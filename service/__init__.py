@@ -1,17 +1,28 @@
-"""reducing_saver.service: the reducer core and the HTTP service that hosts it.
+"""reducing_saver.service: the HTTP service that hosts the reducer over a LangGraph checkpointer.
 
-The reducer names below import neither FastAPI nor a database driver; the web application lives in
-``reducing_saver.service.app``.
+The web application is ``reducing_saver.service.app.create_app``; the command line is
+``reducing_saver.service.cli``. The reducer core moved to :mod:`reducing_saver.reducer`; its names are
+still importable from here for this release, with a ``DeprecationWarning``.
 """
 
-from reducing_saver.service.reducer import MessageReducer, ReducerConfig, ReduceResult
-from reducing_saver.service.saver import ReducingSaver, apply_reducer, memory_namespace
+from __future__ import annotations
 
-__all__ = [
-    "MessageReducer",
-    "ReduceResult",
-    "ReducerConfig",
-    "ReducingSaver",
-    "apply_reducer",
-    "memory_namespace",
-]
+import warnings
+from typing import Any
+
+_MOVED = frozenset(
+    {"MessageReducer", "ReduceResult", "ReducerConfig", "ReducingSaver", "apply_reducer", "memory_namespace"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(
+            f"reducing_saver.service.{name} moved to reducing_saver.reducer.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        import reducing_saver.reducer
+
+        return getattr(reducing_saver.reducer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

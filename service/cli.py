@@ -11,9 +11,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.config import Settings
 
 ENV_PREFIX = "REDUCING_SAVER_"
 
@@ -24,7 +24,6 @@ SERVE_FLAGS: dict[str, str] = {
     "--port": "port",
     "--workers": "workers",
     "--pool-size": "pool_size",
-    "--offload-calls": "offload_calls",
     "--max-messages": "max_messages",
     "--min-messages": "min_messages",
     "--max-tokens": "max_tokens",
@@ -38,6 +37,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
+    "--db-timeout-seconds": "db_timeout_seconds",
     "--extract": "extract",
     "--extractor": "extractor",
     "--extraction-batch-size": "extraction_batch_size",
@@ -72,6 +72,9 @@ SWEEP_FLAGS: dict[str, str] = {
 ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
 
 logger = logging.getLogger("reducing_saver.service")
+
+#: PostgreSQL connections of a ``reducing-saver worker``: claims and renewals, and the store.
+WORKER_POOL_SIZE = 4
 
 
 def _help(field: str) -> str:
@@ -130,14 +133,19 @@ def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
             parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
 
 
+#: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read
+#: themselves. Never a secret: no flag takes a key.
+FLAGS_ENV = "REDUCING_SAVER_SERVE_FLAGS"
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The settings given as flags on the command line."""
+    return {field: getattr(args, field) for field in ALL_FLAGS.values() if getattr(args, field, None) is not None}
+
+
 def load_settings(args: argparse.Namespace) -> Settings:
     """Settings from flags given on the command line, then the environment, then defaults."""
-    overrides = {
-        field: getattr(args, field)
-        for field in ALL_FLAGS.values()
-        if getattr(args, field, None) is not None
-    }
-    return Settings(**overrides)
+    return Settings(**flag_overrides(args))
 
 
 def _describe(error: ValidationError) -> str:
@@ -156,14 +164,15 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     import uvicorn
 
     from reducing_saver.service.app import create_app
     from reducing_saver.service.observability import configure_logging
-
-    configure_logging(settings)
     from reducing_saver.service.security import check_exposure
+
+    flags = flags or {}
+    configure_logging(settings)
 
     if refusal := check_exposure(settings):
         logger.error("%s", refusal)
@@ -190,30 +199,23 @@ def serve(settings: Settings) -> None:
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **common)
         return
-    # Worker processes build their own app from the environment.
-    for field, value in settings.model_dump().items():
-        name = f"{ENV_PREFIX}{field.upper()}"
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = (
-                ",".join(value)
-                if isinstance(value, list)
-                else value.get_secret_value()
-                if isinstance(value, SecretStr)
-                else str(value)
-            )
+    # Worker processes build their own app: from the environment (and .env) as this process did, plus
+    # the flags given here. Nothing else, and no secret, goes into their environment.
+    os.environ[FLAGS_ENV] = json.dumps(flags)
     uvicorn.run("reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common)
 
 
 def worker(settings: Settings) -> None:
     """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
-    from reducing_saver.service.memory import Memory
+    from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
     stop = threading.Event()
-    memory = Memory(settings)
+    # Claims, renewals, completions and the store share one small pool.
+    backend = open_backend(settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds)
+    memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (stop.set(), deliverer.wake()))
@@ -224,47 +226,46 @@ def worker(settings: Settings) -> None:
         deliverer.run_forever(stop)
     finally:
         memory.close(settings.shutdown_grace_seconds)
+        backend.close()
         logger.info("worker %s stopped", deliverer.worker_id)
 
 
 def extraction(settings: Settings, action: str) -> None:
-    from reducing_saver.service.outbox import open_outbox
+    from reducing_saver.service.storage import open_backend
 
-    outbox = open_outbox(settings.database, pool_size=1)
+    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
     try:
+        outbox = backend.outbox()
         if action == "status":
             print(json.dumps(outbox.status()))
         else:
             print(json.dumps({"requeued": outbox.retry_dead()}))
     finally:
-        outbox.close()
+        backend.close()
 
 
 def sweep(settings: Settings, *, dry_run: bool) -> int:
     """One TTL sweep; prints its report as JSON. Exit 1 when a thread failed (the next sweep retries it)."""
     from reducing_saver.service.observability import configure_logging
-    from reducing_saver.service.outbox import open_outbox
-    from reducing_saver.service.sweeper import open_sweeper
+    from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.ttl.sweeper import open_sweeper
 
     configure_logging(settings)
     if settings.backend == "memory":
         print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
         return 2
-    # Deleted threads' windows go to the outbox; the service or a worker delivers them. PostgreSQL records
-    # in the sweep's own transaction: there the outbox is only set up.
-    outbox = None if dry_run else open_outbox(settings.database, pool_size=1)
-    if outbox is not None and settings.backend == "postgres":
-        outbox.close()
-        outbox = None
+    backend = open_backend(settings.database, pool_size=2, timeout=settings.db_timeout_seconds, create=False)
     try:
-        sweeper = open_sweeper(settings, recorder=outbox)
+        # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
+        # service or a worker delivers them.
+        recorder = None if dry_run else backend.outbox()
+        sweeper = open_sweeper(settings, backend, recorder=recorder, tenant_mode=settings.api_key_set is not None)
         try:
             report = sweeper.sweep(dry_run=dry_run)
         finally:
             sweeper.close()
     finally:
-        if outbox is not None:
-            outbox.close()
+        backend.close()
     print(json.dumps(report.as_dict()))
     return 1 if report.errors else 0
 
@@ -277,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"reducing-saver: {_describe(error)}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        serve(settings)
+        serve(settings, flag_overrides(args))
     elif args.command == "worker":
         worker(settings)
     elif args.command == "sweep":

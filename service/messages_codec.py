@@ -42,7 +42,7 @@ from langchain_core.messages import (
     ToolMessageChunk,
 )
 
-from reducing_saver.client._wire import Blob
+from reducing_saver.wire import Blob
 
 __all__ = [
     "DEFAULT_MESSAGE_CLASSES",

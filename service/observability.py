@@ -31,11 +31,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.client._wire import Blob
 from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.wire import Blob
 
 access_logger = logging.getLogger("reducing_saver.access")
 logger = logging.getLogger(__name__)
@@ -188,6 +187,7 @@ class ServiceMetrics:
         )
         self._backend: Any = None
         self._pool: Any = None
+        self._outbox: Any = None
         self.registry.register(_StateCollector(self))
 
     def measuring(self) -> MeasuringCodec:
@@ -198,13 +198,12 @@ class ServiceMetrics:
         """An ``on_prune`` hook: counts the messages the reducer delivers."""
         self.delivered.inc(len(messages))
 
-    def watch(self, backend: Any, outbox: Any = None) -> None:
+    def watch(self, savers: Any, pool: Any = None, outbox: Any = None) -> None:
         """Read the savers, the connection pool (PostgreSQL) and the extraction outbox at scrape time.
 
         ``None`` stops watching.
         """
-        self._backend, self._outbox = backend, outbox
-        self._pool = getattr(backend, "pool", None)
+        self._backend, self._pool, self._outbox = savers, pool, outbox
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method if method in _METHODS else "other", route, str(status))
@@ -297,29 +296,14 @@ def _outbox_metrics(outbox: Any) -> Iterator[Metric]:
 # -- the middleware -------------------------------------------------------------------------------
 
 
-def _route_template(scope: Scope) -> str:
+def _route_template(scope: Scope, paths: frozenset[str]) -> str:
     """The matched route's path template (never the raw path, whose values are unbounded)."""
     path = getattr(scope.get("route"), "path", None)
     if path is not None:
         return path
-    # Answered before routing (the hot path, a 413 from the body limit), or matched nothing. Every
-    # route of the service is a fixed path, so a set lookup answers most requests.
-    router = getattr(scope.get("app"), "router", None)
-    routes = getattr(router, "routes", ())
-    fixed = getattr(router, "fixed_paths", None)
-    if fixed is None and router is not None:
-        # The paths of its routes that have no parameters, remembered on the router.
-        fixed = router.fixed_paths = frozenset(
-            route.path for route in routes if "{" not in getattr(route, "path", "{")
-        )
-    if fixed and scope["path"] in fixed:
-        return scope["path"]
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match is not Match.NONE:
-            return getattr(route, "path", None) or "unmatched"
-    return "unmatched"
-
+    # Answered before routing (the hot path, a 413 from the body limit), or matched nothing. Every route
+    # of the service is a fixed path, so a set lookup answers.
+    return scope["path"] if scope["path"] in paths else "unmatched"
 
 
 class ObservabilityMiddleware:
@@ -332,11 +316,14 @@ class ObservabilityMiddleware:
     Args:
         app: The ASGI app to wrap.
         metrics: Where request counts, latencies and put measurements go.
+        paths: The app's route paths (all fixed): the label of a request to one of them is its path,
+            of any other request ``"unmatched"``.
     """
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.metrics = metrics
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -368,7 +355,7 @@ class ObservabilityMiddleware:
             if not status:
                 status = 500  # raised before answering; Starlette's error middleware sends the 500
             seconds = time.perf_counter() - started
-            route = _route_template(scope)
+            route = _route_template(scope, self.paths)
             self.metrics.observe_request(scope["method"], route, status, seconds)
             if measure.seen and status < 400:
                 self.metrics.settle(measure)

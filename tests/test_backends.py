@@ -9,16 +9,30 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from reducing_saver.client._wire import Blob
-from reducing_saver.service.backends import open_backend
+from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.messages_codec import SafeMessagesCodec
-from reducing_saver.service.reducer import MessageReducer
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.storage import SaverPool, open_backend
+from reducing_saver.wire import Blob
 
 
-def _backend(database: str, pool_size: int):
-    settings = Settings(database=database, pool_size=pool_size, max_messages=4)
-    return open_backend(settings, MessageReducer(settings.reducer_config()), SafeMessagesCodec())
+class _Backend:
+    """The PostgreSQL backend and a pool of reducing savers over it, as a service process opens them."""
+
+    def __init__(self, database: str, pool_size: int) -> None:
+        self.backend = open_backend(database, pool_size=pool_size, timeout=5.0)
+        self.backend.setup()
+        reducer = MessageReducer(max_messages=4)
+        savers = [ReducingSaver(inner, reducer, codec=SafeMessagesCodec()) for inner in self.backend.savers(pool_size)]
+        self.savers = SaverPool(savers, timeout=5.0)
+        self.borrow = self.savers.borrow
+
+    def close(self) -> None:
+        self.savers.close()
+        self.backend.close()
+
+
+def _backend(database: str, pool_size: int) -> _Backend:
+    return _Backend(database, pool_size)
 
 
 def test_calls_for_different_threads_run_in_parallel(fresh_pg):

@@ -40,8 +40,8 @@ from reducing_saver.client import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
-from reducing_saver.client._capabilities import OPTIONAL_CAPABILITIES, saver_capabilities
-from reducing_saver.client._wire import Blob, channel_value_from_wire, is_inline
+from reducing_saver.wire import Blob, channel_value_from_wire, is_inline
+from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities
 
 URL = "http://reducing-saver.test"
 ALL_FOUR = sorted(OPTIONAL_CAPABILITIES)
@@ -604,15 +604,14 @@ def test_importing_the_client_imports_no_server_dependencies() -> None:
         "import sys, reducing_saver.client\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg_pool', 'reducing_saver'))\n"
-        "bad = [m for m in bad if not m.startswith('reducing_saver.client') and m != 'reducing_saver']\n"
+        "bad = [m for m in bad if not m.startswith(('reducing_saver.client', 'reducing_saver.wire')) and m != 'reducing_saver']\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_reducer_describes_the_remote_config_and_blocks_a_second_reducer() -> None:
-    from reducing_saver.service.reducer import MessageReducer
-    from reducing_saver.service.saver import ReducingSaver
+    from reducing_saver.reducer import MessageReducer, ReducingSaver
 
     saver = make_saver(FakeService())
     assert saver.reducer == RemoteReducer(

@@ -12,7 +12,8 @@ from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Cap
 from langgraph.checkpoint.conformance.report import CapabilityReport
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from reducing_saver.service import MessageReducer, ReducingSaver
+
+from reducing_saver.reducer import MessageReducer, ReducingSaver
 
 
 def reducer() -> MessageReducer:

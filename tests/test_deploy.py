@@ -43,7 +43,7 @@ import yaml
 
 from reducing_saver.client._client import API_KEY_ENV
 from reducing_saver.service.cli import build_parser
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.config import Settings
 from tests.support.server import ROOT, free_port, wait_ready
 
 DOCKERFILE = ROOT / "Dockerfile"

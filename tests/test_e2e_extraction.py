@@ -27,7 +27,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service.memory import store_namespace
+from reducing_saver.reducer import namespace_for
 from tests.support.agent_worker import thread_config
 from tests.support.server import CLI, ROOT, free_port, run_service, wait_ready
 
@@ -85,7 +85,7 @@ def _expected_pruned(database: str, seen: dict) -> dict[tuple[str, ...], set[str
             config = thread_config(thread_id)
             stored = stock.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
             window = {m.id for m in stored.checkpoint["channel_values"]["messages"]}
-            expected[store_namespace(config, "memory_namespace")] = set(seen[thread_id]["ids"]) - window
+            expected[namespace_for(config, "memory_namespace")] = set(seen[thread_id]["ids"]) - window
     return expected
 
 

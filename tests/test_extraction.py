@@ -21,18 +21,16 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.store.memory import InMemoryStore
 from langgraph.store.postgres import PostgresStore
 
-from reducing_saver.client._wire import Blob
-from reducing_saver.service.extraction import (
-    Deliverer,
-    StoreExtractor,
-    entry_message,
-    load_extractor,
-    open_store,
-    validate_namespace,
-)
+from reducing_saver.reducer import message_key, validate_namespace
+from reducing_saver.service.extraction.deliverer import Deliverer
+from reducing_saver.service.extraction.extractors import StoreExtractor, entry_message, load_extractor
+from reducing_saver.service.extraction.outbox import make_entries
 from reducing_saver.service.messages_codec import EncodedMessage, SafeMessagesCodec
-from reducing_saver.service.outbox import MemoryOutbox, PostgresOutbox, SqliteOutbox, make_entries
-from reducing_saver.service.reducer import message_key
+from reducing_saver.service.storage.memory.outbox import MemoryOutbox
+from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
+from reducing_saver.wire import Blob
+from tests.support.storage import OwnPoolOutbox as PostgresOutbox
+from tests.support.storage import open_store
 
 NS = ("memories", "user-1")
 

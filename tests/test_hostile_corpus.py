@@ -156,7 +156,8 @@ def test_hostile_request_is_refused_and_harmless(case: Case, service: ServicePro
 
 
 def test_a_snapshot_is_stored_as_sent_and_never_executed(service: ServiceProcess, context: Context, corpus_db: str):
-    """Ext 7 as the whole messages value is a DeltaChannel snapshot: stored without decoding (FACTS.md).
+    """Ext 7 as the whole messages value is a DeltaChannel snapshot: stored without decoding (LangGraph
+    names DeltaChannel-backed channels `messages` in its own tests, so real graphs send these).
 
     The payload inside names os.system and subprocess.Popen; storing is expected, running is not. A
     stock reader decodes a snapshot's content only as data for a DeltaChannel, and the service never

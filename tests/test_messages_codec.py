@@ -35,7 +35,6 @@ from langgraph.checkpoint.serde import _msgpack as lg_msgpack
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from reducing_saver.client._wire import Blob
 from reducing_saver.service.messages_codec import (
     DEFAULT_MESSAGE_CLASSES,
     MAX_NESTED_MESSAGES,
@@ -44,6 +43,7 @@ from reducing_saver.service.messages_codec import (
     UnsafeMessagesError,
     to_message,
 )
+from reducing_saver.wire import Blob
 
 SERDE = JsonPlusSerializer()
 HUMAN = ("langchain_core.messages.human", "HumanMessage")
@@ -609,7 +609,7 @@ def test_messages_nested_in_messages_are_decoded_up_to_a_bound() -> None:
 
 WORST_CASE_SCRIPT = """
 import sys, threading, ormsgpack
-from reducing_saver.client._wire import Blob
+from reducing_saver.wire import Blob
 from reducing_saver.service.messages_codec import MAX_NESTED_MESSAGES, SafeMessagesCodec, UnsafeMessagesError
 
 HUMAN = ("langchain_core.messages.human", "HumanMessage")

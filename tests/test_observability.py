@@ -23,8 +23,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
-from reducing_saver.client._wire import blob_to_wire
 from reducing_saver.service.app import create_app
+from reducing_saver.service.config import Settings
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.observability import (
     JsonFormatter,
@@ -34,7 +34,7 @@ from reducing_saver.service.observability import (
     log_handler,
     url_secrets,
 )
-from reducing_saver.service.settings import Settings
+from reducing_saver.wire import blob_to_wire
 from tests.support.server import run_service
 
 SERDE = JsonPlusSerializer()
@@ -251,7 +251,7 @@ def test_postgres_pool_and_savers_show_as_gauges(fresh_pg):
         assert _value(samples, "reducing_saver_backend_savers") == 3
         assert _value(samples, "reducing_saver_backend_savers_borrowed") == 0
 
-        backend = app.state.service.backend
+        backend = app.state.service.savers
         with backend.borrow() as saver, saver.inner.conn.connection():
             samples = _metrics(client)
         assert _value(samples, "reducing_saver_backend_savers_borrowed") == 1

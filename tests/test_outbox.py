@@ -17,17 +17,15 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from reducing_saver.service.extraction import Deliverer, _LeaseRenewer
+from reducing_saver.reducer import message_key
+from reducing_saver.service.extraction.deliverer import Deliverer, _LeaseRenewer
+from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import EncodedMessage
-from reducing_saver.service.outbox import (
-    MemoryOutbox,
-    OutboxEntry,
-    PostgresOutbox,
-    SqliteOutbox,
-    make_entries,
-    open_outbox,
-)
-from reducing_saver.service.reducer import message_key
+from reducing_saver.service.storage.memory.outbox import MemoryOutbox
+from reducing_saver.service.storage.postgres.outbox import PostgresOutbox as PoolOutbox
+from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
+from tests.support.storage import OwnPoolOutbox as PostgresOutbox
+from tests.support.storage import open_outbox
 
 NS = ("memories", "user-1")
 
@@ -292,6 +290,7 @@ def test_without_renewal_the_same_slow_extractor_duplicates(fresh_pg, monkeypatc
         )
         worker = threading.Thread(target=slow.run_once)
         worker.start()
+        time.sleep(0.1)  # the slow worker claims first, as in the test above
         while worker.is_alive():
             fast.run_once()
             time.sleep(0.05)
@@ -320,7 +319,7 @@ def test_postgres_outbox_on_a_pool_shaped_like_the_backends(fresh_pg):
 
     for kwargs in ({"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}, {}):
         with ConnectionPool(fresh_pg, min_size=1, max_size=2, kwargs=kwargs, open=True) as pool:
-            box = PostgresOutbox(pool)
+            box = PoolOutbox(pool)
             box.setup()
             box.record(entries(3, prefix=f"p{len(kwargs)}"))
             claimed = box.claim("w", 10, 30)
@@ -401,8 +400,8 @@ def _deliver_in_process(url: str, worker_id: str, ready, go, stop) -> None:
     """A deliverer in a process of its own, recording every delivery in a table."""
     import psycopg as pg
 
-    from reducing_saver.service.extraction import Deliverer as ChildDeliverer
-    from reducing_saver.service.outbox import PostgresOutbox as ChildOutbox
+    from reducing_saver.service.extraction.deliverer import Deliverer as ChildDeliverer
+    from tests.support.storage import OwnPoolOutbox as ChildOutbox
 
     conn = pg.connect(url, autocommit=True)
 

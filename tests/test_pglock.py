@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from reducing_saver.service.pglock import setup_lock
+from reducing_saver.service.storage.postgres.connections import setup_lock
 from tests.support.server import run_service
 
 KEY = 0x5EED

@@ -24,8 +24,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.utils import count_tokens_approximately
-from reducing_saver.service import MessageReducer, ReducerConfig
 
+from reducing_saver.reducer import MessageReducer, ReducerConfig
 from tests.conftest import msg_kind
 
 # -- compact message builders -------------------------------------------------------------------------
@@ -540,7 +540,7 @@ def test_a_failing_hook_is_logged_and_the_others_still_run(caplog: pytest.LogCap
         raise RuntimeError("memory store down")
 
     reducer = MessageReducer(max_messages=1, on_prune=[broken, lambda m, ns: calls.append(ids(m))])
-    with caplog.at_level(logging.ERROR, logger="reducing_saver.service.reducer"):
+    with caplog.at_level(logging.ERROR, logger="reducing_saver.reducer"):
         kept, pruned = reducer.reduce([H("h1"), H("h2")], ("ns",))
     assert ids(kept) == ["h2"] and ids(pruned) == ["h1"]
     assert calls == [["h1"]]

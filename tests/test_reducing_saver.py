@@ -17,9 +17,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.graph.message import _messages_delta_reducer
-from reducing_saver.service import MessageReducer, ReducingSaver, apply_reducer, memory_namespace
-from reducing_saver.service import saver as saver_module
 
+from reducing_saver.reducer import MessageReducer, ReducingSaver, apply_reducer, memory_namespace
+from reducing_saver.reducer import _saver as saver_module
 from tests.conftest import build_chat_graph, human
 
 
@@ -262,7 +262,7 @@ def test_a_raising_hook_is_logged_and_the_put_goes_on(caplog: pytest.LogCaptureF
         raise RuntimeError("memory store unavailable")
 
     saver = ReducingSaver(InMemorySaver(), MessageReducer(max_messages=6, min_messages=4, on_prune=[broken]))
-    with caplog.at_level(logging.ERROR, logger="reducing_saver.service.reducer"):
+    with caplog.at_level(logging.ERROR, logger="reducing_saver.reducer"):
         run_turns(saver, 6)
     assert len(stored_messages(saver, "t1")) <= 6
     failures = [r for r in caplog.records if r.levelno == logging.ERROR and "on_prune hook" in r.getMessage()]
@@ -307,7 +307,7 @@ def test_delta_channel_messages_are_left_alone_with_one_warning(
     saver = ReducingSaver(Spy(), MessageReducer(max_messages=2, on_prune=[recorder]))
     graph = build_chat_graph(saver, length=40, state_schema=DeltaState)
     config = {"configurable": {"thread_id": "delta"}}
-    with caplog.at_level(logging.WARNING, logger="reducing_saver.service.saver"):
+    with caplog.at_level(logging.WARNING, logger="reducing_saver.reducer"):
         for turn in range(4):
             graph.invoke({"messages": [human(turn, "g", 40)]}, config)
 
@@ -348,7 +348,7 @@ def test_apply_reducer_returns_delta_checkpoints_untouched(
         checkpoint["channel_values"]["messages"] = value
     before = dict(checkpoint["channel_values"])
     reducer = MessageReducer(max_messages=2)
-    with caplog.at_level(logging.WARNING, logger="reducing_saver.service.saver"):
+    with caplog.at_level(logging.WARNING, logger="reducing_saver.reducer"):
         for _ in range(3):
             result = apply_reducer(
                 reducer, checkpoint, {"configurable": {"thread_id": "t"}}, codec=GreedyCodec()
@@ -435,7 +435,7 @@ async def test_sync_and_async_graph_runs_store_the_same_windows() -> None:
 def test_reducer_core_imports_no_web_framework() -> None:
     code = (
         "import sys\n"
-        "from reducing_saver.service import MessageReducer, ReducerConfig, ReducingSaver, memory_namespace, apply_reducer\n"
+        "from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver, memory_namespace, apply_reducer\n"
         "assert 'fastapi' not in sys.modules, 'fastapi was imported'\n"
         "assert 'starlette' not in sys.modules, 'starlette was imported'\n"
     )

@@ -26,16 +26,14 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from reducing_saver.client._capabilities import saver_capabilities
-from reducing_saver.client._wire import Blob, is_inline
-from reducing_saver.service.savers import (
-    InMemoryLifecycleSaver,
-    PostgresLifecycleSaver,
-    SqliteLifecycleSaver,
-    ThreadNotEmptyError,
-)
-from reducing_saver.service.serde import VerbatimSerde
 
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.wire import Blob, is_inline
+from reducing_saver.wire.capabilities import saver_capabilities
 from tests.support.sync_adapter import SyncAdapter
 
 KINDS = ("postgres", "sqlite", "memory")

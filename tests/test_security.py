@@ -29,11 +29,11 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import ValidationError
 
 from reducing_saver.client import AuthenticationError, RemoteReducingSaver
-from reducing_saver.client._wire import blob_to_wire
 from reducing_saver.service import security
 from reducing_saver.service.app import create_app
 from reducing_saver.service.cli import main as cli_main
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.config import Settings
+from reducing_saver.wire import blob_to_wire
 from tests.support.server import CLI, ROOT, free_port, run_service
 
 SERDE = JsonPlusSerializer()

@@ -12,9 +12,9 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from reducing_saver.client._wire import blob_to_wire
 from reducing_saver.service.app import create_app
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.config import Settings
+from reducing_saver.wire import blob_to_wire
 
 SERDE = JsonPlusSerializer()
 

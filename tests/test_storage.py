@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from langchain_core.messages import SystemMessage
 from langgraph.checkpoint.postgres import PostgresSaver
-from reducing_saver.service import MessageReducer, ReducingSaver
 
+from reducing_saver.reducer import MessageReducer, ReducingSaver
 from tests.conftest import build_chat_graph, human, msg_kind
 
 MAX_MESSAGES, MIN_MESSAGES = 6, 4

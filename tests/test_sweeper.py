@@ -20,9 +20,10 @@ from langgraph.checkpoint.postgres import PostgresSaver
 
 from reducing_saver.client import BadRequestError, RemoteReducingSaver
 from reducing_saver.service.app import Service, create_app
-from reducing_saver.service.durations import format_duration, parse_duration
-from reducing_saver.service.settings import Settings
-from reducing_saver.service.sweeper import Sweeper, uuid6_time
+from reducing_saver.service.config import Settings
+from reducing_saver.service.ttl.durations import format_duration, parse_duration
+from reducing_saver.service.ttl.ledger import uuid6_time
+from reducing_saver.service.ttl.sweeper import Sweeper
 from tests.support.agents import build_agent, user_line
 
 TTL = 0.3
@@ -85,7 +86,7 @@ def message_ids(saver: Any, thread_id: str) -> set[str]:
 
 def stored(service: Service, thread_id: str) -> dict[str, Any]:
     """The thread's raw rows: checkpoint ids, the checkpoint ids its writes belong to, and its blob count."""
-    with service.backend.borrow() as saver:
+    with service.savers.borrow() as saver:
         inner = saver.inner
     kind = service.backend.kind
     if kind == "memory":

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service import msgpack_body, security
+from reducing_saver.service import msgpack_body
 from reducing_saver.service.app import create_app
-from reducing_saver.service.settings import Settings
+from reducing_saver.service.config import Settings
 from tests.conftest import build_chat_graph, human
 
 PER_STEP = {"/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}
@@ -132,7 +132,7 @@ def test_the_answer_carries_bytes_not_base64(client: TestClient) -> None:
 
 # -- the decoder ------------------------------------------------------------------------------------
 
-LIMITS = security.Limits.from_settings(Settings(database="memory://"))
+LIMITS = Settings(database="memory://").limits
 
 
 def test_a_well_formed_body_decodes_to_plain_values() -> None:

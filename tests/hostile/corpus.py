@@ -15,7 +15,7 @@ The per-step routes also take ``application/msgpack`` bodies; the cases named ``
 
 The one exception to "4xx, nothing stored" is :data:`SNAPSHOT_CASE`: extension code 7 as the whole
 messages value is a DeltaChannel snapshot, which the service stores as sent without decoding (by design:
-LangGraph graphs put them there, see FACTS.md). The hostile payload inside it is stored and must never run.
+LangGraph graphs put them there). The hostile payload inside it is stored and must never run.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def main() -> None:
         else:
             from langgraph.checkpoint.postgres import PostgresSaver
 
-            from reducing_saver.service import MessageReducer, ReducingSaver
+            from reducing_saver.reducer import MessageReducer, ReducingSaver
 
             inner = stack.enter_context(PostgresSaver.from_conn_string(args.database))
             inner.setup()

@@ -8,7 +8,7 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from reducing_saver.client._capabilities import saver_capabilities, with_capabilities
+from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
 
 class SyncAdapter(BaseCheckpointSaver):

@@ -26,228 +26,18 @@ import logging
 import os
 import random
 import socket
-import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
-from pathlib import Path
-from typing import Any
 
-from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
-from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
-
-from reducing_saver.service.imports import import_callable
-from reducing_saver.service.messages_codec import EncodedMessage, to_message
-from reducing_saver.service.outbox import EntryKey, Outbox, OutboxEntry
-from reducing_saver.service.pglock import setup_lock
-
-__all__ = [
-    "CallableExtractor",
-    "Deliverer",
-    "PermanentExtractionError",
-    "StoreExtractor",
-    "entry_message",
-    "load_extractor",
-    "open_store",
-    "validate_namespace",
-]
-
-logger = logging.getLogger(__name__)
-
-#: Advisory lock key for the store migrations (distinct from the saver's and the outbox's).
-_STORE_SETUP_LOCK_KEY = 0x72732D73746F7265  # "rs-store"
-
-Extractor = Callable[[list[OutboxEntry], tuple[str, ...]], Any]
-
-
-class PermanentExtractionError(Exception):
-    """An extraction that no retry can fix: the rows go straight to the dead letters."""
-
-
-def validate_namespace(namespace: Sequence[str]) -> None:
-    """Refuse a memory namespace a LangGraph store would refuse, before anything is stored.
-
-    The rules are those of ``BaseStore.put`` (PostgresStore joins labels with ``.``): at least one label;
-    each a non-empty string without ``.`` or NUL; the first label not ``"langgraph"``.
-
-    Raises:
-        ValueError: Naming the offending label, e.g. for a 422 at put time.
-    """
-    labels = tuple(namespace)
-    if not labels:
-        raise ValueError("memory namespace is empty; it needs at least one label")
-    for index, label in enumerate(labels):
-        if not isinstance(label, str):
-            raise ValueError(
-                f"memory namespace {list(labels)!r}: label {index} ({label!r}) is a "
-                f"{type(label).__name__}, not a string"
-            )
-        if not label:
-            raise ValueError(f"memory namespace {list(labels)!r}: label {index} is an empty string")
-        if "." in label:
-            raise ValueError(
-                f"memory namespace {list(labels)!r}: label {label!r} contains '.', which LangGraph stores "
-                "refuse in namespace labels (a thread id used as a label must not contain dots either)"
-            )
-        if "\x00" in label:
-            raise ValueError(f"memory namespace {list(labels)!r}: label {index} contains a NUL character")
-    if labels[0] == "langgraph":
-        raise ValueError(f"memory namespace {list(labels)!r}: the first label cannot be 'langgraph'")
-
-
-def entry_message(entry: OutboxEntry) -> BaseMessage | dict[str, Any]:
-    """The LangChain message an outbox entry holds; a dict for a class the service does not know.
-
-    Built from the recorded ``module:Class`` through ``messages_codec.to_message`` (nothing is imported),
-    or, for entries recorded from plain dicts, from the message's ``type``.
-    """
-    if entry.message_class:
-        module, _, name = entry.message_class.partition(":")
-        return to_message(EncodedMessage(entry.message, b"", module, name))
-    try:
-        return messages_from_dict([{"type": entry.message.get("type"), "data": entry.message}])[0]
-    except Exception:
-        return dict(entry.message)
-
-
-class StoreExtractor:
-    """The default extractor: every message becomes one item of a LangGraph ``BaseStore``.
-
-    ``store.put(namespace, key, value)`` where ``key`` is the message id (the stable digest for id-less
-    messages) and ``value`` is ``{**message_to_dict(message), "thread_id": ..., "pruned_at": <ISO 8601>}``
-    (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). Idempotent:
-    delivering a message again overwrites its item. One ``store.batch`` per namespace group.
-
-    Args:
-        store: Any sync-capable ``BaseStore`` (PostgresStore, SqliteStore, InMemoryStore).
-    """
-
-    def __init__(self, store: BaseStore) -> None:
-        self.store = store
-
-    def __repr__(self) -> str:
-        return f"StoreExtractor({type(self.store).__name__})"
-
-    def __call__(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
-        try:
-            validate_namespace(namespace)
-        except ValueError as exc:
-            raise PermanentExtractionError(str(exc)) from exc
-        ops = [PutOp(tuple(namespace), entry.key, self.value(entry)) for entry in entries]
-        try:
-            self.store.batch(ops)
-        except InvalidNamespaceError as exc:
-            raise PermanentExtractionError(str(exc)) from exc
-        except Exception as exc:
-            # A value the database cannot hold (PostgreSQL jsonb refuses "\u0000") fails the same way on
-            # every retry; connection errors and the like stay retryable.
-            if _is_data_error(exc):
-                raise PermanentExtractionError(f"{type(exc).__name__}: {exc}") from exc
-            raise
-
-    @staticmethod
-    def value(entry: OutboxEntry) -> dict[str, Any]:
-        """The store item's value for ``entry``."""
-        message = entry_message(entry)
-        if isinstance(message, BaseMessage):
-            body = message_to_dict(message)
-        else:
-            body = {"type": entry.message.get("type"), "data": dict(entry.message)}
-        return {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
-
-
-class CallableExtractor:
-    """A user extractor ``func(messages, namespace, store)``; ``messages`` are LangChain message objects
-    (dicts for unknown classes), oldest first. ``func`` may be sync or async."""
-
-    def __init__(self, func: Callable[..., Any], store: BaseStore | None) -> None:
-        self.func = func
-        self.store = store
-
-    def __repr__(self) -> str:
-        return f"CallableExtractor({getattr(self.func, '__qualname__', self.func)!r})"
-
-    def __call__(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> Any:
-        messages = [entry_message(entry) for entry in entries]
-        return self.func(messages, namespace, self.store)
-
-
-def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtractor:
-    """Import a custom extractor named ``module:callable``.
-
-    Args:
-        path: The import path, e.g. ``"myapp.memory:extract"``.
-        store: Handed to the callable as its third argument.
-
-    Returns:
-        An extractor for :class:`Deliverer`; the callable's awaitable results are awaited.
-
-    Raises:
-        ValueError: If ``path`` is not ``module:name``, cannot be imported, or names no callable.
-    """
-    return CallableExtractor(import_callable(path, "extractor"), store)
-
-
-def open_store(
-    database_url: str, *, pool_size: int = 2, pool: Any = None
-) -> tuple[BaseStore, Callable[[], None]]:
-    """The long-term memory store for a service database URL, set up, and a function that closes it.
-
-    ``postgresql://`` gives a ``PostgresStore`` over ``pool`` (a ``ConnectionPool`` with autocommit and
-    dict rows, left open by the closer) or else over a pool of its own of ``pool_size`` connections
-    (migrations under an advisory lock, so replicas starting together do not race), ``sqlite:///path`` a
-    ``SqliteStore`` in that file, ``memory://`` an ``InMemoryStore``.
-    """
-    from reducing_saver.service.settings import BACKEND_SCHEMES, sqlite_path
-
-    kind = BACKEND_SCHEMES.get(database_url.split(":", 1)[0])
-    if kind == "memory":
-        from langgraph.store.memory import InMemoryStore
-
-        return InMemoryStore(), lambda: None
-    if kind == "sqlite":
-        from langgraph.store.sqlite import SqliteStore
-
-        path = Path(sqlite_path(database_url))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        store = SqliteStore(conn)
-        store.setup()
-        return store, conn.close
-    if kind == "postgres":
-        import psycopg
-        from langgraph.store.postgres import PostgresStore
-        from psycopg.rows import dict_row
-        from psycopg_pool import ConnectionPool
-
-        close_pool: Callable[[], None] = lambda: None
-        if pool is None:
-            pool = ConnectionPool(
-                database_url,
-                min_size=1,
-                max_size=pool_size,
-                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-                open=False,
-                name="reducing-saver-store",
-            )
-            pool.open(wait=True, timeout=30.0)
-            close_pool = pool.close
-        try:
-            store = PostgresStore(pool)
-            # The lock gets a connection of its own: setup() takes pool connections while it is held.
-            with psycopg.connect(database_url, autocommit=True) as conn:
-                with setup_lock(conn, _STORE_SETUP_LOCK_KEY):
-                    store.setup()
-        except BaseException:
-            close_pool()
-            raise
-        return store, close_pool
-    raise ValueError(f"unsupported database URL {database_url!r}; use postgresql://, sqlite:/// or memory://")
-
+from reducing_saver.service.extraction.extractors import Extractor, PermanentExtractionError
+from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEntry
 
 # -- delivery --------------------------------------------------------------------------------------
+
+logger = logging.getLogger(__name__)
 
 
 def default_worker_id() -> str:
@@ -564,14 +354,6 @@ class _LeaseRenewer(threading.Thread):
                 logger.warning(
                     "%s: lost the lease of %d row(s) to another worker", self._worker_id, still - renewed
                 )
-
-
-def _is_data_error(exc: BaseException) -> bool:
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg comes with the server extra
-        return False
-    return isinstance(exc, psycopg.DataError)
 
 
 def _describe(exc: BaseException | str) -> str:

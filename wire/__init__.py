@@ -1,4 +1,7 @@
-"""The wire format shared by RemoteReducingSaver and the service.
+"""reducing_saver.wire: the protocol RemoteReducingSaver and the service both speak.
+
+Paths, content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
+neither the client nor the service (a contract test pins this): both sides import it.
 
 Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoints/get``,
 ``/v1/checkpoints/put``, ``/v1/writes/put``), msgpack (``application/msgpack``) of the same structure.
@@ -13,7 +16,6 @@ needs to understand them:
 Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
-This module imports nothing of the service: the client package depends on it alone.
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
+from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities, with_capabilities
+
 API_PREFIX = "/v1"
+#: The per-step routes (one ``get_tuple``, about three ``put`` and two ``put_writes`` a chat turn): they
+#: also take ``application/msgpack`` bodies, and the service answers them in front of its web framework.
+GET_PATH = API_PREFIX + "/checkpoints/get"
+PUT_PATH = API_PREFIX + "/checkpoints/put"
+WRITES_PATH = API_PREFIX + "/writes/put"
+PER_STEP_PATHS = (GET_PATH, PUT_PATH, WRITES_PATH)
+CAPABILITIES_PATH = API_PREFIX + "/capabilities"
+LIST_PATH = API_PREFIX + "/checkpoints/list"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 #: The content types the per-step routes accept and answer in.
@@ -185,6 +197,13 @@ def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "API_PREFIX",
+    "CAPABILITIES_PATH",
+    "GET_PATH",
+    "LIST_PATH",
+    "OPTIONAL_CAPABILITIES",
+    "PER_STEP_PATHS",
+    "PUT_PATH",
+    "WRITES_PATH",
     "BODY_FORMATS",
     "JSON",
     "MSGPACK",
@@ -200,4 +219,6 @@ __all__ = [
     "is_inline",
     "json_default",
     "msgpack_default",
+    "saver_capabilities",
+    "with_capabilities",
 ]

@@ -22,25 +22,20 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from reducing_saver.client._capabilities import saver_capabilities, with_capabilities
-from reducing_saver.service.reducer import MessageReducer
+from reducing_saver.reducer._namespace import namespace_for
+from reducing_saver.reducer._window import MessageReducer
+from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
 logger = logging.getLogger(__name__)
 
 
 def memory_namespace(reducer: MessageReducer, config: RunnableConfig) -> tuple[str, ...]:
-    """The memory namespace of a run.
+    """The memory namespace of a run, for ``reducer``'s ``namespace_key`` (see :func:`namespace_for`).
 
     ``config["configurable"][reducer.config.namespace_key]`` (a list or tuple of strings, or one string)
-    when present, else ``("memories", thread_id)``.
+    when present, else ``("memories", thread_id)`` with the thread id escaped as stores need it.
     """
-    configurable = config.get("configurable") or {}
-    namespace = configurable.get(reducer.config.namespace_key)
-    if namespace is None:
-        return ("memories", str(configurable.get("thread_id", "")))
-    if isinstance(namespace, str):
-        return (namespace,)
-    return tuple(str(label) for label in namespace)
+    return namespace_for(config, reducer.config.namespace_key)
 
 
 _warned_delta_channels: set[str] = set()

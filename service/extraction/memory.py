@@ -12,75 +12,47 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import Checkpoint
 
-from reducing_saver.service.extraction import (
-    Deliverer,
-    StoreExtractor,
-    load_extractor,
-    open_store,
-    validate_namespace,
-)
-from reducing_saver.service.outbox import make_entries, open_outbox
-from reducing_saver.service.reducer import message_key
-from reducing_saver.service.security import load_api_keys, stored_thread_to_agent
-from reducing_saver.service.settings import Settings
+from reducing_saver.reducer import message_key
+from reducing_saver.service.extraction.deliverer import Deliverer
+from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
+from reducing_saver.service.extraction.outbox import make_entries
+from reducing_saver.service.security import stored_thread_to_agent
 
 logger = logging.getLogger(__name__)
 
-
-def escape_label(label: str) -> str:
-    """A thread id as a store namespace label: ``%`` -> ``%25``, ``.`` -> ``%2E`` (stores refuse dots)."""
-    return label.replace("%", "%25").replace(".", "%2E")
-
-
-def store_namespace(config: RunnableConfig, namespace_key: str) -> tuple[str, ...]:
-    """The memory namespace of a run, as the store keeps it.
-
-    ``config["configurable"][namespace_key]`` as given (a label the store would refuse raises
-    ``ValueError``), else ``("memories", thread_id)`` with the thread id escaped by :func:`escape_label`.
-    """
-    configurable = config.get("configurable") or {}
-    namespace = configurable.get(namespace_key)
-    if namespace is None:
-        return ("memories", escape_label(str(configurable.get("thread_id", ""))))
-    labels = (namespace,) if isinstance(namespace, str) else tuple(namespace)
-    validate_namespace(labels)
-    return labels
-
-
 #: Outbox keys a process remembers having committed (oldest forgotten first).
 RECORDED_KEYS_REMEMBERED = 100_000
-#: Connections of a deliverer's own outbox pool (claims, renewals, completions) and of its store's, in a
-#: process without a backend pool (``reducing-saver worker``).
-DELIVERER_POOL_SIZE = 2
 
 
 class Memory:
     """The outbox and, when this process delivers, the store and the deliverer.
 
-    On PostgreSQL in the service (``pool`` given: the backend's), recording, delivery and the store all
-    use that one pool, so a process never holds more than ``pool_size`` connections; delivery takes
-    one or two of them for a moment per batch. A worker process opens small pools of its own.
+    Everything goes through the process's backend: on PostgreSQL, recording, delivery and the store share
+    its one pool, so a process never holds more than ``pool_size`` connections; delivery takes one or two
+    of them for a moment per batch.
+
+    Args:
+        settings: The service ``Settings`` (extraction group, ``namespace_key``).
+        backend: The process's open backend (``storage.open_backend``).
+        tenant_mode: API keys are configured: stored thread ids are ``tenant:thread``.
     """
 
-    def __init__(self, settings: Settings, *, pool: Any = None) -> None:
+    def __init__(self, settings: Any, backend: Any, *, tenant_mode: bool = False) -> None:
         self.settings = settings
-        self.outbox = open_outbox(settings.database, pool=pool, pool_size=DELIVERER_POOL_SIZE)
-        self._pool = pool
-        self._tenant_mode = load_api_keys(settings) is not None
+        self.backend = backend
+        self.outbox = backend.outbox()
+        self._tenant_mode = tenant_mode
         self.deliverer: Deliverer | None = None
-        self._closers: list[Callable[[], None]] = []
         self._recorded: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
         self._recorded_lock = threading.Lock()
 
     def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
         """Durably record pruned messages before their checkpoint is stored (raises on failure)."""
-        namespace = store_namespace(config, self.settings.namespace_key)
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
         # LangGraph hands every put of a turn the same unreduced list, so most records repeat keys this
@@ -104,10 +76,7 @@ class Memory:
 
     def deliverer_for(self) -> Deliverer:
         """A deliverer writing to the store (or the configured extractor)."""
-        store, close_store = open_store(
-            self.settings.database, pool_size=DELIVERER_POOL_SIZE, pool=self._pool
-        )
-        self._closers.append(close_store)
+        store = self.backend.store()
         extractor = (
             load_extractor(self.settings.extractor, store) if self.settings.extractor else StoreExtractor(store)
         )
@@ -135,7 +104,4 @@ class Memory:
             self.deliverer.stop(timeout)
             self.deliverer.release()
             self.deliverer = None
-        for close in reversed(self._closers):
-            close()
-        self._closers.clear()
         self.outbox.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 import ormsgpack
 
-from reducing_saver.client._wire import Blob
+from reducing_saver.wire import Blob
 
 #: The serde type of structures the service itself encoded.
 STRUCTURE_TYPE = "reducing-saver/msgpack"

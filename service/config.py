@@ -1,32 +1,38 @@
-"""The service's settings: one class, read from ``REDUCING_SAVER_*`` variables, ``.env`` and CLI flags."""
+"""The service's settings: one class, read from CLI flags, ``REDUCING_SAVER_*`` variables and ``.env``.
+
+The fields come in groups, one model each, each field (and its default) written once: server,
+reducer, security, limits, extraction and sweeps. :class:`Settings` joins them, validates across them,
+and parses the API keys once (``api_key_set``).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from reducing_saver.service.durations import parse_duration
+from reducing_saver.reducer import ReducerConfig
 from reducing_saver.service.imports import import_callable
-from reducing_saver.service.reducer import ReducerConfig
+from reducing_saver.service.security.keys import ApiKeys, load_api_keys
+from reducing_saver.service.security.limits import Limits as LimitSettings
+from reducing_saver.service.storage import backend_kind, sqlite_path
+from reducing_saver.service.ttl.durations import parse_duration
 
-BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "sqlite", "memory": "memory"}
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
 
 
-class Settings(BaseSettings):
-    """Everything the service can be told. Each field is also ``REDUCING_SAVER_<FIELD>``."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="REDUCING_SAVER_",
-        env_file=".env",
-        extra="ignore",
-        validate_default=True,
-        # str(ValidationError) would quote the raw input, API keys included (the CLI names the field).
-        hide_input_in_errors=True,
-    )
+class ServerSettings(BaseModel):
+    """Where the service listens, how many processes it runs, and how it logs."""
 
     database: str = Field(
         DEFAULT_DATABASE,
@@ -42,12 +48,28 @@ class Settings(BaseSettings):
         description="PostgreSQL connections per worker process, shared by saver calls, recording pruned "
         "messages, delivery and sweeps (give a process that delivers at least 2).",
     )
-    offload_calls: bool = Field(
-        False,
-        description="Run get/put/put_writes in worker threads, several at once per process. Off (the "
-        "default), a process runs them one at a time on its event loop, which costs less CPU per call; "
-        "scale with --workers.",
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="Log lines as JSON objects (one per line) or as text."
     )
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
+        "database is closed.",
+    )
+    db_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How long a request waits for a free saver or database connection, or for an answer to "
+        "a probe or status query, before it is answered 503 (the database is unavailable).",
+    )
+
+
+class ReducerSettings(BaseModel):
+    """How the messages channel is reduced (``ReducerConfig``)."""
+
     max_messages: int | None = Field(20, ge=1, description="Reduce a messages list longer than this.")
     min_messages: int | None = Field(
         None, ge=1, description="Reduce down to this many messages (default: max_messages)."
@@ -70,8 +92,11 @@ class Settings(BaseSettings):
         description="Hooks called with (pruned messages as dicts, namespace) after a prune, as "
         "comma-separated module:callable import paths.",
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
-    # -- security (service/security.py): API keys, tenants, exposure, input caps --
+
+
+class SecuritySettings(BaseModel):
+    """API keys, tenants and exposure (``service/security.py``)."""
+
     api_keys: SecretStr | None = Field(
         None,
         description="API keys as comma-separated tenant=key pairs (development; prefer api_keys_file). "
@@ -85,29 +110,10 @@ class Settings(BaseSettings):
         False, description="Allow listening on a non-loopback address with no API key configured."
     )
     metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
-    max_writes_per_call: int = Field(1000, ge=1, description="Most pending writes in one writes/put call.")
-    max_ids_per_call: int = Field(
-        1000, ge=1, description="Most thread ids (threads/prune) or run ids (runs/delete) in one call."
-    )
-    max_list_limit: int = Field(1000, ge=1, description="Largest `limit` a checkpoints/list call may ask for.")
-    max_nesting_depth: int = Field(32, ge=4, description="Deepest nesting of arrays and objects in a JSON body.")
-    max_thread_id_length: int = Field(256, ge=1, description="Longest thread id, in characters.")
-    max_channels: int = Field(
-        1000, ge=1, description="Most channels in a checkpoint's values, versions or a delta-history call."
-    )
-    max_messages_per_put: int = Field(
-        10000, ge=1, description="Most entries in the messages channel list of one checkpoint put."
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    log_format: Literal["json", "text"] = Field(
-        "json", description="Log lines as JSON objects (one per line) or as text."
-    )
-    shutdown_grace_seconds: float = Field(
-        30.0,
-        ge=0,
-        description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
-        "database is closed.",
-    )
+
+
+class ExtractionSettings(BaseModel):
+    """Delivery of pruned messages to long-term memory (``service/extraction/``)."""
 
     extract: bool = Field(
         True,
@@ -136,7 +142,10 @@ class Settings(BaseSettings):
         "pruned messages of many puts into one store write (0: deliver each put's rows at once).",
     )
 
-    # -- TTL sweeps (service/sweeper.py) --
+
+class SweepSettings(BaseModel):
+    """TTL sweeps of idle threads (``service/ttl/``)."""
+
     ttl_strategy: Literal["keep_latest", "delete"] = Field(
         "keep_latest",
         description="What a sweep does to a thread idle for longer than its TTL: keep_latest prunes it to its "
@@ -153,6 +162,32 @@ class Settings(BaseSettings):
     extract_on_delete: bool = Field(
         False, description="A client's delete_thread sends the thread's last window to long-term memory first."
     )
+
+
+class Settings(
+    ServerSettings,
+    ReducerSettings,
+    SecuritySettings,
+    LimitSettings,
+    ExtractionSettings,
+    SweepSettings,
+    BaseSettings,
+):
+    """Everything the service can be told, from flags, ``REDUCING_SAVER_<FIELD>`` variables and ``.env``.
+
+    The fields come in groups (the classes above); each group is also a model of its own, so a part of
+    the service can take just its group (``settings.limits``) with the same defaults.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="REDUCING_SAVER_",
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+        # str(ValidationError) would quote the raw input, API keys included (the CLI names the field).
+        hide_input_in_errors=True,
+    )
+    _api_key_set: Any = PrivateAttr(default=None)
 
     @field_validator("extractor")
     @classmethod
@@ -176,9 +211,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_api_keys(self) -> Settings:
-        from reducing_saver.service.security import load_api_keys  # security imports these settings
-
-        load_api_keys(self)  # raises ValueError naming the line or pair, never the key
+        # The keys are parsed here, once; a malformed line or pair raises ValueError naming it, never a key.
+        self._api_key_set = load_api_keys(self)
         return self
 
     @field_validator("allowed_message_classes", "on_prune", mode="before")
@@ -200,12 +234,7 @@ class Settings(BaseSettings):
     @field_validator("database")
     @classmethod
     def _check_database(cls, value: str) -> str:
-        scheme = urlsplit(value).scheme
-        if scheme not in BACKEND_SCHEMES:
-            raise ValueError(
-                f"unsupported database URL scheme {scheme!r}; use postgresql://, sqlite:/// or memory://"
-            )
-        if BACKEND_SCHEMES[scheme] == "sqlite" and not sqlite_path(value):
+        if backend_kind(value) == "sqlite" and not sqlite_path(value):
             raise ValueError("a sqlite URL needs a file path: sqlite:///path/to/file.sqlite")
         return value
 
@@ -219,7 +248,18 @@ class Settings(BaseSettings):
 
     @property
     def backend(self) -> str:
-        return BACKEND_SCHEMES[urlsplit(self.database).scheme]
+        """``"postgres"``, ``"sqlite"`` or ``"memory"``."""
+        return backend_kind(self.database)
+
+    @property
+    def api_key_set(self) -> ApiKeys | None:
+        """The configured API keys, parsed; ``None`` without any (single-tenant mode)."""
+        return self._api_key_set
+
+    @property
+    def limits(self) -> LimitSettings:
+        """The input caps alone."""
+        return LimitSettings(**{name: getattr(self, name) for name in LimitSettings.model_fields})
 
     def reducer_config(self, **extra: object) -> ReducerConfig:
         return ReducerConfig(
@@ -236,11 +276,6 @@ class Settings(BaseSettings):
     def database_for_display(self) -> str:
         """The database URL with any password replaced by ``***``."""
         return redact_url(self.database)
-
-
-def sqlite_path(url: str) -> str:
-    """``sqlite:///relative/file`` -> ``relative/file``; ``sqlite:////abs/file`` -> ``/abs/file``."""
-    return url.split("sqlite://", 1)[1][1:] if url.startswith("sqlite://") else ""
 
 
 def redact_url(url: str) -> str:

@@ -1,0 +1,59 @@
+"""reducing_saver.reducer: the reducer core, usable in-process around any LangGraph saver.
+
+    from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
+
+    reducer = MessageReducer(ReducerConfig(max_messages=20, min_messages=12))
+    graph = builder.compile(checkpointer=ReducingSaver(PostgresSaver(conn), reducer))
+
+Pure code: no HTTP, no database. Importing it loads neither httpx, aiohttp, FastAPI nor psycopg (a test
+pins this). The service hosts the same reducer behind its HTTP API; the namespace rule here
+(:func:`namespace_for`) is the one its outbox, sweeper and tenant scoping use.
+"""
+
+from reducing_saver.reducer._namespace import (
+    DEFAULT_NAMESPACE_KEY,
+    escape_label,
+    namespace_for,
+    thread_namespace,
+    validate_namespace,
+)
+from reducing_saver.reducer._saver import (
+    LIST_CODEC,
+    MessagesCodec,
+    RecordPruned,
+    ReducingSaver,
+    apply_reducer,
+    memory_namespace,
+)
+from reducing_saver.reducer._window import (
+    MessageLike,
+    MessageReducer,
+    PruneHook,
+    ReducerConfig,
+    ReduceResult,
+    message_field,
+    message_key,
+    message_type,
+)
+
+__all__ = [
+    "DEFAULT_NAMESPACE_KEY",
+    "LIST_CODEC",
+    "MessageLike",
+    "MessageReducer",
+    "MessagesCodec",
+    "PruneHook",
+    "RecordPruned",
+    "ReduceResult",
+    "ReducerConfig",
+    "ReducingSaver",
+    "apply_reducer",
+    "escape_label",
+    "memory_namespace",
+    "message_field",
+    "message_key",
+    "message_type",
+    "namespace_for",
+    "thread_namespace",
+    "validate_namespace",
+]

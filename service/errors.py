@@ -1,0 +1,145 @@
+"""The service's errors and the one table that maps them, and what the layers below raise, to statuses.
+
+Operations raise domain errors (:class:`ServiceError` subclasses) or let the errors of the layers they
+call propagate (a refused messages value, a database refusing a value or not answering, a busy saver
+pool). :func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the
+FastAPI exception handler both use it, and :func:`send_error` is the one raw-ASGI JSON error writer.
+
+=========================================  ======  ===============================================
+what                                       status  detail
+=========================================  ======  ===============================================
+:class:`BadRequest`, a refused message      422     names the field and the value or the setting
+value, a value PostgreSQL refuses
+:class:`Unauthorized`                       401     (with ``WWW-Authenticate: Bearer``)
+:class:`Conflict`, ``ThreadNotEmptyError``,  409     what the backend refused
+``NotImplementedError``
+:class:`Unavailable`, no connection or      503     names the database as the cause
+saver in time, the database unreachable
+anything else                               500     "internal server error" (logged)
+=========================================  ======  ===============================================
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg_pool import PoolTimeout
+from starlette.types import Send
+
+from reducing_saver.service.messages_codec import UnsafeMessagesError
+from reducing_saver.service.storage import SaversBusy
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.postgres.connections import refused_value, unavailable
+from reducing_saver.wire import WireError
+
+
+class ServiceError(Exception):
+    """An error an operation raises on purpose: ``status`` and ``detail`` are the answer."""
+
+    status = 500
+
+    def __init__(self, detail: Any) -> None:
+        super().__init__(detail if isinstance(detail, str) else repr(detail))
+        self.detail = detail
+
+
+class BadRequest(ServiceError):
+    """The request's content is refused (a field, a value, a cap)."""
+
+    status = 422
+
+
+class Unauthorized(ServiceError):
+    """No valid API key."""
+
+    status = 401
+
+
+class Conflict(ServiceError):
+    """The request conflicts with what is stored."""
+
+    status = 409
+
+
+class Unavailable(ServiceError):
+    """The service or its database cannot serve now; the same call may succeed later."""
+
+    status = 503
+
+
+#: Headers a status carries besides the content type.
+_HEADERS: dict[int, list[tuple[bytes, bytes]]] = {401: [(b"www-authenticate", b'Bearer realm="reducing-saver"')]}
+
+
+def error_answer(exc: BaseException) -> tuple[int, Any] | None:
+    """``(status, detail)`` for an error, or ``None`` for an unexpected one (a 500, to be logged)."""
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.detail
+    if isinstance(exc, (UnsafeMessagesError, WireError)):
+        return 422, str(exc)
+    if isinstance(exc, psycopg.DataError):
+        return 422, refused_value(exc)
+    if isinstance(exc, ThreadNotEmptyError):
+        return 409, str(exc)
+    if isinstance(exc, NotImplementedError):
+        return 409, str(exc) or "not supported by this backend"
+    if isinstance(exc, SaversBusy):
+        return 503, str(exc)
+    if (reason := unavailable(exc)) is not None:
+        return 503, reason
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return 503, f"the database is unavailable: SQLite: {exc}"
+    return None
+
+
+#: The error classes :func:`error_answer` may map (FastAPI gets a handler for each; anything else is a 500).
+ANSWERED: tuple[type[BaseException], ...] = (
+    ServiceError,
+    UnsafeMessagesError,
+    WireError,
+    psycopg.Error,
+    PoolTimeout,
+    ThreadNotEmptyError,
+    NotImplementedError,
+    SaversBusy,
+    sqlite3.OperationalError,
+)
+
+
+def headers_for(status: int) -> list[tuple[bytes, bytes]]:
+    """Extra headers of an error answer with ``status``."""
+    return _HEADERS.get(status, [])
+
+
+def error_body(detail: Any) -> bytes:
+    """``{"detail": ...}`` as JSON (FastAPI's error shape); values orjson cannot write become text."""
+    try:
+        return orjson.dumps({"detail": detail})
+    except TypeError:  # an echoed input orjson cannot encode (an int beyond 64 bits, say)
+        import json
+
+        return json.dumps({"detail": detail}, default=str).encode()
+
+
+async def send_error(
+    send: Send, status: int, detail: Any, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer a raw ASGI request with a JSON error (the middlewares and the hot path)."""
+    body = error_body(detail)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers_for(status),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

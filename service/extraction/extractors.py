@@ -1,0 +1,125 @@
+"""What a delivered batch of pruned messages is handed to: the default store writer, or an operator's
+``module:callable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
+from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
+
+from reducing_saver.reducer import validate_namespace
+from reducing_saver.service.extraction.outbox import OutboxEntry
+from reducing_saver.service.imports import import_callable
+from reducing_saver.service.messages_codec import EncodedMessage, to_message
+
+Extractor = Callable[[list[OutboxEntry], tuple[str, ...]], Any]
+
+
+class PermanentExtractionError(Exception):
+    """An extraction that no retry can fix: the rows go straight to the dead letters."""
+
+
+def entry_message(entry: OutboxEntry) -> BaseMessage | dict[str, Any]:
+    """The LangChain message an outbox entry holds; a dict for a class the service does not know.
+
+    Built from the recorded ``module:Class`` through ``messages_codec.to_message`` (nothing is imported),
+    or, for entries recorded from plain dicts, from the message's ``type``.
+    """
+    if entry.message_class:
+        module, _, name = entry.message_class.partition(":")
+        return to_message(EncodedMessage(entry.message, b"", module, name))
+    try:
+        return messages_from_dict([{"type": entry.message.get("type"), "data": entry.message}])[0]
+    except Exception:
+        return dict(entry.message)
+
+
+class StoreExtractor:
+    """The default extractor: every message becomes one item of a LangGraph ``BaseStore``.
+
+    ``store.put(namespace, key, value)`` where ``key`` is the message id (the stable digest for id-less
+    messages) and ``value`` is ``{**message_to_dict(message), "thread_id": ..., "pruned_at": <ISO 8601>}``
+    (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). Idempotent:
+    delivering a message again overwrites its item. One ``store.batch`` per namespace group.
+
+    Args:
+        store: Any sync-capable ``BaseStore`` (PostgresStore, SqliteStore, InMemoryStore).
+    """
+
+    def __init__(self, store: BaseStore) -> None:
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"StoreExtractor({type(self.store).__name__})"
+
+    def __call__(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
+        try:
+            validate_namespace(namespace)
+        except ValueError as exc:
+            raise PermanentExtractionError(str(exc)) from exc
+        ops = [PutOp(tuple(namespace), entry.key, self.value(entry)) for entry in entries]
+        try:
+            self.store.batch(ops)
+        except InvalidNamespaceError as exc:
+            raise PermanentExtractionError(str(exc)) from exc
+        except Exception as exc:
+            # A value the database cannot hold (PostgreSQL jsonb refuses "\u0000") fails the same way on
+            # every retry; connection errors and the like stay retryable.
+            if _is_data_error(exc):
+                raise PermanentExtractionError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+
+    @staticmethod
+    def value(entry: OutboxEntry) -> dict[str, Any]:
+        """The store item's value for ``entry``."""
+        message = entry_message(entry)
+        if isinstance(message, BaseMessage):
+            body = message_to_dict(message)
+        else:
+            body = {"type": entry.message.get("type"), "data": dict(entry.message)}
+        return {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
+
+
+class CallableExtractor:
+    """A user extractor ``func(messages, namespace, store)``; ``messages`` are LangChain message objects
+    (dicts for unknown classes), oldest first. ``func`` may be sync or async."""
+
+    def __init__(self, func: Callable[..., Any], store: BaseStore | None) -> None:
+        self.func = func
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"CallableExtractor({getattr(self.func, '__qualname__', self.func)!r})"
+
+    def __call__(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> Any:
+        messages = [entry_message(entry) for entry in entries]
+        return self.func(messages, namespace, self.store)
+
+
+def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtractor:
+    """Import a custom extractor named ``module:callable``.
+
+    Args:
+        path: The import path, e.g. ``"myapp.memory:extract"``.
+        store: Handed to the callable as its third argument.
+
+    Returns:
+        An extractor for :class:`Deliverer`; the callable's awaitable results are awaited.
+
+    Raises:
+        ValueError: If ``path`` is not ``module:name``, cannot be imported, or names no callable.
+    """
+    return CallableExtractor(import_callable(path, "extractor"), store)
+
+
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg comes with the server extra
+        return False
+    return isinstance(exc, psycopg.DataError)

@@ -1,0 +1,203 @@
+"""The extraction outbox: messages that left the window, kept durably until long-term memory has them.
+
+The invariant the outbox upholds, with the put path recording *before* the checkpoint is stored: every
+message that ever entered a thread's stored checkpoints is in the latest stored checkpoint, or is a row
+here waiting for extraction, or is a row here already extracted. So a pruned message can be lost by
+neither a crash nor a failing extractor, and the constraint on ``(namespace, key)`` keeps it once although
+LangGraph hands every put of a turn the same unreduced list and those puts may land on different replicas.
+
+A row goes through three states:
+
+* ``pending``: waiting for a worker. A worker *claims* a batch: the rows get its id (``claimed_by``) and a
+  lease (``lease_until``) that it renews while its extractor runs. A pending row whose lease has expired
+  (its worker crashed) is claimable again; a row that failed waits until its ``retry_at``.
+* ``done``: the extractor took it. The row stays, so a late put of the same turn records nothing.
+* ``dead``: it failed ``max_attempts`` times (or failed for good). Kept, listed by :meth:`dead_letters`,
+  sent back to ``pending`` by :meth:`retry_dead`.
+
+Nothing is ever dropped: there is no capacity bound and no back-pressure discard.
+
+Each backend implements :class:`Outbox` (``storage/<backend>/outbox.py``): PostgreSQL with ``FOR UPDATE
+SKIP LOCKED`` claims, safe across replicas; SQLite in the service's file with ``BEGIN IMMEDIATE``
+transactions; memory in one process, for ``memory://``. This module holds what they share: the entry,
+how entries are made from pruned messages, the protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeAlias
+
+import orjson
+from langchain_core.messages import BaseMessage
+
+from reducing_saver.reducer import message_key
+from reducing_saver.service.messages_codec import EncodedMessage
+
+#: ``(namespace, key)``: what makes an outbox row unique.
+EntryKey: TypeAlias = tuple[tuple[str, ...], str]
+
+TABLE = "reducing_saver_outbox"
+#: The columns an entry is read from, in every backend's table.
+COLUMNS = (
+    "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, attempts, last_error"
+)
+_MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One pruned message waiting for (or done with) extraction.
+
+    Attributes:
+        namespace: The run's memory namespace.
+        key: The message's key in that namespace: its id, or a stable digest for id-less messages
+            (``reducer.message_key``).
+        thread_id: The thread the message was pruned from.
+        checkpoint_id: The checkpoint whose put pruned it, when known.
+        message: The message's ``model_dump()`` dict, JSON-clean.
+        pruned_at: When it was recorded (UTC).
+        attempts: How many times a worker has claimed it (this claim included, for claimed entries).
+        message_class: ``"module:Class"`` of the message as serialized, when known; lets the extractor
+            rebuild the right LangChain class without importing anything the payload names.
+        last_error: The last extraction error (dead letters and retried rows).
+    """
+
+    namespace: tuple[str, ...]
+    key: str
+    thread_id: str
+    checkpoint_id: str | None
+    message: dict[str, Any]
+    pruned_at: datetime
+    attempts: int = 0
+    message_class: str | None = None
+    last_error: str | None = None
+
+    @property
+    def ident(self) -> EntryKey:
+        """``(namespace, key)``."""
+        return (self.namespace, self.key)
+
+
+def make_entries(
+    messages: Iterable[Any],
+    namespace: Sequence[str],
+    *,
+    thread_id: str,
+    checkpoint_id: str | None = None,
+    pruned_at: datetime | None = None,
+) -> list[OutboxEntry]:
+    """Outbox entries for pruned messages, keyed as the reducer keys them (one per key).
+
+    Args:
+        messages: ``EncodedMessage`` (the service), LangChain message objects (in-process) or
+            ``model_dump()`` dicts.
+        namespace: The memory namespace they belong to.
+        thread_id: The thread they were pruned from.
+        checkpoint_id: The checkpoint whose put pruned them.
+        pruned_at: Defaults to now (UTC).
+
+    Returns:
+        One entry per distinct message key, in input order.
+
+    Raises:
+        TypeError: If a message is neither a message object nor a mapping.
+    """
+    namespace = tuple(str(label) for label in namespace)
+    when = as_utc(pruned_at) if pruned_at is not None else datetime.now(UTC)
+    entries: dict[str, OutboxEntry] = {}
+    for message in messages:
+        if isinstance(message, EncodedMessage):
+            fields, cls = dict(message), f"{message.module}:{message.name}"
+        elif isinstance(message, BaseMessage):
+            fields, cls = message.model_dump(), f"{type(message).__module__}:{type(message).__name__}"
+        elif isinstance(message, Mapping):
+            fields, cls = dict(message), None
+        else:
+            raise TypeError(f"a pruned message must be a message or a mapping, got {type(message).__name__}")
+        key = message_key(message, namespace)
+        if key not in entries:
+            entries[key] = OutboxEntry(
+                namespace, key, str(thread_id), checkpoint_id, json_clean(fields), when, 0, cls
+            )
+    return list(entries.values())
+
+
+def json_clean(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as plain JSON data (bytes become base64 text, unknown objects their ``str``)."""
+    try:
+        return orjson.loads(orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS))
+    except orjson.JSONEncodeError:  # integers beyond 64 bits, say: the slower encoder copes
+        return json.loads(json.dumps(value, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump()
+    return str(obj)
+
+
+def json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def as_utc(when: datetime) -> datetime:
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def error_text(error: str) -> str:
+    return error if len(error) <= _MAX_ERROR_CHARS else error[: _MAX_ERROR_CHARS - 1] + "…"
+
+
+def sorted_unique(entries: Iterable[OutboxEntry]) -> list[OutboxEntry]:
+    """One entry per ``(namespace, key)``, in key order: every writer inserts in the same order, so two
+    transactions waiting on each other's uncommitted keys cannot deadlock."""
+    unique: dict[EntryKey, OutboxEntry] = {}
+    for entry in entries:
+        unique.setdefault(entry.ident, entry)
+    return [unique[ident] for ident in sorted(unique)]
+
+
+def check_fail_args(retry_at: datetime | None, dead: bool) -> None:
+    if (retry_at is None) == (not dead):
+        raise TypeError("fail() needs exactly one of retry_at=<datetime> or dead=True")
+
+
+class Outbox(Protocol):
+    """What every outbox offers; see :class:`PostgresOutbox` for the full contract."""
+
+    def setup(self) -> None: ...
+    def record(self, entries: Iterable[OutboxEntry]) -> int: ...
+    def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]: ...
+    def renew(self, worker_id: str, keys: Iterable[EntryKey] | None, lease_seconds: float) -> int: ...
+    def complete(self, worker_id: str, keys: Iterable[EntryKey]) -> int: ...
+    def fail(
+        self,
+        worker_id: str,
+        key: EntryKey,
+        error: str,
+        *,
+        retry_at: datetime | None = None,
+        dead: bool = False,
+    ) -> bool: ...
+    def release(self, worker_id: str, keys: Iterable[EntryKey] | None = None) -> int: ...
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]: ...
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]: ...
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int: ...
+    def purge_delivered(self, older_than_seconds: float) -> int: ...
+    def close(self) -> None: ...
+
+
+def claim_order(entry: OutboxEntry) -> tuple[Any, ...]:
+    return (entry.namespace, entry.pruned_at, entry.key)
+

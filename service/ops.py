@@ -1,0 +1,266 @@
+"""The operations behind the HTTP API, one function each, free of HTTP.
+
+Saver operations are called as ``op(service, saver, body)`` in a worker thread with a saver of their
+own (``Service.call``); the others as ``op(service, body)`` (``Service.blocking`` when they touch the
+database). Each maps the request's ids into the tenant's (``security.TenantScope``), calls the saver,
+and returns the answer's payload, or raises a domain error of ``service/errors.py``. The per-step hot
+path and the FastAPI routes call the same functions, so no route carries logic of its own.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+
+from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
+from reducing_saver.service import schemas, security
+from reducing_saver.service.errors import BadRequest, Conflict, Unavailable
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.ttl.ledger import InvalidTTLError
+from reducing_saver.wire import Blob, WireError, base64_from_wire, is_inline
+
+if TYPE_CHECKING:
+    from reducing_saver.service.state import Service
+
+# -- wire conversion ------------------------------------------------------------------------------
+
+
+def _wire_value(value: Any) -> Any:
+    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder."""
+    if isinstance(value, Blob) or is_inline(value):
+        return value
+    raise TypeError(f"stored value of type {type(value).__name__} cannot travel")
+
+
+def _from_wire(value: Any, field: str) -> Any:
+    if isinstance(value, schemas.TypedValue):
+        if isinstance(value.data, bytes):  # a msgpack body's bin
+            return Blob(value.type, value.data)
+        try:
+            return Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
+        except WireError as exc:
+            raise BadRequest(str(exc)) from None
+    return value
+
+
+def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
+    checkpoint = dict(item.checkpoint)
+    values = checkpoint.pop("channel_values", None) or {}
+    return {
+        "config": item.config,
+        "checkpoint": checkpoint,
+        "values": {channel: _wire_value(value) for channel, value in values.items()},
+        "metadata": item.metadata,
+        "parent_config": item.parent_config,
+        "pending_writes": [
+            [task_id, channel, _wire_value(value)] for task_id, channel, value in item.pending_writes or ()
+        ],
+    }
+
+
+def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> RunnableConfig:
+    configurable = dict(config.configurable)
+    thread_id = configurable.get("thread_id")
+    if need_thread and (thread_id is None or thread_id == ""):
+        raise BadRequest("config.configurable.thread_id is required")
+    if thread_id is not None:
+        configurable["thread_id"] = str(thread_id)
+    checkpoint_ns = configurable.get("checkpoint_ns")
+    if checkpoint_ns is None:
+        configurable["checkpoint_ns"] = ""
+    elif not isinstance(checkpoint_ns, str):
+        raise BadRequest("config.configurable.checkpoint_ns must be a string")
+    run_config: RunnableConfig = {"configurable": configurable}
+    if config.metadata:
+        run_config["metadata"] = dict(config.metadata)
+    return run_config
+
+
+def _scope(service: Service) -> security.TenantScope:
+    """The request's tenant scope (identity without API keys)."""
+    return security.TenantScope.for_request(service.tenant_mode)
+
+
+# -- the per-step operations ----------------------------------------------------------------------
+
+
+def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
+    scope = _scope(service)
+    config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
+    item = saver.get_tuple(config)
+    return {"checkpoint": scope.tuple_out(_tuple_out(item)) if item else None}
+
+
+def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
+    scope = _scope(service)
+    config = _run_config(body.config)
+    settings = service.settings
+    messages_key = settings.messages_key
+    values = {channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()}
+    writes_messages = messages_key in body.new_versions
+    if writes_messages:
+        # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
+        try:
+            validate_namespace(namespace_for(config, settings.namespace_key))
+        except ValueError as exc:
+            raise BadRequest(f"config.configurable.{settings.namespace_key}: {exc}") from None
+        value = values.get(messages_key)
+        if isinstance(value, Blob):
+            try:
+                security.check_messages_value(value.type, value.data, f"values.{messages_key}")
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+    config = scope.config_in(config, settings.namespace_key, namespace=writes_messages)
+    if service.sweeper is not None:  # before the write, so a TTL sweep of this thread skips it
+        try:
+            service.sweeper.touch(config)
+        except InvalidTTLError as exc:
+            raise BadRequest(str(exc)) from None
+    checkpoint = body.checkpoint.model_dump()
+    checkpoint["channel_values"] = values
+    next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
+    return {"config": scope.config_out(next_config)}
+
+
+def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRequest) -> None:
+    config = _scope(service).config_in(_run_config(body.config), service.settings.namespace_key)
+    if not config["configurable"].get("checkpoint_id"):
+        raise BadRequest("config.configurable.checkpoint_id is required for writes")
+    writes = [
+        (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
+    ]
+    saver.put_writes(config, writes, body.task_id, body.task_path)
+
+
+# -- the other saver operations -------------------------------------------------------------------
+
+
+def list_checkpoints(
+    service: Service, saver: ReducingSaver, body: schemas.ListCheckpointsRequest
+) -> dict[str, Any]:
+    scope = _scope(service)
+    # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
+    config = _run_config(body.config) if body.config else None
+    before = _run_config(body.before, need_thread=False) if body.before else None
+    if config is not None:
+        config = scope.config_in(config, service.settings.namespace_key)
+    found = security.list_checkpoints(
+        saver, service.backend_kind, scope, config, filter=body.filter, before=before, limit=body.limit
+    )
+    # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
+    with closing(found):
+        items = [scope.tuple_out(_tuple_out(item)) for item in found]
+    return {"checkpoints": items}
+
+
+def delete_thread(service: Service, saver: ReducingSaver, body: schemas.DeleteThreadRequest) -> None:
+    thread_id = _scope(service).thread(body.thread_id)
+    if service.settings.extract_on_delete and service.sweeper is not None:
+        service.sweeper.delete_extracting(thread_id)  # its window goes to long-term memory first
+        return
+    saver.delete_thread(thread_id)
+
+
+def copy_thread(service: Service, saver: ReducingSaver, body: schemas.CopyThreadRequest) -> None:
+    if body.source_thread_id == body.target_thread_id:  # was a ValueError from the saver: a 500
+        raise BadRequest(f"target_thread_id: the same thread as source_thread_id ({body.source_thread_id!r})")
+    scope = _scope(service)
+    source, target = scope.thread(body.source_thread_id), scope.thread(body.target_thread_id)
+    if service.sweeper is not None:  # the copy is the target's write: its TTL age starts now
+        service.sweeper.copied(source, target)
+    try:
+        saver.copy_thread(source, target)
+    except ThreadNotEmptyError:
+        raise Conflict(str(ThreadNotEmptyError(body.target_thread_id))) from None
+
+
+def prune(service: Service, saver: ReducingSaver, body: schemas.PruneRequest) -> None:
+    scope = _scope(service)
+    try:
+        saver.prune(scope.threads(body.thread_ids), strategy=body.strategy)
+    except NotImplementedError as exc:
+        raise Conflict(scope.text(str(exc)) or "not supported by this backend") from None
+
+
+def delete_for_runs(service: Service, saver: ReducingSaver, body: schemas.DeleteRunsRequest) -> None:
+    scope = _scope(service)
+    if scope.tenant is None:
+        saver.delete_for_runs(body.run_ids)
+    else:  # only this tenant's threads (the service's savers take a thread-id prefix)
+        saver.inner.delete_for_runs(body.run_ids, thread_id_prefix=scope.prefix)
+
+
+def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHistoryRequest) -> dict[str, Any]:
+    config = _scope(service).config_in(_run_config(body.config), service.settings.namespace_key)
+    history = saver.get_delta_channel_history(config=config, channels=body.channels)
+    channels = {}
+    for channel, entry in history.items():
+        out: dict[str, Any] = {"writes": [[task_id, ch, _wire_value(value)] for task_id, ch, value in entry["writes"]]}
+        if "seed" in entry:
+            out["seed"] = _wire_value(entry["seed"])
+        channels[channel] = out
+    return {"channels": channels}
+
+
+# -- capabilities, memory and sweeps --------------------------------------------------------------
+
+
+def capabilities(service: Service) -> dict[str, Any]:
+    """The backend's optional capabilities and the reducer's configuration."""
+    from reducing_saver.service.state import __version__
+    from reducing_saver.wire import BODY_FORMATS
+
+    config = service.reducer.config
+    return {
+        "capabilities": sorted(service.open_savers().capabilities),
+        "backend": service.backend_kind,
+        "messages_key": service.settings.messages_key,
+        "reducer": {
+            "max_messages": config.max_messages,
+            "min_messages": config.count_target,
+            "max_tokens": config.max_tokens,
+            "target_tokens": config.token_target,
+            "preserve_first": config.preserve_first,
+            "cascade_tool_messages": config.cascade_tool_messages,
+            "start_on": config.start_on,
+            "namespace_key": config.namespace_key,
+        },
+        "version": __version__,
+        "body_formats": list(BODY_FORMATS),
+    }
+
+
+def extraction_status(service: Service) -> dict[str, Any]:
+    return service.open_memory().outbox.status(namespace_prefix=_scope(service).namespace_prefix)
+
+
+def dead_letters(service: Service, limit: int) -> dict[str, Any]:
+    scope = _scope(service)
+    entries = service.open_memory().outbox.dead_letters(limit, namespace_prefix=scope.namespace_prefix)
+    return {
+        "dead_letters": [
+            {
+                "namespace": scope.unnamespace(entry.namespace),
+                "key": entry.key,
+                "thread_id": entry.thread_id,
+                "attempts": entry.attempts,
+                "last_error": entry.last_error,
+                "pruned_at": entry.pruned_at.isoformat(),
+            }
+            for entry in entries
+        ]
+    }
+
+
+def retry_dead(service: Service) -> dict[str, Any]:
+    prefix = _scope(service).namespace_prefix
+    return {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=prefix)}
+
+
+def sweeps_status(service: Service) -> dict[str, Any]:
+    if service.sweeper is None:
+        raise Unavailable("the service is starting or stopping")
+    return service.sweeper.status()

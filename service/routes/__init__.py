@@ -1,0 +1,56 @@
+"""The FastAPI routes, one module per resource; every route calls an operation of ``service/ops.py``.
+
+The per-step routes' FastAPI twins (``checkpoints.py``) document them in OpenAPI and share their
+operations; the hot path answers those requests first (``service/hotpath.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from reducing_saver.service import schemas
+from reducing_saver.service.state import Service
+from reducing_saver.wire import MSGPACK, json_default
+
+
+class ORJSONResponse(JSONResponse):
+    """JSON by orjson; :class:`~reducing_saver.wire.Blob` values become ``{"type", "data": base64}``."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, default=json_default)
+
+
+async def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+#: The app's :class:`Service`, as a route parameter.
+ServiceDep = Annotated[Service, Depends(_service)]
+
+#: The error answers every route documents.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": schemas.ErrorResponse, "description": "Body larger than max_body_bytes."},
+    422: {"model": schemas.ErrorResponse, "description": "A field is missing, of the wrong type, or refused."},
+    503: {
+        "model": schemas.ErrorResponse,
+        "description": "The database is unavailable: unreachable, or no saver or connection within "
+        "db_timeout_seconds.",
+    },
+}
+
+
+def msgpack_too(request: str, answer: str | None = None) -> dict[str, Any]:
+    """OpenAPI: the route also takes an ``application/msgpack`` body (and then answers in msgpack)."""
+    extra: dict[str, Any] = {
+        "requestBody": {"content": {MSGPACK: {"schema": {"$ref": f"#/components/schemas/{request}"}}}}
+    }
+    if answer is not None:
+        schema = {"$ref": f"#/components/schemas/{answer}"}
+        extra["responses"] = {"200": {"content": {MSGPACK: {"schema": schema}}}}
+    return extra

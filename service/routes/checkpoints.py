@@ -1,0 +1,78 @@
+"""The saver API: capabilities, checkpoints (get, list, put), pending writes, DeltaChannel history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from reducing_saver.service import ops, schemas
+from reducing_saver.service.routes import ERRORS, ORJSONResponse, ServiceDep, msgpack_too
+from reducing_saver.wire import CAPABILITIES_PATH, GET_PATH, LIST_PATH, PUT_PATH, WRITES_PATH
+
+router = APIRouter(tags=["saver"])
+
+
+@router.get(CAPABILITIES_PATH, response_model=schemas.CapabilitiesResponse)
+async def capabilities(service: ServiceDep) -> Any:
+    """The backend's optional capabilities and the reducer's configuration."""
+    return ops.capabilities(service)
+
+
+# The per-step routes: the hot path answers them before FastAPI; these twins document them and share
+# their operations.
+
+
+@router.post(
+    GET_PATH,
+    response_model=schemas.GetCheckpointResponse,
+    responses=ERRORS,
+    summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
+    openapi_extra=msgpack_too("GetCheckpointRequest", "GetCheckpointResponse"),
+)
+async def get_checkpoint(body: schemas.GetCheckpointRequest, service: ServiceDep) -> Any:
+    return ORJSONResponse(await service.call(ops.get_checkpoint, body))
+
+
+@router.post(
+    PUT_PATH,
+    response_model=schemas.PutCheckpointResponse,
+    responses=ERRORS,
+    summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
+    openapi_extra=msgpack_too("PutCheckpointRequest", "PutCheckpointResponse"),
+)
+async def put_checkpoint(body: schemas.PutCheckpointRequest, service: ServiceDep) -> Any:
+    return ORJSONResponse(await service.call(ops.put_checkpoint, body))
+
+
+@router.post(
+    WRITES_PATH,
+    status_code=204,
+    responses=ERRORS,
+    summary="Store a task's pending writes (idempotent per task_id and index).",
+    openapi_extra=msgpack_too("PutWritesRequest"),
+)
+async def put_writes(body: schemas.PutWritesRequest, service: ServiceDep) -> Response:
+    await service.call(ops.put_writes, body)
+    return Response(status_code=204)
+
+
+@router.post(
+    LIST_PATH,
+    response_model=schemas.ListCheckpointsResponse,
+    responses=ERRORS,
+    summary="List checkpoints, newest first, filtered by thread, metadata, before and limit.",
+)
+async def list_checkpoints(body: schemas.ListCheckpointsRequest, service: ServiceDep) -> Any:
+    return ORJSONResponse(await service.call(ops.list_checkpoints, body))
+
+
+@router.post(
+    "/v1/checkpoints/delta-history",
+    response_model=schemas.DeltaHistoryResponse,
+    responses=ERRORS,
+    summary="Per-channel writes and seed along a checkpoint's ancestors.",
+)
+async def delta_history(body: schemas.DeltaHistoryRequest, service: ServiceDep) -> Any:
+    return ORJSONResponse(await service.call(ops.delta_history, body))

@@ -1,0 +1,50 @@
+"""Probes and metrics: ``/healthz``, ``/readyz``, ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from reducing_saver.service.errors import Unavailable
+from reducing_saver.service.routes import ERRORS, ServiceDep
+
+router = APIRouter(tags=["health"])
+
+#: How long ``/readyz`` lets the database take to answer (a kubelet probe's timeout is a few seconds).
+READY_TIMEOUT_SECONDS = 2.0
+
+
+@router.get("/healthz", summary="The process is alive.")
+async def healthz() -> dict[str, str]:
+    # On the event loop, which never waits on the database: it answers while the database hangs.
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary=f"The database answers: the checkpoint table is readable within {READY_TIMEOUT_SECONDS:g} s.",
+    responses={503: ERRORS[503]},
+)
+async def readyz(service: ServiceDep) -> dict[str, str]:
+    backend = service.backend
+    if backend is None:
+        raise Unavailable("the service is starting or stopping")
+    try:
+        await service.blocking(backend.ready, READY_TIMEOUT_SECONDS, timeout=READY_TIMEOUT_SECONDS + 0.5)
+    except Unavailable:
+        raise Unavailable(f"database not ready: no answer within {READY_TIMEOUT_SECONDS:g} s") from None
+    except Exception as exc:
+        raise Unavailable(f"database not ready: {type(exc).__name__}") from None
+    return {"status": "ready"}
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics of this worker process.",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format."}},
+)
+async def metrics(request: Request, service: ServiceDep) -> Response:
+    # Outbox figures are read from the database: off the event loop, bounded like any database call.
+    body, content_type = await service.blocking(service.metrics.render, request.headers.get("accept"))
+    return Response(body, media_type=content_type)

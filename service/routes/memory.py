@@ -1,0 +1,39 @@
+"""Long-term memory: the extraction outbox's figures, its dead letters, and re-driving them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from reducing_saver.service import ops, schemas
+from reducing_saver.service.routes import ServiceDep
+
+router = APIRouter(tags=["memory"])
+
+
+@router.get(
+    "/v1/extraction/status",
+    response_model=schemas.ExtractionStatus,
+    summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age.",
+)
+async def extraction_status(service: ServiceDep) -> Any:
+    return await service.blocking(ops.extraction_status, service)
+
+
+@router.get(
+    "/v1/extraction/dead-letters",
+    response_model=schemas.DeadLettersResponse,
+    summary="Messages whose extraction failed every attempt, oldest first.",
+)
+async def dead_letters(service: ServiceDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    return await service.blocking(ops.dead_letters, service, limit)
+
+
+@router.post(
+    "/v1/extraction/retry-dead",
+    response_model=schemas.RetryDeadResponse,
+    summary="Put every dead letter back in the queue for another round of attempts.",
+)
+async def retry_dead(service: ServiceDep) -> Any:
+    return await service.blocking(ops.retry_dead, service)

@@ -1,0 +1,52 @@
+"""Threads and runs: delete, copy, prune, delete a run's checkpoints; TTL sweep status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from reducing_saver.service import ops, schemas
+from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.service.ttl.sweeper import SweepStatus
+
+router = APIRouter(tags=["threads"])
+
+
+@router.post("/v1/threads/delete", status_code=204, responses=ERRORS, summary="Delete every checkpoint and write of a thread.")
+async def delete_thread(body: schemas.DeleteThreadRequest, service: ServiceDep) -> Response:
+    await service.call(ops.delete_thread, body)
+    return Response(status_code=204)
+
+
+@router.post("/v1/threads/copy", status_code=204, responses=ERRORS, summary="Copy a thread's checkpoints and writes to another thread id.")
+async def copy_thread(body: schemas.CopyThreadRequest, service: ServiceDep) -> Response:
+    await service.call(ops.copy_thread, body)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/v1/threads/prune",
+    status_code=204,
+    responses=ERRORS,
+    summary="Prune threads: keep_latest keeps each namespace's head; delete removes all.",
+)
+async def prune(body: schemas.PruneRequest, service: ServiceDep) -> Response:
+    await service.call(ops.prune, body)
+    return Response(status_code=204)
+
+
+@router.post("/v1/runs/delete", status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs.")
+async def delete_for_runs(body: schemas.DeleteRunsRequest, service: ServiceDep) -> Response:
+    await service.call(ops.delete_for_runs, body)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/sweeps/status",
+    response_model=SweepStatus,
+    summary="TTL sweeps: settings, this process's figures, and every sweeper's from the sweep log.",
+)
+async def sweeps_status(service: ServiceDep) -> Any:
+    return await service.blocking(ops.sweeps_status, service)

@@ -1,0 +1,91 @@
+"""``AuthMiddleware``: the request's caps and tenant; 401 without a valid key; the key in OpenAPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from reducing_saver.service.errors import send_error
+from reducing_saver.service.security.keys import ApiKeys
+from reducing_saver.service.security.limits import Limits, _limits
+from reducing_saver.service.security.tenancy import _tenant
+
+#: Routes answered without a key (probes must work before anyone holds one).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+def _bearer(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
+
+
+class AuthMiddleware:
+    """Sets the request's caps and tenant; with keys configured, 401 without a valid bearer key.
+
+    The header is read here and nowhere else; it is never logged (the access log has method, path,
+    status and duration only) and a 401 never echoes what was sent.
+    """
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys | None, limits: Limits, public: frozenset[str]) -> None:
+        self.app = app
+        self.keys = keys
+        self.limits = limits
+        self.public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        tenant = None
+        if self.keys is not None and scope["path"] not in self.public:
+            token = _bearer(scope)
+            tenant = self.keys.tenant_for(token) if token else None
+            if tenant is None:
+                detail = "a valid API key is required: send `Authorization: Bearer <key>`"
+                await send_error(send, 401, detail)
+                return
+            scope.setdefault("state", {})["tenant"] = tenant
+        limits_token = _limits.set(self.limits)
+        tenant_token = _tenant.set(tenant)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _tenant.reset(tenant_token)
+            _limits.reset(limits_token)
+
+
+def document_auth(app: Any, public: frozenset[str] | set[str]) -> None:
+    """Declare the bearer key in ``app``'s OpenAPI document: a security scheme, and on every operation
+    but the public ones, ``security`` and a 401 response (call it only when keys are configured)."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        components = schema.setdefault("components", {})
+        components.setdefault("securitySchemes", {})["apiKey"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key of REDUCING_SAVER_API_KEYS / REDUCING_SAVER_API_KEYS_FILE; its tenant "
+            "owns every thread the request touches.",
+        }
+        unauthorized = {
+            "description": "No valid API key.",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        }
+        for path, operations in schema.get("paths", {}).items():
+            if path in public:
+                continue
+            for operation in operations.values():
+                operation["security"] = [{"apiKey": []}]
+                operation.setdefault("responses", {})["401"] = unauthorized
+        return schema
+
+    app.openapi = openapi
+

@@ -1,0 +1,126 @@
+"""API keys: parsed once from the settings, kept as SHA-256 digests, compared in constant time; and the
+refusal to listen beyond loopback without them."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+# -- API keys ---------------------------------------------------------------------------------------
+
+
+class ApiKeys:
+    """SHA-256 digests of the configured keys and their tenants; never a plain key."""
+
+    def __init__(self, entries: Sequence[tuple[str, bytes]]) -> None:
+        self._entries = tuple(entries)
+        self.tenants = frozenset(tenant for tenant, _ in entries)
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._entries)} keys for tenants {sorted(self.tenants)})"
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def tenant_for(self, key: str | bytes) -> str | None:
+        """The tenant of ``key``, or ``None``. Compares with every digest, in constant time each."""
+        digest = hashlib.sha256(key if isinstance(key, bytes) else key.encode()).digest()
+        found = None
+        for tenant, expected in self._entries:
+            if hmac.compare_digest(digest, expected):
+                found = tenant
+        return found
+
+
+def _check_tenant(tenant: str, where: str) -> None:
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError(f"{where}: tenant name {tenant[:64]!r} must be 1 to 64 of A-Z a-z 0-9 _ -")
+
+
+def parse_api_keys(text: str) -> list[tuple[str, bytes]]:
+    """``tenant=key,tenant=key`` as ``(tenant, sha256 digest)`` pairs. Errors never quote a key."""
+    entries = []
+    for index, pair in enumerate(part.strip() for part in text.split(",")):
+        if not pair:
+            continue
+        tenant, sep, key = pair.partition("=")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not key:
+            raise ValueError(f"api_keys: entry {index + 1} is not tenant=key")
+        _check_tenant(tenant, f"api_keys: entry {index + 1}")
+        entries.append((tenant, hashlib.sha256(key.encode()).digest()))
+    return entries
+
+
+def parse_api_keys_file(path: str) -> list[tuple[str, bytes]]:
+    """Lines ``tenant sha256-hex`` (blank lines and ``#`` comments skipped)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"api_keys_file: cannot read {path}: {exc.strerror or exc}") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not re.fullmatch(r"[0-9a-fA-F]{64}", parts[1]):
+            raise ValueError(f"api_keys_file {path}, line {number}: expected `tenant sha256-hex-of-key`")
+        _check_tenant(parts[0], f"api_keys_file {path}, line {number}")
+        entries.append((parts[0], bytes.fromhex(parts[1])))
+    return entries
+
+
+def load_api_keys(settings: Any) -> ApiKeys | None:
+    """The configured keys (both sources together), or ``None`` when none is: single-tenant mode.
+
+    Raises:
+        ValueError: A malformed pair or line, or one key given to two tenants.
+    """
+    entries: list[tuple[str, bytes]] = []
+    if settings.api_keys is not None:
+        entries += parse_api_keys(settings.api_keys.get_secret_value())
+    if settings.api_keys_file:
+        entries += parse_api_keys_file(settings.api_keys_file)
+    if not entries:
+        if settings.api_keys is not None or settings.api_keys_file:
+            raise ValueError("api_keys / api_keys_file are set but hold no key")
+        return None
+    owners: dict[bytes, str] = {}
+    for tenant, digest in entries:
+        if owners.setdefault(digest, tenant) != tenant:
+            raise ValueError(f"api keys: one key is given to two tenants ({owners[digest]!r} and {tenant!r})")
+    return ApiKeys(entries)
+
+
+def hash_key(key: str) -> str:
+    """The ``sha256-hex`` of a key, as ``api_keys_file`` lines hold it."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Any) -> str | None:
+    """Why the service must not start as configured, or ``None``: a non-loopback address with no API
+    key is refused unless ``insecure`` is set."""
+    if is_loopback(settings.host) or settings.insecure or load_api_keys(settings) is not None:
+        return None
+    return (
+        f"refusing to listen on {settings.host} without API keys: anyone who can reach it could read and "
+        "write every thread. Configure keys (REDUCING_SAVER_API_KEYS_FILE or REDUCING_SAVER_API_KEYS), "
+        "listen on 127.0.0.1, or pass --insecure (REDUCING_SAVER_INSECURE=true) if the network is yours alone."
+    )

@@ -1,0 +1,145 @@
+"""Tenants: every stored thread id and memory namespace of a tenant lives under its name.
+
+With keys configured, the thread id stored is ``f"{tenant}:{thread_id}"`` (tenant names are
+``[A-Za-z0-9_-]+``, so the first ``:`` always splits it back and no two tenants' ids can collide), and
+every memory namespace is stored under ``("tenants", tenant, *namespace)``; the fallback
+``("memories", thread_id)`` uses the agent's own thread id. :class:`TenantScope` maps ids in and out of
+the operations; another tenant's thread looks exactly like a missing one. Without keys (single-tenant
+mode) nothing is mapped: stored ids are the agent's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from contextvars import ContextVar
+from itertools import islice
+from typing import Any
+
+from reducing_saver.reducer import namespace_for
+from reducing_saver.service.storage.lifecycle import THREAD_PREFIX_KEY
+
+#: Prefix of every memory namespace in tenant mode: ``("tenants", tenant, *namespace)``.
+TENANTS_LABEL = "tenants"
+_tenant: ContextVar[str | None] = ContextVar("reducing_saver_tenant", default=None)
+
+
+def current_tenant() -> str | None:
+    """The tenant of the current request's API key; ``None`` without keys or outside a request."""
+    return _tenant.get()
+
+# -- tenant scoping ----------------------------------------------------------------------------------
+
+
+class TenantScope:
+    """Maps an agent's thread ids and memory namespaces to stored ones and back, for one tenant.
+
+    ``TenantScope(None)`` (single-tenant mode) maps nothing.
+    """
+
+    def __init__(self, tenant: str | None) -> None:
+        self.tenant = tenant
+        self.prefix = f"{tenant}:" if tenant is not None else ""
+
+    @classmethod
+    def for_request(cls, tenant_mode: bool) -> TenantScope:
+        tenant = current_tenant()
+        if tenant_mode and tenant is None:
+            # Never fall back to unscoped access: a request that got here without a tenant is a bug.
+            from fastapi import HTTPException
+
+            raise HTTPException(401, "a valid API key is required: send `Authorization: Bearer <key>`")
+        return cls(tenant)
+
+    # thread ids
+    def thread(self, thread_id: str) -> str:
+        return self.prefix + thread_id
+
+    def threads(self, thread_ids: Sequence[str]) -> list[str]:
+        return [self.prefix + t for t in thread_ids]
+
+    def unthread(self, stored: str) -> str:
+        return stored.removeprefix(self.prefix)
+
+    def owns(self, stored: str) -> bool:
+        return stored.startswith(self.prefix)
+
+    def text(self, message: str) -> str:
+        """An error message with stored ids turned back into the agent's."""
+        return message.replace(self.prefix, "") if self.prefix else message
+
+    # configs
+    def config_in(self, config: dict[str, Any], namespace_key: str, *, namespace: bool = False) -> dict[str, Any]:
+        """``config`` with its thread id stored; with ``namespace``, the memory namespace made explicit
+        under ``("tenants", tenant)`` (the fallback from the agent's own thread id)."""
+        if self.tenant is None:
+            return config
+        configurable = dict(config["configurable"])
+        if namespace:
+            configurable[namespace_key] = list(self.namespace(namespace_for(config, namespace_key)))
+        else:
+            configurable.pop(namespace_key, None)
+        if configurable.get("thread_id") is not None:
+            configurable["thread_id"] = self.thread(str(configurable["thread_id"]))
+        return {**config, "configurable": configurable}
+
+    def config_out(self, config: Any) -> Any:
+        if self.tenant is None or not isinstance(config, dict):
+            return config
+        configurable = config.get("configurable")
+        if not isinstance(configurable, dict) or not isinstance(configurable.get("thread_id"), str):
+            return config
+        return {**config, "configurable": {**configurable, "thread_id": self.unthread(configurable["thread_id"])}}
+
+    def tuple_out(self, item: dict[str, Any]) -> dict[str, Any]:
+        if self.tenant is None:
+            return item
+        return {**item, "config": self.config_out(item["config"]), "parent_config": self.config_out(item["parent_config"])}
+
+    # memory namespaces
+    @property
+    def namespace_prefix(self) -> tuple[str, ...] | None:
+        return (TENANTS_LABEL, self.tenant) if self.tenant is not None else None
+
+    def namespace(self, namespace: Sequence[str]) -> tuple[str, ...]:
+        return (*self.namespace_prefix, *namespace) if self.tenant is not None else tuple(namespace)
+
+    def unnamespace(self, namespace: Sequence[str]) -> list[str]:
+        labels = list(namespace)
+        return labels[2:] if self.tenant is not None and tuple(labels[:2]) == self.namespace_prefix else labels
+
+
+def stored_thread_to_agent(stored: str, tenant_mode: bool) -> str:
+    """The agent's thread id of a stored one (tenant mode strips ``tenant:``)."""
+    return stored.split(":", 1)[1] if tenant_mode and ":" in stored else stored
+
+
+def list_checkpoints(
+    saver: Any,
+    backend_kind: str,
+    scope: TenantScope,
+    config: dict[str, Any] | None,
+    *,
+    filter: dict[str, Any] | None,
+    before: dict[str, Any] | None,
+    limit: int | None,
+) -> Iterator[Any]:
+    """``saver.list`` seen by one tenant.
+
+    With a thread in ``config`` the thread id is already the stored one. Across threads (``config`` is
+    ``None``) a tenant sees only its own: PostgreSQL filters in the query (``thread_id LIKE 'tenant:%'``,
+    before ``ORDER BY`` and ``LIMIT``); SQLite and memory filter the saver's ordered results and stop after
+    ``limit``. ``before`` and ``filter`` mean what they mean to the saver.
+    """
+    if scope.tenant is None or config is not None:
+        yield from saver.list(config, filter=filter, before=before, limit=limit)
+        return
+    if backend_kind == "postgres":
+        prefixed = {"configurable": {THREAD_PREFIX_KEY: scope.prefix}}
+        for item in saver.list(prefixed, filter=filter, before=before, limit=limit):
+            if scope.owns(item.config["configurable"]["thread_id"]):
+                yield item
+        return
+    with closing(saver.list(None, filter=filter, before=before, limit=None)) as items:
+        own = (item for item in items if scope.owns(item.config["configurable"]["thread_id"]))
+        yield from (own if limit is None else islice(own, limit))

@@ -1,0 +1,168 @@
+"""What every request of one app shares: settings, keys, the reducer, metrics, and the open backend.
+
+``Service.open`` (the app's lifespan) opens the backend once, wraps its savers in reducing savers, and
+starts the extraction deliverer and the TTL sweeper; ``Service.close`` stops them. Requests reach the
+database only through :meth:`Service.call` (a saver operation) and :meth:`Service.blocking` (anything
+else): both run in worker threads and give up after ``db_timeout_seconds`` with a 503, so the event loop
+never waits on the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
+
+from reducing_saver.reducer import MessageReducer, ReducingSaver
+from reducing_saver.service.config import Settings
+from reducing_saver.service.errors import Unavailable
+from reducing_saver.service.extraction.memory import Memory
+from reducing_saver.service.imports import import_callable
+from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
+from reducing_saver.service.observability import ServiceMetrics
+from reducing_saver.service.storage import Backend, SaverPool, open_backend
+from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
+
+logger = logging.getLogger("reducing_saver.service")
+
+T = TypeVar("T")
+
+try:
+    __version__ = version("reducing-saver")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0"
+
+#: Worker threads for database work that needs no saver (probes, outbox status, sweep status).
+BLOCKING_THREADS = 4
+_STOPPED = "the service is starting or stopping"
+
+
+def _message_hooks(paths: list[str]) -> list[Callable[..., Any]]:
+    """Operator hooks get the pruned messages as LangChain objects (or dicts for custom classes)."""
+    hooks = []
+    for path in paths:
+        hook = import_callable(path, "on_prune hook")
+
+        def call(messages: list[Any], namespace: tuple[str, ...], hook: Callable[..., Any] = hook) -> Any:
+            return hook([to_message(m) for m in messages], namespace)
+
+        hooks.append(call)
+    return hooks
+
+
+class Service:
+    """The state of one app: built with the app, opened by its lifespan.
+
+    Args:
+        settings: The service settings.
+        extra_hooks: More ``on_prune`` hooks (embedding, tests), called with the pruned messages as
+            ``model_dump()`` dicts and the namespace.
+    """
+
+    def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
+        self.settings = settings
+        #: API key digests and tenants; None in single-tenant mode (no key configured).
+        self.api_keys = settings.api_key_set
+        self.tenant_mode = self.api_keys is not None
+        self.backend_kind = settings.backend
+        self.codec = SafeMessagesCodec(settings.allowed_message_classes)
+        self.metrics = ServiceMetrics(self.codec)
+        hooks = [*_message_hooks(settings.on_prune), *(extra_hooks or []), self.metrics.count_delivered]
+        self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
+        self.backend: Backend | None = None
+        self.savers: SaverPool | None = None
+        self.memory: Memory | None = None
+        self.sweeper: Sweeper | None = None
+        self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
+
+    # -- opening and closing ----------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the backend, create its tables, start delivery and sweeps (blocking; the lifespan's)."""
+        settings = self.settings
+        backend = open_backend(
+            settings.database, pool_size=settings.pool_size, timeout=settings.db_timeout_seconds
+        )
+        try:
+            backend.setup()
+            codec = self.metrics.measuring()
+
+            def wrap(inner: Any) -> ReducingSaver:
+                return ReducingSaver(
+                    inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
+                )
+
+            savers = SaverPool([wrap(inner) for inner in backend.savers(settings.pool_size)], timeout=settings.db_timeout_seconds)
+            memory = Memory(settings, backend, tenant_mode=self.tenant_mode)
+            self.memory = memory
+            if settings.extract:
+                memory.start()
+            # Before the savers are served: every put notes its thread's write in the TTL ledger.
+            self.sweeper = open_sweeper(
+                settings, backend, recorder=memory.outbox, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+            )
+            if settings.sweep:
+                self.sweeper.start()
+        except BaseException:
+            self.close()
+            backend.close()
+            raise
+        self.backend, self.savers = backend, savers
+        self.metrics.watch(savers, backend.pool, memory.outbox)
+        logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
+
+    def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
+        assert self.memory is not None, "the backend records only while the service is open"
+        self.memory.record(pruned, namespace, config, checkpoint)
+
+    def close(self) -> None:
+        """Stop sweeps and delivery (each within the shutdown grace), then close the backend."""
+        grace = self.settings.shutdown_grace_seconds
+        backend, self.backend = self.backend, None
+        savers, self.savers = self.savers, None
+        if self.sweeper is not None:
+            self.sweeper.close(grace)
+            self.sweeper = None
+        if self.memory is not None:
+            self.memory.close(grace)
+            self.memory = None
+        self.metrics.watch(None)
+        if savers is not None:
+            savers.close()
+        if backend is not None:
+            backend.close()
+            logger.info("backend %s closed; shutdown complete", backend.kind)
+
+    # -- running database work off the event loop --------------------------------------------------
+
+    def open_savers(self) -> SaverPool:
+        """The saver pool, or 503 while the service starts or stops."""
+        if self.savers is None:
+            raise Unavailable(_STOPPED)
+        return self.savers
+
+    def open_memory(self) -> Memory:
+        """The outbox and deliverer, or 503 while the service starts or stops."""
+        if self.memory is None:
+            raise Unavailable(_STOPPED)
+        return self.memory
+
+    async def call(self, op: Callable[[Service, ReducingSaver, Any], T], body: Any) -> T:
+        """``op(self, saver, body)`` in a worker thread with a saver of its own (503 if none frees up in
+        ``db_timeout_seconds``)."""
+        return await self.open_savers().call(lambda saver: op(self, saver, body))
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+        """``fn(*args)`` in a worker thread; 503 when it has not finished within ``timeout`` seconds
+        (default ``db_timeout_seconds``). The request's context (tenant, caps) goes with it."""
+        limit = self.settings.db_timeout_seconds if timeout is None else timeout
+        context = contextvars.copy_context()
+        future = asyncio.get_running_loop().run_in_executor(self._blocking, context.run, fn, *args)
+        try:
+            return await asyncio.wait_for(future, limit)
+        except TimeoutError:
+            raise Unavailable(f"the database is unavailable: no answer within {limit:g} s") from None

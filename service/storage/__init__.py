@@ -1,0 +1,203 @@
+"""Storage by backend: PostgreSQL, SQLite or memory, chosen once, from the database URL.
+
+Each backend is a package of its own (``postgres/``, ``sqlite/``, ``memory/``) holding its saver
+extensions, outbox, TTL ledger, connection handling and SQL. What a backend provides is
+:class:`Backend`; :func:`open_backend` is the one place that picks one. :class:`SaverPool` lends the
+service's reducing savers to calls, off the event loop and with a bounded wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib
+import logging
+import queue
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.store.base import BaseStore
+
+from reducing_saver.reducer import ReducingSaver
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: URL scheme -> backend name.
+BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "sqlite", "memory": "memory"}
+#: Backend name -> the module that opens it.
+_MODULES = {
+    "postgres": "reducing_saver.service.storage.postgres",
+    "sqlite": "reducing_saver.service.storage.sqlite",
+    "memory": "reducing_saver.service.storage.memory",
+}
+
+
+def backend_kind(url: str) -> str:
+    """``"postgres"``, ``"sqlite"`` or ``"memory"`` for a database URL.
+
+    Raises:
+        ValueError: For any other scheme, naming the ones supported.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in BACKEND_SCHEMES:
+        raise ValueError(
+            f"unsupported database URL scheme {scheme!r}; use postgresql://, sqlite:/// or memory://"
+        )
+    return BACKEND_SCHEMES[scheme]
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///relative/file`` -> ``relative/file``; ``sqlite:////abs/file`` -> ``/abs/file``."""
+    return url.split("sqlite://", 1)[1][1:] if url.startswith("sqlite://") else ""
+
+
+class Backend(Protocol):
+    """What a backend provides. One instance per process, opened by :func:`open_backend`."""
+
+    #: ``"postgres"``, ``"sqlite"`` or ``"memory"``.
+    kind: str
+    #: The process's PostgreSQL connection pool (``None`` elsewhere); for metrics.
+    pool: Any
+
+    def setup(self) -> None:
+        """Create the checkpoint tables (idempotent; safe when replicas start together)."""
+
+    def savers(self, count: int) -> list[BaseCheckpointSaver]:
+        """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim."""
+
+    def outbox(self) -> Any:
+        """The extraction outbox (``extraction.outbox.Outbox``), set up."""
+
+    def store(self) -> BaseStore:
+        """The long-term memory store, set up (closed with the backend)."""
+
+    def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> Any:
+        """The TTL ledger (``ttl.ledger``), set up."""
+
+    def ready(self, timeout: float) -> None:
+        """Raise unless the checkpoint tables answer within ``timeout`` seconds."""
+
+    def close(self) -> None:
+        """Close every connection the backend opened."""
+
+
+def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True) -> Backend:
+    """Open the backend a database URL names.
+
+    Args:
+        url: ``postgresql://...``, ``sqlite:///path`` or ``memory://``.
+        pool_size: PostgreSQL: connections of the process's one pool.
+        timeout: PostgreSQL: seconds a caller waits for a pooled connection (then the database counts as
+            unavailable); SQLite: ignored (its busy timeout is fixed).
+        create: SQLite: create the file when missing (``serve``, ``worker``); read-only commands pass
+            ``False`` and get ``FileNotFoundError`` instead.
+    """
+    module = importlib.import_module(_MODULES[backend_kind(url)])
+    return module.open(url, pool_size=pool_size, timeout=timeout, create=create)
+
+
+class SaversBusy(Exception):
+    """No saver became free within the wait: the database is slow or hangs (a 503)."""
+
+
+class SaverPool:
+    """The service's reducing savers, lent one per call and run in worker threads.
+
+    The event loop never runs a saver: :meth:`call` waits (at most ``timeout`` seconds) for a free saver
+    on the loop, then runs the call in a thread of a pool as large as the savers. A database that hangs
+    ties up threads, never the loop, so probes and other tenants' requests that need no saver still get
+    answers, and calls that find no saver in time get :class:`SaversBusy`.
+
+    PostgresSaver serializes every call on one lock per instance, so the PostgreSQL backend gets one
+    saver per pooled connection; SQLite and memory have one saver.
+    """
+
+    def __init__(self, savers: list[ReducingSaver], *, timeout: float) -> None:
+        self._savers = savers
+        self._idle: queue.SimpleQueue[ReducingSaver] = queue.SimpleQueue()
+        for saver in savers:
+            self._idle.put(saver)
+        self.timeout = timeout
+        self.capabilities = savers[0].capabilities
+        self._executor = ThreadPoolExecutor(len(savers), thread_name_prefix="saver")
+        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self._savers)
+
+    @property
+    def borrowed(self) -> int:
+        """Savers lent to a call right now."""
+        return len(self._savers) - self._idle.qsize()
+
+    @property
+    def any(self) -> ReducingSaver:
+        """One of the savers, for what needs its class or inner saver, not a call."""
+        return self._savers[0]
+
+    async def call(self, fn: Callable[[ReducingSaver], T]) -> T:
+        """``fn(saver)`` in a worker thread with a saver of its own.
+
+        Raises:
+            SaversBusy: If no saver is free within ``timeout`` seconds.
+        """
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(len(self._savers))
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.timeout)
+        except TimeoutError:
+            raise SaversBusy(self._busy()) from None
+        try:
+            # The call sees the request's context (tenant, caps, metrics notes), as the loop does.
+            context = contextvars.copy_context()
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, context.run, self._run, fn)
+        finally:
+            self._slots.release()
+
+    def _run(self, fn: Callable[[ReducingSaver], T]) -> T:
+        with self.borrow() as saver:
+            return fn(saver)
+
+    @contextmanager
+    def borrow(self) -> Iterator[ReducingSaver]:
+        """A saver for one blocking call (worker threads, not the event loop); waits at most ``timeout``.
+
+        Raises:
+            SaversBusy: If none is free in time (a sweep or a stuck call holds them).
+        """
+        try:
+            saver = self._idle.get(timeout=self.timeout)
+        except queue.Empty:
+            raise SaversBusy(self._busy()) from None
+        try:
+            yield saver
+        finally:
+            self._idle.put(saver)
+
+    def _busy(self) -> str:
+        return (
+            f"the database is unavailable: all {len(self._savers)} saver(s) stayed busy for "
+            f"{self.timeout:g} s (setting db_timeout_seconds)"
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = [
+    "BACKEND_SCHEMES",
+    "Backend",
+    "SaverPool",
+    "SaversBusy",
+    "backend_kind",
+    "open_backend",
+    "sqlite_path",
+]

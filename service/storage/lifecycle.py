@@ -1,0 +1,134 @@
+"""Thread-lifecycle pieces the three backends' savers share: argument checks, DeltaChannel markers,
+the copy conflict.
+
+Semantics of ``copy_thread``, ``delete_for_runs`` and ``prune``, the same on every backend (each backend's
+``saver.py`` implements them against its own tables):
+
+* ``copy_thread(source, target)`` copies every checkpoint, blob and pending write of ``source`` to
+  ``target``, ids, parents and metadata unchanged. ``target`` must hold nothing: otherwise
+  :class:`ThreadNotEmptyError` and nothing is copied, since merging two histories under one id would
+  silently mix them. A ``source`` with nothing stored copies nothing.
+* ``delete_for_runs(run_ids)`` deletes, across all threads, the checkpoints whose metadata ``run_id`` is
+  one of ``run_ids`` (a string, compared exactly), their pending writes, and the blobs they referenced
+  that no remaining checkpoint of the same thread and namespace references. A remaining checkpoint whose
+  parent was deleted is left with no parent.
+* ``prune(thread_ids, strategy="keep_latest")`` keeps each namespace's latest checkpoint (the one
+  ``get_tuple`` loads) with its pending writes and the blobs it references, and leaves it with no
+  parent; a subgraph call's namespace (a ``:`` in it) goes entirely when the root checkpoint its call
+  started from is saved and pruned. Threads that use a DeltaChannel are refused with
+  ``NotImplementedError``, and then nothing is pruned. ``strategy="delete"`` removes everything of the
+  threads. These are PostgresSaver 3.2's rules (it also keeps a pre-v4 head's parent for the pending
+  sends it reads from there; the other savers never read those). The SQLite and in-memory savers prune
+  the whole batch in one transaction, PostgresSaver one thread per transaction.
+
+A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
+checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
+serializes to msgpack extension 7 as a whole. The service stores client blobs verbatim
+(:class:`~reducing_saver.service.storage.serde.VerbatimSerde`), so snapshots are recognized from their bytes,
+not only as ``_DeltaSnapshot`` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from langgraph.checkpoint.postgres.base import PRUNE_STRATEGIES
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+from reducing_saver.wire import Blob
+
+#: LangGraph's msgpack extension code for a DeltaChannel snapshot (jsonplus.EXT_DELTA_SNAPSHOT).
+EXT_DELTA_SNAPSHOT = 7
+#: Metadata keys a DeltaChannel leaves on its thread's checkpoints (Python, LangGraph.js).
+DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
+
+
+class ThreadNotEmptyError(ValueError):
+    """``copy_thread`` refused: the target thread already holds checkpoints, blobs or writes."""
+
+    def __init__(self, target_thread_id: str) -> None:
+        super().__init__(
+            f"copy_thread: target thread {target_thread_id!r} already has stored checkpoints or writes; "
+            "copy into an unused thread id, or delete that thread first"
+        )
+        self.target_thread_id = target_thread_id
+
+
+# -- argument checks and DeltaChannel markers shared by the three savers ---------------------------
+
+
+def check_prune_args(thread_ids: Sequence[str], strategy: str) -> list[str]:
+    """``prune``'s arguments checked as PostgresSaver checks them."""
+    if isinstance(thread_ids, str):
+        raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValueError(f"Unknown prune strategy: {strategy!r}")
+    return list(dict.fromkeys(str(t) for t in thread_ids))
+
+
+def check_run_ids(run_ids: Sequence[str]) -> list[str]:
+    if isinstance(run_ids, str):
+        raise TypeError("run_ids must be a sequence of run IDs, not a str")
+    return list(dict.fromkeys(str(r) for r in run_ids))
+
+
+def check_copy_ids(source_thread_id: str, target_thread_id: str) -> tuple[str, str]:
+    source, target = str(source_thread_id), str(target_thread_id)
+    if source == target:
+        raise ValueError(f"copy_thread: source and target are the same thread {source!r}")
+    return source, target
+
+
+#: ``config["configurable"]`` key that makes the PostgreSQL saver's ``list`` keep only thread ids with
+#: this prefix (set by ``service/security.py`` for a tenant's list across threads; never by agents).
+THREAD_PREFIX_KEY = "__thread_id_prefix__"
+
+
+def like_prefix(prefix: str) -> str:
+    """A LIKE pattern (escape ``\\``) for strings starting with ``prefix``."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def refuse_delta_threads(delta_threads: Iterable[str]) -> None:
+    if found := sorted(set(delta_threads)):
+        raise NotImplementedError(
+            f"keep_latest can't prune threads that use a DeltaChannel: {', '.join(found)}"
+        )
+
+
+def run_id_of(metadata: Mapping[str, Any] | None) -> str | None:
+    run_id = (metadata or {}).get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def has_delta_metadata(metadata: Mapping[str, Any] | None) -> bool:
+    return any(key in (metadata or {}) for key in DELTA_METADATA_KEYS)
+
+
+# Offset of the type byte in each msgpack extension header: fixext 1/2/4/8/16, ext 8/16/32.
+_EXT_TYPE_OFFSET = {0xD4: 1, 0xD5: 1, 0xD6: 1, 0xD7: 1, 0xD8: 1, 0xC7: 2, 0xC8: 3, 0xC9: 5}
+
+
+def is_snapshot_blob(type_: str, data: bytes | None) -> bool:
+    """True for a serialized value that is, as a whole, a DeltaChannel snapshot."""
+    if type_ != "msgpack" or not data:
+        return False
+    offset = _EXT_TYPE_OFFSET.get(data[0])
+    return offset is not None and len(data) > offset and data[offset] == EXT_DELTA_SNAPSHOT
+
+
+def is_snapshot_value(value: Any) -> bool:
+    """A channel value as a saver's serde loads it: a ``_DeltaSnapshot``, or a client blob of one."""
+    if isinstance(value, _DeltaSnapshot):
+        return True
+    return isinstance(value, Blob) and is_snapshot_blob(value.type, value.data)
+
+
+def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
+    """The root graph's checkpoint a subgraph call started from (metadata ``parents[""]``)."""
+    parents = (metadata or {}).get("parents")
+    root = parents.get("") if isinstance(parents, Mapping) else None
+    return root if isinstance(root, str) else None
+
+

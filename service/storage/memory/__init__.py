@@ -1,0 +1,52 @@
+"""The memory backend (``memory://``, tests): InMemorySaver with the lifecycle capabilities, an outbox, a
+TTL ledger and InMemoryStore, all inside the service process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.store.memory import InMemoryStore
+
+from reducing_saver.service.storage.memory.ledger import MemoryLedger
+from reducing_saver.service.storage.memory.outbox import MemoryOutbox
+from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.serde import VerbatimSerde
+
+
+class MemoryBackend:
+    """See :class:`reducing_saver.service.storage.Backend`. One saver, every call under its lock."""
+
+    kind = "memory"
+    pool = None
+
+    def __init__(self) -> None:
+        self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
+        self._outbox = MemoryOutbox()
+        self._store = InMemoryStore()
+
+    def setup(self) -> None:
+        """Nothing to create."""
+
+    def savers(self, count: int) -> list[InMemoryLifecycleSaver]:
+        return [self.saver]
+
+    def outbox(self) -> MemoryOutbox:
+        return self._outbox
+
+    def store(self) -> InMemoryStore:
+        return self._store
+
+    def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> MemoryLedger:
+        return MemoryLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
+
+    def ready(self, timeout: float) -> None:
+        if not self.saver.lock.acquire(timeout=timeout):
+            raise TimeoutError(f"the in-memory saver stayed busy for {timeout:g} s")
+        self.saver.lock.release()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Nothing to close."""
+
+
+def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> MemoryBackend:  # noqa: A001
+    return MemoryBackend()

@@ -1,0 +1,286 @@
+"""InMemorySaver with ``copy_thread``, ``delete_for_runs`` and ``prune``, every call under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+
+from reducing_saver.service.storage.lifecycle import (
+    ThreadNotEmptyError,
+    check_copy_ids,
+    check_prune_args,
+    check_run_ids,
+    has_delta_metadata,
+    is_snapshot_blob,
+    parents_root,
+    refuse_delta_threads,
+    run_id_of,
+)
+
+
+class _Changes:
+    """Dictionary changes computed under the lock, applied only once all are computed."""
+
+    def __init__(self) -> None:
+        self.namespaces: dict[tuple[str, str], dict[str, tuple] | None] = {}
+        self.writes: dict[tuple[str, str, str], dict | None] = {}
+        self.blobs: dict[tuple[str, str, str, Any], tuple[str, bytes] | None] = {}
+
+
+class InMemoryLifecycleSaver(InMemorySaver):
+    """InMemorySaver with ``copy_thread``, ``delete_for_runs`` and ``prune`` and their async twins.
+
+    Constructed exactly like InMemorySaver. Every method runs under one re-entrant lock (``lock``), so
+    the lifecycle methods, which compute all their changes before applying any, are atomic to every
+    other call. ``list`` collects its results under the lock and yields them after.
+    """
+
+    def __init__(self, *, serde: Any = None, factory: type[defaultdict] = defaultdict) -> None:
+        super().__init__(serde=serde, factory=factory)
+        self.lock = threading.RLock()
+
+    # -- the base methods, under the lock ----------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        with self.lock:
+            return super().get_tuple(config)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        with self.lock:
+            items = [*super().list(config, filter=filter, before=before, limit=limit)]
+        yield from items
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        with self.lock:
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        with self.lock:
+            super().put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        with self.lock:
+            super().delete_thread(thread_id)
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        with self.lock:
+            return super().get_delta_channel_history(config=config, channels=channels)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, blob and pending write of a thread to another thread id, atomically.
+
+        Args:
+            source_thread_id: The thread to copy.
+            target_thread_id: The thread id to copy to; nothing may be stored under it.
+
+        Raises:
+            ValueError: If source and target are the same thread id.
+            ThreadNotEmptyError: If the target already has checkpoints, blobs or writes (nothing copied).
+        """
+        source, target = check_copy_ids(source_thread_id, target_thread_id)
+        with self.lock:
+            if self._in_use(target):
+                raise ThreadNotEmptyError(target)
+            changes = _Changes()
+            for ns, checkpoints in self.storage.get(source, {}).items():
+                if checkpoints:
+                    changes.namespaces[(target, ns)] = dict(checkpoints)
+            for (thread_id, ns, checkpoint_id), writes in self.writes.items():
+                if thread_id == source and writes:
+                    changes.writes[(target, ns, checkpoint_id)] = dict(writes)
+            for (thread_id, ns, channel, version), blob in self.blobs.items():
+                if thread_id == source:
+                    changes.blobs[(target, ns, channel, version)] = blob
+            self._apply(changes)
+
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
+        """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
+
+        Same rules as :meth:`PostgresLifecycleSaver.delete_for_runs` (``thread_id_prefix`` included),
+        atomically.
+
+        Raises:
+            TypeError: If ``run_ids`` is a single string.
+        """
+        runs = set(check_run_ids(run_ids))
+        if not runs:
+            return
+        with self.lock:
+            changes = _Changes()
+            for thread_id, namespaces in self.storage.items():
+                if thread_id_prefix is not None and not thread_id.startswith(thread_id_prefix):
+                    continue
+                for ns, checkpoints in namespaces.items():
+                    doomed = {
+                        checkpoint_id
+                        for checkpoint_id, (_, metadata, _) in checkpoints.items()
+                        if run_id_of(self.serde.loads_typed(metadata)) in runs
+                    }
+                    if doomed:
+                        self._drop(changes, thread_id, ns, doomed, detach_all=False)
+            self._apply(changes)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads, all of them atomically. Same rules as :meth:`SqliteLifecycleSaver.prune`,
+        and blobs go as in PostgresSaver: those a deleted checkpoint referenced and a kept one does not.
+
+        Raises:
+            TypeError: If ``thread_ids`` is a single string.
+            ValueError: If ``strategy`` is unknown.
+            NotImplementedError: If ``strategy`` is ``"keep_latest"`` and a thread uses a DeltaChannel
+                (metadata counters, or a snapshot blob); nothing is pruned then.
+        """
+        ids = check_prune_args(thread_ids, strategy)
+        if not ids:
+            return
+        with self.lock:
+            changes = _Changes()
+            if strategy == "delete":
+                for thread_id in ids:
+                    for ns in self.storage.get(thread_id, {}):
+                        self._wipe(changes, thread_id, ns)
+                    self._wipe(changes, thread_id, None)
+            else:
+                refuse_delta_threads(self._delta_threads(ids))
+                for thread_id in ids:
+                    self._keep_latest(changes, thread_id)
+            self._apply(changes)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        return self.copy_thread(source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        return self.delete_for_runs(run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        return self.prune(thread_ids, strategy=strategy)
+
+    # -- helpers (the lock is held) ------------------------------------------------------------------
+
+    def _in_use(self, thread_id: str) -> bool:
+        return (
+            any(self.storage.get(thread_id, {}).values())
+            or any(key[0] == thread_id and writes for key, writes in self.writes.items())
+            or any(key[0] == thread_id for key in self.blobs)
+        )
+
+    def _delta_threads(self, thread_ids: list[str]) -> set[str]:
+        found = set()
+        for thread_id in thread_ids:
+            for checkpoints in self.storage.get(thread_id, {}).values():
+                if any(has_delta_metadata(self.serde.loads_typed(m)) for _, m, _ in checkpoints.values()):
+                    found.add(thread_id)
+        wanted = set(thread_ids)
+        for (thread_id, *_), (type_, data) in self.blobs.items():
+            if thread_id in wanted and is_snapshot_blob(type_, data):
+                found.add(thread_id)
+        return found
+
+    def _keep_latest(self, changes: _Changes, thread_id: str) -> None:
+        namespaces = {ns: cps for ns, cps in self.storage.get(thread_id, {}).items() if cps}
+        heads = {ns: max(checkpoints) for ns, checkpoints in namespaces.items()}
+        root_checkpoints = namespaces.get("", {})
+        for ns, checkpoints in namespaces.items():
+            head = heads[ns]
+            if ":" in ns:
+                root = parents_root(self.serde.loads_typed(checkpoints[head][1]))
+                if root is not None and root != heads.get("") and root in root_checkpoints:
+                    self._wipe(changes, thread_id, ns)
+                    continue
+            self._drop(changes, thread_id, ns, set(checkpoints) - {head}, detach_all=True)
+
+    def _drop(
+        self, changes: _Changes, thread_id: str, ns: str, doomed: set[str], *, detach_all: bool
+    ) -> None:
+        """Plan deleting checkpoints ``doomed`` of one namespace, their writes and the blobs they free.
+
+        Remaining checkpoints whose parent is deleted lose it; with ``detach_all``, all of them do.
+        """
+        checkpoints = self.storage[thread_id][ns]
+        remaining: dict[str, tuple] = {}
+        for checkpoint_id, (checkpoint, metadata, parent) in checkpoints.items():
+            if checkpoint_id in doomed:
+                continue
+            if parent is not None and (detach_all or parent in doomed):
+                parent = None
+            remaining[checkpoint_id] = (checkpoint, metadata, parent)
+        freed = {
+            (channel, version)
+            for checkpoint_id in doomed
+            for channel, version in self.serde.loads_typed(checkpoints[checkpoint_id][0])[
+                "channel_versions"
+            ].items()
+        }
+        referenced = {
+            (channel, version)
+            for checkpoint, _, _ in remaining.values()
+            for channel, version in self.serde.loads_typed(checkpoint)["channel_versions"].items()
+        }
+        changes.namespaces[(thread_id, ns)] = remaining
+        for checkpoint_id in doomed:
+            changes.writes[(thread_id, ns, checkpoint_id)] = None
+        for channel, version in freed - referenced:
+            changes.blobs[(thread_id, ns, channel, version)] = None
+
+    def _wipe(self, changes: _Changes, thread_id: str, ns: str | None) -> None:
+        """Plan deleting everything of one namespace (``None``: of every namespace) of a thread."""
+        if ns is not None:
+            changes.namespaces[(thread_id, ns)] = None
+        for key in self.writes:
+            if key[0] == thread_id and (ns is None or key[1] == ns):
+                changes.writes[key] = None
+        for key in self.blobs:
+            if key[0] == thread_id and (ns is None or key[1] == ns):
+                changes.blobs[key] = None
+
+    def _apply(self, changes: _Changes) -> None:
+        """Apply planned changes: plain dictionary updates that cannot fail half way."""
+        for (thread_id, ns), checkpoints in changes.namespaces.items():
+            if checkpoints:
+                self.storage[thread_id][ns] = checkpoints
+            elif thread_id in self.storage:
+                self.storage[thread_id].pop(ns, None)
+                if not self.storage[thread_id]:
+                    del self.storage[thread_id]
+        for key, writes in changes.writes.items():
+            if writes:
+                self.writes[key] = writes
+            else:
+                self.writes.pop(key, None)
+        for key, blob in changes.blobs.items():
+            if blob is not None:
+                self.blobs[key] = blob
+            else:
+                self.blobs.pop(key, None)

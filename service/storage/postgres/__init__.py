@@ -1,0 +1,71 @@
+"""The PostgreSQL backend: PostgresSaver with the lifecycle capabilities, the outbox, the TTL ledger and
+PostgresStore, all on the process's one connection pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.store.postgres import PostgresStore
+
+from reducing_saver.service.storage.postgres.connections import (
+    SAVER_LOCK_KEY,
+    STORE_LOCK_KEY,
+    locked_setup,
+    open_pool,
+)
+from reducing_saver.service.storage.postgres.ledger import PostgresLedger
+from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
+from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.serde import VerbatimSerde
+
+
+class PostgresBackend:
+    """See :class:`reducing_saver.service.storage.Backend`."""
+
+    kind = "postgres"
+
+    def __init__(self, url: str, *, pool_size: int, timeout: float) -> None:
+        self.url = url
+        self.pool = open_pool(url, size=pool_size, timeout=timeout)
+        self._store: PostgresStore | None = None
+
+    def setup(self) -> None:
+        # Replicas that start together must not run the migrations at the same time.
+        with locked_setup(self.url, SAVER_LOCK_KEY):
+            PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
+
+    def savers(self, count: int) -> list[PostgresLifecycleSaver]:
+        return [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
+
+    def outbox(self) -> PostgresOutbox:
+        outbox = PostgresOutbox(self.pool)
+        outbox.setup()
+        return outbox
+
+    def store(self) -> PostgresStore:
+        if self._store is None:
+            store = PostgresStore(self.pool)
+            with locked_setup(self.url, STORE_LOCK_KEY):
+                store.setup()
+            self._store = store
+        return self._store
+
+    def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> PostgresLedger:
+        ledger = PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
+        ledger.setup()
+        return ledger
+
+    def ready(self, timeout: float) -> None:
+        # Reads the checkpoint table under a lock timeout: a table another session locked (a sweep, a
+        # migration, LOCK TABLE) is as unready as a database that does not answer.
+        with self.pool.connection(timeout=timeout) as conn, conn.transaction():
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
+            conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.pool.close(timeout=timeout)
+
+
+def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> PostgresBackend:  # noqa: A001
+    return PostgresBackend(url, pool_size=pool_size, timeout=timeout)

@@ -1,0 +1,109 @@
+"""PostgreSQL connections: the one pool of a process, single connections, set-up locks, and what the
+database's errors mean to a caller.
+
+Every part of a service process (saver calls, recording pruned messages, delivery, the store, TTL
+touches) borrows from the one pool :func:`open_pool` makes, so a process never holds more than
+``pool_size`` connections. Borrowing waits at most ``timeout`` seconds: past that the pool raises
+``PoolTimeout``, which :func:`unavailable` reads as "the database is unavailable" (a 503), instead of
+psycopg_pool's default of 30 s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+#: Advisory lock keys, one per set-up that replicas starting together must not run at once. Two-key
+#: locks (``copy_thread``'s) live apart from these one-key ones.
+SAVER_LOCK_KEY = 0x7265647563696E67  # "reducing": PostgresSaver's migrations
+OUTBOX_LOCK_KEY = 0x72732D6F7574626F  # "rs-outbo"
+LEDGER_LOCK_KEY = 0x72732D7377656570  # "rs-sweep"
+STORE_LOCK_KEY = 0x72732D73746F7265  # "rs-store": PostgresStore's migrations
+COPY_LOCK_CLASS = 0x72736374  # "rsct"
+
+#: Seconds between attempts while another process holds a set-up lock.
+POLL_SECONDS = 0.05
+
+#: What PostgresSaver's own ``from_conn_string`` opens connections with.
+CONNECTION_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-saver") -> ConnectionPool:
+    """The process's pool of ``size`` autocommit, dict-row connections, open and filled.
+
+    Args:
+        url: The database URL.
+        size: Connections (minimum and maximum: a service keeps them open).
+        timeout: Seconds a borrower waits for a connection before ``PoolTimeout``; also how long opening
+            waits for the first connections.
+        name: The pool's name in psycopg_pool's logs.
+    """
+    pool = ConnectionPool(
+        url, min_size=size, max_size=size, kwargs=CONNECTION_KWARGS, open=False, name=name, timeout=timeout
+    )
+    pool.open(wait=True, timeout=timeout)
+    return pool
+
+
+def connect(url: str) -> psycopg.Connection:
+    """One connection of its own (set-up locks, a sweep's transactions), set up as the pool's are."""
+    return psycopg.connect(url, **CONNECTION_KWARGS)
+
+
+@contextmanager
+def setup_lock(conn: Any, key: int) -> Iterator[None]:
+    """Hold session advisory lock ``key`` on ``conn`` (an autocommit psycopg connection) for the block.
+
+    Waits by polling ``pg_try_advisory_lock`` rather than blocking in ``pg_advisory_lock``: a session
+    blocked in a statement holds a transaction open, and the holder's ``CREATE INDEX CONCURRENTLY``
+    (PostgresSaver's migrations run some) waits for every open transaction to end, so two processes
+    starting together would wait for each other forever.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        while not cur.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            time.sleep(POLL_SECONDS)
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+@contextmanager
+def locked_setup(url: str, key: int) -> Iterator[None]:
+    """:func:`setup_lock` on a connection of its own: the set-up inside may take pool connections."""
+    with psycopg.connect(url, autocommit=True) as conn, setup_lock(conn, key):
+        yield
+
+
+def refused_value(exc: Exception) -> str:
+    """The 422 detail for a value the database refused to store or compare (SQLSTATE class 22, a
+    ``psycopg.DataError``: PostgreSQL's text and JSONB cannot hold U+0000, say)."""
+    diag = getattr(exc, "diag", None)
+    reason = (getattr(diag, "message_primary", None) or str(exc).splitlines()[0]).rstrip(".")
+    detail = getattr(diag, "message_detail", None)
+    text = f"PostgreSQL refused a value of this request: {reason}"
+    if detail:
+        text += f" ({detail.rstrip('.')})"
+    if "\\u0000" in text:
+        text += "; PostgreSQL JSON cannot hold the NUL character (U+0000) in keys or strings"
+    return text
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """Why the database cannot serve right now, for a 503; ``None`` when ``exc`` is not that.
+
+    No connection within the pool's timeout, a connection refused or broken, the server shutting down,
+    a statement cancelled by a timeout: the call may succeed later, unchanged.
+    """
+    if isinstance(exc, PoolTimeout):
+        return f"the database is unavailable: no connection within the timeout ({exc})"
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"the database is unavailable: {type(exc).__name__}: {first}"
+    return None

@@ -1,0 +1,405 @@
+"""The extraction outbox as a PostgreSQL table, shared by every replica and worker (``FOR UPDATE SKIP
+LOCKED`` claims).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Self
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Json
+
+from reducing_saver.service.extraction.outbox import (
+    COLUMNS,
+    TABLE,
+    EntryKey,
+    OutboxEntry,
+    as_utc,
+    check_fail_args,
+    claim_order,
+    error_text,
+    json_text,
+    sorted_unique,
+)
+from reducing_saver.service.storage.postgres.connections import (
+    OUTBOX_LOCK_KEY,
+    setup_lock,
+)
+
+_PG_SETUP = (
+    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+        namespace text[] NOT NULL,
+        key text NOT NULL,
+        thread_id text NOT NULL,
+        checkpoint_id text,
+        message json NOT NULL,
+        message_class text,
+        pruned_at timestamptz NOT NULL,
+        status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
+        attempts integer NOT NULL DEFAULT 0,
+        available_at timestamptz NOT NULL DEFAULT now(),
+        claimed_by text,
+        lease_until timestamptz,
+        last_error text,
+        failed_at timestamptz,
+        delivered_at timestamptz,
+        PRIMARY KEY (namespace, key)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_ready ON {TABLE} (available_at) WHERE status = 'pending'",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_age ON {TABLE} (pruned_at) WHERE status = 'pending'",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_dead ON {TABLE} (failed_at) WHERE status = 'dead'",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_claimed ON {TABLE} (claimed_by) WHERE status = 'pending'",
+)
+
+#: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
+_INSERT_CHUNK = 1000
+
+
+
+class PostgresOutbox:
+    """The outbox as a PostgreSQL table, shared by every replica and worker.
+
+    Args:
+        pool: The process's ``ConnectionPool`` (the backend's): every call borrows a connection from it.
+
+    Each call borrows a connection for one explicit transaction and gives it back, so the outbox works on
+    autocommit pools (the backend's) and on transactional ones alike, and never holds a connection between
+    calls.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to close: the pool is the backend's."""
+
+    def _cursor(self):
+        return _PgCursor(self._pool, dict_row)
+
+    def setup(self) -> None:
+        """Create the table and its indexes (idempotent), one statement at a time, under an advisory lock
+        so replicas starting together do not race."""
+        with self._pool.connection() as conn, setup_lock(conn, OUTBOX_LOCK_KEY):
+            for statement in _PG_SETUP:
+                with conn.transaction():
+                    conn.execute(statement)
+
+    def record(self, entries: Iterable[OutboxEntry]) -> int:
+        """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.
+
+        Idempotent: keys already present (pending, done or dead) are left alone. All or nothing (one
+        statement, or one transaction over several); rows go in key order.
+
+        Returns:
+            How many rows were inserted.
+
+        Raises:
+            psycopg.Error: If the rows could not be written (nothing is recorded then).
+        """
+        rows = sorted_unique(entries)
+        if not rows:
+            return 0
+        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows))]
+        with self._pool.connection() as conn:
+            # One INSERT is atomic on its own autocommit connection: one round trip, where BEGIN and
+            # COMMIT would add two. Several need the transaction.
+            atomic = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
+            with atomic, conn.cursor() as cur:
+                inserted = self._insert(cur, chunks)
+        return inserted
+
+    @staticmethod
+    def _insert(cur: Any, chunks: list[list[OutboxEntry]]) -> int:
+        inserted = 0
+        for chunk in chunks:
+            params: list[Any] = []
+            for e in chunk:
+                params += [
+                    list(e.namespace),
+                    e.key,
+                    e.thread_id,
+                    e.checkpoint_id,
+                    Json(e.message, dumps=json_text),
+                    e.message_class,
+                    as_utc(e.pruned_at),
+                ]
+            values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+            cur.execute(
+                f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
+                f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING",
+                params,
+            )
+            inserted += cur.rowcount
+        return inserted
+
+    def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
+        """Claim up to ``limit`` ready rows for ``worker_id`` with a lease of ``lease_seconds``.
+
+        Ready: pending, past its ``retry_at``, and not under a live lease. Concurrent claimers skip each
+        other's rows (``FOR UPDATE SKIP LOCKED``). Each claim counts one attempt.
+
+        Returns:
+            The claimed entries, ordered by namespace, then pruned_at, then key.
+        """
+        with self._cursor() as cur:
+            cur.execute(
+                f"""WITH picked AS (
+                        SELECT namespace, key FROM {TABLE}
+                        WHERE status = 'pending' AND available_at <= now()
+                          AND (lease_until IS NULL OR lease_until <= now())
+                        ORDER BY available_at
+                        LIMIT %(limit)s
+                        FOR UPDATE SKIP LOCKED)
+                    UPDATE {TABLE} AS o
+                    SET claimed_by = %(worker)s,
+                        lease_until = now() + make_interval(secs => %(lease)s),
+                        attempts = o.attempts + 1
+                    FROM picked WHERE o.namespace = picked.namespace AND o.key = picked.key
+                    RETURNING o.namespace, o.key, o.thread_id, o.checkpoint_id, o.message, o.message_class,
+                              o.pruned_at, o.attempts, o.last_error""",
+                {"limit": limit, "worker": worker_id, "lease": float(lease_seconds)},
+            )
+            rows = cur.fetchall()
+        return sorted((_pg_entry(r) for r in rows), key=claim_order)
+
+    def renew(self, worker_id: str, keys: Iterable[EntryKey] | None, lease_seconds: float) -> int:
+        """Extend the lease of rows ``worker_id`` still holds (all of them when ``keys`` is None).
+
+        Returns:
+            How many rows were renewed; fewer than asked means some are no longer this worker's.
+        """
+        where, params = _pg_keys_filter(keys)
+        if where is None:
+            return 0
+        with self._cursor() as cur:
+            cur.execute(
+                f"UPDATE {TABLE} SET lease_until = now() + make_interval(secs => %s) "
+                f"WHERE claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                [float(lease_seconds), worker_id, *params],
+            )
+            return cur.rowcount
+
+    def complete(self, worker_id: str, keys: Iterable[EntryKey]) -> int:
+        """Mark rows ``worker_id`` holds as delivered.
+
+        A row whose lease expired is still completed when nobody else claimed it meanwhile.
+
+        Returns:
+            How many rows were marked done.
+        """
+        where, params = _pg_keys_filter(keys)
+        if not where:
+            return 0
+        with self._cursor() as cur:
+            cur.execute(
+                f"UPDATE {TABLE} SET status = 'done', delivered_at = now(), lease_until = NULL "
+                f"WHERE claimed_by = %s AND status = 'pending'{where}",
+                [worker_id, *params],
+            )
+            return cur.rowcount
+
+    def fail(
+        self,
+        worker_id: str,
+        key: EntryKey,
+        error: str,
+        *,
+        retry_at: datetime | None = None,
+        dead: bool = False,
+    ) -> bool:
+        """Give a row back after a failed extraction: to retry at ``retry_at``, or parked (``dead=True``).
+
+        Returns:
+            False when the row is no longer ``worker_id``'s (its lease was lost to another worker).
+        """
+        check_fail_args(retry_at, dead)
+        namespace, message_key_ = key
+        with self._cursor() as cur:
+            if dead:
+                cur.execute(
+                    f"UPDATE {TABLE} SET status = 'dead', last_error = %s, failed_at = now(), "
+                    "claimed_by = NULL, lease_until = NULL "
+                    "WHERE namespace = %s AND key = %s AND claimed_by = %s AND status = 'pending'",
+                    [error_text(error), list(namespace), message_key_, worker_id],
+                )
+            else:
+                cur.execute(
+                    f"UPDATE {TABLE} SET available_at = %s, last_error = %s, failed_at = now(), "
+                    "claimed_by = NULL, lease_until = NULL "
+                    "WHERE namespace = %s AND key = %s AND claimed_by = %s AND status = 'pending'",
+                    [as_utc(retry_at), error_text(error), list(namespace), message_key_, worker_id],
+                )
+            return cur.rowcount == 1
+
+    def release(self, worker_id: str, keys: Iterable[EntryKey] | None = None) -> int:
+        """Hand back rows ``worker_id`` holds without an outcome (graceful shutdown): lease cleared, the
+        claim not counted as an attempt.
+
+        Returns:
+            How many rows were released.
+        """
+        where, params = _pg_keys_filter(keys)
+        if where is None:
+            return 0
+        with self._cursor() as cur:
+            cur.execute(
+                f"UPDATE {TABLE} SET claimed_by = NULL, lease_until = NULL, "
+                "attempts = GREATEST(attempts - 1, 0) "
+                f"WHERE claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                [worker_id, *params],
+            )
+            return cur.rowcount
+
+    def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
+        """Counts by state, and the age of the oldest undelivered, not dead, row.
+
+        ``namespace_prefix`` counts only rows whose namespace starts with those labels (a tenant's).
+
+        Returns:
+            ``{"pending", "in_flight", "delivered", "dead", "oldest_pending_age_seconds"}``; ``pending``
+            counts rows waiting (including those waiting for a retry), ``in_flight`` rows under a live
+            lease; the age is ``None`` when nothing is pending or in flight.
+        """
+        with self._cursor() as cur:
+            cur.execute(
+                f"""SELECT
+                      count(*) FILTER (WHERE status = 'pending'
+                                       AND (lease_until IS NULL OR lease_until <= now())) AS pending,
+                      count(*) FILTER (WHERE status = 'pending' AND lease_until > now()) AS in_flight,
+                      count(*) FILTER (WHERE status = 'done') AS delivered,
+                      count(*) FILTER (WHERE status = 'dead') AS dead,
+                      extract(epoch FROM now() - min(pruned_at) FILTER (WHERE status = 'pending'))::float8
+                        AS oldest
+                    FROM {TABLE}{_pg_prefix_where(namespace_prefix, "WHERE")}""",
+                _pg_prefix_params(namespace_prefix),
+            )
+            row = cur.fetchone()
+        oldest = row["oldest"]
+        return {
+            "pending": row["pending"],
+            "in_flight": row["in_flight"],
+            "delivered": row["delivered"],
+            "dead": row["dead"],
+            "oldest_pending_age_seconds": None if oldest is None else max(0.0, float(oldest)),
+        }
+
+    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
+        """Parked rows, oldest failure first, with their ``attempts`` and ``last_error`` (only those under
+        ``namespace_prefix`` when given)."""
+        with self._cursor() as cur:
+            cur.execute(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE status = 'dead'"
+                f"{_pg_prefix_where(namespace_prefix, 'AND')} ORDER BY failed_at, namespace, key LIMIT %s",
+                [*_pg_prefix_params(namespace_prefix), limit],
+            )
+            return [_pg_entry(r) for r in cur.fetchall()]
+
+    def retry_dead(
+        self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
+    ) -> int:
+        """Send dead letters (all, or those named; only under ``namespace_prefix`` when given) back to
+        pending with a fresh attempt count.
+
+        Returns:
+            How many rows were re-driven.
+        """
+        where, params = _pg_keys_filter(keys)
+        if where is None:
+            return 0
+        with self._cursor() as cur:
+            cur.execute(
+                f"UPDATE {TABLE} SET status = 'pending', attempts = 0, available_at = now(), "
+                f"claimed_by = NULL, lease_until = NULL WHERE status = 'dead'{where}"
+                f"{_pg_prefix_where(namespace_prefix, 'AND')}",
+                [*params, *_pg_prefix_params(namespace_prefix)],
+            )
+            return cur.rowcount
+
+    def purge_delivered(self, older_than_seconds: float) -> int:
+        """Delete delivered rows older than this. A message pruned again after its row is purged would be
+        extracted again (the extractor overwrites by key), so keep well beyond the length of a turn.
+
+        Returns:
+            How many rows were deleted.
+        """
+        with self._cursor() as cur:
+            cur.execute(
+                f"DELETE FROM {TABLE} WHERE status = 'done' "
+                "AND delivered_at < now() - make_interval(secs => %s)",
+                [float(older_than_seconds)],
+            )
+            return cur.rowcount
+
+
+class _PgCursor:
+    """A pooled connection, one transaction and a dict-row cursor, as one context manager."""
+
+    def __init__(self, pool: Any, row_factory: Any) -> None:
+        self._pool, self._row_factory = pool, row_factory
+
+    def __enter__(self):
+        self._conn_cm = self._pool.connection()
+        conn = self._conn_cm.__enter__()
+        try:
+            self._tx = conn.transaction()
+            self._tx.__enter__()
+            self._cur = conn.cursor(row_factory=self._row_factory)
+        except BaseException:
+            self._conn_cm.__exit__(None, None, None)
+            raise
+        return self._cur
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._cur.close()
+            self._tx.__exit__(*exc)
+        finally:
+            self._conn_cm.__exit__(*exc)
+
+
+def _pg_prefix_where(prefix: Sequence[str] | None, keyword: str) -> str:
+    return "" if prefix is None else f" {keyword} namespace[1:%s] = %s::text[]"
+
+
+def _pg_prefix_params(prefix: Sequence[str] | None) -> list[Any]:
+    return [] if prefix is None else [len(prefix), list(prefix)]
+
+
+def _pg_keys_filter(keys: Iterable[EntryKey] | None) -> tuple[str | None, list[Any]]:
+    """``(" AND (namespace, key) IN (VALUES ...)", params)``; ``("", [])`` for all rows; ``None`` when
+    ``keys`` is empty (nothing to touch)."""
+    if keys is None:
+        return "", []
+    pairs = sorted({(tuple(ns), k) for ns, k in keys})
+    if not pairs:
+        return None, []
+    params: list[Any] = []
+    for namespace, key in pairs:
+        params += [list(namespace), key]
+    values = ",".join(["(%s::text[], %s::text)"] * len(pairs))
+    return f" AND (namespace, key) IN (VALUES {values})", params
+
+
+def _pg_entry(row: Mapping[str, Any]) -> OutboxEntry:
+    return OutboxEntry(
+        namespace=tuple(row["namespace"]),
+        key=row["key"],
+        thread_id=row["thread_id"],
+        checkpoint_id=row["checkpoint_id"],
+        message=row["message"],
+        pruned_at=as_utc(row["pruned_at"]),
+        attempts=row["attempts"],
+        message_class=row["message_class"],
+        last_error=row["last_error"],
+    )
+
+

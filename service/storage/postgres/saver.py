@@ -1,0 +1,231 @@
+"""PostgresSaver with ``copy_thread`` and ``delete_for_runs``, and ``prune`` that also refuses DeltaChannel
+snapshots stored verbatim; the SQL as constants.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
+
+from reducing_saver.service.storage.lifecycle import (
+    EXT_DELTA_SNAPSHOT,
+    THREAD_PREFIX_KEY,
+    ThreadNotEmptyError,
+    check_copy_ids,
+    check_prune_args,
+    check_run_ids,
+    like_prefix,
+    refuse_delta_threads,
+)
+
+# Two-key advisory locks live apart from one-key ones (the service's set-up lock is one key).
+_COPY_LOCK_CLASS = 0x72736374  # "rsct"
+_COPY_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+_PG_THREAD_IN_USE_SQL = """
+SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
+    OR EXISTS (SELECT 1 FROM checkpoint_blobs WHERE thread_id = %s)
+    OR EXISTS (SELECT 1 FROM checkpoint_writes WHERE thread_id = %s) AS in_use
+"""
+
+# One statement, so the three tables are read on one snapshot of the source thread.
+_PG_COPY_THREAD_SQL = """
+WITH c AS (
+    INSERT INTO checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = %(source)s
+    RETURNING 1
+), b AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(target)s, checkpoint_ns, channel, version, type, blob
+    FROM checkpoint_blobs WHERE thread_id = %(source)s
+    RETURNING 1
+), w AS (
+    INSERT INTO checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM checkpoint_writes WHERE thread_id = %(source)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM c) AS checkpoints,
+       (SELECT count(*) FROM b) AS blobs,
+       (SELECT count(*) FROM w) AS writes
+"""
+
+_PG_DELETE_RUN_CHECKPOINTS_SQL = """
+DELETE FROM checkpoints
+WHERE jsonb_typeof(metadata -> 'run_id') = 'string' AND metadata ->> 'run_id' = ANY(%s)
+  AND (%s::text IS NULL OR thread_id LIKE %s ESCAPE '\\')
+RETURNING thread_id, checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions
+"""
+
+_PG_DELETE_WRITES_SQL = """
+DELETE FROM checkpoint_writes
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)
+"""
+
+_PG_DETACH_CHILDREN_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL
+WHERE thread_id = %s AND checkpoint_ns = %s AND parent_checkpoint_id = ANY(%s)
+"""
+
+_PG_REFERENCED_BLOBS_SQL = """
+SELECT DISTINCT v.key AS channel, v.value AS version
+FROM checkpoints c
+CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
+WHERE c.thread_id = %s AND c.checkpoint_ns = %s
+"""
+
+_PG_DELETE_BLOBS_SQL = """
+DELETE FROM checkpoint_blobs
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = ANY(%s)
+"""
+
+# PostgresSaver marks a `_DeltaSnapshot` with an inline `true`; a snapshot stored verbatim from a client
+# blob has no such marker, only its bytes: msgpack extension 7 as the whole value. CASE keeps the reads
+# inside the value.
+_PG_SNAPSHOT_BLOB_THREADS_SQL = f"""
+SELECT DISTINCT thread_id FROM checkpoint_blobs
+WHERE thread_id = ANY(%s) AND type = 'msgpack' AND CASE
+    WHEN length(blob) < 2 THEN false
+    WHEN get_byte(blob, 0) BETWEEN 212 AND 216 THEN get_byte(blob, 1) = {EXT_DELTA_SNAPSHOT}
+    WHEN length(blob) < 3 THEN false
+    WHEN get_byte(blob, 0) = 199 THEN get_byte(blob, 2) = {EXT_DELTA_SNAPSHOT}
+    WHEN length(blob) < 4 THEN false
+    WHEN get_byte(blob, 0) = 200 THEN get_byte(blob, 3) = {EXT_DELTA_SNAPSHOT}
+    WHEN length(blob) < 6 THEN false
+    WHEN get_byte(blob, 0) = 201 THEN get_byte(blob, 5) = {EXT_DELTA_SNAPSHOT}
+    ELSE false
+END
+"""
+
+
+def _versions_by_group(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[list[str], set]]:
+    """Deleted checkpoint rows grouped by (thread, namespace): their ids and the blobs they referenced."""
+    groups: dict[tuple[str, str], tuple[list[str], set]] = {}
+    for row in rows:
+        ids, freed = groups.setdefault((row["thread_id"], row["checkpoint_ns"]), ([], set()))
+        ids.append(row["checkpoint_id"])
+        freed.update((channel, str(version)) for channel, version in (row["versions"] or {}).items())
+    return groups
+
+
+class PostgresLifecycleSaver(PostgresSaver):
+    """PostgresSaver with ``copy_thread`` and ``delete_for_runs``; constructed exactly like it.
+
+    Each method runs in one transaction on one connection, under the saver's lock, as
+    ``PostgresSaver.prune`` does. Only the sync methods exist, as on PostgresSaver.
+    """
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, blob and pending write of a thread to another thread id.
+
+        Ids, parents, metadata and values are copied unchanged, with the thread id replaced, in one
+        transaction: the source is read on one snapshot, and concurrent copies to one target are
+        serialized. A source with nothing stored copies nothing.
+
+        Args:
+            source_thread_id: The thread to copy.
+            target_thread_id: The thread id to copy to; nothing may be stored under it.
+
+        Raises:
+            ValueError: If source and target are the same thread id.
+            ThreadNotEmptyError: If the target already has checkpoints, blobs or writes (nothing copied).
+        """
+        source, target = check_copy_ids(source_thread_id, target_thread_id)
+        with self._transaction() as cur:
+            cur.execute(_COPY_LOCK_SQL, (_COPY_LOCK_CLASS, target), prepare=False)
+            cur.execute(_PG_THREAD_IN_USE_SQL, (target, target, target), prepare=False)
+            if cur.fetchone()["in_use"]:
+                raise ThreadNotEmptyError(target)
+            cur.execute(_PG_COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
+
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
+        """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
+
+        ``thread_id_prefix`` (the service's tenant scoping) restricts it to threads whose id starts so.
+        A checkpoint belongs to a run when its metadata ``run_id`` is that string. Blobs a deleted
+        checkpoint referenced stay while any remaining checkpoint of the same thread and namespace
+        references them; a remaining checkpoint whose parent is deleted is left with no parent. All in
+        one transaction. Like ``prune``, deleting checkpoints a run in progress is building on is not
+        safe.
+
+        Args:
+            run_ids: The run ids; empty deletes nothing.
+
+        Raises:
+            TypeError: If ``run_ids`` is a single string.
+        """
+        runs = check_run_ids(run_ids)
+        if not runs:
+            return
+        with self._transaction() as cur:
+            like = None if thread_id_prefix is None else like_prefix(thread_id_prefix)
+            cur.execute(_PG_DELETE_RUN_CHECKPOINTS_SQL, (runs, like, like), prepare=False)
+            groups = _versions_by_group(cur.fetchall())
+            for (thread_id, ns), (ids, freed) in sorted(groups.items()):
+                cur.execute(_PG_DELETE_WRITES_SQL, (thread_id, ns, ids), prepare=False)
+                cur.execute(_PG_DETACH_CHILDREN_SQL, (thread_id, ns, ids), prepare=False)
+                cur.execute(_PG_REFERENCED_BLOBS_SQL, (thread_id, ns), prepare=False)
+                referenced = {(r["channel"], r["version"]) for r in cur.fetchall()}
+                garbage: dict[str, list[str]] = defaultdict(list)
+                for channel, version in sorted(freed - referenced):
+                    garbage[channel].append(version)
+                for channel, versions in garbage.items():
+                    cur.execute(_PG_DELETE_BLOBS_SQL, (thread_id, ns, channel, versions), prepare=False)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``PostgresSaver.prune``, refusing also DeltaChannel snapshots stored verbatim.
+
+        PostgresSaver recognizes a thread that uses a DeltaChannel by its metadata counters, or by the
+        inline marker its own ``put`` leaves for a ``_DeltaSnapshot``. A saver with a pass-through serde
+        (the service's) stores a client's snapshot as an ordinary blob, so ``keep_latest`` first looks for
+        blobs that are a snapshot as a whole, in all requested threads, before anything is pruned.
+        Everything else is PostgresSaver's: see its docstring.
+
+        Raises:
+            TypeError: If ``thread_ids`` is a single string.
+            ValueError: If ``strategy`` is unknown.
+            NotImplementedError: If ``strategy`` is ``"keep_latest"`` and a thread uses a DeltaChannel.
+        """
+        ids = check_prune_args(thread_ids, strategy)
+        if ids and strategy == "keep_latest":
+            with self._cursor() as cur:
+                cur.execute(PRUNE_DELTA_THREADS_SQL, (ids, ids), prepare=False)
+                delta = [r["thread_id"] for r in cur.fetchall()]
+                cur.execute(_PG_SNAPSHOT_BLOB_THREADS_SQL, (ids,), prepare=False)
+                delta += [r["thread_id"] for r in cur.fetchall()]
+            refuse_delta_threads(delta)
+        super().prune(ids, strategy=strategy)
+
+    def _search_where(
+        self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
+    ) -> tuple[str, list[Any]]:
+        """PostgresSaver's, plus ``thread_id LIKE prefix%`` when ``config`` names only a thread-id prefix
+        (``THREAD_PREFIX_KEY``: the service lists one tenant's threads in the query, before the LIMIT)."""
+        prefix = ((config or {}).get("configurable") or {}).get(THREAD_PREFIX_KEY)
+        if prefix is None:
+            return super()._search_where(config, filter, before)
+        where, params = super()._search_where(None, filter, before)
+        clause = "thread_id LIKE %s ESCAPE '\\'"
+        where = f"{where} AND {clause}" if where else f"WHERE {clause}"
+        return where, [*params, like_prefix(prefix)]
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """A cursor inside one transaction, as ``PostgresSaver.prune`` opens it."""
+        with self._cursor() as cur:
+            if self.pipe:
+                # In pipeline mode the transaction would take in what ran since the last sync.
+                self.pipe.sync()
+            with cur.connection.transaction():
+                yield cur
+
+

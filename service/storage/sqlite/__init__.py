@@ -1,0 +1,72 @@
+"""The SQLite backend (the embedded default): SqliteSaver with the lifecycle capabilities, the outbox, the
+TTL ledger and SqliteStore, all in one file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.store.sqlite import SqliteStore
+
+from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.sqlite.connections import connect
+from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
+from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
+from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+
+
+class SqliteBackend:
+    """See :class:`reducing_saver.service.storage.Backend`. SqliteSaver serializes every call on its
+    lock: the backend has one saver."""
+
+    kind = "sqlite"
+    pool = None
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        self.path = path
+        self._conn = connect(path, create=create)
+        self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
+        self._closers = [self._conn.close]
+        self._store: SqliteStore | None = None
+
+    def setup(self) -> None:
+        self.saver.setup()
+
+    def savers(self, count: int) -> list[SqliteLifecycleSaver]:
+        return [self.saver]
+
+    def outbox(self) -> SqliteOutbox:
+        outbox = SqliteOutbox(self.path)
+        outbox.setup()
+        self._closers.append(outbox.close)
+        return outbox
+
+    def store(self) -> SqliteStore:
+        if self._store is None:
+            conn = connect(self.path)
+            self._closers.append(conn.close)
+            self._store = SqliteStore(conn)
+            self._store.setup()
+        return self._store
+
+    def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
+        ledger = SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
+        ledger.setup()
+        return ledger
+
+    def ready(self, timeout: float) -> None:
+        if not self.saver.lock.acquire(timeout=timeout):
+            raise TimeoutError(f"the SQLite saver stayed busy for {timeout:g} s")
+        try:
+            self._conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
+        finally:
+            self.saver.lock.release()
+
+    def close(self, timeout: float = 5.0) -> None:
+        for close in reversed(self._closers):
+            close()
+
+
+def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> SqliteBackend:  # noqa: A001
+    from reducing_saver.service.storage import sqlite_path
+
+    return SqliteBackend(sqlite_path(url), create=create)

@@ -1,0 +1,248 @@
+"""SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from reducing_saver.service.storage.lifecycle import (
+    ThreadNotEmptyError,
+    check_copy_ids,
+    check_prune_args,
+    check_run_ids,
+    is_snapshot_value,
+    parents_root,
+    refuse_delta_threads,
+)
+
+_SQ_METADATA = "CAST(metadata AS TEXT)"
+_SQ_DELTA_METADATA_THREADS_SQL = f"""
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE thread_id IN (SELECT value FROM json_each(?)) AND (
+    json_type({_SQ_METADATA}, '$.counters_since_delta_snapshot') IS NOT NULL
+    OR json_type({_SQ_METADATA}, '$.delta_writes_versioned') IS NOT NULL
+)
+"""
+_SQ_RUN_CHECKPOINTS_SQL = f"""
+SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints
+WHERE json_type({_SQ_METADATA}, '$.run_id') = 'text'
+AND json_extract({_SQ_METADATA}, '$.run_id') IN (SELECT value FROM json_each(?))
+"""
+
+
+class SqliteLifecycleSaver(SqliteSaver):
+    """SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``; constructed exactly like it.
+
+    Each method is one ``BEGIN IMMEDIATE`` transaction under the saver's lock, rolled back on any error
+    (SqliteSaver's own ``cursor()`` commits even when its block raises, so it is not used for these).
+    Works on connections in autocommit mode (``isolation_level=None``, as the service opens them) and in
+    sqlite3's default mode. SqliteSaver keeps the whole checkpoint, values included, in one row: there
+    are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
+    """
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and pending write of a thread to another thread id, in one transaction.
+
+        Args:
+            source_thread_id: The thread to copy.
+            target_thread_id: The thread id to copy to; nothing may be stored under it.
+
+        Raises:
+            ValueError: If source and target are the same thread id.
+            ThreadNotEmptyError: If the target already has checkpoints or writes (nothing copied).
+        """
+        source, target = check_copy_ids(source_thread_id, target_thread_id)
+        path = "task_path, " if self._has_task_path else ""
+        with self._transaction() as cur:
+            cur.execute(
+                "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?)"
+                " OR EXISTS (SELECT 1 FROM writes WHERE thread_id = ?)",
+                (target, target),
+            )
+            if cur.fetchone()[0]:
+                raise ThreadNotEmptyError(target)
+            cur.execute(
+                "INSERT INTO checkpoints"
+                " (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)"
+                " SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata"
+                " FROM checkpoints WHERE thread_id = ?",
+                (target, source),
+            )
+            cur.execute(
+                f"INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, {path}idx, channel, type, value)"
+                f" SELECT ?, checkpoint_ns, checkpoint_id, task_id, {path}idx, channel, type, value"
+                " FROM writes WHERE thread_id = ?",
+                (target, source),
+            )
+
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
+        """Delete the checkpoints of runs and their pending writes, in one transaction.
+
+        ``thread_id_prefix`` restricts it to threads whose id starts so (the service's tenant scoping).
+
+        A checkpoint belongs to a run when its metadata ``run_id`` is that string. A remaining checkpoint
+        whose parent is deleted is left with no parent.
+
+        Args:
+            run_ids: The run ids; empty deletes nothing.
+
+        Raises:
+            TypeError: If ``run_ids`` is a single string.
+        """
+        runs = check_run_ids(run_ids)
+        if not runs:
+            return
+        with self._transaction() as cur:
+            groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+            for thread_id, ns, checkpoint_id in cur.execute(
+                _SQ_RUN_CHECKPOINTS_SQL, (json.dumps(runs),)
+            ).fetchall():
+                if thread_id_prefix is None or thread_id.startswith(thread_id_prefix):
+                    groups[(thread_id, ns)].append(checkpoint_id)
+            for (thread_id, ns), ids in sorted(groups.items()):
+                params = (thread_id, ns, json.dumps(ids))
+                in_ids = "IN (SELECT value FROM json_each(?))"
+                cur.execute(
+                    f"DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id {in_ids}",
+                    params,
+                )
+                cur.execute(
+                    f"DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id {in_ids}",
+                    params,
+                )
+                cur.execute(
+                    "UPDATE checkpoints SET parent_checkpoint_id = NULL"
+                    f" WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id {in_ids}",
+                    params,
+                )
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads, all of them in one transaction.
+
+        ``"delete"`` removes every checkpoint and write of the threads. ``"keep_latest"`` keeps the
+        latest checkpoint of each namespace (the one ``get_tuple`` loads) with its pending writes, and
+        leaves it with no parent; a subgraph call's namespace (a ``:`` in it) is deleted with the root
+        checkpoint its call started from, when that one is saved and pruned.
+
+        Args:
+            thread_ids: The thread IDs to prune.
+            strategy: ``"keep_latest"`` or ``"delete"``.
+
+        Raises:
+            TypeError: If ``thread_ids`` is a single string.
+            ValueError: If ``strategy`` is unknown.
+            NotImplementedError: If ``strategy`` is ``"keep_latest"`` and a thread uses a DeltaChannel
+                (metadata counters, or a snapshot among its channel values); nothing is pruned then.
+        """
+        ids = check_prune_args(thread_ids, strategy)
+        if not ids:
+            return
+        with self._transaction() as cur:
+            if strategy == "delete":
+                for table in ("writes", "checkpoints"):
+                    cur.execute(
+                        f"DELETE FROM {table} WHERE thread_id IN (SELECT value FROM json_each(?))",
+                        (json.dumps(ids),),
+                    )
+                return
+            refuse_delta_threads(self._delta_threads(cur, ids))
+            for thread_id in ids:
+                self._keep_latest(cur, thread_id)
+
+    def _delta_threads(self, cur: sqlite3.Cursor, thread_ids: list[str]) -> set[str]:
+        found = {
+            r[0] for r in cur.execute(_SQ_DELTA_METADATA_THREADS_SQL, (json.dumps(thread_ids),)).fetchall()
+        }
+        for thread_id in thread_ids:
+            if thread_id in found:
+                continue
+            # No counters: look for a snapshot among the channel values, which live in the checkpoint.
+            rows = cur.execute("SELECT type, checkpoint FROM checkpoints WHERE thread_id = ?", (thread_id,))
+            for type_, blob in rows:
+                values = self.serde.loads_typed((type_, blob)).get("channel_values") or {}
+                if any(is_snapshot_value(v) for v in values.values()):
+                    found.add(thread_id)
+                    break
+        return found
+
+    @staticmethod
+    def _keep_latest(cur: sqlite3.Cursor, thread_id: str) -> None:
+        heads = dict(
+            cur.execute(
+                "SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? GROUP BY checkpoint_ns",
+                (thread_id,),
+            ).fetchall()
+        )
+        calls = set()
+        for ns, head in heads.items():
+            if ":" not in ns:
+                continue
+            (metadata,) = cur.execute(
+                "SELECT metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+                (thread_id, ns, head),
+            ).fetchone()
+            root = parents_root(json.loads(metadata) if metadata is not None else None)
+            if root is None or root == heads.get(""):
+                continue
+            root_saved = cur.execute(
+                "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?",
+                (thread_id, root),
+            ).fetchone()
+            if root_saved:
+                calls.add(ns)
+        for ns, head in sorted(heads.items()):
+            if ns in calls:
+                for table in ("writes", "checkpoints"):
+                    cur.execute(
+                        f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, ns)
+                    )
+                continue
+            params = (thread_id, ns, head)
+            cur.execute(
+                "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN ("
+                " SELECT checkpoint_id FROM checkpoints"
+                " WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id <> ?)",
+                (thread_id, ns, *params),
+            )
+            cur.execute(
+                "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id <> ?",
+                params,
+            )
+            cur.execute(
+                "UPDATE checkpoints SET parent_checkpoint_id = NULL"
+                " WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? AND parent_checkpoint_id IS NOT NULL",
+                params,
+            )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Cursor]:
+        """A cursor inside ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back if the block raises."""
+        with self.lock:
+            self.setup()
+            conn = self.conn
+            if getattr(conn, "autocommit", None) is False:
+                # Python 3.12+ PEP 249 mode: a transaction is always open; start from a fresh one.
+                conn.commit()
+            else:
+                if conn.in_transaction:
+                    # SqliteSaver commits after each of its writes; finish what was left open.
+                    conn.commit()
+                conn.execute("BEGIN IMMEDIATE")
+            cur = conn.cursor()
+            try:
+                yield cur
+            except BaseException:
+                conn.rollback()
+                raise
+            else:
+                conn.commit()
+            finally:
+                cur.close()
+
+

@@ -1,0 +1,523 @@
+"""TTL sweeps: threads idle for longer than their time to live are pruned to their head, or deleted.
+
+A thread's age counts from its last write. When it is older than its TTL — its own, set by a put's
+``config["configurable"]["checkpoint_ttl"]``, else the ``default_ttl`` setting — a sweep applies the
+``ttl_strategy``: ``keep_latest`` prunes it to its head checkpoint (with that checkpoint's writes and
+blobs) through the saver's ``prune(..., strategy="keep_latest")``; ``delete`` removes it, after recording
+the messages still in its window in the extraction outbox, so they reach long-term memory like any
+pruned message. Sweeps run in a background thread of each service process (``--sweep``, every
+``--sweep-interval``) and as ``reducing-saver sweep [--dry-run]`` for cron.
+
+Design: a per-thread ledger, ``reducing_saver_threads``
+-----------------------------------------------------------
+One row per thread: ``thread_id``, ``last_write_at``, ``ttl_seconds`` (the thread's own, or NULL for the
+default), ``expires_at`` (``last_write_at + ttl_seconds``), ``namespace`` (the memory namespace its puts
+name, or NULL for ``("memories", thread_id)``) and ``swept_at`` (set by a ``keep_latest`` sweep, cleared by
+the next write). A table in the service's database on PostgreSQL and SQLite, a dictionary on memory.
+Why a table rather than reading the checkpoints:
+
+* **The memory namespace must survive until sweep time**, and the checkpoints do not keep it: it is a
+  list, and savers merge only primitive ``configurable`` values into checkpoint metadata. (The TTL, a
+  primitive, does land in the metadata too; the ledger keeps it where a sweep can find it by index.)
+* **Finding expired threads is an index range scan**, not a scan of every checkpoint: the partial
+  indexes on ``expires_at`` and ``last_write_at`` hold only threads not yet swept, so threads pruned
+  long ago cost a sweep nothing. (PostgreSQL 15 has no skip scan: ``max(checkpoint_id) GROUP BY
+  thread_id`` reads the whole primary-key index.)
+* **The ledger row is the lock** that makes sweeps safe, below.
+* **Clocks**: ``last_write_at`` is the database's clock (PostgreSQL ``now()``; the service host's clock on
+  SQLite and memory). Checkpoint ids (uuid6) and ``ts`` carry the clock of whichever agent wrote them.
+
+The cost on the put path is bounded: a put *touches* the row (one upsert) before it stores the
+checkpoint, but a process skips the touch when it touched the same thread less than
+``min(1 h, ttl / 10)`` ago with the same TTL and namespace (a skipped touch costs ~5 µs, a written one
+one upsert, ~0.5–1 ms here). A busy thread costs one upsert an hour per process; a thread therefore expires
+between ``ttl`` and ``ttl + min(1 h, ttl / 10)`` after its last write. The skip is safe: a row touched less
+than ``ttl / 10`` ago cannot be expired. (A thread's TTL is expected to stay put: a process that cached
+a longer one than another replica set since skips touches for a tenth of the longer one.)
+
+Threads written before the ledger existed (or by a stock saver on the same database) are *discovered*
+by each process's first sweep and by ``reducing-saver sweep``: a row per thread without one, with the
+last-write time of its newest checkpoint — the timestamp inside its uuid6 id (``max(checkpoint_id)`` is
+an index-only read), or the checkpoint's ``ts`` when the id is not a uuid6.
+
+Several sweepers at once, and writes during a sweep
+------------------------------------------------------
+Each thread is handled in a transaction that first locks its ledger row and re-checks, on that row,
+that the thread is still expired (and, for ``keep_latest``, not already swept). On PostgreSQL the lock
+is ``SELECT ... FOR UPDATE SKIP LOCKED``: two replicas never handle one thread, and a thread another
+replica is sweeping is skipped. A put touches the row before it writes, so:
+
+* a put whose touch committed first makes the thread young again: the re-check skips it, the thread is
+  not touched;
+* a put that arrives while its thread is being swept waits on the row lock and writes after the sweep
+  (the thread is then pruned, or gone, as if the put had come a moment later).
+
+``delete`` on PostgreSQL is one transaction with the check: the window's messages go into the outbox
+table, the thread's rows are deleted and the ledger row with them, all or nothing. ``keep_latest`` runs
+PostgresSaver's ``prune`` (its own REPEATABLE READ transaction, on a second connection) while the row is
+held. SQLite sweeps hold the database's write lock (``BEGIN IMMEDIATE``) over the check and the change;
+``delete`` records the window in the outbox (a connection of its own) just before. Memory sweeps run
+under the saver's lock.
+
+Every handled thread leaves a row in ``reducing_saver_sweep_log`` (thread, action, bytes, when, by
+whom), kept 30 days: ``/v1/sweeps/status`` adds it up across replicas and cron runs.
+
+Bytes reclaimed: PostgreSQL counts ``pg_column_size`` of the thread's rows in the three checkpoint
+tables, SQLite the length of its checkpoint, metadata and write blobs, memory the length of its
+serialized bytes; a sweep reports the size before minus the size after. A dry run reports the whole
+thread for ``delete``, and for ``keep_latest`` all but each namespace's head checkpoint, its writes and
+the blobs it references.
+
+Explicit ``delete_thread`` calls do not extract, unless the ``extract_on_delete`` setting says so.
+
+Limits: only the root namespace's messages channel is extracted before a delete; a messages channel the
+service cannot read (another serde, a DeltaChannel) is deleted unextracted, as the put path stores it
+unreduced. A turn that loaded a thread before a ``delete`` sweep and writes after it starts the thread
+anew from those writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from reducing_saver.reducer import thread_namespace, validate_namespace
+from reducing_saver.service.extraction.deliverer import default_worker_id
+from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
+from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.service.ttl.durations import parse_duration
+from reducing_saver.service.ttl.ledger import (
+    LOG_DAYS,
+    TOUCH_CACHE_SIZE,
+    TOUCH_EVERY,
+    TTL_KEY,
+    InvalidTTLError,
+    Policy,
+    Recorder,
+    Strategy,
+    SweepReport,
+    Window,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# -- the status route's body -----------------------------------------------------------------------
+
+
+class ProcessSweepFigures(BaseModel):
+    """Sweeps run by the process that answers, since it started."""
+
+    last_sweep_at: datetime | None = Field(description="When this process's last sweep finished.")
+    last_sweep_seconds: float | None = Field(description="How long it took.")
+    sweeps: int
+    threads_pruned: int
+    threads_deleted: int
+    threads_refused: int = Field(description="keep_latest refused (the thread uses a DeltaChannel).")
+    bytes_reclaimed: int
+    errors: int = Field(description="Threads a sweep failed on (retried by the next sweep).")
+
+
+class DatabaseSweepFigures(BaseModel):
+    """Every process and ``reducing-saver sweep`` run on this database, from the sweep log."""
+
+    threads_tracked: int = Field(description="Threads in the ledger.")
+    threads_expired: int = Field(description="Threads past their TTL, waiting for a sweep.")
+    threads_pruned: int
+    threads_deleted: int
+    bytes_reclaimed: int
+    last_swept_at: datetime | None = Field(description="When a sweep last handled a thread.")
+    log_days: int = Field(description="How many days the sweep log (and so these totals) covers.")
+
+
+class SweepStatus(BaseModel):
+    """``GET /v1/sweeps/status``."""
+
+    strategy: Strategy
+    default_ttl_seconds: float | None = Field(description="TTL of threads without their own; null: none.")
+    sweep_interval_seconds: float
+    sweeping: bool = Field(description="This process runs the background sweeper.")
+    process: ProcessSweepFigures
+    database: DatabaseSweepFigures
+
+
+# -- the sweeper -----------------------------------------------------------------------------------
+
+
+class _Metrics:
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.sweeps = Counter("reducing_saver_sweeps", "TTL sweeps run by this process.", registry=registry)
+        self.pruned = Counter(
+            "reducing_saver_sweep_threads_pruned",
+            "Expired threads pruned to their head checkpoint (keep_latest) by this process.",
+            registry=registry,
+        )
+        self.deleted = Counter(
+            "reducing_saver_sweep_threads_deleted",
+            "Expired threads deleted (delete) by this process, after recording their window.",
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "reducing_saver_sweep_bytes_reclaimed",
+            "Bytes of checkpoint rows removed by this process's TTL sweeps.",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "reducing_saver_sweep_errors", "Threads a TTL sweep failed on (retried next sweep).", registry=registry
+        )
+        self.last = Gauge(
+            "reducing_saver_sweep_last_timestamp_seconds",
+            "Unix time this process's last TTL sweep finished (0: none yet).",
+            registry=registry,
+        )
+
+
+_METRICS: weakref.WeakKeyDictionary[Any, _Metrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+def _metrics_for(registry: Any) -> _Metrics:
+    """The sweep metrics of a registry, registered once (an app's lifespan may run more than once)."""
+    with _METRICS_LOCK:
+        metrics = _METRICS.get(registry)
+        if metrics is None:
+            metrics = _METRICS[registry] = _Metrics(registry)
+        return metrics
+
+
+class Sweeper:
+    """TTL bookkeeping on the put path, and the sweeps.
+
+    Args:
+        ledger: The backend's ledger (:func:`open_sweeper` builds it).
+        policy: Strategy and default TTL.
+        namespace_key: The ``configurable`` key naming a run's memory namespace.
+        interval: Seconds between background sweeps.
+        batch_size: Expired threads listed at a time.
+        extract_on_delete: Whether :meth:`delete_thread` records the thread's window first.
+        recorder: The outbox explicit deletes record in (SQLite, memory; PostgreSQL records in the
+            transaction's own connection).
+        registry: A Prometheus registry for the sweep metrics (None: no metrics).
+    """
+
+    def __init__(
+        self,
+        ledger: Any,
+        policy: Policy,
+        *,
+        namespace_key: str = "memory_namespace",
+        interval: float = 300.0,
+        batch_size: int = 100,
+        extract_on_delete: bool = False,
+        recorder: Recorder | None = None,
+        registry: Any = None,
+    ) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.namespace_key = namespace_key
+        self.interval = interval
+        self.batch_size = batch_size
+        self.extract_on_delete = extract_on_delete
+        self.recorder = recorder
+        self._metrics = _metrics_for(registry) if registry is not None else None
+        self._touched: OrderedDict[str, tuple[float, float | None, tuple[str, ...] | None]] = OrderedDict()
+        self._touched_lock = threading.Lock()
+        self._figures = {
+            "last_sweep_at": None,
+            "last_sweep_seconds": None,
+            "sweeps": 0,
+            "threads_pruned": 0,
+            "threads_deleted": 0,
+            "threads_refused": 0,
+            "bytes_reclaimed": 0,
+            "errors": 0,
+        }
+        self._figures_lock = threading.Lock()
+        self._sweep_lock = threading.Lock()
+        self._discovered = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the put path --------------------------------------------------------------------------------
+
+    def thread_ttl(self, configurable: Mapping[str, Any]) -> float | None:
+        """A put's own TTL (``checkpoint_ttl``: a duration string or seconds), or None.
+
+        Raises:
+            InvalidTTLError: If the value is not a positive duration.
+        """
+        value = configurable.get(TTL_KEY)
+        if value is None:
+            return None
+        try:
+            return parse_duration(value, name=f"config.configurable.{TTL_KEY}")
+        except ValueError as exc:
+            raise InvalidTTLError(str(exc)) from None
+
+    def touch(self, config: Mapping[str, Any]) -> None:
+        """Note a write to the config's thread, before it is stored: its age restarts, its TTL and memory
+        namespace are kept. Skipped when this process touched the thread with the same TTL and
+        namespace less than ``min(1 h, ttl / 10)`` ago.
+
+        Raises:
+            InvalidTTLError: If the put's ``checkpoint_ttl`` is not a duration (nothing is noted).
+        """
+        configurable = config.get("configurable") or {}
+        thread_id = str(configurable["thread_id"])
+        ttl = self.thread_ttl(configurable)
+        given = configurable.get(self.namespace_key)
+        namespace = None
+        if isinstance(given, (str, list, tuple)):
+            namespace = (given,) if isinstance(given, str) else tuple(given)
+            try:
+                validate_namespace(namespace)
+            except ValueError:
+                # Refused (422) by puts that write messages; never kept for the thread's last window.
+                namespace = None
+        now = time.monotonic()
+        with self._touched_lock:
+            seen = self._touched.get(thread_id)
+        if seen is not None:
+            at, seen_ttl, seen_namespace = seen
+            same = (ttl is None or ttl == seen_ttl) and (namespace is None or namespace == seen_namespace)
+            effective = seen_ttl if seen_ttl is not None else self.policy.default_ttl
+            every = TOUCH_EVERY if effective is None else min(TOUCH_EVERY, effective / 10)
+            if same and now - at < every:
+                return
+            ttl = ttl if ttl is not None else seen_ttl
+            namespace = namespace if namespace is not None else seen_namespace
+        self.ledger.touch(thread_id, ttl, namespace)
+        with self._touched_lock:
+            self._touched[thread_id] = (now, ttl, namespace)
+            self._touched.move_to_end(thread_id)
+            while len(self._touched) > TOUCH_CACHE_SIZE:
+                self._touched.popitem(last=False)
+
+    def copied(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Note, before a copy, that ``target`` is written now, with ``source``'s own TTL."""
+        self.ledger.copy(str(source_thread_id), str(target_thread_id))
+        with self._touched_lock:
+            self._touched.pop(str(target_thread_id), None)
+
+    def delete_extracting(self, thread_id: str) -> None:
+        """A client's ``delete_thread`` under ``extract_on_delete``: the messages in the thread's window go
+        to the outbox, then the thread is deleted (on PostgreSQL in one transaction, which waits for a
+        sweep of the thread to finish). The ledger row stays: a later sweep removes it."""
+        self.ledger.delete_extracting(str(thread_id), self.recorder)
+
+    # -- sweeps --------------------------------------------------------------------------------------
+
+    def sweep(self, *, dry_run: bool = False) -> SweepReport:
+        """Handle every expired thread (or, with ``dry_run``, list them with the bytes they hold that the
+        strategy would free, changing nothing). Failures are logged and counted; the thread is retried
+        by the next sweep."""
+        report = SweepReport(self.policy.strategy, self.policy.default_ttl, dry_run=dry_run)
+        started = time.monotonic()
+        with self._sweep_lock, self.ledger.session(self.policy) as session:
+            if not self._discovered:
+                found = self.ledger.discover(session=session)
+                self._discovered = True
+                if found:
+                    logger.info("TTL ledger: %d thread(s) found without a row, aged by their newest checkpoint", found)
+            if dry_run:
+                for thread_id in self.ledger.candidates(self.policy, None, (), session=session):
+                    report.threads.append({"thread_id": thread_id, "bytes": session.measure(thread_id)})
+            else:
+                self._sweep(session, report)
+                self.ledger.forget_log(LOG_DAYS, session=session)
+        report.seconds = time.monotonic() - started
+        if not dry_run:
+            self._settle(report)
+        return report
+
+    def _sweep(self, session: Any, report: SweepReport) -> None:
+        skip: list[str] = []
+        seen: set[str] = set()
+        while not self._stop.is_set():
+            ids = self.ledger.candidates(self.policy, self.batch_size, skip, session=session)
+            if not ids:
+                return
+            for thread_id in ids:
+                if self._stop.is_set():
+                    return
+                if thread_id in seen:
+                    skip.append(thread_id)  # still listed after being handled: never loop on it
+                    continue
+                seen.add(thread_id)
+                try:
+                    outcome = session.handle(thread_id)
+                except Exception:
+                    logger.exception("TTL sweep failed on thread %r; the next sweep retries it", thread_id)
+                    report.errors += 1
+                    skip.append(thread_id)
+                    continue
+                if outcome is None:
+                    skip.append(thread_id)
+                elif outcome.action == "pruned":
+                    report.threads_pruned += 1
+                elif outcome.action == "deleted":
+                    report.threads_deleted += 1
+                else:
+                    report.threads_refused += 1
+                if outcome is not None:
+                    report.bytes_reclaimed += outcome.bytes
+
+    def _settle(self, report: SweepReport) -> None:
+        with self._figures_lock:
+            figures = self._figures
+            figures["last_sweep_at"] = datetime.now(UTC)
+            figures["last_sweep_seconds"] = round(report.seconds, 6)
+            figures["sweeps"] += 1
+            for name in ("threads_pruned", "threads_deleted", "threads_refused", "bytes_reclaimed", "errors"):
+                figures[name] += getattr(report, name)
+        if self._metrics is not None:
+            self._metrics.sweeps.inc()
+            self._metrics.pruned.inc(report.threads_pruned)
+            self._metrics.deleted.inc(report.threads_deleted)
+            self._metrics.bytes.inc(report.bytes_reclaimed)
+            self._metrics.errors.inc(report.errors)
+            self._metrics.last.set(time.time())
+        handled = report.threads_pruned + report.threads_deleted + report.threads_refused + report.errors
+        logger.log(
+            logging.INFO if handled else logging.DEBUG,
+            "TTL sweep (%s): %d pruned, %d deleted, %d refused, %d failed, %d bytes reclaimed in %.3f s",
+            report.strategy,
+            report.threads_pruned,
+            report.threads_deleted,
+            report.threads_refused,
+            report.errors,
+            report.bytes_reclaimed,
+            report.seconds,
+        )
+
+    # -- the background thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Sweep now and then every ``interval`` seconds, in a daemon thread, until :meth:`stop`."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="reducing-saver-sweeper", daemon=True)
+        self._thread.start()
+        logger.info(
+            "TTL sweeper started (%s, default TTL %s, every %g s)",
+            self.policy.strategy,
+            "none" if self.policy.default_ttl is None else f"{self.policy.default_ttl:g} s",
+            self.interval,
+        )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sweep()
+            except Exception:
+                logger.exception("TTL sweep failed; retrying in %g s", self.interval)
+            self._stop.wait(self.interval)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the background thread; a sweep in progress stops after the thread it is handling."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        self.stop(timeout)
+        self.ledger.close()
+
+    def status(self, interval: float | None = None) -> dict[str, Any]:
+        """The body of ``/v1/sweeps/status`` (see :class:`SweepStatus`)."""
+        with self._figures_lock:
+            process = dict(self._figures)
+        return {
+            "strategy": self.policy.strategy,
+            "default_ttl_seconds": self.policy.default_ttl,
+            "sweep_interval_seconds": self.interval if interval is None else interval,
+            "sweeping": self.running,
+            "process": process,
+            "database": self.ledger.database_status(self.policy),
+        }
+
+
+def window_reader(
+    codec: SafeMessagesCodec, messages_key: str, agent_thread_id: Callable[[str], str] = str
+) -> Window:
+    """Reads the messages in the head checkpoint of a thread's root namespace, as outbox entries.
+
+    ``agent_thread_id`` maps a stored thread id to the one the entries carry (tenant mode strips the
+    tenant, as ``Memory.record`` does).
+    """
+
+    def window(saver: Any, thread_id: str, namespace: tuple[str, ...]) -> list[OutboxEntry]:
+        item = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+        if item is None:
+            return []
+        value = (item.checkpoint.get("channel_values") or {}).get(messages_key)
+        messages = codec.decode(value) if value is not None else None
+        if messages is None:
+            if value is not None:
+                logger.warning("thread %r: its messages channel cannot be read; nothing extracted", thread_id)
+            return []
+        return make_entries(
+            messages, namespace, thread_id=agent_thread_id(thread_id), checkpoint_id=item.checkpoint["id"]
+        )
+
+    return window
+
+
+def open_sweeper(
+    settings: Any,
+    backend: Any,
+    *,
+    recorder: Recorder | None = None,
+    registry: Any = None,
+    tenant_mode: bool = False,
+) -> Sweeper:
+    """The sweeper for the service's settings, over the backend's ledger (set up).
+
+    Args:
+        settings: The service ``Settings``.
+        backend: The process's open backend (``storage.open_backend``).
+        recorder: The outbox windows are recorded in (SQLite and memory; PostgreSQL records in the sweep's
+            own transaction).
+        registry: Prometheus registry for the sweep metrics.
+        tenant_mode: API keys are configured: stored thread ids are ``tenant:thread``.
+    """
+    from reducing_saver.service.security import TenantScope, stored_thread_to_agent
+
+    window = window_reader(
+        SafeMessagesCodec(settings.allowed_message_classes),
+        settings.messages_key,
+        lambda thread_id: stored_thread_to_agent(thread_id, tenant_mode),
+    )
+    ledger = backend.ledger(window=window, recorder=recorder, worker_id=default_worker_id())
+    if tenant_mode:
+
+        def tenant_namespace(thread_id: str) -> tuple[str, ...]:
+            # As security.TenantScope.config_in makes it: ("tenants", tenant, "memories", thread).
+            tenant, _, agent_thread = thread_id.partition(":")
+            return TenantScope(tenant).namespace(thread_namespace(agent_thread))
+
+        ledger.fallback_namespace = tenant_namespace
+    return Sweeper(
+        ledger,
+        Policy(settings.ttl_strategy, settings.default_ttl),
+        namespace_key=settings.namespace_key,
+        interval=settings.sweep_interval,
+        batch_size=settings.sweep_batch_size,
+        extract_on_delete=settings.extract_on_delete,
+        recorder=recorder,
+        registry=registry,
+    )

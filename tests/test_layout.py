@@ -1,0 +1,86 @@
+"""The layout's contracts: which package may import which, and what the base install loads.
+
+docs/architecture.md draws the rooms; these tests keep them apart. The import contracts live in
+pyproject.toml (``[tool.importlinter]``) and are checked by ``lint-imports``, which is shown a contract
+the code breaks so that a linter that checks nothing fails here too.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def lint_imports(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_the_import_contracts_hold() -> None:
+    result = lint_imports()
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = [contract["name"] for contract in PYPROJECT["tool"]["importlinter"]["contracts"]]
+    for name in names:
+        assert name.split(":")[0] in " ".join(result.stdout.split()), f"contract not checked: {name}"
+    assert f"Contracts: {len(names)} kept, 0 broken." in result.stdout
+
+
+def test_lint_imports_sees_a_broken_contract(tmp_path: Path) -> None:
+    """The control: the service does import the reducer, so a contract forbidding it must break."""
+    config = tmp_path / "broken.ini"
+    roots = "\n    ".join(PYPROJECT["tool"]["importlinter"]["root_packages"])
+    config.write_text(
+        "[importlinter]\n"
+        f"root_packages =\n    {roots}\n\n"
+        "[importlinter:contract:broken]\n"
+        "name = The service imports no reducer (false on purpose)\n"
+        "type = forbidden\n"
+        "source_modules = reducing_saver.service\n"
+        "forbidden_modules = reducing_saver.reducer\n"
+    )
+    result = lint_imports("--config", str(config))
+    assert result.returncode != 0
+    assert "BROKEN" in result.stdout
+
+
+@pytest.mark.parametrize("package", ["reducing_saver.reducer", "reducing_saver.wire", "reducing_saver.client"])
+def test_the_base_install_packages_load_no_server_dependency(package: str) -> None:
+    server_side = ("fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool", "pydantic_settings")
+    io_side = ("httpx", "aiohttp") if package != "reducing_saver.client" else ()
+    code = (
+        f"import sys, {package}\n"
+        f"found = sorted({{m.split('.')[0] for m in sys.modules}} & set({server_side + io_side!r}))\n"
+        "assert not found, found\n"
+        "assert not [m for m in sys.modules if m.startswith('reducing_saver.service')]\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject.toml lists every folder that holds an ``__init__.py`` under a mapped package."""
+    config = PYPROJECT["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for package, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *relative.parts]))
+    assert found == listed
+
+
+def test_no_code_comment_cites_a_file_outside_the_repository() -> None:
+    sources = [p for folder in ("reducer", "wire", "client", "service", "tests", "benchmarks", "examples")
+               for p in (ROOT / folder).rglob("*.py")]
+    needles = ("FACTS" + ".md", "../" + "shared")  # spelled apart, so this file does not cite them
+    citing = [str(p.relative_to(ROOT)) for p in sources if any(n in p.read_text() for n in needles)]
+    assert citing == []
