@@ -58,7 +58,10 @@ def compose_command() -> list[str] | None:
     if path := shutil.which("docker-compose"):
         return [path]
     docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], check=False, capture_output=True).returncode == 0
+    ):
         return [docker, "compose"]
     return None
 
@@ -76,11 +79,14 @@ def buildkit_env() -> dict[str, str]:
         cli = Path(directory) / "docker"
         if not (cli.is_file() and os.access(cli, os.X_OK)):
             continue
-        if subprocess.run([str(cli), "buildx", "version"], capture_output=True).returncode == 0:
+        if subprocess.run([str(cli), "buildx", "version"], check=False, capture_output=True).returncode == 0:
             usable = True
         else:
             version = subprocess.run(
-                [str(cli), "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True
+                [str(cli), "version", "--format", "{{.Client.Version}}"],
+                check=False,
+                capture_output=True,
+                text=True,
             ).stdout.strip()
             usable = bool(re.match(r"(\d+)\.", version)) and int(version.split(".")[0]) < 23
         if usable:
@@ -123,7 +129,9 @@ class Worker:
 
 LOG_LINE = re.compile(r"^(?P<container>\S+)\s+\|\s+(?P<stamp>\d{4}-\d\d-\d\dT[\d:.]+Z)\s(?P<text>.*)$")
 THREAD_LINE = re.compile(r"agent on thread '(?P<thread>[^']+)'")
-TURN_LINE = re.compile(r"turn (?P<turn>\d+): stored window (?P<window>\d+) messages, (?P<written>\d+) written")
+TURN_LINE = re.compile(
+    r"turn (?P<turn>\d+): stored window (?P<window>\d+) messages, (?P<written>\d+) written"
+)
 FAILED_LINE = re.compile(r"turn (?P<turn>\d+): \w+(Error|Exception)\b")
 
 
@@ -153,14 +161,24 @@ class Stack:
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [*self.base, *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+            [*self.base, *args],
+            check=False,
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
-            raise AssertionError(f"compose {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"compose {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     def docker(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            ["docker", *args], check=False, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def logs(self, service: str) -> str:
         return self.run("logs", "--no-color", "-t", service, timeout=60).stdout
@@ -177,7 +195,9 @@ class Stack:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise AssertionError(f"the service did not become ready in {timeout} s:\n{self.logs(SERVICE)[-5000:]}")
+        raise AssertionError(
+            f"the service did not become ready in {timeout} s:\n{self.logs(SERVICE)[-5000:]}"
+        )
 
     def extraction_status(self) -> dict:
         response = httpx.get(f"{self.url}/v1/extraction/status", headers=self.headers(), timeout=10)
@@ -218,11 +238,22 @@ class Stack:
     def store_rows(self) -> list[tuple[str, str, str]]:
         """``(prefix, key, content)`` of every item in PostgresStore's table, read with psql."""
         query = (
-            "SELECT coalesce(json_agg(json_build_array(prefix, key, value->'data'->>'content')), '[]') FROM store"
+            "SELECT coalesce(json_agg(json_build_array(prefix, key, value->'data'->>'content')), '[]')"
+            " FROM store"
         )
         result = self.run(
-            "exec", "-T", POSTGRES, "psql", "-U", self.pg["POSTGRES_USER"], "-d", self.pg["POSTGRES_DB"],
-            "-At", "-c", query, timeout=60,
+            "exec",
+            "-T",
+            POSTGRES,
+            "psql",
+            "-U",
+            self.pg["POSTGRES_USER"],
+            "-d",
+            self.pg["POSTGRES_DB"],
+            "-At",
+            "-c",
+            query,
+            timeout=60,
         )
         return [tuple(row) for row in json.loads(result.stdout)]
 
@@ -237,7 +268,7 @@ class Stack:
 def require_engine() -> None:
     if shutil.which("docker") is None:
         no_engine("no docker CLI on PATH")
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+    if subprocess.run(["docker", "info"], check=False, capture_output=True).returncode != 0:
         no_engine("no Docker engine answers `docker info`")
     if compose_command() is None:
         no_engine("neither docker-compose nor `docker compose` is installed")
@@ -332,7 +363,7 @@ def test_image_holds_exactly_the_repository_packages(stack):
     differ = sorted(path for path in expected if installed[path] != expected[path])
     assert not differ, f"the image's files differ from the repository's: {differ}"
 
-    import reducing_saver.client as client  # the names the repository's client exports, all importable
+    from reducing_saver import client  # the names the repository's client exports, all importable
 
     assert isinstance(probe["client"], dict), f"the image cannot import its packages: {probe['client']}"
     assert probe["client"] and set(probe["client"]) == set(client.__all__)
@@ -387,7 +418,9 @@ def test_stack_bounds_windows_delivers_memories_and_survives_restarts(stack, rec
     stack.run("stop", AGENT, timeout=300)
     workers = stack.workers()
     deadline = time.monotonic() + 120
-    while (after := stack.extraction_status())["pending"] + after["in_flight"] and time.monotonic() < deadline:
+    while (after := stack.extraction_status())["pending"] + after[
+        "in_flight"
+    ] and time.monotonic() < deadline:
         time.sleep(1)
     assert after["pending"] == after["in_flight"] == after["dead"] == 0, after
     assert after["delivered"] > before["delivered"], (before, after)
@@ -422,6 +455,8 @@ def test_stack_bounds_windows_delivers_memories_and_survives_restarts(stack, rec
 
     turns = sum(worker.last_turn for worker in workers.values())
     figures["turns"] = f"{turns} by 2 workers (window <= {stack.max_messages})"
-    figures["memories"] = f"{len(rows)} in the store, {after['delivered']} delivered ({before['delivered']} before the restart)"
+    figures["memories"] = (
+        f"{len(rows)} in the store, {after['delivered']} delivered ({before['delivered']} before the restart)"
+    )
     figures["stack test"] = f"{time.monotonic() - started:.0f} s"
     record_property("compose figures", "; ".join(f"{name}: {value}" for name, value in figures.items()))

@@ -253,7 +253,8 @@ def test_image_gets_the_package_from_a_wheel_built_from_fresh_sources():
     copies = [(i, *_copy_sources(args)) for i, (keyword, args) in enumerate(runtime) if keyword == "COPY"]
     runs = [(i, args) for i, (keyword, args) in enumerate(runtime) if keyword == "RUN"]
     first_install = next(i for i, args in runs if "pip install" in args)
-    assert [(stage, sources) for i, stage, sources in copies if i < first_install] == [(None, ["pyproject.toml"])]
+    before_install = [(stage, sources) for i, stage, sources in copies if i < first_install]
+    assert before_install == [(None, ["pyproject.toml"])], before_install
     dependency_step = dict(runs)[first_install]
     assert "['dependencies']" in dependency_step
     read_extras = set(re.findall(r"\['optional-dependencies'\]\['([\w-]+)'\]", dependency_step))
@@ -446,7 +447,6 @@ def test_compose_file_matches_the_compose_specification():
 
 
 def test_compose_services_wait_on_health_and_keep_data():
-    raw = compose_raw()
     document = compose()
     services = document["services"]
     assert set(services) == {POSTGRES, SERVICE, AGENT}
@@ -557,7 +557,7 @@ def test_docker_compose_config_accepts_the_file(command, tmp_path):
             "no docker-compose here (Debian: apt-get install docker-compose); the schema test above is the check"
         )
     # The variables the file reads come from --env-file only: a developer's .env or shell must not decide.
-    variables = {match["braced"] or match["bare"] for match in _COMPOSE_VAR.finditer(COMPOSE_FILE.read_text())}
+    variables = {m["braced"] or m["bare"] for m in _COMPOSE_VAR.finditer(COMPOSE_FILE.read_text())}
     clean_env = {k: v for k, v in os.environ.items() if k not in variables}
 
     def config(path: Path, env_file: str = "", quiet: bool = True) -> subprocess.CompletedProcess:
