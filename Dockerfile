@@ -11,33 +11,57 @@
 # set REDUCING_SAVER_API_KEYS_FILE (lines `tenant sha256-hex-of-key`), or, for a throwaway local run,
 # pass -e REDUCING_SAVER_INSECURE=true.
 #
-# glibc slim, not alpine: ormsgpack's Rust code needs more than musl's default thread stack.
-FROM python:3.11-slim
+# Two stages. `build` makes the project's wheel from a fresh copy of the sources; the runtime stage
+# installs the dependencies from pyproject.toml alone (a layer rebuilt only when pyproject.toml changes)
+# and then that wheel, and nothing else of the source tree: no build/ folder, no egg-info and no file
+# of an earlier install can reach the installed package.
+#
+# glibc slim, not alpine: ormsgpack's Rust code needs more than musl's default thread stack. Another
+# Python 3.11+ glibc image (a mirror, a digest pin): docker build --build-arg PYTHON_IMAGE=...
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# The build backend pyproject.toml asks for, in a cached layer of its own, so a source edit does not
+# download it again (hence --no-build-isolation below).
+COPY pyproject.toml ./
+# DL3013 wants `pip install name==version`; these are pyproject.toml's own ranges (no lock file).
+# hadolint ignore=DL3013
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" > /tmp/build-requires.txt \
+    && pip install --no-cache-dir -r /tmp/build-requires.txt
+
+# The whole build context: .dockerignore lets through pyproject.toml, README.md and the package folders
+# only, so the wheel is built from the sources as they are, never from an earlier build's output.
+COPY . ./
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist .
+
+
+FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Dependency layer: the project's metadata over empty stub packages, so this layer is rebuilt only
-# when pyproject.toml changes, not on every source edit. `server` is the service, `examples` the
-# agent worker's langgraph.
-WORKDIR /src
-COPY pyproject.toml ./
-# DL3013 wants `pip install name==version`; this installs the local project, whose dependency ranges
-# are pyproject.toml's (the project has no lock file to pin them with).
+# Dependency layer: what pyproject.toml requires, with the extras `server` (the service) and `examples`
+# (the agent worker's langgraph). Rebuilt only when pyproject.toml changes, not on every source edit.
+COPY pyproject.toml /tmp/deps/
 # hadolint ignore=DL3013
-RUN mkdir client service reducer wire \
-    && touch README.md client/__init__.py service/__init__.py reducer/__init__.py wire/__init__.py \
-    && pip install --no-cache-dir ".[server,examples]"
+RUN python -c "import tomllib; p = tomllib.load(open('/tmp/deps/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server'] + p['optional-dependencies']['examples']))" > /tmp/deps/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/deps/requirements.txt \
+    && rm -rf /tmp/deps
 
-# Source layer: the real packages replace the stubs; no dependency is resolved again.
-COPY README.md ./
-COPY reducer/ reducer/
-COPY wire/ wire/
-COPY client/ client/
-COPY service/ service/
-RUN pip install --no-cache-dir --no-deps --force-reinstall . \
-    && rm -rf /src
+# The project itself: the wheel only. Its requirements are already met above, so nothing is resolved
+# again; `pip check` fails the build if the layer above missed one.
+COPY --from=build /dist/ /tmp/dist/
+# hadolint ignore=DL3013
+RUN wheel="$(echo /tmp/dist/reducing_saver-*.whl)" \
+    && pip install --no-cache-dir "${wheel}[server,examples]" \
+    && pip check \
+    && rm -rf /tmp/dist
 
 # Numeric user, so Kubernetes' runAsNonRoot can verify it; /data is the only folder it writes.
 RUN groupadd --system --gid 10001 reducing-saver \

@@ -182,3 +182,19 @@ def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with
     else:
         builder.add_edge("chat", END)
     return builder.compile(checkpointer=checkpointer)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Print the figures tests recorded (``record_property("compose figures", ...)``) after the run."""
+    lines = [
+        f"{report.nodeid}: {value}"
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "compose figures"
+    ]
+    if lines:
+        terminalreporter.section("compose figures")
+        for line in lines:
+            terminalreporter.write_line(line)

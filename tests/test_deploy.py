@@ -1,11 +1,14 @@
 """The deploy files: Dockerfile, .dockerignore, docker-compose.yml, .env.example and deploy/ (Kubernetes).
 
-No Docker engine and no cluster run here, so these tests check what can be checked without them:
+These tests need no Docker engine and no cluster (tests/test_compose.py builds the image and runs the
+compose stack); they check what can be checked offline:
 
-* the Dockerfile with hadolint (all severities), its build context against .dockerignore, its
-  dependency-layer stub against pyproject.toml;
+* the Dockerfile with hadolint (all severities), its stages (a wheel built from the whole allowlisted
+  context, installed into an image that gets nothing else of the source tree), its build context
+  against .dockerignore and pyproject.toml's package folders;
 * docker-compose.yml against the Compose specification's JSON schema (the copy check-jsonschema ships),
-  plus the structure the issue asks for, and with a real ``docker-compose config`` when one is installed;
+  plus the structure the issue asks for (no set-up, local-only defaults that .env overrides), and with a
+  real ``docker-compose config`` when one is installed;
 * every ``REDUCING_SAVER_*`` variable the files set is a real setting, and the values validate;
 * the Kubernetes manifests against the Kubernetes JSON schemas (kubernetes-validate ships them; strict
   mode, offline), plus what a schema cannot see: selectors, references, ports, the connection budget;
@@ -60,7 +63,6 @@ SETTING_VARS = {f"{PREFIX}{field.upper()}" for field in Settings.model_fields}
 CLIENT_VARS = {f"{PREFIX}URL", API_KEY_ENV}
 
 SERVICE, POSTGRES, AGENT = "reducing-saver", "postgres", "agent-worker"
-DUMMY_PASSWORD = "dummy-password"
 
 #: Kubernetes versions the manifests must be valid for: an old supported one and the newest bundled.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
@@ -167,9 +169,37 @@ def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path):
     )
 
 
+def dockerfile_args() -> dict[str, str]:
+    """The build arguments declared before the first FROM, with their defaults."""
+    args: dict[str, str] = {}
+    for keyword, value in dockerfile():
+        if keyword == "FROM":
+            break
+        if keyword == "ARG":
+            name, _, default = value.partition("=")
+            args[name] = default
+    return args
+
+
+def dockerfile_stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """``(stage name, its instructions)`` per FROM; an unnamed stage is ``""``."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for keyword, args in dockerfile():
+        if keyword == "FROM":
+            words = args.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else ""
+            assert len(words) in (1, 3), f"FROM {args!r}"
+            stages.append((name, []))
+        elif stages:
+            stages[-1][1].append((keyword, args))
+    return stages
+
+
 def test_dockerfile_shape():
-    (base,) = instruction_args("FROM")
+    # The base image is a build argument, defaulting to the slim Python 3.11 every stage starts from.
+    base = dockerfile_args()["PYTHON_IMAGE"]
     assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base), base
+    assert {args.split()[0] for args in instruction_args("FROM")} == {"${PYTHON_IMAGE}"}
     assert dockerfile_entrypoint() == ["reducing-saver", "serve"]
     env = dockerfile_env()
     assert env[f"{PREFIX}HOST"] == "0.0.0.0"
@@ -182,33 +212,63 @@ def test_dockerfile_shape():
     assert healthcheck[0] == "python" and "/healthz" in healthcheck[-1]
 
 
-def test_dependency_layer_comes_before_the_source_and_matches_pyproject():
-    """The cached layer installs the project's dependencies from pyproject.toml over stub packages."""
+def _copy_sources(args: str) -> tuple[str | None, list[str]]:
+    """``(--from stage or None, sources)`` of a COPY instruction's arguments."""
+    words = args.split()
+    stage = None
+    while words[0].startswith("--"):
+        flag = words.pop(0)
+        if flag.startswith("--from="):
+            stage = flag.removeprefix("--from=")
+    return stage, words[:-1]
+
+
+def test_image_gets_the_package_from_a_wheel_built_from_fresh_sources():
+    """The runtime stage installs a wheel the build stage made; no source or build output reaches it.
+
+    The bug this guards against: a dependency layer installed stub packages, the real sources copied
+    later kept older timestamps, and setuptools' build/lib kept the stubs, which went into the image.
+    """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_dirs = set(project["tool"]["setuptools"]["package-dir"].values())
     extras = project["project"]["optional-dependencies"]
-    steps = dockerfile()
-    copies = [(i, args.split()[:-1]) for i, (keyword, args) in enumerate(steps) if keyword == "COPY"]
-    runs = [(i, args) for i, (keyword, args) in enumerate(steps) if keyword == "RUN"]
+    (build_name, build), (runtime_name, runtime) = dockerfile_stages()
+    assert build_name and not runtime_name, "two stages: a named build stage, then the image"
 
+    # Build stage: the build backend pyproject.toml names (cached: only pyproject.toml before it), then
+    # the whole build context, then a wheel of the project alone.
+    copies = [(i, *_copy_sources(args)) for i, (keyword, args) in enumerate(build) if keyword == "COPY"]
+    runs = [(i, args) for i, (keyword, args) in enumerate(build) if keyword == "RUN"]
     first_install = next(i for i, args in runs if "pip install" in args)
-    copied_before = {src for i, sources in copies if i < first_install for src in sources}
-    assert copied_before == {"pyproject.toml"}, (
-        f"only pyproject.toml before the dependency install: {copied_before}"
+    assert "['build-system']['requires']" in dict(runs)[first_install]
+    assert [sources for i, _, sources in copies if i < first_install] == [["pyproject.toml"]]
+    assert [sources for i, _, sources in copies if i > first_install] == [["."]], (
+        "the wheel is built from the whole (allowlisted) context, so a new package folder is never missed"
     )
-    stub_run = dict(runs)[first_install]
-    for directory in package_dirs:
-        assert f"{directory}/__init__.py" in stub_run, f"the stub lacks package {directory}/"
-    (wanted,) = re.findall(r"\.\[([\w,-]+)\]", stub_run)
-    assert set(wanted.split(",")) == {"server", "examples"}
-    assert set(wanted.split(",")) <= set(extras), f"extras {wanted} not all in pyproject.toml"
-    assert any(dep.startswith("langgraph") for dep in extras["examples"])
+    (wheel_step,) = [args for i, args in runs if "pip wheel" in args]
+    assert "--no-deps" in wheel_step and "--wheel-dir /dist" in wheel_step
 
-    source_dirs = {src.rstrip("/") for i, sources in copies if i > first_install for src in sources}
-    assert package_dirs <= source_dirs, f"the source layer must copy {package_dirs}, copies {source_dirs}"
-    assert any(i > first_install and "--no-deps" in args for i, args in runs), (
-        "the source install re-resolves"
-    )
+    # Runtime stage: dependencies from pyproject.toml alone, then the wheel from the build stage with
+    # the same extras; nothing of the source tree but the example it runs.
+    copies = [(i, *_copy_sources(args)) for i, (keyword, args) in enumerate(runtime) if keyword == "COPY"]
+    runs = [(i, args) for i, (keyword, args) in enumerate(runtime) if keyword == "RUN"]
+    first_install = next(i for i, args in runs if "pip install" in args)
+    before_install = [(stage, sources) for i, stage, sources in copies if i < first_install]
+    assert before_install == [(None, ["pyproject.toml"])], before_install
+    dependency_step = dict(runs)[first_install]
+    assert "['dependencies']" in dependency_step
+    read_extras = set(re.findall(r"\['optional-dependencies'\]\['([\w-]+)'\]", dependency_step))
+    (wheel_install,) = [args for i, args in runs if i > first_install and "pip install" in args]
+    assert "/tmp/dist/reducing_saver-" in wheel_install and "--no-deps" not in wheel_install
+    (wanted,) = re.findall(r'pip install [^"]*"[^"]*\[([\w,-]+)\]"', wheel_install)
+    assert set(wanted.split(",")) == read_extras == {"server", "examples"}
+    assert read_extras <= set(extras), f"extras {read_extras} not all in pyproject.toml"
+    assert any(dep.startswith("langgraph") for dep in extras["examples"])
+    assert "pip check" in wheel_install, "a dependency the first layer missed must fail the build"
+    assert (build_name, ["/dist/"]) in [(stage, sources) for _, stage, sources in copies]
+    from_context = {src.rstrip("/") for _, stage, sources in copies if stage is None for src in sources}
+    assert from_context == {"pyproject.toml", "examples"}, from_context
+    assert not from_context & package_dirs
 
 
 # -- .dockerignore ---------------------------------------------------------------------------------
@@ -245,24 +305,55 @@ def dockerignore_excludes(patterns: list[str], path: str) -> bool:
     return excluded
 
 
-def test_dockerignore_keeps_what_the_build_copies_and_drops_secrets():
-    patterns = [
+def dockerignore_patterns() -> list[str]:
+    return [
         line.strip()
         for line in DOCKERIGNORE.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    sources = [src for args in instruction_args("COPY") for src in args.split()[:-1]]
-    for source in sources:
+
+
+def repository_files() -> list[str]:
+    """The files of the working tree (relative paths), without .git, .venv and caches."""
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip]
+        found += [(Path(folder) / name).relative_to(ROOT).as_posix() for name in files]
+    return found
+
+
+def test_dockerignore_keeps_what_the_build_copies_and_drops_secrets():
+    patterns = dockerignore_patterns()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    package_dirs = set(project["tool"]["setuptools"]["package-dir"].values())
+    # What the build needs: the metadata, every package folder (all of the build stage's `COPY .`
+    # that matters) and what the runtime stage copies from the context.
+    needed = {"pyproject.toml", "README.md", *package_dirs}
+    needed |= {
+        src for args in instruction_args("COPY") for stage, sources in [_copy_sources(args)] if stage is None
+        for src in sources if src != "."
+    }
+    for source in needed:
         path = ROOT / source
-        assert path.exists(), f"COPY {source}: not in the repository"
+        assert path.exists(), f"{source}: not in the repository"
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         files = [p for p in files if "__pycache__" not in p.parts]
-        assert files, f"COPY {source}: nothing to copy"
+        assert files, f"{source}: nothing to copy"
         for file in files:
             relative = file.relative_to(ROOT).as_posix()
             assert not dockerignore_excludes(patterns, relative), (
                 f"{relative} is needed but .dockerignore drops it"
             )
+    # The package folders the code is moving to are let through already (a missing folder costs nothing).
+    for upcoming in ("reducer/__init__.py", "wire/__init__.py"):
+        assert not dockerignore_excludes(patterns, upcoming), f"{upcoming} would be left out of the build"
+
+    # Nothing else: the context is an allowlist, so a stray file cannot end up in the wheel.
+    sent = {path for path in repository_files() if not dockerignore_excludes(patterns, path)}
+    extra = {path for path in sent if path.split("/")[0] not in {s.rstrip("/") for s in needed}}
+    assert not extra, f"sent to the Docker build without being needed: {sorted(extra)}"
+
     for never in (
         ".env",
         ".env.local",
@@ -272,6 +363,13 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_secrets():
         "tests/conftest.py",
         "service/__pycache__/app.cpython-311.pyc",
         "benchmarks/results/x.json",
+        # Build output an install on the host leaves, which setuptools would reuse if it got in.
+        "build/lib/reducing_saver/client/__init__.py",
+        "client/build/lib/reducing_saver/client/__init__.py",
+        "service/build/lib/x.py",
+        "reducing_saver.egg-info/PKG-INFO",
+        "service/reducing_saver.egg-info/SOURCES.txt",
+        "client/dist/reducing_saver-0.1.0-py3-none-any.whl",
     ):
         assert dockerignore_excludes(patterns, never), f"{never} would be sent to the Docker build"
 
@@ -317,8 +415,8 @@ def compose_raw() -> dict:
 
 
 def compose(env: dict[str, str] | None = None) -> dict:
-    """docker-compose.yml as compose sees it, with ``env`` as the only variables (and a dummy password)."""
-    return interpolate(compose_raw(), {"POSTGRES_PASSWORD": DUMMY_PASSWORD} if env is None else env)
+    """docker-compose.yml as compose sees it, with ``env`` as the only variables (none: a fresh clone)."""
+    return interpolate(compose_raw(), env or {})
 
 
 def environment(service: dict) -> dict[str, str]:
@@ -349,7 +447,6 @@ def test_compose_file_matches_the_compose_specification():
 
 
 def test_compose_services_wait_on_health_and_keep_data():
-    raw = compose_raw()
     document = compose()
     services = document["services"]
     assert set(services) == {POSTGRES, SERVICE, AGENT}
@@ -374,12 +471,6 @@ def test_compose_services_wait_on_health_and_keep_data():
     )
     assert "container_name" not in agent, "replicas need generated container names"
 
-    # The password comes from the environment, required, never written down.
-    assert "${POSTGRES_PASSWORD:?" in raw["services"][POSTGRES]["environment"]["POSTGRES_PASSWORD"]
-    assert "${POSTGRES_PASSWORD:?" in raw["services"][SERVICE]["environment"][f"{PREFIX}DATABASE"]
-    with pytest.raises(MissingVariable, match="POSTGRES_PASSWORD"):
-        compose({})
-
     # The service's database URL names the postgres service, its user, database and password.
     url = urlsplit(environment(service)[f"{PREFIX}DATABASE"])
     pg_env = environment(postgres)
@@ -390,6 +481,55 @@ def test_compose_services_wait_on_health_and_keep_data():
         "/" + pg_env["POSTGRES_DB"],
     )
     assert environment(agent)[f"{PREFIX}URL"] == f"http://{SERVICE}:{dockerfile_env()[PREFIX + 'PORT']}"
+
+
+def published_ports(service: dict) -> list[tuple[str, str, str]]:
+    """``(host address, host port, container port)`` of a service's short-syntax ports."""
+    found = []
+    for port in service.get("ports", []):
+        parts = str(port).split(":")
+        assert len(parts) == 3, f"ports: {port!r} does not name the host address (0.0.0.0 by default)"
+        found.append((parts[0], parts[1], parts[2]))
+    return found
+
+
+def test_compose_runs_without_set_up_and_env_overrides_it():
+    """A fresh clone needs no .env; the defaults are local-only; .env (the environment) overrides them."""
+    raw_text = COMPOSE_FILE.read_text()
+    for match in _COMPOSE_VAR.finditer(raw_text):
+        if name := match["braced"] or match["bare"]:
+            assert match["op"] in (":-", "-"), f"${{{name}}} has no default: `docker compose up` needs set-up"
+    services = compose({})["services"]  # what a fresh clone gets: no variable set at all
+
+    # Only the service publishes a port, on the host's loopback, from the image's port.
+    assert published_ports(services[SERVICE]) == [("127.0.0.1", "8080", dockerfile_env()[f"{PREFIX}PORT"])]
+    assert all(not published_ports(services[name]) for name in (POSTGRES, AGENT))
+
+    # A development API key, the same on both sides: the service's tenant `dev` and the workers' key.
+    service_env, agent_env = environment(services[SERVICE]), environment(services[AGENT])
+    tenant, _, key = service_env[f"{PREFIX}API_KEYS"].partition("=")
+    assert tenant == "dev" and key and agent_env[API_KEY_ENV] == key
+    assert f"{PREFIX}INSECURE" not in service_env, "with a key the service needs no opt-out"
+
+    overrides = {
+        "POSTGRES_PASSWORD": "from-dot-env",
+        "DEV_API_KEY": "another-key",
+        "PUBLISHED_PORT": "18123",
+        "SERVICE_IMAGE": "reducing-saver:other",
+        "REDUCING_SAVER_MAX_MESSAGES": "10",
+    }
+    services = compose(overrides)["services"]
+    service_env, agent_env = environment(services[SERVICE]), environment(services[AGENT])
+    assert environment(services[POSTGRES])["POSTGRES_PASSWORD"] == "from-dot-env"
+    assert urlsplit(service_env[f"{PREFIX}DATABASE"]).password == "from-dot-env"
+    assert service_env[f"{PREFIX}API_KEYS"] == "dev=another-key" and agent_env[API_KEY_ENV] == "another-key"
+    assert published_ports(services[SERVICE])[0][:2] == ("127.0.0.1", "18123")
+    assert services[SERVICE]["image"] == services[AGENT]["image"] == "reducing-saver:other"
+    assert service_env[f"{PREFIX}MAX_MESSAGES"] == "10"
+
+    # The interpolation this test relies on must refuse what compose refuses, or it proves nothing.
+    with pytest.raises(MissingVariable, match="X"):
+        interpolate("${X:?needed}", {})
 
 
 def compose_binaries() -> list[list[str]]:
@@ -416,27 +556,37 @@ def test_docker_compose_config_accepts_the_file(command, tmp_path):
         pytest.skip(
             "no docker-compose here (Debian: apt-get install docker-compose); the schema test above is the check"
         )
-    empty_env = tmp_path / "empty.env"  # a developer's .env must not decide the outcome
-    empty_env.write_text("")
+    # The variables the file reads come from --env-file only: a developer's .env or shell must not decide.
+    variables = {m["braced"] or m["bare"] for m in _COMPOSE_VAR.finditer(COMPOSE_FILE.read_text())}
+    clean_env = {k: v for k, v in os.environ.items() if k not in variables}
 
-    def config(path: Path, **env: str) -> subprocess.CompletedProcess:
+    def config(path: Path, env_file: str = "", quiet: bool = True) -> subprocess.CompletedProcess:
+        dot_env = tmp_path / "dot.env"
+        dot_env.write_text(env_file)
         return subprocess.run(
-            [*command, "-f", str(path), "--env-file", str(empty_env), "config", "-q"],
+            [*command, "-f", str(path), "--env-file", str(dot_env), "config", *(["-q"] if quiet else [])],
             check=False,
             capture_output=True,
             text=True,
             cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if k != "POSTGRES_PASSWORD"} | env,
+            env=clean_env,
         )
 
     broken = tmp_path / "broken.yml"
     broken.write_text("services:\n  a:\n    image: x\n    depends_on: [b]\n")
     assert config(broken).returncode != 0, f"{command} accepts a broken file: its verdict proves nothing"
 
-    result = config(COMPOSE_FILE, POSTGRES_PASSWORD=DUMMY_PASSWORD)
+    # A fresh clone: no .env at all.
+    result = config(COMPOSE_FILE, quiet=False)
     assert result.returncode == 0, result.stderr
-    result = config(COMPOSE_FILE)
-    assert result.returncode != 0 and "POSTGRES_PASSWORD" in result.stderr, "the password must be required"
+    resolved = yaml.safe_load(result.stdout)["services"]
+    assert environment(resolved[SERVICE]) == environment(compose({})["services"][SERVICE])
+    # An .env overrides the defaults.
+    result = config(COMPOSE_FILE, "PUBLISHED_PORT=18123\nPOSTGRES_PASSWORD=from-dot-env\n", quiet=False)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+    assert "18123" in json.dumps(resolved[SERVICE]["ports"])
+    assert environment(resolved[POSTGRES])["POSTGRES_PASSWORD"] == "from-dot-env"
 
 
 # -- environment variables -------------------------------------------------------------------------

@@ -458,9 +458,11 @@ def test_single_tenant_mode_stores_the_agents_own_ids(tmp_path):
     assert rows == [("plain",)]
 
 
-def test_deploy_files_run_with_keys_or_an_explicit_opt_out():
-    """k8s serves with API keys from a Secret file; compose opts out on loopback, saying why."""
+def test_deploy_files_run_with_keys():
+    """k8s serves with API keys from a Secret file; the compose stack with a development key on loopback."""
     import yaml
+
+    from tests.test_deploy import AGENT, SERVICE, compose, dockerfile_env, environment, published_ports
 
     deployment = yaml.safe_load((ROOT / "deploy" / "deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
@@ -474,8 +476,17 @@ def test_deploy_files_run_with_keys_or_an_explicit_opt_out():
     assert "optional" not in volume["secret"], "a missing key Secret must keep the pod from starting"
     config = yaml.safe_load((ROOT / "deploy" / "configmap.yaml").read_text())["data"]
     assert config["REDUCING_SAVER_HOST"] == "0.0.0.0" and "REDUCING_SAVER_INSECURE" not in config
-    compose = (ROOT / "docker-compose.yml").read_text()
-    assert 'REDUCING_SAVER_INSECURE: "true"' in compose and '"127.0.0.1:8080:8080"' in compose
+    services = compose({})["services"]
+    service_env = environment(services[SERVICE])
+    settings = Settings(_env_file=None, **{  # the container's view: the image's ENV under compose's
+        name.removeprefix("REDUCING_SAVER_").lower(): value
+        for name, value in {**dockerfile_env(), **service_env}.items()
+    })
+    assert settings.host == "0.0.0.0" and not settings.insecure
+    assert security.check_exposure(settings) is None, "compose's service would refuse to start"
+    (tenant_key,) = service_env["REDUCING_SAVER_API_KEYS"].split(",")
+    assert tenant_key.split("=", 1)[1] == environment(services[AGENT])["REDUCING_SAVER_API_KEY"]
+    assert {address for address, _, _ in published_ports(services[SERVICE])} == {"127.0.0.1"}
 
 
 def test_a_key_file_works_end_to_end_in_process(tmp_path):
