@@ -165,6 +165,7 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
 
 
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
+    # The commands import what they run only when they run: `--help` stays quick and light.
     import uvicorn
 
     from reducing_saver.service.app import create_app

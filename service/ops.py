@@ -20,7 +20,8 @@ from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, Unavailable
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.ttl.ledger import InvalidTTLError
-from reducing_saver.wire import Blob, WireError, base64_from_wire, is_inline
+from reducing_saver.service.version import __version__
+from reducing_saver.wire import BODY_FORMATS, Blob, WireError, base64_from_wire, is_inline
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -210,9 +211,6 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
 
 def capabilities(service: Service) -> dict[str, Any]:
     """The backend's optional capabilities and the reducer's configuration."""
-    from reducing_saver.service.state import __version__
-    from reducing_saver.wire import BODY_FORMATS
-
     config = service.reducer.config
     return {
         "capabilities": sorted(service.open_savers().capabilities),

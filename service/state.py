@@ -14,7 +14,6 @@ import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
@@ -30,11 +29,6 @@ from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 logger = logging.getLogger("reducing_saver.service")
 
 T = TypeVar("T")
-
-try:
-    __version__ = version("reducing-saver")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
 
 #: Worker threads for database work that needs no saver (probes, outbox status, sweep status).
 BLOCKING_THREADS = 4

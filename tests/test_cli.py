@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -64,3 +65,29 @@ def test_the_database_password_is_not_printed(tmp_path, pg_database):
         pass
     assert "s3cret-pass" not in service.output()
     assert "postgres:***@" in service.output()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def test_workers_get_the_flags_but_no_setting_or_key_through_their_environment(tmp_path):
+    """A key from .env stays out of every process's environment; flags reach the workers all the same."""
+    (tmp_path / ".env").write_text("REDUCING_SAVER_API_KEYS=ops=dotenv-secret-key\n")
+    with run_service(tmp_path, "--database", "memory://", "--workers", "2", "--max-messages", "7") as service:
+        workers = _children(service.process.pid)
+        assert len(workers) >= 2
+        for pid in [service.process.pid, *workers]:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert b"dotenv-secret-key" not in environ
+            assert b"REDUCING_SAVER_API_KEYS" not in environ
+            assert b"REDUCING_SAVER_MAX_MESSAGES" not in environ
+        headers = {"Authorization": "Bearer dotenv-secret-key"}
+        for _ in range(6):  # several connections: the answers come from both workers
+            answer = httpx.get(f"{service.url}/v1/capabilities", headers=headers, timeout=10)
+            assert answer.status_code == 200
+            assert answer.json()["reducer"]["max_messages"] == 7
+        assert httpx.get(f"{service.url}/v1/capabilities", timeout=10).status_code == 401

@@ -117,7 +117,7 @@ def is_loopback(host: str) -> bool:
 def check_exposure(settings: Any) -> str | None:
     """Why the service must not start as configured, or ``None``: a non-loopback address with no API
     key is refused unless ``insecure`` is set."""
-    if is_loopback(settings.host) or settings.insecure or load_api_keys(settings) is not None:
+    if is_loopback(settings.host) or settings.insecure or settings.api_key_set is not None:
         return None
     return (
         f"refusing to listen on {settings.host} without API keys: anyone who can reach it could read and "

@@ -93,6 +93,7 @@ from reducing_saver.reducer import thread_namespace, validate_namespace
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.service.security.tenancy import TenantScope, stored_thread_to_agent
 from reducing_saver.service.ttl.durations import parse_duration
 from reducing_saver.service.ttl.ledger import (
     LOG_DAYS,
@@ -495,8 +496,6 @@ def open_sweeper(
         registry: Prometheus registry for the sweep metrics.
         tenant_mode: API keys are configured: stored thread ids are ``tenant:thread``.
     """
-    from reducing_saver.service.security import TenantScope, stored_thread_to_agent
-
     window = window_reader(
         SafeMessagesCodec(settings.allowed_message_classes),
         settings.messages_key,

@@ -7,6 +7,7 @@ from typing import Any
 
 from langgraph.store.sqlite import SqliteStore
 
+from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
@@ -67,6 +68,4 @@ class SqliteBackend:
 
 
 def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> SqliteBackend:  # noqa: A001
-    from reducing_saver.service.storage import sqlite_path
-
     return SqliteBackend(sqlite_path(url), create=create)
