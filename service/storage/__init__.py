@@ -150,10 +150,13 @@ class SaverPool:
         """
         if self._slots is None:
             self._slots = asyncio.Semaphore(len(self._savers))
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self.timeout)
-        except TimeoutError:
-            raise SaversBusy(self._busy()) from None
+        if self._slots.locked():  # every saver is busy: wait, but not for ever
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self.timeout)
+            except TimeoutError:
+                raise SaversBusy(self._busy()) from None
+        else:  # a saver is free: no timer, no task
+            await self._slots.acquire()
         try:
             # The call sees the request's context (tenant, caps, metrics notes), as the loop does.
             context = contextvars.copy_context()
