@@ -95,7 +95,7 @@ class ReducerSettings(BaseModel):
 
 
 class SecuritySettings(BaseModel):
-    """API keys, tenants and exposure (``service/security.py``)."""
+    """API keys, tenants and exposure (``service/security/``)."""
 
     api_keys: SecretStr | None = Field(
         None,

@@ -44,7 +44,7 @@ class TypedValue(BaseModel):
 WireValue = Primitive | TypedValue
 
 
-# -- caps (service/security.py): the numbers are settings, read per request; the OpenAPI document shows them
+# -- caps (service/security/limits.py): the numbers are settings, read per request; the OpenAPI document shows them
 
 
 def _refusing(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:

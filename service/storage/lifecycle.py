@@ -81,7 +81,7 @@ def check_copy_ids(source_thread_id: str, target_thread_id: str) -> tuple[str, s
 
 
 #: ``config["configurable"]`` key that makes the PostgreSQL saver's ``list`` keep only thread ids with
-#: this prefix (set by ``service/security.py`` for a tenant's list across threads; never by agents).
+#: this prefix (set by ``service/security/tenancy.py`` for a tenant's list across threads; never by agents).
 THREAD_PREFIX_KEY = "__thread_id_prefix__"
 
 
