@@ -149,7 +149,7 @@ def list_checkpoints(
     if config is not None:
         config = scope.config_in(config, service.settings.namespace_key)
     found = security.list_checkpoints(
-        saver, service.backend_kind, scope, config, filter=body.filter, before=before, limit=body.limit
+        saver, scope, config, filter=body.filter, before=before, limit=body.limit
     )
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):

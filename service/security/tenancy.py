@@ -116,7 +116,6 @@ def stored_thread_to_agent(stored: str, tenant_mode: bool) -> str:
 
 def list_checkpoints(
     saver: Any,
-    backend_kind: str,
     scope: TenantScope,
     config: dict[str, Any] | None,
     *,
@@ -127,14 +126,14 @@ def list_checkpoints(
     """``saver.list`` seen by one tenant.
 
     With a thread in ``config`` the thread id is already the stored one. Across threads (``config`` is
-    ``None``) a tenant sees only its own: PostgreSQL filters in the query (``thread_id LIKE 'tenant:%'``,
-    before ``ORDER BY`` and ``LIMIT``); SQLite and memory filter the saver's ordered results and stop after
-    ``limit``. ``before`` and ``filter`` mean what they mean to the saver.
+    ``None``) a tenant sees only its own: a saver that ``lists_by_thread_prefix`` (PostgreSQL's) filters in
+    the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and ``LIMIT``); the others' ordered results
+    are filtered here, stopping after ``limit``. ``before`` and ``filter`` mean what they mean to the saver.
     """
     if scope.tenant is None or config is not None:
         yield from saver.list(config, filter=filter, before=before, limit=limit)
         return
-    if backend_kind == "postgres":
+    if getattr(saver.inner, "lists_by_thread_prefix", False):
         prefixed = {"configurable": {THREAD_PREFIX_KEY: scope.prefix}}
         for item in saver.list(prefixed, filter=filter, before=before, limit=limit):
             if scope.owns(item.config["configurable"]["thread_id"]):

@@ -124,6 +124,9 @@ class PostgresLifecycleSaver(PostgresSaver):
     ``PostgresSaver.prune`` does. Only the sync methods exist, as on PostgresSaver.
     """
 
+    #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
+    lists_by_thread_prefix = True
+
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and pending write of a thread to another thread id.
 
