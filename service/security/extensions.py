@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ormsgpack
@@ -171,19 +170,28 @@ def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
     """
     if _EXT_START.search(data) is None:
         return
-    pending: deque[tuple[int, bytes, int]] = deque((code, payload, 1) for code, payload in _extensions(data))
-    # Breadth first: the error names the outermost refused extension, in document order.
-    while pending:
-        code, payload, depth = pending.popleft()
+    # A work list, not recursion: each payload is decoded by a call of its own, after its parent's ended,
+    # so the C stack holds one decoder at a time. Read in order, it is breadth first: the error names the
+    # outermost refused extension, in document order.
+    found: list[tuple[int, bytes, int]] = []
+    depth = 1
+
+    def record(code: int, payload: bytes) -> None:
+        found.append((code, payload, depth))
+
+    _decode(data, record)
+    index = 0
+    while index < len(found):
+        code, payload, depth = found[index]
+        index += 1
         if code not in _LANGGRAPH_CODES:
             continue
         if depth > MAX_EXTENSION_DEPTH:
             raise UnsafeValueError(field, code, None, None, f"extensions nested more than {MAX_EXTENSION_DEPTH} deep")
-        found: list[tuple[int, bytes]] = []
-        decoded = _decode(payload, found)
+        depth += 1  # what this payload holds is recorded one level down
+        tup = _decode(payload, record)
         if code in _CALLING_CODES:
-            _check_target(field, code, decoded, policy)
-        pending.extend((inner, inner_payload, depth + 1) for inner, inner_payload in found)
+            _check_target(field, code, tup, policy)
 
 
 def _check_target(field: str, code: int, tup: Any, policy: ExtensionPolicy) -> None:
@@ -199,18 +207,8 @@ def _check_target(field: str, code: int, tup: Any, policy: ExtensionPolicy) -> N
         raise UnsafeValueError(field, code, module, name, reason)
 
 
-def _extensions(data: bytes) -> list[tuple[int, bytes]]:
-    found: list[tuple[int, bytes]] = []
-    _decode(data, found)
-    return found
-
-
-def _decode(data: bytes, found: list[tuple[int, bytes]]) -> Any:
-    """``data`` decoded with every extension recorded in ``found`` (and ``None`` in its place)."""
-
-    def record(code: int, payload: bytes) -> None:
-        found.append((code, payload))
-
+def _decode(data: bytes, record: Callable[[int, bytes], None]) -> Any:
+    """``data`` decoded, each extension handed to ``record`` (and ``None`` in its place)."""
     try:
         return ormsgpack.unpackb(data, ext_hook=record, option=_OPTIONS)
     except Exception:
