@@ -75,7 +75,9 @@ class SafeJsonPlusSerializer(JsonPlusSerializer):
         )
         self._unpack_ext_hook = self._ext_hook
 
-    def with_msgpack_allowlist(self, extra_allowlist: Iterable[tuple[str, ...] | type]) -> SafeJsonPlusSerializer:
+    def with_msgpack_allowlist(
+        self, extra_allowlist: Iterable[tuple[str, ...] | type]
+    ) -> SafeJsonPlusSerializer:
         """A copy that also reads ``extra_allowlist`` (what a compiled graph registers in strict mode)."""
         extra = _keys(extra_allowlist)
         if extra <= self._allowed:
@@ -111,7 +113,7 @@ class SafeJsonPlusSerializer(JsonPlusSerializer):
             if cls is None:
                 return _refused(code, module, name, arg)
             return _construct(code, cls, module, name, arg)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a type's own constructor may raise anything
             # As LangGraph does: a value that cannot be rebuilt reads as its serialized data.
             logger.debug("could not rebuild a msgpack extension (code %d): %s", code, type(exc).__name__)
             return _item(tup, 2)
@@ -141,7 +143,7 @@ def _construct(code: int, cls: Any, module: str, name: str, arg: Any) -> Any:
         return cls(**arg)
     try:  # pydantic v1 and v2: a dump the constructor rejects is built without validation
         return cls(**arg)
-    except Exception:
+    except Exception:  # noqa: BLE001 - validators raise anything
         return cls.construct(**arg) if code == _PYDANTIC_V1 else cls.model_construct(**arg)
 
 
@@ -154,7 +156,9 @@ def _is_data_class(obj: Any) -> bool:
     if issubclass(obj, tuple) and "_fields" in dir(obj):  # a namedtuple
         return True
     pydantic = sys.modules.get("pydantic")
-    if pydantic is not None and issubclass(obj, (pydantic.BaseModel, pydantic.SecretStr, pydantic.SecretBytes)):
+    if pydantic is not None and issubclass(
+        obj, (pydantic.BaseModel, pydantic.SecretStr, pydantic.SecretBytes)
+    ):
         return True
     pydantic_v1 = sys.modules.get("pydantic.v1")
     return pydantic_v1 is not None and issubclass(obj, pydantic_v1.BaseModel)
@@ -180,14 +184,14 @@ def _numpy_array(unpack: Any, data: bytes) -> Any:
 
         dtype, shape, order, buffer = unpack(data)
         return np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape, order=order)
-    except Exception:
+    except Exception:  # noqa: BLE001 - as LangGraph: an array that cannot be rebuilt reads as None
         return None
 
 
 def _item(tup: Any, index: int) -> Any:
     try:
         return tup[index]
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the payload decoded to
         return None
 
 

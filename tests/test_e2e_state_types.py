@@ -68,14 +68,18 @@ class State(TypedDict):
     turns: int
 
 
-DUE = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.timezone.utc)
+DUE = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 
 
 def planner(state: State) -> dict[str, Any]:
     turn = state.get("turns", 0) + 1
     task = Task(f"task-{turn}", Priority.HIGH if turn % 2 else Priority.LOW, DUE)
     tasks = [*(state["plan"].tasks if state.get("plan") else []), task]
-    return {"plan": Plan(title=f"plan-{turn}", tasks=tasks, origin=Point(turn, -turn)), "tasks": [task], "turns": turn}
+    return {
+        "plan": Plan(title=f"plan-{turn}", tasks=tasks, origin=Point(turn, -turn)),
+        "tasks": [task],
+        "turns": turn,
+    }
 
 
 def checker(state: State) -> dict[str, Any]:
@@ -113,7 +117,9 @@ def service(tmp_path: Path, fresh_pg: str):
 
 @pytest.fixture(autouse=True)
 def _default_mode() -> None:
-    assert not lg_msgpack.STRICT_MSGPACK_ENABLED, "these tests are about LangGraph's default (non-strict) mode"
+    assert not lg_msgpack.STRICT_MSGPACK_ENABLED, (
+        "these tests are about LangGraph's default (non-strict) mode"
+    )
 
 
 def test_a_graph_with_its_own_types_round_trips_sync(service):
@@ -159,10 +165,14 @@ def test_a_value_naming_popen_is_refused_in_any_channel_and_write(service, fresh
     checkpoint["channel_values"] = {"notes": {"plan": popen(marker)}}
     checkpoint["channel_versions"] = {"notes": "1"}
     with RemoteReducingSaver(service.url) as saver:
-        with pytest.raises(BadRequestError, match=r"values\.notes: msgpack extension code 1 naming subprocess\.Popen"):
+        with pytest.raises(
+            BadRequestError, match=r"values\.notes: msgpack extension code 1 naming subprocess\.Popen"
+        ):
             saver.put(config, checkpoint, {"source": "loop", "step": 1}, {"notes": "1"})
         write_config = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
-        with pytest.raises(BadRequestError, match=r"writes\[1\]: msgpack extension code 1 naming subprocess\.Popen"):
+        with pytest.raises(
+            BadRequestError, match=r"writes\[1\]: msgpack extension code 1 naming subprocess\.Popen"
+        ):
             saver.put_writes(write_config, [("tasks", [1]), ("notes", [popen(marker)])], "task-1")
     assert stored(fresh_pg, "gadget") == 0
     time.sleep(0.3)
@@ -179,7 +189,9 @@ time.sleep(0.5)
 """
 
 
-def test_a_value_naming_popen_written_into_the_database_is_inert_for_remote_readers(service, fresh_pg: str, tmp_path: Path):
+def test_a_value_naming_popen_written_into_the_database_is_inert_for_remote_readers(
+    service, fresh_pg: str, tmp_path: Path
+):
     marker = tmp_path / "ran"
     config = {"configurable": {"thread_id": "direct", "checkpoint_ns": ""}}
     checkpoint = empty_checkpoint()
@@ -188,7 +200,9 @@ def test_a_value_naming_popen_written_into_the_database_is_inert_for_remote_read
     checkpoint["channel_versions"] = {"notes": "1", "plan": "1"}
     # Bypassing the service: an operator's stock saver, or anyone with the database's credentials.
     with PostgresSaver.from_conn_string(fresh_pg) as stock:
-        next_config = stock.put(config, checkpoint, {"source": "loop", "step": 1}, {"notes": "1", "plan": "1"})
+        next_config = stock.put(
+            config, checkpoint, {"source": "loop", "step": 1}, {"notes": "1", "plan": "1"}
+        )
         stock.put_writes(next_config, [("notes", popen(marker))], "task-1")
 
     with RemoteReducingSaver(service.url) as saver:

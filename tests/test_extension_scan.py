@@ -82,7 +82,7 @@ def refusal(data: bytes, policy: ExtensionPolicy = DEFAULT) -> UnsafeValueError:
 
 
 def a_plan() -> Plan:
-    due = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.timezone.utc)
+    due = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC)
     return Plan(title="t", steps=[Step("a", Color.RED, due)], origin=Point(1, 2), tags={"x"})
 
 
@@ -92,13 +92,28 @@ def a_plan() -> Plan:
         a_plan(),
         [Step("b", Color.BLUE, datetime.datetime(2026, 1, 1))],
         {"color": Color.RED, "point": Point(3, 4)},
-        [uuid.uuid4(), decimal.Decimal("1.5"), datetime.date(2026, 1, 1), datetime.timedelta(3), Path("/tmp")],
+        [
+            uuid.uuid4(),
+            decimal.Decimal("1.5"),
+            datetime.date(2026, 1, 1),
+            datetime.timedelta(3),
+            Path("/tmp"),
+        ],
         [HumanMessage("hi", id="h"), AIMessage("yo", id="a")],
         Send("node", {"x": 1}),
         _DeltaSnapshot([HumanMessage("hi", id="h")]),
         frozenset({1, 2}),
     ],
-    ids=["pydantic-dataclass-enum-namedtuple", "dataclasses", "enum-namedtuple", "stdlib-safe-types", "messages", "send", "snapshot", "frozenset"],
+    ids=[
+        "pydantic-dataclass-enum-namedtuple",
+        "dataclasses",
+        "enum-namedtuple",
+        "stdlib-safe-types",
+        "messages",
+        "send",
+        "snapshot",
+        "frozenset",
+    ],
 )
 def test_what_jsonplus_writes_for_state_types_is_accepted(value: Any):
     check_value(packed(value), "values.notes", DEFAULT)
@@ -111,14 +126,19 @@ def test_numpy_arrays_are_accepted():
 
 def test_a_datetime_subclass_from_another_package_is_accepted():
     # JsonPlus writes (module, Class, isoformat, "fromisoformat") for datetime subclasses (pendulum's, say).
-    check_value(ormsgpack.packb(ext(3, "pendulum", "DateTime", "2026-01-01T00:00:00", "fromisoformat")), "f", DEFAULT)
+    check_value(
+        ormsgpack.packb(ext(3, "pendulum", "DateTime", "2026-01-01T00:00:00", "fromisoformat")), "f", DEFAULT
+    )
 
 
 # -- gadgets are refused, wherever they sit ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 4, 5])
-@pytest.mark.parametrize("target", [("os", "system"), ("subprocess", "Popen"), ("builtins", "eval"), ("importlib", "import_module")])
+@pytest.mark.parametrize(
+    "target",
+    [("os", "system"), ("subprocess", "Popen"), ("builtins", "eval"), ("importlib", "import_module")],
+)
 def test_stdlib_gadgets_are_refused_with_every_code(code: int, target: tuple[str, str], tmp_path: Path):
     error = refusal(ormsgpack.packb({"k": attack(code, target, tmp_path / "m")}))
     assert (error.code, error.module, error.name) == (code, *target)
@@ -137,7 +157,9 @@ def test_nested_gadgets_are_refused(where: str, tmp_path: Path):
         "in-a-pydantic-model": ext(5, "myapp.state", "Plan", {"steps": [gadget]}, "model_validate_json"),
         "in-a-snapshot": ormsgpack.Ext(7, ormsgpack.packb([gadget])),
         "in-a-numpy-payload": ext(6, "<i8", [1], "C", gadget),
-        "in-a-message": ext(5, "langchain_core.messages.human", "HumanMessage", {"content": gadget}, "model_validate_json"),
+        "in-a-message": ext(
+            5, "langchain_core.messages.human", "HumanMessage", {"content": gadget}, "model_validate_json"
+        ),
     }[where]
     error = refusal(ormsgpack.packb([outer]))
     assert (error.code, error.module, error.name) == (1, "subprocess", "Popen")
@@ -153,7 +175,12 @@ def test_nested_gadgets_are_refused(where: str, tmp_path: Path):
         (ext(0, "posix", "system", "true"), "standard-library"),
         (ext(3, "pathlib", "Path", "/tmp/x", "write_text"), "method 'write_text'"),
         (ext(3, "myapp", "Thing", "x", "__call__"), "method '__call__'"),
-        (ormsgpack.Ext(0, ormsgpack.packb({0: "os", 1: "system", 2: "true"}, option=ormsgpack.OPT_NON_STR_KEYS)), "malformed"),  # indexable too
+        (
+            ormsgpack.Ext(
+                0, ormsgpack.packb({0: "os", 1: "system", 2: "true"}, option=ormsgpack.OPT_NON_STR_KEYS)
+            ),
+            "malformed",
+        ),  # indexable too
         (ormsgpack.Ext(0, ormsgpack.packb("os.system")), "malformed"),
         (ext(0, "os", "system"), "malformed"),
         (ext(0, ".os", "System", "x"), "not a module"),
@@ -210,18 +237,24 @@ def test_values_without_extension_bytes_are_not_decoded(monkeypatch: pytest.Monk
 
 def test_an_allowlist_without_star_accepts_only_what_it_lists():
     policy = ExtensionPolicy(["myapp", "other.models:Thing", "http:HTTPStatus"])
-    for module, name in [("myapp", "Plan"), ("myapp.state", "Step"), ("other.models", "Thing"), ("http", "HTTPStatus")]:
+    for module, name in [
+        ("myapp", "Plan"),
+        ("myapp.state", "Step"),
+        ("other.models", "Thing"),
+        ("http", "HTTPStatus"),
+    ]:
         check_value(ormsgpack.packb(ext(0, module, name, 1)), "f", policy)
     check_value(packed([datetime.datetime(2026, 1, 1), HumanMessage("hi")]), "f", policy)  # safe types stay
     for module, name in [("myappx", "Plan"), ("other.models", "Other"), ("thirdparty", "Thing")]:
         assert "not an allowed state type" in str(refusal(ormsgpack.packb(ext(0, module, name, 1)), policy))
 
 
-
 def test_star_and_entries_combine():
     # A standard-library Enum is refused by "*" alone (the service cannot tell it from a function).
     refusal(ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)))
-    check_value(ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)), "f", ExtensionPolicy(["*", "http:HTTPStatus"]))
+    check_value(
+        ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)), "f", ExtensionPolicy(["*", "http:HTTPStatus"])
+    )
 
 
 def test_configured_message_classes_are_accepted():
@@ -237,11 +270,18 @@ def test_malformed_entries_are_refused_by_the_settings(entry: str):
 
 def test_the_setting_defaults_to_star_and_splits_on_commas():
     assert Settings(database="memory://").allowed_state_types == ["*"]
-    assert Settings(database="memory://", allowed_state_types="myapp, other:Thing").allowed_state_types == ["myapp", "other:Thing"]
+    assert Settings(database="memory://", allowed_state_types="myapp, other:Thing").allowed_state_types == [
+        "myapp",
+        "other:Thing",
+    ]
 
 
 def test_check_extensions_reads_blobs_only(tmp_path: Path):
     gadget = ormsgpack.packb(attack(0, ("os", "system"), tmp_path / "m"))
-    check_extensions({"a": 1, "b": "text", "c": Blob("encrypted", gadget), "d": Blob("msgpack", b"\x90")}, DEFAULT)
+    check_extensions(
+        {"a": 1, "b": "text", "c": Blob("encrypted", gadget), "d": Blob("msgpack", b"\x90")}, DEFAULT
+    )
     with pytest.raises(UnsafeValueError, match=r"writes\[1\]"):
-        check_extensions([("writes[0]", Blob("msgpack", b"\x90")), ("writes[1]", Blob("msgpack", gadget))], DEFAULT)
+        check_extensions(
+            [("writes[0]", Blob("msgpack", b"\x90")), ("writes[1]", Blob("msgpack", gadget))], DEFAULT
+        )

@@ -61,7 +61,7 @@ class Plan(BaseModel):
 
 
 def a_plan() -> Plan:
-    due = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.timezone.utc)
+    due = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC)
     return Plan(title="t", steps=[Step("a", Color.RED, due)], origin=Point(1, 2))
 
 
@@ -82,8 +82,19 @@ def settle(marker: Path) -> bool:
     "value",
     [
         a_plan(),
-        {"steps": [Step("b", Color.BLUE, datetime.datetime(2026, 1, 1))], "color": Color.RED, "at": Point(3, 4)},
-        [uuid.UUID(int=7), Decimal("1.5"), datetime.date(2026, 1, 1), datetime.timedelta(3), Path("/tmp"), {1, 2}],
+        {
+            "steps": [Step("b", Color.BLUE, datetime.datetime(2026, 1, 1))],
+            "color": Color.RED,
+            "at": Point(3, 4),
+        },
+        [
+            uuid.UUID(int=7),
+            Decimal("1.5"),
+            datetime.date(2026, 1, 1),
+            datetime.timedelta(3),
+            Path("/tmp"),
+            {1, 2},
+        ],
         [HumanMessage("hi", id="h"), AIMessage("yo", id="a")],
         Send("node", {"x": 1}),
         _DeltaSnapshot([HumanMessage("hi", id="h"), Color.BLUE]),
@@ -147,9 +158,17 @@ def test_nested_gadgets_are_inert(where: str, tmp_path: Path):
 
     outer = {
         "dataclass": ext(2, __name__, "Step", {"name": gadget, "color": Color.RED.value, "due": None}),
-        "pydantic": ext(5, __name__, "Plan", {"title": gadget, "steps": [], "origin": [0, 0]}, "model_validate_json"),
+        "pydantic": ext(
+            5, __name__, "Plan", {"title": gadget, "steps": [], "origin": [0, 0]}, "model_validate_json"
+        ),
         "snapshot": ormsgpack.Ext(7, ormsgpack.packb([gadget])),
-        "message": ext(5, "langchain_core.messages.human", "HumanMessage", {"content": "x", "additional_kwargs": {"a": gadget}}, "model_validate_json"),
+        "message": ext(
+            5,
+            "langchain_core.messages.human",
+            "HumanMessage",
+            {"content": "x", "additional_kwargs": {"a": gadget}},
+            "model_validate_json",
+        ),
     }[where]
     SafeJsonPlusSerializer().loads_typed(("msgpack", ormsgpack.packb([outer])))
     assert not settle(marker)
@@ -174,7 +193,11 @@ def test_a_loaded_module_s_non_data_attributes_are_refused(tmp_path: Path, monke
     module.__getattr__ = lambda name: asked.append(name)  # PEP 562
     monkeypatch.setitem(sys.modules, "myapp_reexports", module)
     marker = tmp_path / "ran"
-    for code, name, arg in [(1, "Popen", [["touch", str(marker)]]), (1, "run", [["touch", str(marker)]]), (0, "Lazy", 1)]:
+    for code, name, arg in [
+        (1, "Popen", [["touch", str(marker)]]),
+        (1, "run", [["touch", str(marker)]]),
+        (0, "Lazy", 1),
+    ]:
         value = ormsgpack.Ext(code, ormsgpack.packb(("myapp_reexports", name, arg)))
         assert SafeJsonPlusSerializer().loads_typed(("msgpack", ormsgpack.packb(value))) == arg
     assert not settle(marker)
@@ -203,7 +226,9 @@ def test_strict_mode_reads_only_registered_types(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_checkpointer_s_with_allowlist_keeps_it():
-    saver = InMemorySaver(serde=SafeJsonPlusSerializer(loaded_data_classes=False)).with_allowlist({(__name__, "Color")})
+    saver = InMemorySaver(serde=SafeJsonPlusSerializer(loaded_data_classes=False)).with_allowlist(
+        {(__name__, "Color")}
+    )
     assert isinstance(saver.serde, SafeJsonPlusSerializer)
     assert roundtrip(saver.serde, Color.BLUE) is Color.BLUE
     assert roundtrip(saver.serde, Point(1, 2)) == {"x": 1, "y": 2}  # not registered: read as its fields

@@ -97,7 +97,9 @@ class ExtensionPolicy:
         ValueError: If an entry is not ``*``, a dotted module name or ``module:Class``.
     """
 
-    def __init__(self, allowed: Iterable[str] = (ANY_CLASS,), message_classes: Iterable[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self, allowed: Iterable[str] = (ANY_CLASS,), message_classes: Iterable[tuple[str, str]] = ()
+    ) -> None:
         self.any_class = False
         modules: set[str] = set()
         types: set[tuple[str, str]] = set(message_classes)
@@ -187,7 +189,9 @@ def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
         if code not in _LANGGRAPH_CODES:
             continue
         if depth > MAX_EXTENSION_DEPTH:
-            raise UnsafeValueError(field, code, None, None, f"extensions nested more than {MAX_EXTENSION_DEPTH} deep")
+            raise UnsafeValueError(
+                field, code, None, None, f"extensions nested more than {MAX_EXTENSION_DEPTH} deep"
+            )
         depth += 1  # what this payload holds is recorded one level down
         tup = _decode(payload, record)
         if code in _CALLING_CODES:
@@ -211,7 +215,7 @@ def _decode(data: bytes, record: Callable[[int, bytes], None]) -> Any:
     """``data`` decoded, each extension handed to ``record`` (and ``None`` in its place)."""
     try:
         return ormsgpack.unpackb(data, ext_hook=record, option=_OPTIONS)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any decoding error, from bytes a client chose
         return None  # what was recorded before the error still counts
 
 
