@@ -16,12 +16,15 @@ from typing import Any, NamedTuple
 
 import ormsgpack
 import pytest
+from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Send
 from pydantic import BaseModel
 
+from reducing_saver.service.app import create_app
 from reducing_saver.service.config import Settings
 from reducing_saver.service.security import extensions
 from reducing_saver.service.security.extensions import (
@@ -31,7 +34,7 @@ from reducing_saver.service.security.extensions import (
     check_extensions,
     check_value,
 )
-from reducing_saver.wire import Blob
+from reducing_saver.wire import Blob, blob_to_wire
 from tests.hostile.corpus import attack
 
 SERDE = JsonPlusSerializer()
@@ -285,3 +288,81 @@ def test_check_extensions_reads_blobs_only(tmp_path: Path):
         check_extensions(
             [("writes[0]", Blob("msgpack", b"\x90")), ("writes[1]", Blob("msgpack", gadget))], DEFAULT
         )
+
+
+# -- through the app: the setting decides, before anything is stored ----------------------------------
+
+
+def _state_put(value: bytes, thread_id: str = "t1") -> dict[str, Any]:
+    checkpoint = empty_checkpoint()
+    checkpoint.pop("channel_values")
+    checkpoint["channel_versions"] = {"notes": "1"}
+    return {
+        "config": {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
+        "checkpoint": checkpoint,
+        "values": {"notes": blob_to_wire("msgpack", value)},
+        "metadata": {"source": "loop", "step": 1},
+        "new_versions": {"notes": "1"},
+    }
+
+
+def _stored(client: TestClient, thread_id: str = "t1") -> Any:
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    return client.post("/v1/checkpoints/get", json={"config": config}).json()["checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "accepted", "refused"),
+    [
+        (None, [Plan, Step, Color, Point], []),  # the default, *
+        (f"{__name__}:Plan,{__name__}:Step,{__name__}:Color", [Plan, Step, Color], [Point]),
+        (__name__.rpartition(".")[0], [Plan, Step, Color, Point], []),  # a package and its modules
+        ("otherpkg", [], [Plan]),
+    ],
+    ids=["default", "classes", "package", "another-package"],
+)
+def test_the_setting_decides_which_state_types_are_stored(allowed, accepted, refused):
+    settings = {"allowed_state_types": allowed} if allowed is not None else {}
+    samples = {
+        Plan: a_plan(),
+        Step: Step("s", Color.RED, datetime.datetime(2026, 1, 1)),
+        Color: Color.BLUE,
+        Point: Point(1, 2),
+    }
+    with TestClient(create_app(Settings(database="memory://", **settings))) as client:
+        for kind in accepted:
+            response = client.post(
+                "/v1/checkpoints/put", json=_state_put(packed(samples[kind]), kind.__name__)
+            )
+            assert response.status_code == 200, response.text
+        for kind in refused:
+            response = client.post(
+                "/v1/checkpoints/put", json=_state_put(packed(samples[kind]), kind.__name__)
+            )
+            assert response.status_code == 422, response.text
+            assert f"{__name__}.{kind.__name__}" in response.json()["detail"]
+            assert "not an allowed state type" in response.json()["detail"]
+            assert _stored(client, kind.__name__) is None
+
+
+def test_a_pending_write_naming_code_is_refused_and_not_stored(tmp_path: Path):
+    with TestClient(create_app(Settings(database="memory://"))) as client:
+        assert client.post("/v1/checkpoints/put", json=_state_put(packed({"a": 1}))).status_code == 200
+        checkpoint_id = _stored(client)["config"]["configurable"]["checkpoint_id"]
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+        gadget = ormsgpack.packb(attack(1, ("subprocess", "Popen"), tmp_path / "m"))
+        writes = [
+            ["notes", blob_to_wire("msgpack", packed(a_plan()))],
+            ["notes", blob_to_wire("msgpack", gadget)],
+        ]
+        response = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
+        assert response.status_code == 422
+        assert "writes[1]: msgpack extension code 1 naming subprocess.Popen" in response.json()["detail"]
+        assert _stored(client)["pending_writes"] == [], "neither write was stored"
+
+
+def test_the_flag_sets_it():
+    from reducing_saver.service.cli import build_parser, load_settings
+
+    args = build_parser().parse_args(["serve", "--allow-state-type", "myapp,*"])
+    assert load_settings(args).allowed_state_types == ["myapp", "*"]
