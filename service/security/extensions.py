@@ -11,8 +11,9 @@ acceptable under an :class:`ExtensionPolicy`.
 
 What a target may be (the policy's ``allowed`` entries, setting ``allowed_state_types``):
 
-* always: LangGraph's own safe types (``SAFE_MSGPACK_TYPES``; for code 3, ``SAFE_MSGPACK_METHODS``) and
-  the message classes the service accepts in the messages channel;
+* always: LangGraph's own safe types (``SAFE_MSGPACK_TYPES``; for code 3, a method call, only
+  ``SAFE_MSGPACK_METHODS`` and the ``fromisoformat`` JsonPlus writes for datetime subclasses, of a class
+  accepted here) and the message classes the service accepts in the messages channel;
 * ``module:Class`` or ``module`` (that module and its submodules) entries: exactly those;
 * ``*`` (the default): also any class-shaped name (a first letter in upper case, as pydantic models,
   dataclasses, Enums and namedtuples are named) in a module outside Python's standard library. A graph's
