@@ -20,6 +20,7 @@ from reducing_saver.client._errors import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
+from reducing_saver.client._serde import SafeJsonPlusSerializer
 
 __all__ = [
     "AuthenticationError",
@@ -31,6 +32,7 @@ __all__ = [
     "RemoteReducer",
     "RemoteReducingSaver",
     "RequestTimeoutError",
+    "SafeJsonPlusSerializer",
     "ServerUnavailableError",
     "__version__",
 ]

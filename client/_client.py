@@ -40,6 +40,7 @@ from reducing_saver.client._errors import (
     ServerUnavailableError,
     error_from_response,
 )
+from reducing_saver.client._serde import SafeJsonPlusSerializer
 from reducing_saver.wire import (
     API_PREFIX,
     JSON,
@@ -490,7 +491,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             environment variable. Never shown in ``repr`` or in error messages.
         timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
         serde: Serializer for channel and write values, e.g. an ``EncryptedSerializer`` (the service then
-            stores bytes it cannot read, and cannot reduce them). Defaults to ``JsonPlusSerializer``.
+            stores bytes it cannot read, and cannot reduce them). Defaults to ``SafeJsonPlusSerializer``:
+            ``JsonPlusSerializer``'s bytes, read without importing or calling what a stored value names
+            unless it is one of LangGraph's safe types or a pydantic model, dataclass, Enum or namedtuple
+            loaded in this process.
         max_retries: Retries of an idempotent call after a connection error or a 502/503/504.
             ``copy_thread`` is never retried, and timeouts are not (the call may have run; the time
             budget is spent). A ``Retry-After`` header sets a floor on the delay.
@@ -558,7 +562,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             http.close()
             raise
         self = super().__new__(with_capabilities(cls, info.capabilities, _MIXINS))
-        BaseCheckpointSaver.__init__(self, serde=serde)
+        BaseCheckpointSaver.__init__(self, serde=serde if serde is not None else SafeJsonPlusSerializer())
         self._http = http
         self.reducer = info.reducer
         self.backend = info.backend

@@ -29,6 +29,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--max-tokens": "max_tokens",
     "--target-tokens": "target_tokens",
     "--allow-message-class": "allowed_message_classes",
+    "--allow-state-type": "allowed_state_types",
     "--on-prune": "on_prune",
     "--max-body-bytes": "max_body_bytes",
     # No flag for api_keys: a key on a command line is visible to every user of the host (ps).

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from reducing_saver.reducer import ReducerConfig
 from reducing_saver.service.imports import import_callable
+from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys
 from reducing_saver.service.security.limits import Limits as LimitSettings
 from reducing_saver.service.storage import backend_kind, sqlite_path
@@ -110,6 +111,13 @@ class SecuritySettings(BaseModel):
         False, description="Allow listening on a non-loopback address with no API key configured."
     )
     metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
+    allowed_state_types: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: [ANY_CLASS],
+        description="What msgpack extensions in stored channel values and pending writes may name, besides "
+        "LangGraph's safe types and the accepted message classes, as comma-separated entries: module:Class, "
+        "module (and its submodules), or * for any class-named type outside the standard library (refuse "
+        "everything else: only a list without * keeps every stock reader safe from third-party classes).",
+    )
 
 
 class ExtractionSettings(BaseModel):
@@ -215,7 +223,7 @@ class Settings(
         self._api_key_set = load_api_keys(self)
         return self
 
-    @field_validator("allowed_message_classes", "on_prune", mode="before")
+    @field_validator("allowed_message_classes", "on_prune", "allowed_state_types", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
         if isinstance(value, str):
@@ -229,6 +237,12 @@ class Settings(
             module, _, attribute = name.partition(":")
             if not module or not attribute:
                 raise ValueError(f"{name!r} is not a module:name import path")
+        return value
+
+    @field_validator("allowed_state_types")
+    @classmethod
+    def _check_state_types(cls, value: list[str]) -> list[str]:
+        ExtensionPolicy(value)  # raises ValueError naming a malformed entry
         return value
 
     @field_validator("database")

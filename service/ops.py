@@ -18,6 +18,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, Unavailable
+from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
@@ -80,6 +81,21 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
     return run_config
 
 
+def _check_extensions(service: Service, values: Any, messages: Any = None) -> None:
+    """Refuse values naming code before anything is stored: every reader's deserializer would run it.
+
+    ``messages`` is the messages channel's field and value when the reducer will decode it: its codec is
+    stricter there (message classes only) and its refusal says where and how to allow a class, so a
+    refused messages value gets the codec's answer when the codec refuses it too.
+    """
+    try:
+        check_extensions(values, service.extension_policy)
+    except UnsafeValueError as exc:
+        if messages is not None and exc.field == messages[0]:
+            service.codec.decode(messages[1])  # raises UnsafeMessagesError, a 422 of its own
+        raise BadRequest(str(exc)) from None
+
+
 def _scope(service: Service) -> security.TenantScope:
     """The request's tenant scope (identity without API keys)."""
     return security.TenantScope.for_request(service.tenant_mode)
@@ -114,6 +130,8 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
                 security.check_messages_value(value.type, value.data, f"values.{messages_key}")
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
+    messages = (f"values.{messages_key}", values.get(messages_key)) if writes_messages else None
+    _check_extensions(service, ((f"values.{channel}", value) for channel, value in values.items()), messages)
     config = scope.config_in(config, settings.namespace_key, namespace=writes_messages)
     if service.sweeper is not None:  # before the write, so a TTL sweep of this thread skips it
         try:
@@ -133,6 +151,7 @@ def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRe
     writes = [
         (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
     ]
+    _check_extensions(service, ((f"writes[{index}]", value) for index, (_, value) in enumerate(writes)))
     saver.put_writes(config, writes, body.task_id, body.task_path)
 
 

@@ -23,6 +23,7 @@ from reducing_saver.service.extraction.memory import Memory
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.observability import ServiceMetrics
+from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
@@ -64,6 +65,8 @@ class Service:
         self.tenant_mode = self.api_keys is not None
         self.backend_kind = settings.backend
         self.codec = SafeMessagesCodec(settings.allowed_message_classes)
+        #: What extensions in stored values may name (every channel and pending write).
+        self.extension_policy = ExtensionPolicy(settings.allowed_state_types, self.codec.allowed)
         self.metrics = ServiceMetrics(self.codec)
         hooks = [*_message_hooks(settings.on_prune), *(extra_hooks or []), self.metrics.count_delivered]
         self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))

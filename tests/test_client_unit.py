@@ -590,6 +590,7 @@ def test_public_surface_is_pinned() -> None:
             "RemoteReducer",
             "RemoteReducingSaver",
             "RequestTimeoutError",
+            "SafeJsonPlusSerializer",
             "ServerUnavailableError",
             "__version__",
         ]

@@ -155,15 +155,13 @@ def test_hostile_request_is_refused_and_harmless(case: Case, service: ServicePro
     assert service.process.poll() is None
 
 
-def test_a_snapshot_is_stored_as_sent_and_never_executed(service: ServiceProcess, context: Context, corpus_db: str):
-    """Ext 7 as the whole messages value is a DeltaChannel snapshot: stored without decoding (LangGraph
-    names DeltaChannel-backed channels `messages` in its own tests, so real graphs send these).
+def test_a_snapshot_is_stored_as_sent(service: ServiceProcess, context: Context, corpus_db: str):
+    """Ext 7 as the whole messages value is a DeltaChannel snapshot: stored without being reduced
+    (LangGraph names DeltaChannel-backed channels `messages` in its own tests, so real graphs send these).
 
-    The payload inside names os.system and subprocess.Popen; storing is expected, running is not. A
-    stock reader decodes a snapshot's content only as data for a DeltaChannel, and the service never
-    decodes it at all: the marker must stay absent, and the bytes come back exactly as sent.
+    Its content is still read for extensions: one naming code is a corpus case (SNAPSHOT_CASE, refused).
     """
-    body = json.loads(SNAPSHOT_CASE.body(context))
+    body = json.loads(corpus.benign_snapshot_body(context))
     response = httpx.post(service.url + SNAPSHOT_CASE.path, json=body, headers=AUTH, timeout=30)
     try:
         assert response.status_code == 200, response.text
@@ -171,7 +169,6 @@ def test_a_snapshot_is_stored_as_sent_and_never_executed(service: ServiceProcess
             f"{service.url}/v1/checkpoints/get", json={"config": body["config"]}, headers=AUTH, timeout=30
         ).json()["checkpoint"]
         assert got["values"]["messages"] == body["values"]["messages"], "stored as sent, byte for byte"
-        assert markers(context) == [], "the snapshot's content ran"
         assert stored_rows(corpus_db)["reducing_saver_outbox"] == 0, "nothing was decoded, so nothing pruned"
     finally:
         httpx.post(f"{service.url}/v1/threads/delete", json={"thread_id": "snapshot"}, headers=AUTH, timeout=30)
@@ -203,6 +200,10 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
         corpus.attack(0, ("os", "system"), live.marker("os-system")),
         corpus.attack(1, ("subprocess", "Popen"), live.marker("popen")),
         corpus.attack(0, ("importlib", "import_module"), live.marker("unused")),
+        # What a snapshot holds is decoded with the same hook: nested code runs too.
+        ormsgpack.Ext(7, ormsgpack.packb([corpus.attack(0, ("os", "system"), live.marker("in-snapshot"))])),
+        # Third-party functions are gadgets as well.
+        corpus.ext(0, "yaml", "unsafe_load", f"!!python/object/apply:os.system ['touch {live.marker('yaml')}']"),
     ]
     data = ormsgpack.packb(values)
     script = (
@@ -218,6 +219,8 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
     assert live.marker("os-system").exists(), "code 0 naming os.system ran"
     assert live.marker("popen").exists(), "code 1 naming subprocess.Popen ran"
     assert live.tripwire.exists(), "code 0 naming importlib.import_module imported the tripwire"
+    assert live.marker("in-snapshot").exists(), "code 0 inside a snapshot ran"
+    assert live.marker("yaml").exists(), "code 0 naming yaml.unsafe_load ran"
     assert markers(context) == [], "the proof ran in its own folder"
 
 
@@ -227,7 +230,15 @@ def test_the_corpus_covers_what_the_issue_lists():
         for module, name in corpus.TARGETS:
             for placement in corpus.PLACEMENTS:
                 assert f"ext{code}-{module}.{name}-{placement}" in names
+    for code in corpus.STATE_CODES:
+        for module, name in corpus.STATE_TARGETS:
+            for place in corpus.STATE_PLACES:
+                assert f"ext{code}-{module}.{name}-{place}" in names
+                assert f"msgpack-ext{code}-{module}.{name}-{place}" in names
     for needed in (
+        SNAPSHOT_CASE.name,
+        "ext1-subprocess.Popen-in-state-dataclass",
+        "ext0-os.system-pending-write-in-message",
         "deep-metadata-100000",
         "messages-million-entries",
         "body-100mb-declared",

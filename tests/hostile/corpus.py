@@ -13,9 +13,11 @@ code, and point at marker files: decoded the stock way, codes 0 and 1 really run
 The per-step routes also take ``application/msgpack`` bodies; the cases named ``msgpack-...`` send those
 (code in the envelope itself, code inside the messages bin, and the structure attacks in msgpack form).
 
-The one exception to "4xx, nothing stored" is :data:`SNAPSHOT_CASE`: extension code 7 as the whole
-messages value is a DeltaChannel snapshot, which the service stores as sent without decoding (by design:
-LangGraph graphs put them there). The hostile payload inside it is stored and must never run.
+Code is refused in every channel and pending write, not only in the messages one (the cases named
+``...-other-channel``, ``...-pending-write`` and those of :data:`STATE_VALUE_CASES`): every reader of a
+stored value decodes it with LangGraph's hook. That includes the content of a DeltaChannel snapshot
+(extension code 7 as the whole messages value, :data:`SNAPSHOT_CASE`): a snapshot is stored as sent, never
+reduced, but a reader decodes what it holds, so one naming code is refused like any other value.
 """
 
 from __future__ import annotations
@@ -174,12 +176,141 @@ def _ext_case(code: int, target: tuple[str, str], placement: str) -> Case:
 
 
 def snapshot_body(ctx: Context) -> bytes:
-    """Extension 7 as the whole messages value: a DeltaChannel snapshot, whose content names os.system."""
+    """Extension 7 as the whole messages value: a DeltaChannel snapshot, whose content names os.system.
+
+    A reader decodes a snapshot's content with the same hook as any value, so what it names runs there.
+    """
     inside = ormsgpack.packb([attack(0, ("os", "system"), ctx.marker("snapshot")), attack(1, ("subprocess", "Popen"), ctx.marker("snapshot"))])
     return orjson.dumps(put_body(msgpack_value(ormsgpack.packb(ormsgpack.Ext(7, inside))), thread_id="snapshot"))
 
 
-SNAPSHOT_CASE = Case("ext7-top-level-snapshot", "/v1/checkpoints/put", snapshot_body, expect=frozenset({200}))
+SNAPSHOT_CASE = Case("ext7-top-level-snapshot", "/v1/checkpoints/put", snapshot_body, names=("values.messages", "code 0", "os.system"))
+
+
+def benign_snapshot_body(ctx: Context) -> bytes:
+    """A DeltaChannel snapshot of ordinary messages: stored as sent, never reduced."""
+    inside = ormsgpack.packb([message_ext(HUMAN, HumanMessage("hi", id="h").model_dump())])
+    return orjson.dumps(put_body(msgpack_value(ormsgpack.packb(ormsgpack.Ext(7, inside))), thread_id="snapshot"))
+
+
+# -- code in other channels and in pending writes --------------------------------------------------
+
+#: (code, target) pairs the state-channel cases use: every calling code LangGraph has but pydantic v1.
+STATE_CODES = (0, 1, 2, 3, 5)
+STATE_TARGETS = [("subprocess", "Popen"), ("os", "system")]
+STATE_PLACES = ("other-channel", "pending-write")
+
+
+def state_body(place: str, value: bytes, thread_id: str) -> dict[str, Any]:
+    """A put with ``value`` in a channel that is not the messages one, or a writes/put holding it."""
+    if place == "pending-write":
+        cid = empty_checkpoint()["id"]
+        return {"config": config(thread_id, checkpoint_id=cid), "writes": [["notes", msgpack_value(value)]], "task_id": "t"}
+    no_messages = msgpack_value(ormsgpack.packb([]))
+    return put_body(
+        no_messages, thread_id=thread_id, values={"messages": no_messages, "notes": msgpack_value(value)}, new_versions={"messages": "1", "notes": "1"}
+    )
+
+
+def _state_case(code: int, target: tuple[str, str], place: str, msgpack: bool) -> Case:
+    name = f"ext{code}-{target[0]}.{target[1]}-{place}"
+    field = "writes[0]" if place == "pending-write" else "values.notes"
+
+    def body(ctx: Context) -> bytes:
+        value = ormsgpack.packb({"note": attack(code, target, ctx.marker(name))})
+        built = state_body(place, value, thread_id=name)
+        return ormsgpack.packb(in_msgpack(built)) if msgpack else orjson.dumps(built)
+
+    path = "/v1/writes/put" if place == "pending-write" else "/v1/checkpoints/put"
+    names = (field, f"code {code}", f"{target[0]}.{target[1]}")
+    return msgpack_case(name, path, body, names=names) if msgpack else Case(name, path, body, names=names)
+
+
+def _state_value_case(name: str, build: Callable[[Context], Any], names: tuple[str, ...], place: str = "other-channel") -> Case:
+    """A channel value (or pending write) built by ``build``, refused with a detail naming ``names``."""
+
+    def body(ctx: Context) -> bytes:
+        return orjson.dumps(state_body(place, ormsgpack.packb(build(ctx)), thread_id=name))
+
+    return Case(name, "/v1/writes/put" if place == "pending-write" else "/v1/checkpoints/put", body, names=names)
+
+
+def ext(code: int, *payload: Any) -> ormsgpack.Ext:
+    return ormsgpack.Ext(code, ormsgpack.packb(payload))
+
+
+def in_messages(depth: int, leaf: ormsgpack.Ext) -> ormsgpack.Ext:
+    """``leaf`` in the additional_kwargs of a message, in another message's, ``depth`` messages deep."""
+    value = leaf
+    for _ in range(depth):
+        value = human_with(value)
+    return value
+
+
+#: Names of the state-value cases beyond the code x target x place grid, with what their detail names.
+STATE_VALUE_CASES: list[tuple[str, Callable[[Context], Any], tuple[str, ...], str]] = [
+    (
+        "ext1-subprocess.Popen-in-state-dataclass",
+        lambda ctx: ext(2, "myapp.state", "Task", {"name": attack(1, ("subprocess", "Popen"), ctx.marker("in-dataclass"))}),
+        ("values.notes", "subprocess.Popen"),
+        "other-channel",
+    ),
+    (
+        "ext0-os.system-in-state-snapshot",
+        lambda ctx: ormsgpack.Ext(7, ormsgpack.packb([attack(0, ("os", "system"), ctx.marker("in-snapshot"))])),
+        ("values.notes", "os.system"),
+        "other-channel",
+    ),
+    (
+        "ext1-subprocess.Popen-in-numpy-payload",
+        lambda ctx: ext(6, "<i8", [1], "C", attack(1, ("subprocess", "Popen"), ctx.marker("in-numpy"))),
+        ("values.notes", "subprocess.Popen"),
+        "other-channel",
+    ),
+    (
+        "ext0-yaml.unsafe_load-function",
+        lambda ctx: ext(0, "yaml", "unsafe_load", f"!!python/object/apply:os.system ['touch {ctx.marker('yaml')}']"),
+        ("values.notes", "yaml.unsafe_load", "function name"),
+        "other-channel",
+    ),
+    (
+        "ext1-reexported-Popen",
+        lambda ctx: ext(1, "numpy.distutils.fcompiler.gnu", "Popen", [["touch", str(ctx.marker("reexport"))]]),
+        ("values.notes", "Popen"),
+        "other-channel",
+    ),
+    (
+        "ext3-pathlib.Path-write_text",
+        lambda ctx: ext(3, "pathlib", "Path", str(ctx.marker("write-text")), "write_text"),
+        ("values.notes", "write_text"),
+        "other-channel",
+    ),
+    (
+        "ext0-malformed-map-payload",
+        lambda ctx: ormsgpack.Ext(0, ormsgpack.packb({0: "os", 1: "system", 2: f"touch {ctx.marker('map')}"}, option=ormsgpack.OPT_NON_STR_KEYS)),
+        ("values.notes", "malformed"),
+        "other-channel",
+    ),
+    (
+        "ext-nested-33-deep",
+        lambda ctx: nested_exts(33),
+        ("values.notes", "nested more than"),
+        "other-channel",
+    ),
+    (
+        "ext0-os.system-pending-write-in-message",
+        lambda ctx: [human_with(attack(0, ("os", "system"), ctx.marker("write-message")))],
+        ("writes[0]", "os.system"),
+        "pending-write",
+    ),
+]
+
+
+def nested_exts(depth: int) -> ormsgpack.Ext:
+    value: Any = 1
+    for _ in range(depth):
+        value = ext(2, "myapp.state", "Node", {"child": value})
+    return value
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -268,6 +399,23 @@ def _cases() -> list[Case]:
                 cases.append(_ext_case(code, target, placement))
 
     put = "/v1/checkpoints/put"
+    cases.append(SNAPSHOT_CASE)
+    # Messages nested four deep were left unreduced by the messages codec, and stored with what they held.
+    cases.append(
+        Case(
+            "ext1-subprocess.Popen-under-four-nested-messages",
+            put,
+            lambda ctx: orjson.dumps(put_body(msgpack_value(ormsgpack.packb([in_messages(4, attack(1, ("subprocess", "Popen"), ctx.marker("deep-messages")))])), thread_id="deep-messages")),
+            names=("values.messages", "code 1", "subprocess.Popen"),
+        )
+    )
+    # -- code in any other channel and in pending writes, JSON and msgpack bodies ---------------------
+    for code in STATE_CODES:
+        for target in STATE_TARGETS:
+            for place in STATE_PLACES:
+                cases.append(_state_case(code, target, place, msgpack=False))
+                cases.append(_state_case(code, target, place, msgpack=True))
+    cases += [_state_value_case(*spec) for spec in STATE_VALUE_CASES]
     # -- structure ---------------------------------------------------------------------------------
     cases += [
         Case("deep-metadata-40", put, lambda ctx: _replace_metadata(orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="deep")), orjson.dumps(nested(40))), names=("max_nesting_depth",)),

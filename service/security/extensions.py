@@ -1,0 +1,224 @@
+"""Refuse stored values whose msgpack extensions name code, in every channel and pending write.
+
+The service stores a client's channel values and pending writes verbatim, and every reader decodes them
+with LangGraph's ``JsonPlusSerializer``, which imports the module an extension (codes 0–5) names and calls
+the attribute with the payload's arguments. A value naming ``subprocess.Popen`` therefore runs on whoever
+reads it: another agent of the tenant, or an operator's stock ``PostgresSaver``. The service cannot make
+those readers safe, so it keeps such values out of the database: :func:`check_extensions` reads each
+``msgpack`` value's extensions the way LangGraph's decoder meets them, without importing or calling
+anything, and refuses the value (a 422 naming the field, the code and the target) unless every target is
+acceptable under an :class:`ExtensionPolicy`.
+
+What a target may be (the policy's ``allowed`` entries, setting ``allowed_state_types``):
+
+* always: LangGraph's own safe types (``SAFE_MSGPACK_TYPES``; for code 3, a method call, only
+  ``SAFE_MSGPACK_METHODS`` and the ``fromisoformat`` JsonPlus writes for datetime subclasses, of a class
+  accepted here) and the message classes the service accepts in the messages channel;
+* ``module:Class`` or ``module`` (that module and its submodules) entries: exactly those;
+* ``*`` (the default): also any class-shaped name (a first letter in upper case, as pydantic models,
+  dataclasses, Enums and namedtuples are named) in a module outside Python's standard library. A graph's
+  own state types live in its own modules, so they need no configuration; every standard-library
+  target outside the safe types (``os.system``, ``subprocess.Popen``, ``builtins.eval``,
+  ``importlib.import_module``, ``pickle.loads``…) and every function-shaped name anywhere
+  (``yaml.unsafe_load``…) is refused, and so is ``Popen`` wherever a module re-exports it.
+
+Without importing, the service cannot tell a third-party class whose constructor acts on its arguments
+from a data class, nor a module whose import has effects from a harmless one: only a list without ``*``
+closes that. ``RemoteReducingSaver``'s default serializer checks what it finds in the reading process
+instead (``reducing_saver.client.SafeJsonPlusSerializer``).
+
+Nested extensions (inside a model's fields, a numpy payload or a DeltaChannel snapshot, code 7, whose
+content every reader decodes with the same hook) are read too, with an explicit work list rather than
+recursion, so a deep value cannot exhaust the C stack; nesting beyond :data:`MAX_EXTENSION_DEPTH` is
+refused. Extension codes LangGraph does not know (below 0, above 7) are left alone: its decoder turns them
+into ``None`` without reading them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import ormsgpack
+from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
+
+from reducing_saver.wire import Blob
+
+__all__ = ["ANY_CLASS", "MAX_EXTENSION_DEPTH", "ExtensionPolicy", "UnsafeValueError", "check_extensions"]
+
+#: The ``allowed_state_types`` entry that accepts class-shaped names outside the standard library.
+ANY_CLASS = "*"
+#: How deep extensions may nest in one value. JsonPlus nests one level per model, dataclass or Enum held
+#: in another's fields; each level is read once more, so the bound also bounds the work per byte.
+MAX_EXTENSION_DEPTH = 32
+_SETTING = "REDUCING_SAVER_ALLOWED_STATE_TYPES"
+_CALLING_CODES = frozenset(range(6))
+_METHOD_CODE = 3
+_LANGGRAPH_CODES = frozenset(range(8))
+#: Standard-library classes that start processes, found re-exported by third-party modules
+#: (``from subprocess import Popen``): refused under any module name.
+_GADGET_NAMES = frozenset({"Popen"})
+#: Bytes that can start a msgpack extension (fixext 1–16, ext 8/16/32). A value without any has none,
+#: and is passed without decoding: most non-message channels are small primitives or plain structures.
+_EXT_START = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")
+_OPTIONS = ormsgpack.OPT_NON_STR_KEYS
+
+
+class UnsafeValueError(ValueError):
+    """A channel value or pending write names a callable the service does not store.
+
+    Attributes:
+        field: The value's place in the request, e.g. ``"values.notes"`` or ``"writes[2]"``.
+        code: The msgpack extension code.
+        module: The module the extension names, or ``None`` when the payload does not name one.
+        name: The attribute the extension names, or ``None``.
+    """
+
+    def __init__(self, field: str, code: int, module: str | None, name: str | None, reason: str) -> None:
+        self.field, self.code, self.module, self.name = field, code, module, name
+        what = f" naming {module}.{name}" if module is not None and name is not None else ""
+        super().__init__(
+            f"{field}: msgpack extension code {code}{what} is refused ({reason}); a stored value may name "
+            f"only LangGraph's safe types and the allowed state types (setting allowed_state_types, "
+            f"{_SETTING}), because every reader's deserializer would import and call it"
+        )
+
+
+class ExtensionPolicy:
+    """Which extension targets a stored value may name.
+
+    Args:
+        allowed: ``allowed_state_types`` entries: ``"*"``, ``"module"`` (the module and its submodules)
+            or ``"module:Class"``.
+        message_classes: ``(module, class name)`` pairs accepted as well (the messages channel's).
+
+    Raises:
+        ValueError: If an entry is not ``*``, a dotted module name or ``module:Class``.
+    """
+
+    def __init__(
+        self, allowed: Iterable[str] = (ANY_CLASS,), message_classes: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        self.any_class = False
+        modules: set[str] = set()
+        types: set[tuple[str, str]] = set(message_classes)
+        for entry in allowed:
+            entry = entry.strip()
+            if entry == ANY_CLASS:
+                self.any_class = True
+                continue
+            module, sep, name = entry.partition(":")
+            if not _is_module_name(module) or (sep and not name.isidentifier()):
+                raise ValueError(f"{entry!r} is not *, a module name or module:Class")
+            if sep:
+                types.add((module, name))
+            else:
+                modules.add(module)
+        self.modules = frozenset(modules)
+        self.types = frozenset(types)
+
+    def refusal(self, code: int, module: str, name: str, method: Any = None) -> str | None:
+        """Why the policy refuses a target, or ``None`` when it accepts it."""
+        if code == _METHOD_CODE:
+            # LangGraph reads code 3 as getattr(getattr(module, name), method)(arg).
+            if (module, name, method) in SAFE_MSGPACK_METHODS:
+                return None
+            if method != "fromisoformat":  # what JsonPlus writes for datetime subclasses
+                return f"method {method!r} is not one LangGraph calls"
+        key = (module, name)
+        if key in SAFE_MSGPACK_TYPES or key in self.types:
+            return None
+        if not _is_module_name(module) or not name.isidentifier():
+            return "not a module and attribute name"
+        if module in self.modules or any(module.startswith(m + ".") for m in self.modules):
+            return None
+        if not self.any_class:
+            return "not an allowed state type"
+        if module.partition(".")[0] in sys.stdlib_module_names:
+            return "a standard-library callable outside LangGraph's safe types"
+        if name in _GADGET_NAMES:
+            return "a process-starting class"
+        if not name[0].isupper():
+            return "a function name, not a class name"
+        return None
+
+
+def check_extensions(values: Mapping[str, Any] | Iterable[tuple[str, Any]], policy: ExtensionPolicy) -> None:
+    """Refuse the first value whose extensions name a target ``policy`` refuses.
+
+    Args:
+        values: ``field -> value`` (a mapping or pairs); values that are not ``msgpack`` blobs (inline
+            primitives, another serde's bytes such as encrypted ones) are skipped.
+        policy: What the extensions may name.
+
+    Raises:
+        UnsafeValueError: Naming the field, the extension code and its target.
+    """
+    items = values.items() if isinstance(values, Mapping) else values
+    for field, value in items:
+        if isinstance(value, Blob) and value.type == "msgpack":
+            check_value(value.data, field, policy)
+
+
+def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
+    """Refuse one msgpack value whose extensions, nested ones included, name a refused target.
+
+    Bytes that are not valid msgpack are checked up to where decoding stops (a reader's decoder would
+    have met those extensions before failing); whether they may be stored at all is decided elsewhere.
+
+    Raises:
+        UnsafeValueError: Naming ``field``, the extension code and its target.
+    """
+    if _EXT_START.search(data) is None:
+        return
+    # A work list, not recursion: each payload is decoded by a call of its own, after its parent's ended,
+    # so the C stack holds one decoder at a time. Read in order, it is breadth first: the error names the
+    # outermost refused extension, in document order.
+    found: list[tuple[int, bytes, int]] = []
+    depth = 1
+
+    def record(code: int, payload: bytes) -> None:
+        found.append((code, payload, depth))
+
+    _decode(data, record)
+    index = 0
+    while index < len(found):
+        code, payload, depth = found[index]
+        index += 1
+        if code not in _LANGGRAPH_CODES:
+            continue
+        if depth > MAX_EXTENSION_DEPTH:
+            raise UnsafeValueError(
+                field, code, None, None, f"extensions nested more than {MAX_EXTENSION_DEPTH} deep"
+            )
+        depth += 1  # what this payload holds is recorded one level down
+        tup = _decode(payload, record)
+        if code in _CALLING_CODES:
+            _check_target(field, code, tup, policy)
+
+
+def _check_target(field: str, code: int, tup: Any, policy: ExtensionPolicy) -> None:
+    # JsonPlus always writes an array (module, name, argument[, method]); anything else is refused, since
+    # LangGraph's decoder indexes whatever it gets (a map with keys 0 and 1 would work just as well).
+    if type(tup) is not list or len(tup) < (4 if code == _METHOD_CODE else 3):
+        raise UnsafeValueError(field, code, None, None, "malformed payload")
+    module, name = tup[0], tup[1]
+    if type(module) is not str or type(name) is not str:
+        raise UnsafeValueError(field, code, None, None, "malformed payload")
+    reason = policy.refusal(code, module, name, tup[3] if code == _METHOD_CODE else None)
+    if reason is not None:
+        raise UnsafeValueError(field, code, module, name, reason)
+
+
+def _decode(data: bytes, record: Callable[[int, bytes], None]) -> Any:
+    """``data`` decoded, each extension handed to ``record`` (and ``None`` in its place)."""
+    try:
+        return ormsgpack.unpackb(data, ext_hook=record, option=_OPTIONS)
+    except Exception:  # noqa: BLE001 - any decoding error, from bytes a client chose
+        return None  # what was recorded before the error still counts
+
+
+def _is_module_name(module: str) -> bool:
+    return bool(module) and all(part.isidentifier() for part in module.split("."))

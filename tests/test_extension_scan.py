@@ -1,0 +1,368 @@
+"""The service's scan of stored values' msgpack extensions (service/security/extensions.py), in process.
+
+The refused payloads are shaped as LangGraph's decoder reads each code (tests/hostile/corpus.py's
+``attack``); the accepted ones are what ``JsonPlusSerializer`` itself writes for a graph's own types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import uuid
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import ormsgpack
+import pytest
+from fastapi.testclient import TestClient
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from langgraph.types import Send
+from pydantic import BaseModel
+
+from reducing_saver.service.app import create_app
+from reducing_saver.service.config import Settings
+from reducing_saver.service.security import extensions
+from reducing_saver.service.security.extensions import (
+    MAX_EXTENSION_DEPTH,
+    ExtensionPolicy,
+    UnsafeValueError,
+    check_extensions,
+    check_value,
+)
+from reducing_saver.wire import Blob, blob_to_wire
+from tests.hostile.corpus import attack
+
+SERDE = JsonPlusSerializer()
+DEFAULT = ExtensionPolicy()
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    color: Color
+    due: datetime.datetime
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Plan(BaseModel):
+    title: str
+    steps: list[Step]
+    origin: Point
+    tags: set[str]
+
+
+def packed(value: Any) -> bytes:
+    type_, data = SERDE.dumps_typed(value)
+    assert type_ == "msgpack"
+    return data
+
+
+def ext(code: int, *payload: Any) -> ormsgpack.Ext:
+    return ormsgpack.Ext(code, ormsgpack.packb(payload))
+
+
+def refusal(data: bytes, policy: ExtensionPolicy = DEFAULT) -> UnsafeValueError:
+    with pytest.raises(UnsafeValueError) as info:
+        check_value(data, "values.notes", policy)
+    return info.value
+
+
+# -- what a graph's own state serializes to passes with no configuration -------------------------------
+
+
+def a_plan() -> Plan:
+    due = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC)
+    return Plan(title="t", steps=[Step("a", Color.RED, due)], origin=Point(1, 2), tags={"x"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        a_plan(),
+        [Step("b", Color.BLUE, datetime.datetime(2026, 1, 1))],
+        {"color": Color.RED, "point": Point(3, 4)},
+        [
+            uuid.uuid4(),
+            decimal.Decimal("1.5"),
+            datetime.date(2026, 1, 1),
+            datetime.timedelta(3),
+            Path("/tmp"),
+        ],
+        [HumanMessage("hi", id="h"), AIMessage("yo", id="a")],
+        Send("node", {"x": 1}),
+        _DeltaSnapshot([HumanMessage("hi", id="h")]),
+        frozenset({1, 2}),
+    ],
+    ids=[
+        "pydantic-dataclass-enum-namedtuple",
+        "dataclasses",
+        "enum-namedtuple",
+        "stdlib-safe-types",
+        "messages",
+        "send",
+        "snapshot",
+        "frozenset",
+    ],
+)
+def test_what_jsonplus_writes_for_state_types_is_accepted(value: Any):
+    check_value(packed(value), "values.notes", DEFAULT)
+
+
+def test_numpy_arrays_are_accepted():
+    np = pytest.importorskip("numpy")
+    check_value(packed({"a": np.arange(6).reshape(2, 3)}), "values.notes", DEFAULT)
+
+
+def test_a_datetime_subclass_from_another_package_is_accepted():
+    # JsonPlus writes (module, Class, isoformat, "fromisoformat") for datetime subclasses (pendulum's, say).
+    check_value(
+        ormsgpack.packb(ext(3, "pendulum", "DateTime", "2026-01-01T00:00:00", "fromisoformat")), "f", DEFAULT
+    )
+
+
+# -- gadgets are refused, wherever they sit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize(
+    "target",
+    [("os", "system"), ("subprocess", "Popen"), ("builtins", "eval"), ("importlib", "import_module")],
+)
+def test_stdlib_gadgets_are_refused_with_every_code(code: int, target: tuple[str, str], tmp_path: Path):
+    error = refusal(ormsgpack.packb({"k": attack(code, target, tmp_path / "m")}))
+    assert (error.code, error.module, error.name) == (code, *target)
+    assert f"code {code} naming {target[0]}.{target[1]}" in str(error)
+    assert "values.notes" in str(error) and "REDUCING_SAVER_ALLOWED_STATE_TYPES" in str(error)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["in-a-dataclass", "in-a-pydantic-model", "in-a-snapshot", "in-a-numpy-payload", "in-a-message"],
+)
+def test_nested_gadgets_are_refused(where: str, tmp_path: Path):
+    gadget = attack(1, ("subprocess", "Popen"), tmp_path / "m")
+    outer = {
+        "in-a-dataclass": ext(2, "myapp.state", "Step", {"name": gadget}),
+        "in-a-pydantic-model": ext(5, "myapp.state", "Plan", {"steps": [gadget]}, "model_validate_json"),
+        "in-a-snapshot": ormsgpack.Ext(7, ormsgpack.packb([gadget])),
+        "in-a-numpy-payload": ext(6, "<i8", [1], "C", gadget),
+        "in-a-message": ext(
+            5, "langchain_core.messages.human", "HumanMessage", {"content": gadget}, "model_validate_json"
+        ),
+    }[where]
+    error = refusal(ormsgpack.packb([outer]))
+    assert (error.code, error.module, error.name) == (1, "subprocess", "Popen")
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (ext(0, "numpy.distutils.fcompiler.gnu", "Popen", ["touch", "x"]), "process-starting"),  # a re-export
+        (ext(0, "yaml", "unsafe_load", "!!python/object/apply:os.system ['true']"), "function name"),
+        (ext(0, "pandas", "read_pickle", "/tmp/x"), "function name"),
+        (ext(0, "pathlib", "PurePosixPath", "x"), "standard-library"),  # not one of LangGraph's safe types
+        (ext(0, "posix", "system", "true"), "standard-library"),
+        (ext(3, "pathlib", "Path", "/tmp/x", "write_text"), "method 'write_text'"),
+        (ext(3, "myapp", "Thing", "x", "__call__"), "method '__call__'"),
+        (
+            ormsgpack.Ext(
+                0, ormsgpack.packb({0: "os", 1: "system", 2: "true"}, option=ormsgpack.OPT_NON_STR_KEYS)
+            ),
+            "malformed",
+        ),  # indexable too
+        (ormsgpack.Ext(0, ormsgpack.packb("os.system")), "malformed"),
+        (ext(0, "os", "system"), "malformed"),
+        (ext(0, ".os", "System", "x"), "not a module"),
+        (ext(0, "myapp", "Thing.__init__", "x"), "not a module"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_other_targets_are_refused(payload: ormsgpack.Ext, reason: str):
+    assert reason in str(refusal(ormsgpack.packb(payload)))
+
+
+def test_the_error_names_the_outermost_refused_extension_first():
+    inner = ext(0, "os", "system", "true")
+    data = ormsgpack.packb([ext(2, "myapp", "Step", {"a": inner}), ext(1, "subprocess", "Popen", ["x"])])
+    assert refusal(data).module == "subprocess"
+
+
+def test_nesting_is_bounded_without_recursion():
+    value: Any = 1
+    for _ in range(MAX_EXTENSION_DEPTH + 1):
+        value = ext(2, "myapp", "Node", {"child": value})
+    assert "nested more than" in str(refusal(ormsgpack.packb(value)))
+    value = 1
+    for _ in range(MAX_EXTENSION_DEPTH):
+        value = ext(2, "myapp", "Node", {"child": value})
+    check_value(ormsgpack.packb(value), "values.notes", DEFAULT)
+
+
+def test_extensions_before_a_decoding_error_are_still_checked():
+    # A reader's decoder calls the hook for everything before the point where the bytes break.
+    data = ormsgpack.packb([ext(0, "os", "system", "true"), "x" * 40])[:-5]
+    assert refusal(data).name == "system"
+
+
+def test_codes_langgraph_does_not_know_are_left_alone():
+    # LangGraph's hook returns None for them without reading the payload.
+    gadget_payload = ormsgpack.packb(("os", "system", "x"))
+    check_value(ormsgpack.packb([ormsgpack.Ext(42, gadget_payload)]), "f", DEFAULT)
+    check_value(b"\x92\xd4\xfd\x00\xc0", "f", DEFAULT)  # fixext 1 with code -3, then nil
+
+
+def test_values_without_extension_bytes_are_not_decoded(monkeypatch: pytest.MonkeyPatch):
+    def fail(*args: Any) -> None:
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(extensions, "_decode", fail)
+    check_value(packed({"a": [1, 2.5, "text", None, True, {"b": b"raw"}]}), "f", DEFAULT)
+    with pytest.raises(AssertionError):
+        check_value(packed(Color.RED), "f", DEFAULT)
+
+
+# -- the policy and its setting -------------------------------------------------------------------
+
+
+def test_an_allowlist_without_star_accepts_only_what_it_lists():
+    policy = ExtensionPolicy(["myapp", "other.models:Thing", "http:HTTPStatus"])
+    for module, name in [
+        ("myapp", "Plan"),
+        ("myapp.state", "Step"),
+        ("other.models", "Thing"),
+        ("http", "HTTPStatus"),
+    ]:
+        check_value(ormsgpack.packb(ext(0, module, name, 1)), "f", policy)
+    check_value(packed([datetime.datetime(2026, 1, 1), HumanMessage("hi")]), "f", policy)  # safe types stay
+    for module, name in [("myappx", "Plan"), ("other.models", "Other"), ("thirdparty", "Thing")]:
+        assert "not an allowed state type" in str(refusal(ormsgpack.packb(ext(0, module, name, 1)), policy))
+
+
+def test_star_and_entries_combine():
+    # A standard-library Enum is refused by "*" alone (the service cannot tell it from a function).
+    refusal(ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)))
+    check_value(
+        ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)), "f", ExtensionPolicy(["*", "http:HTTPStatus"])
+    )
+
+
+def test_configured_message_classes_are_accepted():
+    policy = ExtensionPolicy([], message_classes=[("mymessages", "Note")])
+    check_value(ormsgpack.packb(ext(5, "mymessages", "Note", {}, "model_validate_json")), "f", policy)
+
+
+@pytest.mark.parametrize("entry", ["os.", "a b", "mod:", ":Cls", "mod:Cls.attr", "mod:not valid"])
+def test_malformed_entries_are_refused_by_the_settings(entry: str):
+    with pytest.raises(ValueError, match="allowed_state_types"):
+        Settings(database="memory://", allowed_state_types=entry)
+
+
+def test_the_setting_defaults_to_star_and_splits_on_commas():
+    assert Settings(database="memory://").allowed_state_types == ["*"]
+    assert Settings(database="memory://", allowed_state_types="myapp, other:Thing").allowed_state_types == [
+        "myapp",
+        "other:Thing",
+    ]
+
+
+def test_check_extensions_reads_blobs_only(tmp_path: Path):
+    gadget = ormsgpack.packb(attack(0, ("os", "system"), tmp_path / "m"))
+    check_extensions(
+        {"a": 1, "b": "text", "c": Blob("encrypted", gadget), "d": Blob("msgpack", b"\x90")}, DEFAULT
+    )
+    with pytest.raises(UnsafeValueError, match=r"writes\[1\]"):
+        check_extensions(
+            [("writes[0]", Blob("msgpack", b"\x90")), ("writes[1]", Blob("msgpack", gadget))], DEFAULT
+        )
+
+
+# -- through the app: the setting decides, before anything is stored ----------------------------------
+
+
+def _state_put(value: bytes, thread_id: str = "t1") -> dict[str, Any]:
+    checkpoint = empty_checkpoint()
+    checkpoint.pop("channel_values")
+    checkpoint["channel_versions"] = {"notes": "1"}
+    return {
+        "config": {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
+        "checkpoint": checkpoint,
+        "values": {"notes": blob_to_wire("msgpack", value)},
+        "metadata": {"source": "loop", "step": 1},
+        "new_versions": {"notes": "1"},
+    }
+
+
+def _stored(client: TestClient, thread_id: str = "t1") -> Any:
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    return client.post("/v1/checkpoints/get", json={"config": config}).json()["checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "accepted", "refused"),
+    [
+        (None, [Plan, Step, Color, Point], []),  # the default, *
+        (f"{__name__}:Plan,{__name__}:Step,{__name__}:Color", [Plan, Step, Color], [Point]),
+        (__name__.rpartition(".")[0], [Plan, Step, Color, Point], []),  # a package and its modules
+        ("otherpkg", [], [Plan]),
+    ],
+    ids=["default", "classes", "package", "another-package"],
+)
+def test_the_setting_decides_which_state_types_are_stored(allowed, accepted, refused):
+    settings = {"allowed_state_types": allowed} if allowed is not None else {}
+    samples = {
+        Plan: a_plan(),
+        Step: Step("s", Color.RED, datetime.datetime(2026, 1, 1)),
+        Color: Color.BLUE,
+        Point: Point(1, 2),
+    }
+    with TestClient(create_app(Settings(database="memory://", **settings))) as client:
+        for kind in accepted:
+            response = client.post(
+                "/v1/checkpoints/put", json=_state_put(packed(samples[kind]), kind.__name__)
+            )
+            assert response.status_code == 200, response.text
+        for kind in refused:
+            response = client.post(
+                "/v1/checkpoints/put", json=_state_put(packed(samples[kind]), kind.__name__)
+            )
+            assert response.status_code == 422, response.text
+            assert f"{__name__}.{kind.__name__}" in response.json()["detail"]
+            assert "not an allowed state type" in response.json()["detail"]
+            assert _stored(client, kind.__name__) is None
+
+
+def test_a_pending_write_naming_code_is_refused_and_not_stored(tmp_path: Path):
+    with TestClient(create_app(Settings(database="memory://"))) as client:
+        assert client.post("/v1/checkpoints/put", json=_state_put(packed({"a": 1}))).status_code == 200
+        checkpoint_id = _stored(client)["config"]["configurable"]["checkpoint_id"]
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+        gadget = ormsgpack.packb(attack(1, ("subprocess", "Popen"), tmp_path / "m"))
+        writes = [
+            ["notes", blob_to_wire("msgpack", packed(a_plan()))],
+            ["notes", blob_to_wire("msgpack", gadget)],
+        ]
+        response = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
+        assert response.status_code == 422
+        assert "writes[1]: msgpack extension code 1 naming subprocess.Popen" in response.json()["detail"]
+        assert _stored(client)["pending_writes"] == [], "neither write was stored"
+
+
+def test_the_flag_sets_it():
+    from reducing_saver.service.cli import build_parser, load_settings
+
+    args = build_parser().parse_args(["serve", "--allow-state-type", "myapp,*"])
+    assert load_settings(args).allowed_state_types == ["myapp", "*"]
