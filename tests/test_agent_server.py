@@ -1,4 +1,4 @@
-"""LangGraph Agent Server with the service as its checkpointer: RemoteReducingSaver.aopen.
+"""LangGraph Agent Server with the service as its checkpointer (reducing_saver.client.agent_server).
 
 The tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs under.
 """
@@ -6,6 +6,7 @@ The tests open savers under blockbuster, the blocking-call detector Agent Server
 from __future__ import annotations
 
 import gc
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import pytest
 from blockbuster import BlockBuster, BlockingError
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from reducing_saver.client import RemoteReducingSaver, ServerUnavailableError
+from reducing_saver.client import RemoteReducingSaver, ServerUnavailableError, agent_server
 from tests.support.server import free_port, run_service
 
+CHECKPOINTER_PATH = "reducing_saver.client.agent_server.checkpointer"
 MAX_MESSAGES = 6
 
 
@@ -116,3 +118,30 @@ async def test_aopen_failure_names_the_service() -> None:
         await RemoteReducingSaver.aopen(f"http://127.0.0.1:{free_port()}", max_retries=0)
     with pytest.raises(ValueError, match="body_format"):
         await RemoteReducingSaver.aopen("http://127.0.0.1:1", body_format="xml")
+
+
+# -- the factory ---------------------------------------------------------------------------------------------
+
+
+def _load_like_agent_server(path: str):
+    # langgraph_api._checkpointer._adapter._load_checkpointer: a module path is split on its last dot.
+    module, attr = path.rsplit(".", 1)
+    return importlib.import_module(module).__dict__[attr]
+
+
+async def test_factory_opens_from_the_environment_without_blocking(service, blockbuster, monkeypatch) -> None:
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+    factory = _load_like_agent_server(CHECKPOINTER_PATH)
+    assert factory is agent_server.checkpointer
+    async with factory() as saver:
+        assert isinstance(saver, RemoteReducingSaver) and saver.backend == "memory"
+        assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
+    with pytest.raises(RuntimeError, match="this RemoteReducingSaver is closed"):
+        await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+
+
+async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_URL", raising=False)
+    with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
+        async with agent_server.checkpointer():
+            pass
