@@ -1,12 +1,22 @@
 """LangGraph Agent Server with the service as its checkpointer (reducing_saver.client.agent_server).
 
-The tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs under.
+The unit tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs
+under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test installs
+into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project, drives it
+with langgraph_sdk, and checks what the service stored; once with a shared loop, once with
+BG_JOB_ISOLATED_LOOPS=true. Offline: no telemetry, no browser, no LangSmith key, loopback only. Without
+`langgraph` it skips on a developer's machine and fails in CI (``CI=true``).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import json
+import os
+import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +26,9 @@ from blockbuster import BlockBuster, BlockingError
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from reducing_saver.client import RemoteReducingSaver, ServerUnavailableError, agent_server
-from tests.support.server import free_port, run_service
+from tests.support.server import ROOT, free_port, run_service
 
+PROJECT = Path(__file__).with_name("agent_server_project")
 CHECKPOINTER_PATH = "reducing_saver.client.agent_server.checkpointer"
 MAX_MESSAGES = 6
 
@@ -145,3 +156,216 @@ async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
         async with agent_server.checkpointer():
             pass
+
+
+# -- end to end: langgraph dev ------------------------------------------------------------------------------
+
+
+def _langgraph_cli() -> Path:
+    override = os.environ.get("REDUCING_SAVER_TEST_LANGGRAPH")
+    cli = Path(override) if override else ROOT / ".venv-agent-server" / "bin" / "langgraph"
+    if not cli.exists():
+        reason = f"{cli} not found (scripts/test installs the agent-server extra into .venv-agent-server)"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail(f"{reason}; CI=true, so the Agent Server test must run, not skip")
+        pytest.skip(reason)
+    return cli
+
+
+def _offline_env(extra: dict[str, str]) -> dict[str, str]:
+    drop = ("LANGSMITH_", "LANGCHAIN_", "LANGGRAPH_", "REDUCING_SAVER_", "BG_JOB_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return {
+        **env,
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",  # langgraph-cli's usage report
+        "LANGSMITH_TRACING": "false",
+        "LANGCHAIN_TRACING_V2": "false",
+        "NO_PROXY": "127.0.0.1,localhost",
+        **extra,
+    }
+
+
+def _wait_ok(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"langgraph dev exited with {process.returncode}:\n{log.read_text(errors='replace')}"
+            )
+        try:
+            if httpx.get(f"{url}/ok", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"langgraph dev not ready after {timeout}s:\n{log.read_text(errors='replace')}")
+
+
+def _routes(service_url: str) -> dict[str, float]:
+    """Successful requests the service counted, by "METHOD /route" (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{service_url}/metrics").text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "reducing_saver_http_requests_total" and labels["status"].startswith("2"):
+                route = f"{labels['method']} {labels['route']}"
+                counts[route] = counts.get(route, 0) + sample.value
+    return counts
+
+
+def _human(text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text + " " + "y" * 300}]}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("isolated_loops", [False, True], ids=["shared-loop", "isolated-loops"])
+def test_langgraph_dev_keeps_its_threads_in_the_service(tmp_path: Path, isolated_loops: bool) -> None:
+    from langgraph_sdk import get_sync_client
+
+    cli = _langgraph_cli()
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    with run_service(
+        tmp_path, "--database", "memory://", "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"
+    ) as service:
+        # The service's URL reaches the factory through langgraph.json's "env", as it would in a deployment.
+        config_file = project / "langgraph.json"
+        config = json.loads(config_file.read_text())
+        config["env"] = {"REDUCING_SAVER_URL": service.url}
+        assert config["checkpointer"]["path"] == CHECKPOINTER_PATH
+        config_file.write_text(json.dumps(config))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = tmp_path / "langgraph-dev.log"
+        env = _offline_env({"BG_JOB_ISOLATED_LOOPS": "true"} if isolated_loops else {})
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(cli), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=project,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_ok(url, process, log)
+            with get_sync_client(url=url, api_key=None) as client:
+                _drive(client, url, service.url)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        text = log.read_text(errors="replace")
+        assert "Using custom checkpointer: RemoteReducingSaver" in text
+        assert "BlockingError" not in text and "Blocking call" not in text, text[-4000:]
+        if isolated_loops:  # the factory was entered again in a run thread's loop, under blockbuster
+            assert "Starting queue with isolated loops" in text
+            assert text.count("Using custom checkpointer: RemoteReducingSaver") >= 2
+        routes = _routes(service.url)
+    # What Agent Server asked of the service.
+    for route in (
+        "POST /v1/checkpoints/put",
+        "POST /v1/writes/put",
+        "POST /v1/checkpoints/get",
+        "POST /v1/checkpoints/list",
+        "POST /v1/threads/copy",
+        "POST /v1/runs/delete",
+        "POST /v1/threads/delete",
+    ):
+        assert route in routes, sorted(routes)
+
+
+def _stored(saver: RemoteReducingSaver, thread_id: str) -> list:
+    return list(saver.list({"configurable": {"thread_id": thread_id}}))
+
+
+def _ancestry(history: list[dict]) -> list[str]:
+    """The checkpoint ids from the newest back to the first, following parent links."""
+    parents = {
+        h["checkpoint"]["checkpoint_id"]: (h.get("parent_checkpoint") or {}).get("checkpoint_id")
+        for h in history
+    }
+    chain, current = [], history[0]["checkpoint"]["checkpoint_id"]
+    while current is not None:
+        chain.append(current)
+        current = parents.get(current)
+    return chain
+
+
+def _drive(client, url: str, service_url: str) -> None:
+    thread = client.threads.create()["thread_id"]
+    last = None
+    for turn in range(6):  # 12 messages: the stored window must have been cut
+        last = client.runs.wait(thread, "agent", input=_human(f"turn {turn}"), raise_error=True)
+    assert last["messages"][-1]["type"] == "ai"
+    chunks = list(client.runs.stream(thread, "agent", input=_human("streamed"), stream_mode="values"))
+    assert any(c.event == "values" for c in chunks)
+
+    state = client.threads.get_state(thread)
+    assert 0 < len(state["values"]["messages"]) <= MAX_MESSAGES
+    assert state["values"]["messages"][-1]["content"].startswith("answer")
+
+    history = client.threads.get_history(thread, limit=3)
+    assert len(history) == 3
+    # `before` through GET .../history?before=<id>: the SDK's POST form hands its checkpoint dict to the saver
+    # as it is, without "configurable", where LangGraph's savers (and this one) read no checkpoint id.
+    older = httpx.get(
+        f"{url}/threads/{thread}/history",
+        params={"limit": 2, "before": history[0]["checkpoint"]["checkpoint_id"]},
+    ).json()
+    assert len(older) == 2
+    assert older and older[0]["checkpoint"]["checkpoint_id"] == history[1]["checkpoint"]["checkpoint_id"]
+    loops = client.threads.get_history(thread, limit=50, metadata={"source": "loop"})
+    assert loops and all(h["metadata"]["source"] == "loop" for h in loops)
+
+    client.threads.update_state(thread, {"messages": [{"role": "user", "content": "a note from outside"}]})
+    assert client.threads.get_state(thread)["values"]["messages"][-1]["content"] == "a note from outside"
+
+    # A fork: a run from an older checkpoint leaves the newer branch as it was.
+    fork_from = history[2]["checkpoint"]
+    forked = client.runs.wait(thread, "agent", input=_human("fork"), checkpoint=fork_from, raise_error=True)
+    assert forked["messages"][-1]["type"] == "ai"
+    assert all(m["content"] != "a note from outside" for m in forked["messages"])
+    ancestry = _ancestry(client.threads.get_history(thread, limit=100))
+    assert (
+        fork_from["checkpoint_id"] in ancestry and history[0]["checkpoint"]["checkpoint_id"] not in ancestry
+    )
+
+    # An interrupt and its resume.
+    paused = client.runs.wait(thread, "agent", input=_human("confirm the order"), raise_error=True)
+    assert paused.get("__interrupt__"), paused
+    assert client.threads.get_state(thread)["next"] == ["confirm"]
+    done = client.runs.wait(thread, "agent", command={"resume": "yes"}, raise_error=True)
+    assert done["messages"][-1]["content"] == "confirmed: yes"
+    assert client.threads.get_state(thread)["next"] == []
+
+    # multitask_strategy="rollback": the interrupted run's checkpoints leave the service (runs/delete).
+    slow = client.runs.create(thread, "agent", input=_human("slow turn"))
+    deadline = time.monotonic() + 30
+    with RemoteReducingSaver(service_url) as saver:
+        while not any(t.metadata.get("run_id") == slow["run_id"] for t in _stored(saver, thread)):
+            assert time.monotonic() < deadline, "the slow run stored no checkpoint"
+            time.sleep(0.1)
+        after = client.runs.wait(
+            thread, "agent", input=_human("after rollback"), multitask_strategy="rollback", raise_error=True
+        )
+        assert after["messages"][-1]["type"] == "ai"
+        assert not [t for t in _stored(saver, thread) if t.metadata.get("run_id") == slow["run_id"]]
+
+        # threads.copy, then threads.delete of the copy.
+        copy = client.threads.copy(thread)["thread_id"]
+        assert len(_stored(saver, copy)) == len(_stored(saver, thread))
+        assert client.threads.get_state(copy)["values"] == client.threads.get_state(thread)["values"]
+        client.threads.delete(copy)
+        assert _stored(saver, copy) == []
+        assert _stored(saver, thread)
+
+        # What the service stored: every checkpoint's window bounded, although the thread is longer.
+        stored = _stored(saver, thread)
+        windows = [len(t.checkpoint["channel_values"].get("messages") or []) for t in stored]
+        assert max(windows) <= MAX_MESSAGES, windows
