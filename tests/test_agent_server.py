@@ -303,6 +303,12 @@ def _drive(client, url: str, service_url: str) -> None:
     for turn in range(6):  # 12 messages: the stored window must have been cut
         last = client.runs.wait(thread, "agent", input=_human(f"turn {turn}"), raise_error=True)
     assert last["messages"][-1]["type"] == "ai"
+    # A run's output and Agent Server's thread row carry the state as the run built it (the stored window plus
+    # the turn's messages); get_state shows what the service stored, the window cut again.
+    stored_now = client.threads.get_state(thread)["values"]["messages"]
+    assert len(stored_now) < len(last["messages"]) == 8
+    assert len(client.threads.get(thread)["values"]["messages"]) == len(last["messages"])
+    assert stored_now == last["messages"][-len(stored_now) :]
     chunks = list(client.runs.stream(thread, "agent", input=_human("streamed"), stream_mode="values"))
     assert any(c.event == "values" for c in chunks)
 
@@ -313,7 +319,7 @@ def _drive(client, url: str, service_url: str) -> None:
     history = client.threads.get_history(thread, limit=3)
     assert len(history) == 3
     # `before` through GET .../history?before=<id>: the SDK's POST form hands its checkpoint dict to the saver
-    # as it is, without "configurable", where LangGraph's savers (and this one) read no checkpoint id.
+    # as it is, without "configurable", where the saver reads no checkpoint id.
     older = httpx.get(
         f"{url}/threads/{thread}/history",
         params={"limit": 2, "before": history[0]["checkpoint"]["checkpoint_id"]},
