@@ -25,7 +25,12 @@ import pytest
 from blockbuster import BlockBuster, BlockingError
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from reducing_saver.client import RemoteReducingSaver, ServerUnavailableError, agent_server
+from reducing_saver.client import (
+    AuthenticationError,
+    RemoteReducingSaver,
+    ServerUnavailableError,
+    agent_server,
+)
 from tests.support.server import ROOT, free_port, run_service
 
 PROJECT = Path(__file__).with_name("agent_server_project")
@@ -149,6 +154,19 @@ async def test_factory_opens_from_the_environment_without_blocking(service, bloc
         assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
     with pytest.raises(RuntimeError, match="this RemoteReducingSaver is closed"):
         await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+
+
+async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    args = ("--database", "memory://")
+    with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": "agents=factory-key"}) as keyed:
+        monkeypatch.setenv("REDUCING_SAVER_URL", keyed.url)
+        monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+        with pytest.raises(AuthenticationError):
+            async with agent_server.checkpointer():
+                pass
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "factory-key")
+        async with agent_server.checkpointer() as saver:
+            assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
 
 
 async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
