@@ -3,9 +3,10 @@
 The unit tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs
 under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test installs
 into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project, drives it
-with langgraph_sdk, and checks what the service stored; once with a shared loop, once with
-BG_JOB_ISOLATED_LOOPS=true. Offline: no telemetry, no browser, no LangSmith key, loopback only. Without
-`langgraph` it skips on a developer's machine and fails in CI (``CI=true``).
+with langgraph_sdk, and checks what the service stored and extracted: once with a shared loop on the
+memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL. Offline: no telemetry, no browser, no
+LangSmith key, loopback only. Without `langgraph` it skips on a developer's machine and fails in CI
+(``CI=true``).
 """
 
 from __future__ import annotations
@@ -233,21 +234,38 @@ def _routes(service_url: str) -> dict[str, float]:
     return counts
 
 
+def _drained(service_url: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = httpx.get(f"{service_url}/v1/extraction/status", timeout=5).json()
+        if status["pending"] == 0 and status["in_flight"] == 0:
+            return status
+        assert time.monotonic() < deadline, f"outbox not drained after {timeout}s: {status}"
+        time.sleep(0.2)
+
+
 def _human(text: str) -> dict:
     return {"messages": [{"role": "user", "content": text + " " + "y" * 300}]}
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("isolated_loops", [False, True], ids=["shared-loop", "isolated-loops"])
-def test_langgraph_dev_keeps_its_threads_in_the_service(tmp_path: Path, isolated_loops: bool) -> None:
+@pytest.mark.parametrize(
+    ("isolated_loops", "backend"),
+    [(False, "memory"), (True, "postgres")],
+    ids=["shared-loop-memory", "isolated-loops-postgres"],
+)
+def test_langgraph_dev_keeps_its_threads_in_the_service(
+    tmp_path: Path, request: pytest.FixtureRequest, isolated_loops: bool, backend: str
+) -> None:
     from langgraph_sdk import get_sync_client
 
     cli = _langgraph_cli()
     project = tmp_path / "project"
     shutil.copytree(PROJECT, project)
+    database = request.getfixturevalue("fresh_pg") if backend == "postgres" else "memory://"
     with run_service(
-        tmp_path, "--database", "memory://", "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"
+        tmp_path, "--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"
     ) as service:
         # The service's URL reaches the factory through langgraph.json's "env", as it would in a deployment.
         config_file = project / "langgraph.json"
@@ -285,6 +303,9 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(tmp_path: Path, isolated
             assert "Starting queue with isolated loops" in text
             assert text.count("Using custom checkpointer: RemoteReducingSaver") >= 2
         routes = _routes(service.url)
+        # The messages the windows cut went on to long-term memory (the service's extraction).
+        extraction = _drained(service.url)
+        assert extraction["delivered"] > 0, extraction
     # What Agent Server asked of the service.
     for route in (
         "POST /v1/checkpoints/put",
