@@ -561,7 +561,64 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         except BaseException:
             http.close()
             raise
-        self = super().__new__(with_capabilities(cls, info.capabilities, _MIXINS))
+        return cls._from_server_info(http, info, serde=serde, body_format=body_format)
+
+    @classmethod
+    async def aopen(
+        cls,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        serde: SerializerProtocol | None = None,
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+        body_format: str = "msgpack",
+    ) -> Self:
+        """Open a saver from async code without blocking the event loop; the arguments are the constructor's.
+
+        The constructor's capabilities request is sent through the async transport (aiohttp, or
+        ``async_transport``), and the set-up that reads files (TLS certificates, importing aiohttp) runs
+        in a worker thread, so a blocking-call detector such as LangGraph Agent Server's finds nothing.
+
+        Raises:
+            ValueError: If ``url`` is not an http(s) URL or an option is out of range.
+            ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+        """
+        if body_format not in BODY_FORMAT_NAMES:
+            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+
+        def build() -> _Http:
+            if async_transport is None:
+                import aiohttp  # noqa: F401  (its import loads certificates: not on the loop)
+            return _Http(
+                url,
+                api_key=api_key,
+                timeout=timeout,
+                max_retries=max_retries,
+                backoff=backoff,
+                headers=headers,
+                transport=transport,
+                async_transport=async_transport,
+            )
+
+        http = await asyncio.get_running_loop().run_in_executor(None, build)
+        try:
+            info = await http.asend(_capabilities_call())
+        except BaseException:
+            await http.aclose()
+            raise
+        return cls._from_server_info(http, info, serde=serde, body_format=body_format)
+
+    @classmethod
+    def _from_server_info(
+        cls, http: _Http, info: _ServerInfo, *, serde: SerializerProtocol | None, body_format: str
+    ) -> Self:
+        """The instance of the class variant carrying exactly the service's capabilities (no I/O)."""
+        self = object.__new__(with_capabilities(cls, info.capabilities, _MIXINS))
         BaseCheckpointSaver.__init__(self, serde=serde if serde is not None else SafeJsonPlusSerializer())
         self._http = http
         self.reducer = info.reducer

@@ -1,0 +1,416 @@
+"""LangGraph Agent Server with the service as its checkpointer (reducing_saver.client.agent_server).
+
+The unit tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs
+under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test installs
+into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project, drives it
+with langgraph_sdk, and checks what the service stored and extracted: once with a shared loop on the
+memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL. Offline: no telemetry, no browser, no
+LangSmith key, loopback only. Without `langgraph` it skips on a developer's machine and fails in CI
+(``CI=true``).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from blockbuster import BlockBuster, BlockingError
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from reducing_saver.client import (
+    AuthenticationError,
+    RemoteReducingSaver,
+    ServerUnavailableError,
+    agent_server,
+)
+from tests.support.server import ROOT, free_port, run_service
+
+PROJECT = Path(__file__).with_name("agent_server_project")
+CHECKPOINTER_PATH = "reducing_saver.client.agent_server.checkpointer"
+MAX_MESSAGES = 6
+
+
+@pytest.fixture
+def blockbuster() -> Iterator[BlockBuster]:
+    """Every blocking call blockbuster knows fails on a running event loop (Agent Server disables some)."""
+    detector = BlockBuster()
+    detector.activate()
+    try:
+        yield detector
+    finally:
+        detector.deactivate()
+
+
+@pytest.fixture
+def service(tmp_path: Path):
+    args = ("--database", "memory://", "--max-messages", str(MAX_MESSAGES), "--min-messages", "4")
+    with run_service(tmp_path, *args) as process:
+        yield process
+
+
+# -- the async opener --------------------------------------------------------------------------------------
+
+
+# httpcore leaves the socket the detector interrupted unclosed: its ResourceWarning is not this test's point.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_the_constructor_is_what_the_detector_catches(service, blockbuster) -> None:
+    # The trap of the issue: the sync constructor connects a blocking socket on the running loop.
+    with pytest.raises(BlockingError, match="socket.socket.connect"):
+        RemoteReducingSaver(service.url)
+    blockbuster.deactivate()
+    gc.collect()
+
+
+async def test_aopen_makes_no_blocking_call_on_the_loop(service, blockbuster) -> None:
+    saver = await RemoteReducingSaver.aopen(service.url)
+    try:
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        assert await saver.aget_tuple(config) is None
+        assert "copy_thread" in saver.capabilities
+        assert type(saver).acopy_thread is not BaseCheckpointSaver.acopy_thread
+    finally:
+        await saver.aclose()
+    blockbuster.deactivate()
+    with RemoteReducingSaver(service.url) as sync_saver:
+        assert type(sync_saver) is type(saver)
+        assert (sync_saver.reducer, sync_saver.backend, sync_saver.body_format) == (
+            saver.reducer,
+            saver.backend,
+            saver.body_format,
+        )
+
+
+async def test_aopen_sends_through_the_async_transport() -> None:
+    capabilities = {
+        "capabilities": ["delete_for_runs"],
+        "backend": "memory",
+        "messages_key": "messages",
+        "reducer": {
+            "max_messages": 6,
+            "min_messages": 4,
+            "max_tokens": None,
+            "target_tokens": None,
+            "preserve_first": True,
+            "cascade_tool_messages": True,
+            "start_on": "human",
+            "namespace_key": "memory_namespace",
+        },
+        "version": "9.9.9",
+        "body_formats": ["application/json"],
+    }
+    seen: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"sync transport used for {request.url}")
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json=capabilities)
+
+    saver = await RemoteReducingSaver.aopen(
+        "http://reducing-saver.invalid",
+        transport=httpx.MockTransport(refuse),
+        async_transport=httpx.MockTransport(answer),
+    )
+    assert seen == ["GET /v1/capabilities"]
+    # Agent Server detects capabilities the same way: which methods the class overrides.
+    assert saver.capabilities == frozenset({"delete_for_runs"})
+    assert type(saver).adelete_for_runs is not BaseCheckpointSaver.adelete_for_runs
+    assert type(saver).acopy_thread is BaseCheckpointSaver.acopy_thread
+    assert saver.server_version == "9.9.9" and saver.body_format == "application/json"
+    await saver.aclose()
+
+
+async def test_aopen_failure_names_the_service() -> None:
+    with pytest.raises(ServerUnavailableError, match="capabilities"):
+        await RemoteReducingSaver.aopen(f"http://127.0.0.1:{free_port()}", max_retries=0)
+    with pytest.raises(ValueError, match="body_format"):
+        await RemoteReducingSaver.aopen("http://127.0.0.1:1", body_format="xml")
+
+
+# -- the factory ---------------------------------------------------------------------------------------------
+
+
+def _load_like_agent_server(path: str):
+    # langgraph_api._checkpointer._adapter._load_checkpointer: a module path is split on its last dot.
+    module, attr = path.rsplit(".", 1)
+    return importlib.import_module(module).__dict__[attr]
+
+
+async def test_factory_opens_from_the_environment_without_blocking(service, blockbuster, monkeypatch) -> None:
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+    factory = _load_like_agent_server(CHECKPOINTER_PATH)
+    assert factory is agent_server.checkpointer
+    async with factory() as saver:
+        assert isinstance(saver, RemoteReducingSaver) and saver.backend == "memory"
+        assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
+    with pytest.raises(RuntimeError, match="this RemoteReducingSaver is closed"):
+        await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+
+
+async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    args = ("--database", "memory://")
+    with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": "agents=factory-key"}) as keyed:
+        monkeypatch.setenv("REDUCING_SAVER_URL", keyed.url)
+        monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+        with pytest.raises(AuthenticationError):
+            async with agent_server.checkpointer():
+                pass
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "factory-key")
+        async with agent_server.checkpointer() as saver:
+            assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
+
+
+async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_URL", raising=False)
+    with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
+        async with agent_server.checkpointer():
+            pass
+
+
+# -- end to end: langgraph dev ------------------------------------------------------------------------------
+
+
+def _langgraph_cli() -> Path:
+    override = os.environ.get("REDUCING_SAVER_TEST_LANGGRAPH")
+    cli = Path(override) if override else ROOT / ".venv-agent-server" / "bin" / "langgraph"
+    if not cli.exists():
+        reason = f"{cli} not found (scripts/test installs the agent-server extra into .venv-agent-server)"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail(f"{reason}; CI=true, so the Agent Server test must run, not skip")
+        pytest.skip(reason)
+    return cli
+
+
+def _offline_env(extra: dict[str, str]) -> dict[str, str]:
+    drop = ("LANGSMITH_", "LANGCHAIN_", "LANGGRAPH_", "REDUCING_SAVER_", "BG_JOB_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return {
+        **env,
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",  # langgraph-cli's usage report
+        "LANGSMITH_TRACING": "false",
+        "LANGCHAIN_TRACING_V2": "false",
+        "NO_PROXY": "127.0.0.1,localhost",
+        **extra,
+    }
+
+
+def _wait_ok(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"langgraph dev exited with {process.returncode}:\n{log.read_text(errors='replace')}"
+            )
+        try:
+            if httpx.get(f"{url}/ok", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"langgraph dev not ready after {timeout}s:\n{log.read_text(errors='replace')}")
+
+
+def _routes(service_url: str) -> dict[str, float]:
+    """Successful requests the service counted, by "METHOD /route" (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{service_url}/metrics").text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "reducing_saver_http_requests_total" and labels["status"].startswith("2"):
+                route = f"{labels['method']} {labels['route']}"
+                counts[route] = counts.get(route, 0) + sample.value
+    return counts
+
+
+def _drained(service_url: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = httpx.get(f"{service_url}/v1/extraction/status", timeout=5).json()
+        if status["pending"] == 0 and status["in_flight"] == 0:
+            return status
+        assert time.monotonic() < deadline, f"outbox not drained after {timeout}s: {status}"
+        time.sleep(0.2)
+
+
+def _human(text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text + " " + "y" * 300}]}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("isolated_loops", "backend"),
+    [(False, "memory"), (True, "postgres")],
+    ids=["shared-loop-memory", "isolated-loops-postgres"],
+)
+def test_langgraph_dev_keeps_its_threads_in_the_service(
+    tmp_path: Path, request: pytest.FixtureRequest, isolated_loops: bool, backend: str
+) -> None:
+    from langgraph_sdk import get_sync_client
+
+    cli = _langgraph_cli()
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    database = request.getfixturevalue("fresh_pg") if backend == "postgres" else "memory://"
+    with run_service(
+        tmp_path, "--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"
+    ) as service:
+        # The service's URL reaches the factory through langgraph.json's "env", as it would in a deployment.
+        config_file = project / "langgraph.json"
+        config = json.loads(config_file.read_text())
+        config["env"] = {"REDUCING_SAVER_URL": service.url}
+        assert config["checkpointer"]["path"] == CHECKPOINTER_PATH
+        config_file.write_text(json.dumps(config))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = tmp_path / "langgraph-dev.log"
+        env = _offline_env({"BG_JOB_ISOLATED_LOOPS": "true"} if isolated_loops else {})
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(cli), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=project,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_ok(url, process, log)
+            with get_sync_client(url=url, api_key=None) as client:
+                _drive(client, url, service.url)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        text = log.read_text(errors="replace")
+        assert "Using custom checkpointer: RemoteReducingSaver" in text
+        assert "BlockingError" not in text and "Blocking call" not in text, text[-4000:]
+        if isolated_loops:  # the factory was entered again in a run thread's loop, under blockbuster
+            assert "Starting queue with isolated loops" in text
+            assert text.count("Using custom checkpointer: RemoteReducingSaver") >= 2
+        routes = _routes(service.url)
+        # The messages the windows cut went on to long-term memory (the service's extraction).
+        extraction = _drained(service.url)
+        assert extraction["delivered"] > 0, extraction
+    # What Agent Server asked of the service.
+    for route in (
+        "POST /v1/checkpoints/put",
+        "POST /v1/writes/put",
+        "POST /v1/checkpoints/get",
+        "POST /v1/checkpoints/list",
+        "POST /v1/threads/copy",
+        "POST /v1/runs/delete",
+        "POST /v1/threads/delete",
+    ):
+        assert route in routes, sorted(routes)
+
+
+def _stored(saver: RemoteReducingSaver, thread_id: str) -> list:
+    return list(saver.list({"configurable": {"thread_id": thread_id}}))
+
+
+def _ancestry(history: list[dict]) -> list[str]:
+    """The checkpoint ids from the newest back to the first, following parent links."""
+    parents = {
+        h["checkpoint"]["checkpoint_id"]: (h.get("parent_checkpoint") or {}).get("checkpoint_id")
+        for h in history
+    }
+    chain, current = [], history[0]["checkpoint"]["checkpoint_id"]
+    while current is not None:
+        chain.append(current)
+        current = parents.get(current)
+    return chain
+
+
+def _drive(client, url: str, service_url: str) -> None:
+    thread = client.threads.create()["thread_id"]
+    last = None
+    for turn in range(6):  # 12 messages: the stored window must have been cut
+        last = client.runs.wait(thread, "agent", input=_human(f"turn {turn}"), raise_error=True)
+    assert last["messages"][-1]["type"] == "ai"
+    # A run's output and Agent Server's thread row carry the state as the run built it (the stored window plus
+    # the turn's messages); get_state shows what the service stored, the window cut again.
+    stored_now = client.threads.get_state(thread)["values"]["messages"]
+    assert len(stored_now) < len(last["messages"]) == 8
+    assert len(client.threads.get(thread)["values"]["messages"]) == len(last["messages"])
+    assert stored_now == last["messages"][-len(stored_now) :]
+    chunks = list(client.runs.stream(thread, "agent", input=_human("streamed"), stream_mode="values"))
+    assert any(c.event == "values" for c in chunks)
+
+    state = client.threads.get_state(thread)
+    assert 0 < len(state["values"]["messages"]) <= MAX_MESSAGES
+    assert state["values"]["messages"][-1]["content"].startswith("answer")
+
+    history = client.threads.get_history(thread, limit=3)
+    assert len(history) == 3
+    # `before` through GET .../history?before=<id>: the SDK's POST form hands its checkpoint dict to the saver
+    # as it is, without "configurable", where the saver reads no checkpoint id.
+    older = httpx.get(
+        f"{url}/threads/{thread}/history",
+        params={"limit": 2, "before": history[0]["checkpoint"]["checkpoint_id"]},
+    ).json()
+    assert len(older) == 2
+    assert older and older[0]["checkpoint"]["checkpoint_id"] == history[1]["checkpoint"]["checkpoint_id"]
+    loops = client.threads.get_history(thread, limit=50, metadata={"source": "loop"})
+    assert loops and all(h["metadata"]["source"] == "loop" for h in loops)
+
+    client.threads.update_state(thread, {"messages": [{"role": "user", "content": "a note from outside"}]})
+    assert client.threads.get_state(thread)["values"]["messages"][-1]["content"] == "a note from outside"
+
+    # A fork: a run from an older checkpoint leaves the newer branch as it was.
+    fork_from = history[2]["checkpoint"]
+    forked = client.runs.wait(thread, "agent", input=_human("fork"), checkpoint=fork_from, raise_error=True)
+    assert forked["messages"][-1]["type"] == "ai"
+    assert all(m["content"] != "a note from outside" for m in forked["messages"])
+    ancestry = _ancestry(client.threads.get_history(thread, limit=100))
+    assert (
+        fork_from["checkpoint_id"] in ancestry and history[0]["checkpoint"]["checkpoint_id"] not in ancestry
+    )
+
+    # An interrupt and its resume.
+    paused = client.runs.wait(thread, "agent", input=_human("confirm the order"), raise_error=True)
+    assert paused.get("__interrupt__"), paused
+    assert client.threads.get_state(thread)["next"] == ["confirm"]
+    done = client.runs.wait(thread, "agent", command={"resume": "yes"}, raise_error=True)
+    assert done["messages"][-1]["content"] == "confirmed: yes"
+    assert client.threads.get_state(thread)["next"] == []
+
+    # multitask_strategy="rollback": the interrupted run's checkpoints leave the service (runs/delete).
+    slow = client.runs.create(thread, "agent", input=_human("slow turn"))
+    deadline = time.monotonic() + 30
+    with RemoteReducingSaver(service_url) as saver:
+        while not any(t.metadata.get("run_id") == slow["run_id"] for t in _stored(saver, thread)):
+            assert time.monotonic() < deadline, "the slow run stored no checkpoint"
+            time.sleep(0.1)
+        after = client.runs.wait(
+            thread, "agent", input=_human("after rollback"), multitask_strategy="rollback", raise_error=True
+        )
+        assert after["messages"][-1]["type"] == "ai"
+        assert not [t for t in _stored(saver, thread) if t.metadata.get("run_id") == slow["run_id"]]
+
+        # threads.copy, then threads.delete of the copy.
+        copy = client.threads.copy(thread)["thread_id"]
+        assert len(_stored(saver, copy)) == len(_stored(saver, thread))
+        assert client.threads.get_state(copy)["values"] == client.threads.get_state(thread)["values"]
+        client.threads.delete(copy)
+        assert _stored(saver, copy) == []
+        assert _stored(saver, thread)
+
+        # What the service stored: every checkpoint's window bounded, although the thread is longer.
+        stored = _stored(saver, thread)
+        windows = [len(t.checkpoint["channel_values"].get("messages") or []) for t in stored]
+        assert max(windows) <= MAX_MESSAGES, windows
