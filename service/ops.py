@@ -61,7 +61,15 @@ def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
     }
 
 
-def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> RunnableConfig:
+def _run_config(
+    config: schemas.RunConfig, *, need_thread: bool = True, default_ns: str | None = ""
+) -> RunnableConfig:
+    """A request's run config for the saver.
+
+    ``default_ns`` fills a missing ``checkpoint_ns``: ``""`` (the root graph) for calls naming one
+    checkpoint; ``None`` for lists, where a config without a namespace means every namespace of the
+    thread, as it does to the stock savers.
+    """
     configurable = dict(config.configurable)
     thread_id = configurable.get("thread_id")
     if need_thread and (thread_id is None or thread_id == ""):
@@ -70,7 +78,8 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
         configurable["thread_id"] = str(thread_id)
     checkpoint_ns = configurable.get("checkpoint_ns")
     if checkpoint_ns is None:
-        configurable["checkpoint_ns"] = ""
+        if default_ns is not None:
+            configurable["checkpoint_ns"] = default_ns
     elif not isinstance(checkpoint_ns, str):
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
     run_config: RunnableConfig = {"configurable": configurable}
@@ -143,8 +152,8 @@ def list_checkpoints(
 ) -> dict[str, Any]:
     scope = _scope(service)
     # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
-    config = _run_config(body.config) if body.config else None
-    before = _run_config(body.before, need_thread=False) if body.before else None
+    config = _run_config(body.config, default_ns=None) if body.config else None
+    before = _run_config(body.before, need_thread=False, default_ns=None) if body.before else None
     if config is not None:
         config = scope.config_in(config, service.settings.namespace_key)
     found = security.list_checkpoints(

@@ -123,7 +123,11 @@ class GetCheckpointRequest(Strict):
 
 
 class ListCheckpointsRequest(Strict):
-    config: RunConfig | None = Field(None, description="Thread (and namespace) to list; null lists all threads.")
+    config: RunConfig | None = Field(
+        None,
+        description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
+        "(subgraphs included, as the stock savers do); null lists all threads.",
+    )
     filter: dict[str, Any] | None = Field(None, description="Metadata containment filter (types kept).")
     before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
     limit: (
