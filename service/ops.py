@@ -156,8 +156,11 @@ def list_checkpoints(
     before = _run_config(body.before, need_thread=False, default_ns=None) if body.before else None
     if config is not None:
         config = scope.config_in(config, service.settings.namespace_key)
+    # No limit means one page of max_list_limit, never everything: a client wanting more pages on with
+    # ``before`` (RemoteReducingSaver does; /v1/capabilities tells it the page size).
+    limit = service.settings.max_list_limit if body.limit is None else body.limit
     found = security.list_checkpoints(
-        saver, service.backend_kind, scope, config, filter=body.filter, before=before, limit=body.limit
+        saver, service.backend_kind, scope, config, filter=body.filter, before=before, limit=limit
     )
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
@@ -239,6 +242,7 @@ def capabilities(service: Service) -> dict[str, Any]:
         },
         "version": __version__,
         "body_formats": list(BODY_FORMATS),
+        "limits": {"max_list_limit": service.settings.max_list_limit},
     }
 
 

@@ -137,7 +137,11 @@ class ListCheckpointsRequest(Strict):
             AfterValidator(_refusing(security.check_limit)),
         ]
         | None
-    ) = Field(None, description="At most this many checkpoints (at most max_list_limit).")
+    ) = Field(
+        None,
+        description="At most this many checkpoints (at most max_list_limit); null means max_list_limit. "
+        "More pages: the next request's before is the last checkpoint's config.",
+    )
 
 
 class PutCheckpointRequest(Strict):
@@ -229,6 +233,12 @@ class ReducerOut(BaseModel):
     namespace_key: str
 
 
+class LimitsOut(BaseModel):
+    max_list_limit: int = Field(
+        description="The most checkpoints one checkpoints/list answer holds (its limit's maximum and default)."
+    )
+
+
 class CapabilitiesResponse(BaseModel):
     capabilities: list[str] = Field(description="Optional saver capabilities the backend has.")
     backend: Literal["postgres", "sqlite", "memory"]
@@ -239,6 +249,7 @@ class CapabilitiesResponse(BaseModel):
         description="Content types of the per-step routes' bodies (checkpoints/get, checkpoints/put, "
         "writes/put); their answers come in the request's type."
     )
+    limits: LimitsOut
 
 
 class ErrorResponse(BaseModel):
