@@ -49,6 +49,7 @@ from reducing_saver.wire import (
     channel_value_from_wire,
     checkpoint_fields,
     config_to_wire,
+    int_to_wire,
     is_inline,
     json_default,
     msgpack_default,
@@ -175,6 +176,11 @@ def _post(
 
 def _capabilities_call() -> _Call[_ServerInfo]:
     return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
+
+
+def _stored_inline(value: Any) -> bool:
+    """What PostgresSaver keeps inline in every checkpoint row: None, str, int (of any size), float, bool."""
+    return is_inline(value) or type(value) is int
 
 
 def _parse_put(body: Any) -> RunnableConfig:
@@ -633,9 +639,13 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         return config_to_wire(config, namespace_key=self.reducer.namespace_key)
 
     def _encode_value(self, value: Any) -> Any:
-        return value if is_inline(value) else Blob(*self.serde.dumps_typed(value))
+        if is_inline(value):
+            return value
+        # An int beyond 64 bits has a wire form of its own (the serde's msgpack cannot write one).
+        return int_to_wire(value) or Blob(*self.serde.dumps_typed(value))
 
     def _decode_value(self, value: Any, field: str) -> Any:
+        # channel_value_from_wire turns the wire form of a big int into the int, without the serde.
         decoded = channel_value_from_wire(value, field)
         return self.serde.loads_typed((decoded.type, decoded.data)) if isinstance(decoded, Blob) else decoded
 
@@ -732,7 +742,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             values = {
                 channel: value
                 for channel, value in values.items()
-                if channel in new_versions or (keep_inline and is_inline(value))
+                if channel in new_versions or (keep_inline and _stored_inline(value))
             }
         body = {
             "config": self._config(config),
@@ -748,7 +758,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     ) -> _Call[None]:
         body = {
             "config": self._config(config),
-            "writes": [[channel, Blob(*self.serde.dumps_typed(value))] for channel, value in writes],
+            "writes": [
+                [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))] for channel, value in writes
+            ],
             "task_id": task_id,
             "task_path": task_path,
         }

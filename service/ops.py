@@ -17,10 +17,20 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
-from reducing_saver.service.errors import BadRequest, Conflict, Unavailable
+from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.ttl.ledger import InvalidTTLError
-from reducing_saver.wire import Blob, WireError, base64_from_wire, is_inline
+from reducing_saver.wire import (
+    INT_TYPE,
+    RESERVED_TYPE_PREFIX,
+    Blob,
+    WireError,
+    base64_from_wire,
+    int_from_wire,
+    int_to_wire,
+    is_inline,
+    is_reserved_type,
+)
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -28,22 +38,57 @@ if TYPE_CHECKING:
 # -- wire conversion ------------------------------------------------------------------------------
 
 
-def _wire_value(value: Any) -> Any:
-    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder."""
+def _wire_value(value: Any, field: str) -> Any:
+    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder, an
+    int beyond 64 bits (PostgreSQL's JSONB reads a state float such as 1e20 back as one) in its typed form.
+
+    Raises:
+        Untransportable: Naming ``field``, for a value no client could decode (nothing the service
+            stores today; rows written to the database by other means).
+    """
     if isinstance(value, Blob) or is_inline(value):
         return value
-    raise TypeError(f"stored value of type {type(value).__name__} cannot travel")
+    try:
+        wire = int_to_wire(value)
+    except WireError as exc:
+        raise Untransportable(f"{field}: {exc.message}") from None
+    if wire is None:
+        raise Untransportable(
+            f"{field}: the stored value is a {type(value).__name__}, which has no wire form (was the row "
+            "written by something other than the service or a stock saver?)"
+        )
+    return wire
 
 
-def _from_wire(value: Any, field: str) -> Any:
-    if isinstance(value, schemas.TypedValue):
+def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
+    """A request's value for the saver: a :class:`Blob`, or a primitive.
+
+    ``inline_ints``: an int in its typed wire form becomes the int itself (PostgresSaver's channel values,
+    which it keeps inline like a stock PostgresSaver); otherwise it stays a blob, stored verbatim.
+
+    Raises:
+        BadRequest: Naming ``field``, for bad base64, a malformed int, or a serde type reserved for the
+            service's own storage (a client value under that type would be decoded as the service's
+            structure when read back).
+    """
+    if not isinstance(value, schemas.TypedValue):
+        return value
+    if is_reserved_type(value.type):
+        raise BadRequest(
+            f"{field}.type: {value.type!r} is reserved for the service's own storage; "
+            f"serde types starting with {RESERVED_TYPE_PREFIX!r} other than {INT_TYPE!r} are refused"
+        )
+    try:
         if isinstance(value.data, bytes):  # a msgpack body's bin
-            return Blob(value.type, value.data)
-        try:
-            return Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
-        except WireError as exc:
-            raise BadRequest(str(exc)) from None
-    return value
+            blob = Blob(value.type, value.data)
+        else:
+            blob = Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
+        if blob.type == INT_TYPE:
+            number = int_from_wire(blob, field)
+            return number if inline_ints else blob
+    except WireError as exc:
+        raise BadRequest(str(exc)) from None
+    return blob
 
 
 def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
@@ -52,11 +97,12 @@ def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
     return {
         "config": item.config,
         "checkpoint": checkpoint,
-        "values": {channel: _wire_value(value) for channel, value in values.items()},
+        "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
         "metadata": item.metadata,
         "parent_config": item.parent_config,
         "pending_writes": [
-            [task_id, channel, _wire_value(value)] for task_id, channel, value in item.pending_writes or ()
+            [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
+            for index, (task_id, channel, value) in enumerate(item.pending_writes or ())
         ],
     }
 
@@ -108,7 +154,11 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
-    values = {channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()}
+    inline_ints = service.backend_kind == "postgres"
+    values = {
+        channel: _from_wire(value, f"values.{channel}", inline_ints=inline_ints)
+        for channel, value in body.values.items()
+    }
     writes_messages = messages_key in body.new_versions
     if writes_messages:
         # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
@@ -210,9 +260,14 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
     history = saver.get_delta_channel_history(config=config, channels=body.channels)
     channels = {}
     for channel, entry in history.items():
-        out: dict[str, Any] = {"writes": [[task_id, ch, _wire_value(value)] for task_id, ch, value in entry["writes"]]}
+        out: dict[str, Any] = {
+            "writes": [
+                [task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]")]
+                for index, (task_id, ch, value) in enumerate(entry["writes"])
+            ]
+        }
         if "seed" in entry:
-            out["seed"] = _wire_value(entry["seed"])
+            out["seed"] = _wire_value(entry["seed"], f"channels.{channel}.seed")
         channels[channel] = out
     return {"channels": channels}
 
