@@ -50,6 +50,8 @@ from reducing_saver.wire import (
     checkpoint_fields,
     config_to_wire,
     int_to_wire,
+    ints_from_wire,
+    ints_to_wire,
     is_inline,
     json_default,
     msgpack_default,
@@ -666,7 +668,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         return CheckpointTuple(
             config=wire["config"],
             checkpoint=checkpoint,  # type: ignore[arg-type]
-            metadata=wire["metadata"],
+            metadata=ints_from_wire(wire["metadata"], "metadata"),
             parent_config=wire.get("parent_config"),
             pending_writes=self._decode_writes(wire.get("pending_writes") or [], "pending_writes"),
         )
@@ -748,7 +750,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             "config": self._config(config),
             "checkpoint": checkpoint_fields(checkpoint),
             "values": {channel: self._encode_value(value) for channel, value in values.items()},
-            "metadata": metadata,
+            "metadata": ints_to_wire(metadata),
             "new_versions": new_versions,
         }
         return _post("/checkpoints/put", body, _parse_put, msgpack=self._msgpack)

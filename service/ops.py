@@ -28,6 +28,8 @@ from reducing_saver.wire import (
     base64_from_wire,
     int_from_wire,
     int_to_wire,
+    ints_from_wire,
+    ints_to_wire,
     is_inline,
     is_reserved_type,
 )
@@ -91,6 +93,14 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
     return blob
 
 
+def _wire_metadata(metadata: Any) -> Any:
+    """Stored metadata as it travels: JSONB reads a float such as 1e20 back as an int beyond 64 bits."""
+    try:
+        return ints_to_wire(metadata)
+    except WireError as exc:
+        raise Untransportable(f"metadata: {exc.message}") from None
+
+
 def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
     checkpoint = dict(item.checkpoint)
     values = checkpoint.pop("channel_values", None) or {}
@@ -98,7 +108,7 @@ def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
         "config": item.config,
         "checkpoint": checkpoint,
         "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
-        "metadata": item.metadata,
+        "metadata": _wire_metadata(item.metadata),
         "parent_config": item.parent_config,
         "pending_writes": [
             [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
@@ -180,7 +190,13 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             raise BadRequest(str(exc)) from None
     checkpoint = body.checkpoint.model_dump()
     checkpoint["channel_values"] = values
-    next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
+    metadata = body.metadata
+    if inline_ints:  # PostgresSaver's JSONB holds any int; the other backends keep the typed form
+        try:
+            metadata = ints_from_wire(metadata, "metadata")
+        except WireError as exc:
+            raise BadRequest(str(exc)) from None
+    next_config = saver.put(config, checkpoint, metadata, body.new_versions)
     return {"config": scope.config_out(next_config)}
 
 

@@ -21,6 +21,7 @@ import httpx
 import ormsgpack
 import psycopg
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
@@ -56,7 +57,8 @@ def noting_graph(checkpointer: Any) -> Any:
 
 def turns(checkpointer: Any, thread_id: str) -> dict[str, Any]:
     config = {"configurable": {"thread_id": thread_id}}
-    scoring_graph(checkpointer).invoke({"note": "start"}, config)
+    # Run metadata is merged into checkpoint metadata, which PostgresSaver keeps in JSONB too.
+    scoring_graph(checkpointer).invoke({"note": "start"}, {**config, "metadata": {"rating": 1e19 * 10}})
     graph = noting_graph(checkpointer)
     graph.invoke({"note": "more"}, config)
     return graph.get_state(config).values
@@ -85,7 +87,17 @@ def test_a_float_beyond_64_bits_reads_back_as_a_stock_postgres_saver_reads_it(
         assert [item.checkpoint["channel_values"] for item in listed] == [
             item.checkpoint["channel_values"] for item in stored
         ]
+        assert [item.metadata for item in listed] == [item.metadata for item in stored]
         assert stored[0].checkpoint["channel_values"]["score"] == BIG
+        assert any(item.metadata.get("rating") == BIG for item in stored)
+
+        # Metadata the client itself puts with such an int (LangGraph hands put whatever it holds).
+        with RemoteReducingSaver(service.url, body_format=body_format, max_retries=0) as saver:
+            put = saver.put({"configurable": {"thread_id": "m", "checkpoint_ns": ""}}, empty_checkpoint(),
+                            {"big": [-(10**25)], "small": 1}, {})
+            assert saver.get_tuple(put).metadata == {"big": [-(10**25)], "small": 1}
+        with PostgresSaver.from_conn_string(service_db) as stock:
+            assert stock.get_tuple(put).metadata == {"big": [-(10**25)], "small": 1}
 
 
 def _typed(type_: str, data: bytes, msgpack: bool) -> dict[str, Any]:
@@ -236,3 +248,29 @@ def test_a_failing_list_releases_the_saver_even_while_its_error_is_kept(fresh_pg
             assert kept and "values.value" in str(kept[0])
             assert not pooled.inner.lock.locked()
             assert pooled.get_tuple({"configurable": {"thread_id": "bad", "checkpoint_ns": ""}}) is not None
+
+
+@pytest.mark.parametrize("body_format", ["msgpack", "json"])
+def test_an_answer_that_cannot_be_encoded_fails_that_call_only(body_format, monkeypatch):
+    # Defence in depth: should an operation ever hand the encoder a value without a wire form, the call
+    # gets a 500 saying so (the hot path and the FastAPI routes), and the next call is served.
+    from fastapi.testclient import TestClient
+
+    from reducing_saver.client import ReducingSaverError
+    from reducing_saver.service import ops
+    from reducing_saver.service.app import create_app
+    from reducing_saver.service.config import Settings
+
+    app = create_app(Settings(database="memory://", sweep=False, extract=False))
+    with TestClient(app) as http:
+        with RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0,
+                                 body_format=body_format) as saver:
+            counter(saver).invoke({"value": 1}, {"configurable": {"thread_id": "t"}})
+            monkeypatch.setattr(ops, "_wire_metadata", lambda metadata: {**metadata, "raw": BIG})
+            for call in (lambda: saver.get_tuple({"configurable": {"thread_id": "t"}}),
+                         lambda: list(saver.list({"configurable": {"thread_id": "t"}}))):
+                with pytest.raises(ReducingSaverError) as caught:
+                    call()
+                assert caught.value.status_code == 500 and "cannot travel" in str(caught.value)
+            monkeypatch.undo()
+            assert saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"] == {"value": 2}

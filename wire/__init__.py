@@ -21,7 +21,9 @@ needs to understand them:
 Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
 the others name the service's own storage formats, and the service refuses them from a client.
 
-Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
+form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
+on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -141,6 +143,41 @@ def int_from_wire(blob: Blob, field: str) -> int:
             f"{shown!r} is not an integer in decimal digits (type {INT_TYPE!r}, at most {MAX_INT_DIGITS} digits)",
         )
     return -int(digits) if negative else int(digits)
+
+
+def ints_to_wire(value: Any) -> Any:
+    """A JSON-like structure (checkpoint metadata) with every int beyond 64 bits in its typed form.
+
+    Returns ``value`` itself when it holds none, so the common case copies nothing.
+    """
+    if type(value) is int:
+        return int_to_wire(value) or value
+    if type(value) is dict:
+        converted = {key: ints_to_wire(item) for key, item in value.items()}
+        return value if all(converted[key] is item for key, item in value.items()) else converted
+    if type(value) is list:
+        items = [ints_to_wire(item) for item in value]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
+
+
+def ints_from_wire(value: Any, field: str) -> Any:
+    """A JSON-like structure with every typed int (``{"type": INT_TYPE, "data": ...}``) turned into the int.
+
+    Returns ``value`` itself when it holds none.
+
+    Raises:
+        WireError: Naming where, for a typed int whose data is not decimal digits.
+    """
+    if type(value) is dict:
+        if value.get("type") == INT_TYPE and value.keys() == {"type", "data"}:
+            return int_from_wire(blob_from_wire(value, field), field)
+        converted = {key: ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
+        return value if all(converted[key] is item for key, item in value.items()) else converted
+    if type(value) is list:
+        items = [ints_from_wire(item, f"{field}[{index}]") for index, item in enumerate(value)]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
 
 
 def is_reserved_type(type_: str) -> bool:
@@ -275,6 +312,8 @@ __all__ = [
     "config_to_wire",
     "int_from_wire",
     "int_to_wire",
+    "ints_from_wire",
+    "ints_to_wire",
     "is_inline",
     "is_reserved_type",
     "json_default",
