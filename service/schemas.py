@@ -2,7 +2,8 @@
 
 Channel and write values are ``WireValue``s: an inline JSON primitive, or ``{"type", "data"}`` with
 ``data`` the client serde's bytes (base64 in JSON; a bin in the msgpack bodies the per-step routes also
-take). The service stores them verbatim.
+take). The service stores them verbatim; an integer beyond 64 bits travels as the typed value
+``reducing-saver/int`` (see ``reducing_saver.wire``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ class TypedValue(BaseModel):
     """A value in its serde's form."""
 
     model_config = ConfigDict(extra="forbid")
-    type: StrictStr = Field(description="The serde type, e.g. 'msgpack'.")
+    type: StrictStr = Field(
+        description="The serde type, e.g. 'msgpack'. 'reducing-saver/int' carries an integer beyond 64 bits "
+        "(its data: the decimal digits, ASCII, with an optional '-'); other types starting with "
+        "'reducing-saver/' are the service's own and refused."
+    )
     data: StrictStr | StrictBytes = Field(
         description="The serde bytes: base64 text in a JSON body, a bin in an application/msgpack body."
     )
