@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
@@ -32,6 +33,7 @@ from reducing_saver.wire import (
     ints_to_wire,
     is_inline,
     is_reserved_type,
+    json_default,
 )
 
 if TYPE_CHECKING:
@@ -190,12 +192,14 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             raise BadRequest(str(exc)) from None
     checkpoint = body.checkpoint.model_dump()
     checkpoint["channel_values"] = values
-    metadata = body.metadata
-    if inline_ints:  # PostgresSaver's JSONB holds any int; the other backends keep the typed form
-        try:
-            metadata = ints_from_wire(metadata, "metadata")
-        except WireError as exc:
-            raise BadRequest(str(exc)) from None
+    try:
+        metadata = ints_from_wire(body.metadata, "metadata")
+    except WireError as exc:
+        raise BadRequest(str(exc)) from None
+    if not inline_ints and metadata is not body.metadata:
+        # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
+        # cannot, so they store the typed form as its JSON object, which the client turns into the int.
+        metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     next_config = saver.put(config, checkpoint, metadata, body.new_versions)
     return {"config": scope.config_out(next_config)}
 

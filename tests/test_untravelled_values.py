@@ -274,3 +274,30 @@ def test_an_answer_that_cannot_be_encoded_fails_that_call_only(body_format, monk
                 assert caught.value.status_code == 500 and "cannot travel" in str(caught.value)
             monkeypatch.undo()
             assert saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"] == {"value": 2}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+@pytest.mark.parametrize("body_format", ["msgpack", "json"])
+def test_big_ints_travel_on_the_other_backends(backend, body_format, tmp_path):
+    # SqliteSaver writes metadata as JSON and the memory backend as msgpack: neither holds such an int,
+    # so they keep its typed form, which reaches the client as the int.
+    from fastapi.testclient import TestClient
+
+    from reducing_saver.service.app import create_app
+    from reducing_saver.service.config import Settings
+
+    database = f"sqlite:///{tmp_path / 'service.sqlite'}" if backend == "sqlite" else "memory://"
+    app = create_app(Settings(database=database, sweep=False, extract=False))
+    with TestClient(app) as http:
+        with RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0,
+                                 body_format=body_format) as saver:
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"score": BIG, "small": 1}
+            checkpoint["channel_versions"] = {"score": "1", "small": "1"}
+            config = saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, checkpoint,
+                               {"big": [-(10**25)], "n": 1}, {"score": "1", "small": "1"})
+            saver.put_writes(config, [("score", -BIG)], "task")
+            for item in (saver.get_tuple(config), next(saver.list(None, filter={"n": 1}))):
+                assert item.checkpoint["channel_values"] == {"score": BIG, "small": 1}
+                assert item.metadata == {"big": [-(10**25)], "n": 1}
+                assert item.pending_writes == [("task", "score", -BIG)]
