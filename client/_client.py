@@ -761,7 +761,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         body = {
             "config": self._config(config),
             "writes": [
-                [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))] for channel, value in writes
+                [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))]
+                for channel, value in writes
             ],
             "task_id": task_id,
             "task_path": task_path,

@@ -471,7 +471,7 @@ class _Decoder:
             return tup[2]
         try:
             return build(tup[2])
-        except Exception as exc:  # wrong argument types or values: what JsonPlus never writes
+        except (TypeError, ValueError, OverflowError, ArithmeticError) as exc:  # what JsonPlus never writes
             detail = f"malformed payload: {type(exc).__name__}: {str(exc)[:100]}"
             return self._refuse(_Refusal(code, refusal.module, refusal.name, detail=detail))
 
@@ -521,7 +521,7 @@ def _safe_builder(code: int, refusal: _Refusal, data: bytes) -> Callable[[Any], 
     if code == 3:  # method calls: the method is part of what must match
         try:
             tup = ormsgpack.unpackb(data, ext_hook=_ignore, option=ormsgpack.OPT_NON_STR_KEYS)
-        except Exception:
+        except ValueError:  # not msgpack (ormsgpack's decode error is a ValueError)
             return None
         if type(tup) is not list or len(tup) != 4:
             return None
@@ -529,7 +529,7 @@ def _safe_builder(code: int, refusal: _Refusal, data: bytes) -> Callable[[Any], 
     elif code in (0, 1, 2):
         try:
             tup = ormsgpack.unpackb(data, ext_hook=_ignore, option=ormsgpack.OPT_NON_STR_KEYS)
-        except Exception:
+        except ValueError:  # not msgpack (ormsgpack's decode error is a ValueError)
             return None
         if type(tup) is not list or len(tup) != 3:
             return None

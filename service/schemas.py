@@ -240,7 +240,8 @@ class ReducerOut(BaseModel):
 
 class LimitsOut(BaseModel):
     max_list_limit: int = Field(
-        description="The most checkpoints one checkpoints/list answer holds (its limit's maximum and default)."
+        description="The most checkpoints one checkpoints/list answer holds (its limit's maximum and "
+        "default)."
     )
 
 

@@ -51,7 +51,11 @@ def run(checkpointer: Any, thread_id: str) -> None:
 def signature(items: list) -> list[tuple[str, int, str]]:
     """What two runs of the same graph share: namespace (without task ids), step and source, in order."""
     return [
-        (item.config["configurable"]["checkpoint_ns"].split(":", 1)[0], item.metadata["step"], item.metadata["source"])
+        (
+            item.config["configurable"]["checkpoint_ns"].split(":", 1)[0],
+            item.metadata["step"],
+            item.metadata["source"],
+        )
         for item in items
     ]
 
@@ -59,9 +63,8 @@ def signature(items: list) -> list[tuple[str, int, str]]:
 @contextmanager
 def remote(database: str, **settings: Any) -> Iterator[RemoteReducingSaver]:
     app = create_app(Settings(database=database, sweep=False, extract=False, **settings))
-    with TestClient(app) as http:
-        with RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0) as saver:
-            yield saver
+    with TestClient(app) as http, RemoteReducingSaver("http://testserver", transport=http._transport) as saver:
+        yield saver
 
 
 @contextmanager

@@ -83,7 +83,10 @@ def test_list_answers_at_most_the_cap_and_the_client_pages_through_everything(tm
                 answer = httpx.post(service.url + LIST_PATH, json=body)
                 assert answer.status_code == 200
                 assert len(answer.json()["checkpoints"]) == CAP
-            assert httpx.post(service.url + LIST_PATH, json={"config": None, "limit": CAP + 1}).status_code == 422
+            assert (
+                httpx.post(service.url + LIST_PATH, json={"config": None, "limit": CAP + 1}).status_code
+                == 422
+            )
 
             with PostgresSaver.from_conn_string(fresh_pg) as stock:
                 thread_a = {"configurable": {"thread_id": "a"}}
@@ -99,7 +102,21 @@ def test_list_answers_at_most_the_cap_and_the_client_pages_through_everything(tm
                 expected_all = ids(stock.list(None))
                 assert len(expected_all) == 18
                 cases.append(((None,), {"before": {"configurable": {"checkpoint_id": expected_all[4]}}}))
-                cases.append(((thread_a,), {"before": {"configurable": {"checkpoint_id": expected_all[1]}}, "limit": 4}))
+                cases.append(
+                    (
+                        (thread_a,),
+                        {"before": {"configurable": {"checkpoint_id": expected_all[1]}}, "limit": 4},
+                    )
+                )
+                cases.append(
+                    (
+                        (None,),
+                        {
+                            "filter": {"source": "loop"},
+                            "before": {"configurable": {"checkpoint_id": expected_all[2]}},
+                        },
+                    )
+                )
                 for args, kwargs in cases:
                     expected = ids(stock.list(*args, **kwargs))
                     assert ids(saver.list(*args, **kwargs)) == expected, (args, kwargs)
@@ -107,7 +124,9 @@ def test_list_answers_at_most_the_cap_and_the_client_pages_through_everything(tm
 
                 async def alist_all() -> list[tuple[list[str], list[str]]]:
                     async_counting = AsyncCounting()
-                    async with RemoteReducingSaver(service.url, async_transport=async_counting) as async_saver:
+                    async with RemoteReducingSaver(
+                        service.url, async_transport=async_counting
+                    ) as async_saver:
                         results = []
                         for args, kwargs in cases:
                             got = [item async for item in async_saver.alist(*args, **kwargs)]
@@ -129,4 +148,3 @@ def test_a_service_that_does_not_say_its_cap_gets_the_request_as_asked():
     list(saver.list(config()))
     list(saver.list(config(), limit=5000))
     assert [body["limit"] for body in service.bodies("/checkpoints/list")] == [None, 5000]
-

@@ -10,7 +10,7 @@ import sys
 import threading
 import uuid
 from collections import deque
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from ipaddress import IPv4Address, IPv6Network
 from pathlib import Path, PurePosixPath
@@ -430,7 +430,7 @@ def test_safe_standard_values_in_messages_are_read_and_kept_byte_identical() -> 
     stores them; kept messages are written back byte for byte."""
     messages = [
         HumanMessage("hi", id="h", additional_kwargs=dict(SAFE_FIELDS)),
-        AIMessage("yo", id="a", response_metadata={"created": datetime.now(timezone.utc), "req": uuid.uuid4()}),
+        AIMessage("yo", id="a", response_metadata={"created": datetime.now(UTC), "req": uuid.uuid4()}),
         HumanMessage("again", id="h2", additional_kwargs={"nested": {"list": [date(2020, 1, 1)]}}),
     ]
     codec = SafeMessagesCodec()
@@ -473,7 +473,7 @@ def test_near_misses_of_the_safe_types_are_refused(ext: ormsgpack.Ext, module: s
 def test_safe_values_outside_a_message_are_refused() -> None:
     """They are accepted inside messages only: a messages list holding a bare datetime is not one."""
     with pytest.raises(UnsafeMessagesError) as caught:
-        SafeMessagesCodec().decode(dumps([datetime.now(timezone.utc)]))
+        SafeMessagesCodec().decode(dumps([datetime.now(UTC)]))
     assert (caught.value.code, caught.value.name, caught.value.path) == (3, "datetime", "messages[0]")
 
 

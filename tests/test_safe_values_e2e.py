@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time as clock
 import uuid
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -33,7 +33,7 @@ def extras(turn: int) -> dict[str, Any]:
     return {
         "when": WHEN + timedelta(days=turn),
         "day": date(2026, 1, 1) + timedelta(days=turn),
-        "at": time(1, 2, 3, tzinfo=timezone.utc),
+        "at": time(1, 2, 3, tzinfo=UTC),
         "took": timedelta(seconds=turn, microseconds=5),
         "request": uuid.UUID(int=turn),
         "cost": Decimal(f"0.{turn}0"),
@@ -46,7 +46,10 @@ def graph_and_originals(saver: Any) -> tuple[Any, dict[str, Any]]:
     def chat(state: MessagesState) -> dict[str, Any]:
         turn = sum(1 for key in originals if key.startswith("ai-"))
         answer = AIMessage(
-            f"answer {turn}", id=f"ai-{turn}", additional_kwargs=extras(turn), response_metadata=extras(turn + 1)
+            f"answer {turn}",
+            id=f"ai-{turn}",
+            additional_kwargs=extras(turn),
+            response_metadata=extras(turn + 1),
         )
         originals[answer.id] = answer
         return {"messages": [answer]}

@@ -93,8 +93,12 @@ def test_a_float_beyond_64_bits_reads_back_as_a_stock_postgres_saver_reads_it(
 
         # Metadata the client itself puts with such an int (LangGraph hands put whatever it holds).
         with RemoteReducingSaver(service.url, body_format=body_format, max_retries=0) as saver:
-            put = saver.put({"configurable": {"thread_id": "m", "checkpoint_ns": ""}}, empty_checkpoint(),
-                            {"big": [-(10**25)], "small": 1}, {})
+            put = saver.put(
+                {"configurable": {"thread_id": "m", "checkpoint_ns": ""}},
+                empty_checkpoint(),
+                {"big": [-(10**25)], "small": 1},
+                {},
+            )
             assert saver.get_tuple(put).metadata == {"big": [-(10**25)], "small": 1}
         with PostgresSaver.from_conn_string(service_db) as stock:
             assert stock.get_tuple(put).metadata == {"big": [-(10**25)], "small": 1}
@@ -131,7 +135,11 @@ def _put_body(values: dict[str, Any]) -> dict[str, Any]:
 def test_values_under_the_service_s_own_types_are_refused_naming_the_field(msgpack, tmp_path, fresh_pg):
     structure = ormsgpack.packb({"a": 1})
     with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", "--no-extract") as service:
-        put = _post(service.url + PUT_PATH, _put_body({"x": _typed("reducing-saver/msgpack", structure, msgpack)}), msgpack)
+        put = _post(
+            service.url + PUT_PATH,
+            _put_body({"x": _typed("reducing-saver/msgpack", structure, msgpack)}),
+            msgpack,
+        )
         assert put.status_code == 422, put.text
         assert "values.x.type" in put.text and "reducing-saver/msgpack" in put.text
 
@@ -174,7 +182,16 @@ def counter(checkpointer: Any) -> Any:
 def test_a_list_failing_midway_leaves_every_saver_usable(tmp_path, fresh_pg):
     keys = {"acme": "acme-key-0123456789abcdef", "globex": "globex-key-0123456789abcdef"}
     env = {"REDUCING_SAVER_API_KEYS": ",".join(f"{tenant}={key}" for tenant, key in keys.items())}
-    args = ("--database", fresh_pg, "--pool-size", "2", "--db-timeout-seconds", "2", "--no-sweep", "--no-extract")
+    args = (
+        "--database",
+        fresh_pg,
+        "--pool-size",
+        "2",
+        "--db-timeout-seconds",
+        "2",
+        "--no-sweep",
+        "--no-extract",
+    )
     with run_service(tmp_path, *args, env=env) as service:
         for tenant, threads in (("acme", ("bad", "good")), ("globex", ("other",))):
             with RemoteReducingSaver(service.url, api_key=keys[tenant]) as saver:
@@ -184,9 +201,12 @@ def test_a_list_failing_midway_leaves_every_saver_usable(tmp_path, fresh_pg):
         # A row no client could have written: an object where the service stored an int. The list of
         # this thread fails on it mid-way (newer checkpoints convert first).
         with psycopg.connect(fresh_pg, autocommit=True) as conn:
-            ids = [row[0] for row in conn.execute(
-                "SELECT checkpoint_id FROM checkpoints WHERE thread_id = 'acme:bad' ORDER BY checkpoint_id DESC"
-            )]
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE thread_id = 'acme:bad' ORDER BY checkpoint_id DESC"
+                )
+            ]
             conn.execute(
                 "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_values,value}', "
                 "'{\"not\": \"an int\"}') WHERE thread_id = 'acme:bad' AND checkpoint_id = %s",
@@ -197,7 +217,9 @@ def test_a_list_failing_midway_leaves_every_saver_usable(tmp_path, fresh_pg):
         globex = {"Authorization": f"Bearer {keys['globex']}"}
         with httpx.Client(base_url=service.url, timeout=10) as http:
             for _ in range(6):  # three times the savers there are
-                failed = http.post(LIST_PATH, json={"config": {"configurable": {"thread_id": "bad"}}}, headers=acme)
+                failed = http.post(
+                    LIST_PATH, json={"config": {"configurable": {"thread_id": "bad"}}}, headers=acme
+                )
                 assert failed.status_code == 500
                 assert "values.value" in failed.json()["detail"] and "dict" in failed.json()["detail"]
             calls = [
@@ -262,18 +284,25 @@ def test_an_answer_that_cannot_be_encoded_fails_that_call_only(body_format, monk
     from reducing_saver.service.config import Settings
 
     app = create_app(Settings(database="memory://", sweep=False, extract=False))
-    with TestClient(app) as http:
-        with RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0,
-                                 body_format=body_format) as saver:
-            counter(saver).invoke({"value": 1}, {"configurable": {"thread_id": "t"}})
-            monkeypatch.setattr(ops, "_wire_metadata", lambda metadata: {**metadata, "raw": BIG})
-            for call in (lambda: saver.get_tuple({"configurable": {"thread_id": "t"}}),
-                         lambda: list(saver.list({"configurable": {"thread_id": "t"}}))):
-                with pytest.raises(ReducingSaverError) as caught:
-                    call()
-                assert caught.value.status_code == 500 and "cannot travel" in str(caught.value)
-            monkeypatch.undo()
-            assert saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"] == {"value": 2}
+    with (
+        TestClient(app) as http,
+        RemoteReducingSaver(
+            "http://testserver", transport=http._transport, max_retries=0, body_format=body_format
+        ) as saver,
+    ):
+        counter(saver).invoke({"value": 1}, {"configurable": {"thread_id": "t"}})
+        monkeypatch.setattr(ops, "_wire_metadata", lambda metadata: {**metadata, "raw": BIG})
+        for call in (
+            lambda: saver.get_tuple({"configurable": {"thread_id": "t"}}),
+            lambda: list(saver.list({"configurable": {"thread_id": "t"}})),
+        ):
+            with pytest.raises(ReducingSaverError) as caught:
+                call()
+            assert caught.value.status_code == 500 and "cannot travel" in str(caught.value)
+        monkeypatch.undo()
+        assert saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"] == {
+            "value": 2
+        }
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "memory"])
@@ -288,16 +317,23 @@ def test_big_ints_travel_on_the_other_backends(backend, body_format, tmp_path):
 
     database = f"sqlite:///{tmp_path / 'service.sqlite'}" if backend == "sqlite" else "memory://"
     app = create_app(Settings(database=database, sweep=False, extract=False))
-    with TestClient(app) as http:
-        with RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0,
-                                 body_format=body_format) as saver:
-            checkpoint = empty_checkpoint()
-            checkpoint["channel_values"] = {"score": BIG, "small": 1}
-            checkpoint["channel_versions"] = {"score": "1", "small": "1"}
-            config = saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, checkpoint,
-                               {"big": [-(10**25)], "n": 1}, {"score": "1", "small": "1"})
-            saver.put_writes(config, [("score", -BIG)], "task")
-            for item in (saver.get_tuple(config), next(saver.list(None, filter={"n": 1}))):
-                assert item.checkpoint["channel_values"] == {"score": BIG, "small": 1}
-                assert item.metadata == {"big": [-(10**25)], "n": 1}
-                assert item.pending_writes == [("task", "score", -BIG)]
+    with (
+        TestClient(app) as http,
+        RemoteReducingSaver(
+            "http://testserver", transport=http._transport, max_retries=0, body_format=body_format
+        ) as saver,
+    ):
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"score": BIG, "small": 1}
+        checkpoint["channel_versions"] = {"score": "1", "small": "1"}
+        config = saver.put(
+            {"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+            checkpoint,
+            {"big": [-(10**25)], "n": 1},
+            {"score": "1", "small": "1"},
+        )
+        saver.put_writes(config, [("score", -BIG)], "task")
+        for item in (saver.get_tuple(config), next(saver.list(None, filter={"n": 1}))):
+            assert item.checkpoint["channel_values"] == {"score": BIG, "small": 1}
+            assert item.metadata == {"big": [-(10**25)], "n": 1}
+            assert item.pending_writes == [("task", "score", -BIG)]

@@ -8,8 +8,8 @@ Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoi
 Channel values and pending-write values travel as the client's serde output, so the service never
 needs to understand them:
 
-* a channel value that is ``None``, ``bool``, ``int``, ``float`` or ``str`` travels inline
-  (PostgresSaver keeps exactly those inline in its checkpoint row);
+* a channel value that is ``None``, ``bool``, an ``int`` within 64 bits, a finite ``float`` or a
+  ``str`` travels inline (PostgresSaver keeps exactly those inline in its checkpoint row);
 * every other value travels as ``{"type": <serde type>, "data": <the serde bytes>}``: in JSON the bytes
   are base64, in msgpack they are a ``bin`` of their own (no base64 to encode, decode or validate);
 * an ``int`` beyond 64 bits, which neither JSON (orjson) nor msgpack can write, travels as the typed
@@ -140,7 +140,8 @@ def int_from_wire(blob: Blob, field: str) -> int:
         shown = bytes(data[:40]).decode("ascii", "replace")
         raise WireError(
             f"{field}.data",
-            f"{shown!r} is not an integer in decimal digits (type {INT_TYPE!r}, at most {MAX_INT_DIGITS} digits)",
+            f"{shown!r} is not an integer in decimal digits "
+            f"(type {INT_TYPE!r}, at most {MAX_INT_DIGITS} digits)",
         )
     return -int(digits) if negative else int(digits)
 

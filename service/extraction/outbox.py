@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from collections import deque
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Protocol, TypeAlias
 
