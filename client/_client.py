@@ -50,6 +50,9 @@ from reducing_saver.wire import (
     channel_value_from_wire,
     checkpoint_fields,
     config_to_wire,
+    int_to_wire,
+    ints_from_wire,
+    ints_to_wire,
     is_inline,
     json_default,
     msgpack_default,
@@ -113,6 +116,9 @@ class _ServerInfo:
     version: str
     #: Content types the per-step routes accept (a service older than msgpack bodies: JSON only).
     body_formats: frozenset[str]
+    #: The most checkpoints one list answer holds; ``None`` from a service that does not say (one that
+    #: answers a list without a limit in full).
+    max_list_limit: int | None
 
 
 def _parse_server_info(body: Any) -> _ServerInfo:
@@ -128,7 +134,13 @@ def _parse_server_info(body: Any) -> _ServerInfo:
         reducer=RemoteReducer(**{f.name: reducer[f.name] for f in fields(RemoteReducer)}),
         version=body["version"],
         body_formats=frozenset(body.get("body_formats") or (JSON,)),
+        max_list_limit=_list_page_size(body.get("limits")),
     )
+
+
+def _list_page_size(limits: Any) -> int | None:
+    cap = limits.get("max_list_limit") if isinstance(limits, Mapping) else None
+    return cap if type(cap) is int and cap > 0 else None
 
 
 # -- calls: everything about a request except sending it ------------------------------------------
@@ -167,6 +179,11 @@ def _post(
 
 def _capabilities_call() -> _Call[_ServerInfo]:
     return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
+
+
+def _stored_inline(value: Any) -> bool:
+    """What PostgresSaver keeps inline in every checkpoint row: None, str, int (of any size), float, bool."""
+    return is_inline(value) or type(value) is int
 
 
 def _parse_put(body: Any) -> RunnableConfig:
@@ -513,6 +530,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         messages_key: The channel the service reduces.
         capabilities: The optional capabilities of this instance's class.
         server_version: The service's version.
+        max_list_limit: The most checkpoints the service answers to one list request (``list`` pages
+            past it), or ``None`` for a service that does not say.
         body_format: The per-step calls' content type: ``"application/msgpack"`` or ``"application/json"``.
 
     Raises:
@@ -527,6 +546,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     backend: str
     messages_key: str
     server_version: str
+    max_list_limit: int | None
     _http: _Http
 
     # The class of the instance depends on the service's answer, so construction happens here.
@@ -625,6 +645,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         self.backend = info.backend
         self.messages_key = info.messages_key
         self.server_version = info.version
+        self.max_list_limit = info.max_list_limit
         wanted = BODY_FORMAT_NAMES[body_format]
         self.body_format = wanted if wanted in info.body_formats else JSON
         self._msgpack = self.body_format == MSGPACK
@@ -681,9 +702,13 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         return config_to_wire(config, namespace_key=self.reducer.namespace_key)
 
     def _encode_value(self, value: Any) -> Any:
-        return value if is_inline(value) else Blob(*self.serde.dumps_typed(value))
+        if is_inline(value):
+            return value
+        # An int beyond 64 bits has a wire form of its own (the serde's msgpack cannot write one).
+        return int_to_wire(value) or Blob(*self.serde.dumps_typed(value))
 
     def _decode_value(self, value: Any, field: str) -> Any:
+        # channel_value_from_wire turns the wire form of a big int into the int, without the serde.
         decoded = channel_value_from_wire(value, field)
         return self.serde.loads_typed((decoded.type, decoded.data)) if isinstance(decoded, Blob) else decoded
 
@@ -704,7 +729,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         return CheckpointTuple(
             config=wire["config"],
             checkpoint=checkpoint,  # type: ignore[arg-type]
-            metadata=wire["metadata"],
+            metadata=ints_from_wire(wire["metadata"], "metadata"),
             parent_config=wire.get("parent_config"),
             pending_writes=self._decode_writes(wire.get("pending_writes") or [], "pending_writes"),
         )
@@ -737,6 +762,36 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         }
         return _post("/checkpoints/list", body, self._parse_list)
 
+    def _list_page(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        remaining: int | None,
+    ) -> tuple[_Call[list[CheckpointTuple]], int | None]:
+        """The call for the next page of a list, and the page's size (``None``: the answer is all there is).
+
+        A page holds at most the service's ``max_list_limit`` checkpoints; ``remaining`` is what is left
+        of the caller's ``limit`` (``None``: no limit). A service that does not say its cap gets the
+        caller's request as it is.
+        """
+        cap = self.max_list_limit
+        if cap is None:
+            return self._list_call(config, filter, before, remaining), None
+        size = cap if remaining is None else min(cap, remaining)
+        return self._list_call(config, filter, before, size), size
+
+    @staticmethod
+    def _next_page(
+        page: list[CheckpointTuple], size: int | None, remaining: int | None
+    ) -> tuple[bool, int | None, RunnableConfig | None]:
+        """``(more, remaining, before)`` after ``page``: the next page starts below its last checkpoint."""
+        if remaining is not None:
+            remaining -= len(page)
+        if size is None or len(page) < size or not page or (remaining is not None and remaining <= 0):
+            return False, remaining, None
+        return True, remaining, page[-1].config
+
     def _put_call(
         self,
         config: RunnableConfig,
@@ -750,13 +805,13 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             values = {
                 channel: value
                 for channel, value in values.items()
-                if channel in new_versions or (keep_inline and is_inline(value))
+                if channel in new_versions or (keep_inline and _stored_inline(value))
             }
         body = {
             "config": self._config(config),
             "checkpoint": checkpoint_fields(checkpoint),
             "values": {channel: self._encode_value(value) for channel, value in values.items()},
-            "metadata": metadata,
+            "metadata": ints_to_wire(metadata),
             "new_versions": new_versions,
         }
         return _post("/checkpoints/put", body, _parse_put, msgpack=self._msgpack)
@@ -766,7 +821,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     ) -> _Call[None]:
         body = {
             "config": self._config(config),
-            "writes": [[channel, Blob(*self.serde.dumps_typed(value))] for channel, value in writes],
+            "writes": [
+                [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))]
+                for channel, value in writes
+            ],
             "task_id": task_id,
             "task_path": task_path,
         }
@@ -796,12 +854,24 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Yield matching checkpoints, newest first (one request, made at the first ``next``).
+        """Yield matching checkpoints, newest first.
+
+        The service answers at most ``max_list_limit`` checkpoints a request (``GET /v1/capabilities``),
+        so a list without ``limit``, or with a larger one, is fetched in pages, each starting below the
+        last checkpoint of the one before (``before``); every page is requested when the one before it
+        has been consumed.
 
         Raises:
             ReducingSaverError: A subclass naming what failed.
         """
-        yield from self._http.send(self._list_call(config, filter, before, limit))
+        remaining = limit
+        while True:
+            call, size = self._list_page(config, filter, before, remaining)
+            page = self._http.send(call)
+            yield from page
+            more, remaining, before = self._next_page(page, size, remaining)
+            if not more:
+                return
 
     def put(
         self,
@@ -850,9 +920,16 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """Async ``list``."""
-        for item in await self._http.asend(self._list_call(config, filter, before, limit)):
-            yield item
+        """Async ``list`` (in pages, as ``list``)."""
+        remaining = limit
+        while True:
+            call, size = self._list_page(config, filter, before, remaining)
+            page = await self._http.asend(call)
+            for item in page:
+                yield item
+            more, remaining, before = self._next_page(page, size, remaining)
+            if not more:
+                return
 
     async def aput(
         self,

@@ -15,6 +15,8 @@ value, a value PostgreSQL refuses
 ``NotImplementedError``
 :class:`Unavailable`, no connection or      503     names the database as the cause
 saver in time, the database unreachable
+:class:`Untransportable`: a stored value    500     names the field and why it cannot travel
+with no wire form
 anything else                               500     "internal server error" (logged)
 =========================================  ======  ===============================================
 """
@@ -63,6 +65,12 @@ class Conflict(ServiceError):
     """The request conflicts with what is stored."""
 
     status = 409
+
+
+class Untransportable(ServiceError):
+    """A stored value the wire cannot carry: this call fails, naming the field; nothing else is affected."""
+
+    status = 500
 
 
 class Unavailable(ServiceError):

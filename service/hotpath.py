@@ -84,12 +84,17 @@ class HotPath:
                 answer = (500, "internal server error")
             await send_error(send, *answer)
             return
-        if payload is None:
-            content_type, body_bytes = _JSON, b""
-        elif msgpack:
-            content_type, body_bytes = _MSGPACK, ormsgpack.packb(payload, default=msgpack_default)
-        else:
-            content_type, body_bytes = _JSON, orjson.dumps(payload, default=json_default)
+        try:
+            if payload is None:
+                content_type, body_bytes = _JSON, b""
+            elif msgpack:
+                content_type, body_bytes = _MSGPACK, ormsgpack.packb(payload, default=msgpack_default)
+            else:
+                content_type, body_bytes = _JSON, orjson.dumps(payload, default=json_default)
+        except TypeError as exc:  # the operations give every value a wire form; this call fails alone
+            logger.exception("answer cannot be encoded")
+            await send_error(send, 500, f"the answer holds a value that cannot travel ({exc})")
+            return
         headers = [(b"content-type", content_type), (b"content-length", str(len(body_bytes)).encode())]
         await send({"type": "http.response.start", "status": ok, "headers": headers})
         await send({"type": "http.response.body", "body": body_bytes})

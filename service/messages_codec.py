@@ -8,7 +8,12 @@ bytes with it runs whatever the bytes name. ``SafeMessagesCodec`` decodes with i
 
 * code 5 naming an allowed class becomes an ``EncodedMessage`` (the ``model_dump()`` dict plus the raw,
   untouched extension payload, which is what gets written back);
-* every other extension code, and code 5 naming any other class, anywhere in the value (nested message
+* inside a message (its ``additional_kwargs`` or ``response_metadata``, say), the standard types
+  LangGraph's strict msgpack mode decodes (``SAFE_VALUE_TYPES``: datetime, date, time, timedelta,
+  timezone, UUID, Decimal, set, frozenset, deque, the ipaddress classes, pathlib paths) become those
+  values, built from this module's own table with the exact extension code and arguments JsonPlus
+  writes for them; the message's raw payload is still what gets written back, so it stays byte-identical;
+* every other extension, and code 5 naming any other class, anywhere in the value (nested message
   fields included) raises ``UnsafeMessagesError``;
 * a DeltaChannel snapshot (code 7 as the whole value) and values it cannot read come back as ``None``:
   stored as the client sent them, not reduced.
@@ -19,9 +24,15 @@ because msgpack always uses the smallest header for a length.
 
 from __future__ import annotations
 
+import collections
+import datetime as dt
+import decimal
+import ipaddress
 import logging
+import pathlib
 import threading
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ormsgpack
@@ -47,6 +58,8 @@ from reducing_saver.wire import Blob
 __all__ = [
     "DEFAULT_MESSAGE_CLASSES",
     "MAX_NESTED_MESSAGES",
+    "MAX_NESTED_VALUES",
+    "SAFE_VALUE_TYPES",
     "EncodedMessage",
     "SafeMessagesCodec",
     "UnsafeMessagesError",
@@ -95,6 +108,93 @@ _MESSAGE_CLASSES: dict[tuple[str, str], type[BaseMessage]] = {
 
 #: The LangChain message classes every codec accepts, as ``(module, class name)`` pairs of the payloads.
 DEFAULT_MESSAGE_CLASSES: frozenset[tuple[str, str]] = frozenset(_MESSAGE_CLASSES)
+
+
+def _args(build: Callable[..., Any]) -> Callable[[Any], Any]:
+    """A builder taking the payload's argument list as positional arguments (codes 1)."""
+
+    def run(arg: Any) -> Any:
+        if type(arg) is not list:
+            raise TypeError("positional arguments must be an array")
+        return build(*arg)
+
+    return run
+
+
+def _kwargs(build: Callable[..., Any]) -> Callable[[Any], Any]:
+    """A builder taking the payload's argument map as keyword arguments (code 2)."""
+
+    def run(arg: Any) -> Any:
+        if type(arg) is not dict or not all(type(key) is str for key in arg):
+            raise TypeError("keyword arguments must be a map of strings")
+        return build(**arg)
+
+    return run
+
+
+def _one(build: Callable[[Any], Any], *types: type) -> Callable[[Any], Any]:
+    """A builder taking the payload's single argument (codes 0 and 3), of one of ``types``."""
+
+    def run(arg: Any) -> Any:
+        if type(arg) not in types:
+            raise TypeError(f"the argument must be a {' or '.join(t.__name__ for t in types)}")
+        return build(arg)
+
+    return run
+
+
+def _ip(cls: Callable[[str], Any]) -> Callable[[Any], Any]:
+    return _one(cls, str)
+
+
+def _collection(build: Callable[[list], Any]) -> Callable[[Any], Any]:
+    """A set, frozenset or deque of the payload's array; a set whose items msgpack turned into
+    unhashable arrays (a set of tuples) stays the array: the value only has to be read, never written."""
+
+    def run(arg: Any) -> Any:
+        if type(arg) is not list:
+            raise TypeError("the argument must be an array")
+        try:
+            return build(arg)
+        except TypeError:
+            return arg
+
+    return run
+
+
+# (extension code, module, class name[, method]) as JsonPlus writes these values, mapped to how this
+# module builds them: never by importing or looking up what the payload names. The keys are those of
+# langgraph.checkpoint.serde._msgpack.SAFE_MSGPACK_TYPES that have a fixed, harmless constructor
+# (``re.compile`` and ``zoneinfo.ZoneInfo``, which compile patterns or read files, stay refused).
+_SAFE_VALUES: dict[tuple[Any, ...], Callable[[Any], Any]] = {
+    (3, "datetime", "datetime", "fromisoformat"): _one(dt.datetime.fromisoformat, str),
+    (1, "datetime", "date"): _args(dt.date),
+    (2, "datetime", "time"): _kwargs(dt.time),
+    (1, "datetime", "timedelta"): _args(dt.timedelta),
+    (1, "datetime", "timezone"): _args(dt.timezone),
+    (0, "uuid", "UUID"): _one(uuid.UUID, str),
+    (0, "decimal", "Decimal"): _one(decimal.Decimal, str),
+    (0, "builtins", "set"): _collection(set),
+    (0, "builtins", "frozenset"): _collection(frozenset),
+    (0, "collections", "deque"): _collection(collections.deque),
+    (0, "ipaddress", "IPv4Address"): _ip(ipaddress.IPv4Address),
+    (0, "ipaddress", "IPv4Interface"): _ip(ipaddress.IPv4Interface),
+    (0, "ipaddress", "IPv4Network"): _ip(ipaddress.IPv4Network),
+    (0, "ipaddress", "IPv6Address"): _ip(ipaddress.IPv6Address),
+    (0, "ipaddress", "IPv6Interface"): _ip(ipaddress.IPv6Interface),
+    (0, "ipaddress", "IPv6Network"): _ip(ipaddress.IPv6Network),
+    # Read as pure paths: nothing touches the file system. (Python 3.13 names the module pathlib._local.)
+    (1, "pathlib", "Path"): _args(pathlib.PurePosixPath),
+    (1, "pathlib", "PosixPath"): _args(pathlib.PurePosixPath),
+    (1, "pathlib._local", "Path"): _args(pathlib.PurePosixPath),
+    (1, "pathlib._local", "PosixPath"): _args(pathlib.PurePosixPath),
+}
+
+#: The standard types accepted inside messages, as ``(module, class name)`` of the payloads.
+SAFE_VALUE_TYPES: frozenset[tuple[str, str]] = frozenset((key[1], key[2]) for key in _SAFE_VALUES)
+
+#: How deep standard values may nest in one another (a time's timezone's timedelta is 3).
+MAX_NESTED_VALUES = 4
 
 _ALLOW_HINT = "allow more with REDUCING_SAVER_ALLOWED_MESSAGE_CLASSES=module:Class"
 
@@ -316,18 +416,22 @@ class _Decoder:
     pass can find where the first pass stopped.
     """
 
-    __slots__ = ("allowed", "depth", "mark", "refusal", "unreadable")
+    __slots__ = ("allowed", "depth", "mark", "refusal", "unreadable", "value_depth")
 
     def __init__(self, allowed: frozenset[tuple[str, str]], mark: bool = False) -> None:
         self.allowed = allowed
         self.mark = mark
         self.depth = 0
+        self.value_depth = 0
         self.refusal: _Refusal | None = None
         self.unreadable: str | None = None
 
     def hook(self, code: int, data: bytes) -> Any:
         if code != EXT_PYDANTIC_V2:
-            return self._refuse(_describe(code, data))
+            refusal = _describe(code, data)
+            if self.depth > 0 and (build := _safe_builder(code, refusal, data)) is not None:
+                return self._safe_value(code, data, refusal, build)
+            return self._refuse(refusal)
         if self.depth > MAX_NESTED_MESSAGES:
             if self.mark:
                 return None
@@ -353,6 +457,24 @@ class _Decoder:
         module, name = _names(tup)
         return self._refuse(_Refusal(code, module, name, detail="malformed payload" if module else ""))
 
+    def _safe_value(self, code: int, data: bytes, refusal: _Refusal, build: Callable[[Any], Any]) -> Any:
+        """A standard value inside a message, built from the module's table; nested extensions go
+        through this hook too. A malformed one is refused like an unknown extension."""
+        if self.value_depth >= MAX_NESTED_VALUES:
+            return self._refuse(_Refusal(code, refusal.module, refusal.name, detail="nested too deep"))
+        self.value_depth += 1
+        try:
+            tup = ormsgpack.unpackb(data, ext_hook=self.hook, option=ormsgpack.OPT_NON_STR_KEYS)
+        finally:
+            self.value_depth -= 1
+        if self.mark and _holds_marker(tup[2]):  # locating a refusal inside: the walk must reach it
+            return tup[2]
+        try:
+            return build(tup[2])
+        except (TypeError, ValueError, OverflowError, ArithmeticError) as exc:  # what JsonPlus never writes
+            detail = f"malformed payload: {type(exc).__name__}: {str(exc)[:100]}"
+            return self._refuse(_Refusal(code, refusal.module, refusal.name, detail=detail))
+
     def _refuse(self, refusal: _Refusal) -> Any:
         if self.mark:
             return _Marker(refusal)
@@ -375,6 +497,43 @@ def _describe(code: int, data: bytes) -> _Refusal:
         method = _item(tup, 3)
         detail = f"method {method}" if isinstance(method, str) else ""
     return _Refusal(code, module, name, detail)
+
+
+def _holds_marker(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is _Marker:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _safe_builder(code: int, refusal: _Refusal, data: bytes) -> Callable[[Any], Any] | None:
+    """The table's builder for a standard value, when the extension is exactly one JsonPlus writes."""
+    if refusal.module is None or refusal.name is None:
+        return None
+    key: tuple[Any, ...] = (code, refusal.module, refusal.name)
+    if code == 3:  # method calls: the method is part of what must match
+        try:
+            tup = ormsgpack.unpackb(data, ext_hook=_ignore, option=ormsgpack.OPT_NON_STR_KEYS)
+        except ValueError:  # not msgpack (ormsgpack's decode error is a ValueError)
+            return None
+        if type(tup) is not list or len(tup) != 4:
+            return None
+        key = (*key, tup[3])
+    elif code in (0, 1, 2):
+        try:
+            tup = ormsgpack.unpackb(data, ext_hook=_ignore, option=ormsgpack.OPT_NON_STR_KEYS)
+        except ValueError:  # not msgpack (ormsgpack's decode error is a ValueError)
+            return None
+        if type(tup) is not list or len(tup) != 3:
+            return None
+    return _SAFE_VALUES.get(key)
 
 
 def _names(tup: Any) -> tuple[str | None, str | None]:

@@ -12,17 +12,32 @@ from __future__ import annotations
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
-from reducing_saver.service.errors import BadRequest, Conflict, Unavailable
-from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
+from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
-from reducing_saver.wire import BODY_FORMATS, Blob, WireError, base64_from_wire, is_inline
+from reducing_saver.wire import (
+    INT_TYPE,
+    RESERVED_TYPE_PREFIX,
+    BODY_FORMATS,
+    Blob,
+    WireError,
+    base64_from_wire,
+    int_from_wire,
+    int_to_wire,
+    ints_from_wire,
+    ints_to_wire,
+    is_inline,
+    is_reserved_type,
+    json_default,
+)
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -30,22 +45,65 @@ if TYPE_CHECKING:
 # -- wire conversion ------------------------------------------------------------------------------
 
 
-def _wire_value(value: Any) -> Any:
-    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder."""
+def _wire_value(value: Any, field: str) -> Any:
+    """A stored value as it travels: a primitive inline, a :class:`Blob` left for the body's encoder, an
+    int beyond 64 bits (PostgreSQL's JSONB reads a state float such as 1e20 back as one) in its typed form.
+
+    Raises:
+        Untransportable: Naming ``field``, for a value no client could decode (nothing the service
+            stores today; rows written to the database by other means).
+    """
     if isinstance(value, Blob) or is_inline(value):
         return value
-    raise TypeError(f"stored value of type {type(value).__name__} cannot travel")
+    try:
+        wire = int_to_wire(value)
+    except WireError as exc:
+        raise Untransportable(f"{field}: {exc.message}") from None
+    if wire is None:
+        raise Untransportable(
+            f"{field}: the stored value is a {type(value).__name__}, which has no wire form (was the row "
+            "written by something other than the service or a stock saver?)"
+        )
+    return wire
 
 
-def _from_wire(value: Any, field: str) -> Any:
-    if isinstance(value, schemas.TypedValue):
+def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
+    """A request's value for the saver: a :class:`Blob`, or a primitive.
+
+    ``inline_ints``: an int in its typed wire form becomes the int itself (PostgresSaver's channel values,
+    which it keeps inline like a stock PostgresSaver); otherwise it stays a blob, stored verbatim.
+
+    Raises:
+        BadRequest: Naming ``field``, for bad base64, a malformed int, or a serde type reserved for the
+            service's own storage (a client value under that type would be decoded as the service's
+            structure when read back).
+    """
+    if not isinstance(value, schemas.TypedValue):
+        return value
+    if is_reserved_type(value.type):
+        raise BadRequest(
+            f"{field}.type: {value.type!r} is reserved for the service's own storage; "
+            f"serde types starting with {RESERVED_TYPE_PREFIX!r} other than {INT_TYPE!r} are refused"
+        )
+    try:
         if isinstance(value.data, bytes):  # a msgpack body's bin
-            return Blob(value.type, value.data)
-        try:
-            return Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
-        except WireError as exc:
-            raise BadRequest(str(exc)) from None
-    return value
+            blob = Blob(value.type, value.data)
+        else:
+            blob = Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
+        if blob.type == INT_TYPE:
+            number = int_from_wire(blob, field)
+            return number if inline_ints else blob
+    except WireError as exc:
+        raise BadRequest(str(exc)) from None
+    return blob
+
+
+def _wire_metadata(metadata: Any) -> Any:
+    """Stored metadata as it travels: JSONB reads a float such as 1e20 back as an int beyond 64 bits."""
+    try:
+        return ints_to_wire(metadata)
+    except WireError as exc:
+        raise Untransportable(f"metadata: {exc.message}") from None
 
 
 def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
@@ -54,16 +112,25 @@ def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
     return {
         "config": item.config,
         "checkpoint": checkpoint,
-        "values": {channel: _wire_value(value) for channel, value in values.items()},
-        "metadata": item.metadata,
+        "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
+        "metadata": _wire_metadata(item.metadata),
         "parent_config": item.parent_config,
         "pending_writes": [
-            [task_id, channel, _wire_value(value)] for task_id, channel, value in item.pending_writes or ()
+            [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
+            for index, (task_id, channel, value) in enumerate(item.pending_writes or ())
         ],
     }
 
 
-def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> RunnableConfig:
+def _run_config(
+    config: schemas.RunConfig, *, need_thread: bool = True, default_ns: str | None = ""
+) -> RunnableConfig:
+    """A request's run config for the saver.
+
+    ``default_ns`` fills a missing ``checkpoint_ns``: ``""`` (the root graph) for calls naming one
+    checkpoint; ``None`` for lists, where a config without a namespace means every namespace of the
+    thread, as it does to the stock savers.
+    """
     configurable = dict(config.configurable)
     thread_id = configurable.get("thread_id")
     if need_thread and (thread_id is None or thread_id == ""):
@@ -72,7 +139,8 @@ def _run_config(config: schemas.RunConfig, *, need_thread: bool = True) -> Runna
         configurable["thread_id"] = str(thread_id)
     checkpoint_ns = configurable.get("checkpoint_ns")
     if checkpoint_ns is None:
-        configurable["checkpoint_ns"] = ""
+        if default_ns is not None:
+            configurable["checkpoint_ns"] = default_ns
     elif not isinstance(checkpoint_ns, str):
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
     run_config: RunnableConfig = {"configurable": configurable}
@@ -116,7 +184,11 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
-    values = {channel: _from_wire(value, f"values.{channel}") for channel, value in body.values.items()}
+    inline_ints = service.backend_kind == "postgres"
+    values = {
+        channel: _from_wire(value, f"values.{channel}", inline_ints=inline_ints)
+        for channel, value in body.values.items()
+    }
     writes_messages = messages_key in body.new_versions
     if writes_messages:
         # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
@@ -140,7 +212,15 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             raise BadRequest(str(exc)) from None
     checkpoint = body.checkpoint.model_dump()
     checkpoint["channel_values"] = values
-    next_config = saver.put(config, checkpoint, body.metadata, body.new_versions)
+    try:
+        metadata = ints_from_wire(body.metadata, "metadata")
+    except WireError as exc:
+        raise BadRequest(str(exc)) from None
+    if not inline_ints and metadata is not body.metadata:
+        # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
+        # cannot, so they store the typed form as its JSON object, which the client turns into the int.
+        metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
+    next_config = saver.put(config, checkpoint, metadata, body.new_versions)
     return {"config": scope.config_out(next_config)}
 
 
@@ -163,12 +243,15 @@ def list_checkpoints(
 ) -> dict[str, Any]:
     scope = _scope(service)
     # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
-    config = _run_config(body.config) if body.config else None
-    before = _run_config(body.before, need_thread=False) if body.before else None
+    config = _run_config(body.config, default_ns=None) if body.config else None
+    before = _run_config(body.before, need_thread=False, default_ns=None) if body.before else None
     if config is not None:
         config = scope.config_in(config, service.settings.namespace_key)
+    # No limit means one page of max_list_limit, never everything: a client wanting more pages on with
+    # ``before`` (RemoteReducingSaver does; /v1/capabilities tells it the page size).
+    limit = service.settings.max_list_limit if body.limit is None else body.limit
     found = security.list_checkpoints(
-        saver, scope, config, filter=body.filter, before=before, limit=body.limit
+        saver, scope, config, filter=body.filter, before=before, limit=limit
     )
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
@@ -218,9 +301,14 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
     history = saver.get_delta_channel_history(config=config, channels=body.channels)
     channels = {}
     for channel, entry in history.items():
-        out: dict[str, Any] = {"writes": [[task_id, ch, _wire_value(value)] for task_id, ch, value in entry["writes"]]}
+        out: dict[str, Any] = {
+            "writes": [
+                [task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]")]
+                for index, (task_id, ch, value) in enumerate(entry["writes"])
+            ]
+        }
         if "seed" in entry:
-            out["seed"] = _wire_value(entry["seed"])
+            out["seed"] = _wire_value(entry["seed"], f"channels.{channel}.seed")
         channels[channel] = out
     return {"channels": channels}
 
@@ -247,6 +335,7 @@ def capabilities(service: Service) -> dict[str, Any]:
         },
         "version": __version__,
         "body_formats": list(BODY_FORMATS),
+        "limits": {"max_list_limit": service.settings.max_list_limit},
     }
 
 

@@ -2,7 +2,8 @@
 
 Channel and write values are ``WireValue``s: an inline JSON primitive, or ``{"type", "data"}`` with
 ``data`` the client serde's bytes (base64 in JSON; a bin in the msgpack bodies the per-step routes also
-take). The service stores them verbatim.
+take). The service stores them verbatim; an integer beyond 64 bits travels as the typed value
+``reducing-saver/int`` (see ``reducing_saver.wire``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ class TypedValue(BaseModel):
     """A value in its serde's form."""
 
     model_config = ConfigDict(extra="forbid")
-    type: StrictStr = Field(description="The serde type, e.g. 'msgpack'.")
+    type: StrictStr = Field(
+        description="The serde type, e.g. 'msgpack'. 'reducing-saver/int' carries an integer beyond 64 bits "
+        "(its data: the decimal digits, ASCII, with an optional '-'); other types starting with "
+        "'reducing-saver/' are the service's own and refused."
+    )
     data: StrictStr | StrictBytes = Field(
         description="The serde bytes: base64 text in a JSON body, a bin in an application/msgpack body."
     )
@@ -123,7 +128,11 @@ class GetCheckpointRequest(Strict):
 
 
 class ListCheckpointsRequest(Strict):
-    config: RunConfig | None = Field(None, description="Thread (and namespace) to list; null lists all threads.")
+    config: RunConfig | None = Field(
+        None,
+        description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
+        "(subgraphs included, as the stock savers do); null lists all threads.",
+    )
     filter: dict[str, Any] | None = Field(None, description="Metadata containment filter (types kept).")
     before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
     limit: (
@@ -133,7 +142,11 @@ class ListCheckpointsRequest(Strict):
             AfterValidator(_refusing(security.check_limit)),
         ]
         | None
-    ) = Field(None, description="At most this many checkpoints (at most max_list_limit).")
+    ) = Field(
+        None,
+        description="At most this many checkpoints (at most max_list_limit); null means max_list_limit. "
+        "More pages: the next request's before is the last checkpoint's config.",
+    )
 
 
 class PutCheckpointRequest(Strict):
@@ -225,6 +238,13 @@ class ReducerOut(BaseModel):
     namespace_key: str
 
 
+class LimitsOut(BaseModel):
+    max_list_limit: int = Field(
+        description="The most checkpoints one checkpoints/list answer holds (its limit's maximum and "
+        "default)."
+    )
+
+
 class CapabilitiesResponse(BaseModel):
     capabilities: list[str] = Field(description="Optional saver capabilities the backend has.")
     backend: Literal["postgres", "sqlite", "memory"]
@@ -235,6 +255,7 @@ class CapabilitiesResponse(BaseModel):
         description="Content types of the per-step routes' bodies (checkpoints/get, checkpoints/put, "
         "writes/put); their answers come in the request's type."
     )
+    limits: LimitsOut
 
 
 class ErrorResponse(BaseModel):

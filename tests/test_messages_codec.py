@@ -9,8 +9,11 @@ import subprocess
 import sys
 import threading
 import uuid
-from datetime import datetime, timezone
-from pathlib import Path
+from collections import deque
+from datetime import UTC, date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from ipaddress import IPv4Address, IPv6Network
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import ormsgpack
@@ -405,20 +408,73 @@ def test_a_whole_value_that_is_a_calling_extension_is_refused() -> None:
     assert caught.value.path == "messages"
 
 
-def test_uuid_and_datetime_fields_are_refused_like_any_other_extension() -> None:
-    """JsonPlus writes a UUID as code 0 (uuid.UUID) and a datetime as code 3 (datetime.fromisoformat).
+SAFE_FIELDS = {
+    "when": datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=timezone(timedelta(hours=2))),
+    "day": date(2026, 1, 2),
+    "at": time(1, 2, 3, 4, tzinfo=timezone(timedelta(hours=-5), "EST")),
+    "naive": time(5, 6),
+    "span": timedelta(days=1, seconds=2, microseconds=3),
+    "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    "price": Decimal("12.3400"),
+    "tags": {"a"},
+    "frozen": frozenset({1}),
+    "queue": deque([1, 2]),
+    "ip": IPv4Address("10.0.0.1"),
+    "net": IPv6Network("2001:db8::/64"),
+    "path": Path("/a/b"),
+}
 
-    The service accepts no extension but messages, so a message carrying one is refused, not decoded.
-    """
-    for value, code, name in ((uuid.uuid4(), 0, "UUID"), (datetime.now(timezone.utc), 3, "datetime")):
-        blob = dumps([HumanMessage("hi", additional_kwargs={"when": value})])
-        with pytest.raises(UnsafeMessagesError) as caught:
-            SafeMessagesCodec().decode(blob)
-        assert (caught.value.code, caught.value.name, caught.value.path) == (
-            code,
-            name,
-            "messages[0].additional_kwargs.when",
-        )
+
+def test_safe_standard_values_in_messages_are_read_and_kept_byte_identical() -> None:
+    """The standard types LangGraph's strict msgpack mode decodes travel inside messages, as a stock saver
+    stores them; kept messages are written back byte for byte."""
+    messages = [
+        HumanMessage("hi", id="h", additional_kwargs=dict(SAFE_FIELDS)),
+        AIMessage("yo", id="a", response_metadata={"created": datetime.now(UTC), "req": uuid.uuid4()}),
+        HumanMessage("again", id="h2", additional_kwargs={"nested": {"list": [date(2020, 1, 1)]}}),
+    ]
+    codec = SafeMessagesCodec()
+    blob = dumps(messages)
+    decoded = codec.decode(blob)
+    assert decoded is not None and [m["id"] for m in decoded] == ["h", "a", "h2"]
+    expected = {**SAFE_FIELDS, "path": PurePosixPath("/a/b")}  # read as a pure path: no file system
+    assert decoded[0]["additional_kwargs"] == expected
+    assert decoded[1]["response_metadata"] == messages[1].response_metadata
+    for kept in (decoded[:1], decoded[1:], [decoded[0], decoded[2]]):
+        ids = [m["id"] for m in kept]
+        assert codec.encode(kept, blob).data == dumps([m for m in messages if m.id in ids]).data
+    assert to_message(decoded[0]).additional_kwargs == expected
+
+
+def _ext(code: int, payload: tuple) -> ormsgpack.Ext:
+    return ormsgpack.Ext(code, ormsgpack.packb(payload))
+
+
+@pytest.mark.parametrize(
+    ("ext", "module", "name"),
+    [
+        (_ext(3, ("datetime", "datetime", "2026-01-01", "strptime")), "datetime", "datetime"),  # another method
+        (_ext(0, ("datetime", "datetime", "2026-01-01")), "datetime", "datetime"),  # another code
+        (_ext(0, ("uuid", "UUID", 5)), "uuid", "UUID"),  # an argument JsonPlus never writes
+        (_ext(1, ("datetime", "timedelta", [10**15])), "datetime", "timedelta"),  # out of range
+        (_ext(0, ("zoneinfo", "ZoneInfo", "Europe/Paris")), "zoneinfo", "ZoneInfo"),  # reads files
+        (_ext(1, ("re", "compile", ["a+", 0])), "re", "compile"),  # compiles patterns
+        (_ext(0, ("decimal", "Decimal", "1", "extra")), "decimal", "Decimal"),  # not the shape JsonPlus writes
+        (_ext(0, ("builtins", "set", [_ext(0, ("os", "system", "true"))])), "os", "system"),  # hostile inside
+    ],
+)
+def test_near_misses_of_the_safe_types_are_refused(ext: ormsgpack.Ext, module: str, name: str) -> None:
+    with pytest.raises(UnsafeMessagesError) as caught:
+        SafeMessagesCodec().decode(pack_list(human_with(ext, key="when")))
+    assert (caught.value.module, caught.value.name) == (module, name)
+    assert caught.value.path.startswith("messages[0]")
+
+
+def test_safe_values_outside_a_message_are_refused() -> None:
+    """They are accepted inside messages only: a messages list holding a bare datetime is not one."""
+    with pytest.raises(UnsafeMessagesError) as caught:
+        SafeMessagesCodec().decode(dumps([datetime.now(UTC)]))
+    assert (caught.value.code, caught.value.name, caught.value.path) == (3, "datetime", "messages[0]")
 
 
 def test_the_payloads_are_real_the_stock_decoder_runs_them(tmp_path: Path) -> None:

@@ -8,12 +8,22 @@ Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoi
 Channel values and pending-write values travel as the client's serde output, so the service never
 needs to understand them:
 
-* a channel value that is ``None``, ``bool``, ``int``, ``float`` or ``str`` travels inline
-  (PostgresSaver keeps exactly those inline in its checkpoint row);
+* a channel value that is ``None``, ``bool``, an ``int`` within 64 bits, a finite ``float`` or a
+  ``str`` travels inline (PostgresSaver keeps exactly those inline in its checkpoint row);
 * every other value travels as ``{"type": <serde type>, "data": <the serde bytes>}``: in JSON the bytes
-  are base64, in msgpack they are a ``bin`` of their own (no base64 to encode, decode or validate).
+  are base64, in msgpack they are a ``bin`` of their own (no base64 to encode, decode or validate);
+* an ``int`` beyond 64 bits, which neither JSON (orjson) nor msgpack can write, travels as the typed
+  value ``{"type": "reducing-saver/int", "data": <its decimal digits, ASCII>}``. PostgresSaver keeps
+  ints inline in its JSONB, and JSONB keeps numbers exact, so a state float such as ``1e20`` reads back
+  as the int 100000000000000000000: with this form it reaches the client as that int, as a stock
+  PostgresSaver returns it. Both sides turn it into an ``int`` without any serde.
 
-Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
+the others name the service's own storage formats, and the service refuses them from a client.
+
+Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
+form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
+on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -48,6 +58,13 @@ _ID_KEYS = ("thread_id", "checkpoint_ns", "checkpoint_id")
 JSON_INLINE_TYPES = (str, bool, int, float)
 #: The largest int JSON carries exactly (orjson refuses bigger ones).
 _INT64 = (-(2**63), 2**64 - 1)
+#: Serde types a client may not use for its own values: the service's (see the module docstring).
+RESERVED_TYPE_PREFIX = "reducing-saver/"
+#: The typed-value form of an int beyond 64 bits: its decimal digits.
+INT_TYPE = RESERVED_TYPE_PREFIX + "int"
+#: The most digits an int on the wire may have: Python's own limit for ``int(str)`` and ``str(int)``.
+MAX_INT_DIGITS = 4300
+_DIGITS = frozenset(b"0123456789")
 
 
 class Blob:
@@ -96,6 +113,79 @@ def is_inline(value: Any) -> bool:
 # -- values ---------------------------------------------------------------------------------------
 
 
+def int_to_wire(value: Any) -> Blob | None:
+    """The typed form (``INT_TYPE``) of an int beyond 64 bits; ``None`` for any other value.
+
+    Raises:
+        WireError: If the int has more than ``MAX_INT_DIGITS`` digits (Python cannot write it as text).
+    """
+    if type(value) is not int or _INT64[0] <= value <= _INT64[1]:
+        return None
+    try:
+        return Blob(INT_TYPE, str(value).encode("ascii"))
+    except ValueError:  # int_max_str_digits
+        raise WireError("value", f"an int of more than {MAX_INT_DIGITS} digits cannot travel") from None
+
+
+def int_from_wire(blob: Blob, field: str) -> int:
+    """The int an ``INT_TYPE`` blob carries: ASCII decimal digits, optionally after a ``-``.
+
+    Raises:
+        WireError: Naming ``field``, if the data is not such digits.
+    """
+    data = bytes(blob.data)
+    negative = data[:1] == b"-"
+    digits = data[1:] if negative else data
+    if not digits or len(digits) > MAX_INT_DIGITS or not _DIGITS.issuperset(digits):
+        shown = bytes(data[:40]).decode("ascii", "replace")
+        raise WireError(
+            f"{field}.data",
+            f"{shown!r} is not an integer in decimal digits "
+            f"(type {INT_TYPE!r}, at most {MAX_INT_DIGITS} digits)",
+        )
+    return -int(digits) if negative else int(digits)
+
+
+def ints_to_wire(value: Any) -> Any:
+    """A JSON-like structure (checkpoint metadata) with every int beyond 64 bits in its typed form.
+
+    Returns ``value`` itself when it holds none, so the common case copies nothing.
+    """
+    if type(value) is int:
+        return int_to_wire(value) or value
+    if type(value) is dict:
+        converted = {key: ints_to_wire(item) for key, item in value.items()}
+        return value if all(converted[key] is item for key, item in value.items()) else converted
+    if type(value) is list:
+        items = [ints_to_wire(item) for item in value]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
+
+
+def ints_from_wire(value: Any, field: str) -> Any:
+    """A JSON-like structure with every typed int (``{"type": INT_TYPE, "data": ...}``) turned into the int.
+
+    Returns ``value`` itself when it holds none.
+
+    Raises:
+        WireError: Naming where, for a typed int whose data is not decimal digits.
+    """
+    if type(value) is dict:
+        if value.get("type") == INT_TYPE and value.keys() == {"type", "data"}:
+            return int_from_wire(blob_from_wire(value, field), field)
+        converted = {key: ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
+        return value if all(converted[key] is item for key, item in value.items()) else converted
+    if type(value) is list:
+        items = [ints_from_wire(item, f"{field}[{index}]") for index, item in enumerate(value)]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
+
+
+def is_reserved_type(type_: str) -> bool:
+    """True for serde types a client may not give its own values (the service's storage formats)."""
+    return type_.startswith(RESERVED_TYPE_PREFIX) and type_ != INT_TYPE
+
+
 def blob_to_wire(type_: str, data: bytes) -> dict[str, str]:
     """A blob in a JSON body: ``{"type", "data": base64}``."""
     return {"type": type_, "data": base64.b64encode(data).decode("ascii")}
@@ -142,10 +232,12 @@ def base64_from_wire(data: str, field: str) -> bytes:
 
 
 def channel_value_from_wire(value: Any, field: str) -> Any:
-    """An inline JSON primitive stays as it is; anything else must be a typed blob."""
+    """An inline JSON primitive stays as it is, an ``INT_TYPE`` value becomes its int; anything else
+    must be a typed blob."""
     if is_inline(value):
         return value
-    return blob_from_wire(value, field)
+    blob = blob_from_wire(value, field)
+    return int_from_wire(blob, field) if blob.type == INT_TYPE else blob
 
 
 # -- configs --------------------------------------------------------------------------------------
@@ -199,10 +291,13 @@ __all__ = [
     "API_PREFIX",
     "CAPABILITIES_PATH",
     "GET_PATH",
+    "INT_TYPE",
     "LIST_PATH",
+    "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",
     "PUT_PATH",
+    "RESERVED_TYPE_PREFIX",
     "WRITES_PATH",
     "BODY_FORMATS",
     "JSON",
@@ -216,7 +311,12 @@ __all__ = [
     "checkpoint_config",
     "checkpoint_fields",
     "config_to_wire",
+    "int_from_wire",
+    "int_to_wire",
+    "ints_from_wire",
+    "ints_to_wire",
     "is_inline",
+    "is_reserved_type",
     "json_default",
     "msgpack_default",
     "saver_capabilities",

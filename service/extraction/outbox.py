@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Protocol, TypeAlias
 
 import orjson
@@ -128,7 +129,8 @@ def make_entries(
 
 
 def json_clean(value: Mapping[str, Any]) -> dict[str, Any]:
-    """``value`` as plain JSON data (bytes become base64 text, unknown objects their ``str``)."""
+    """``value`` as plain JSON data: bytes become base64 text, dates and times ISO 8601 text, durations
+    seconds, sets lists, other objects (UUID, Decimal, addresses, paths) their ``str``."""
     try:
         return orjson.loads(orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS))
     except orjson.JSONEncodeError:  # integers beyond 64 bits, say: the slower encoder copes
@@ -136,10 +138,16 @@ def json_clean(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _json_default(obj: Any) -> Any:
+    # The standard values a message may carry (messages_codec.SAFE_VALUE_TYPES) get their usual JSON
+    # forms; orjson writes most of them itself, the standard encoder (the fallback) none.
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(obj)).decode("ascii")
-    if isinstance(obj, (set, frozenset)):
+    if isinstance(obj, (set, frozenset, deque)):
         return list(obj)
+    if isinstance(obj, (date, time)):  # datetime is a date
+        return obj.isoformat()
+    if isinstance(obj, timedelta):
+        return obj.total_seconds()
     if hasattr(obj, "model_dump"):
         return obj.model_dump()
     return str(obj)

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from reducing_saver.service import schemas
+from reducing_saver.service.errors import Untransportable
 from reducing_saver.service.state import Service
 from reducing_saver.wire import MSGPACK, json_default
 
@@ -23,7 +24,10 @@ class ORJSONResponse(JSONResponse):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, default=json_default)
+        try:
+            return orjson.dumps(content, default=json_default)
+        except TypeError as exc:  # the operations give every value a wire form; this call fails alone
+            raise Untransportable(f"the answer holds a value that cannot travel ({exc})") from exc
 
 
 async def _service(request: Request) -> Service:

@@ -130,14 +130,18 @@ def list_checkpoints(
     the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and ``LIMIT``); the others' ordered results
     are filtered here, stopping after ``limit``. ``before`` and ``filter`` mean what they mean to the saver.
     """
+    # Every saver generator is closed explicitly when this one is: PostgresSaver.list holds the saver's
+    # lock until its generator ends, and a consumer that fails mid-list must not leave it held.
     if scope.tenant is None or config is not None:
-        yield from saver.list(config, filter=filter, before=before, limit=limit)
+        with closing(saver.list(config, filter=filter, before=before, limit=limit)) as items:
+            yield from items
         return
     if getattr(saver.inner, "lists_by_thread_prefix", False):
         prefixed = {"configurable": {THREAD_PREFIX_KEY: scope.prefix}}
-        for item in saver.list(prefixed, filter=filter, before=before, limit=limit):
-            if scope.owns(item.config["configurable"]["thread_id"]):
-                yield item
+        with closing(saver.list(prefixed, filter=filter, before=before, limit=limit)) as items:
+            for item in items:
+                if scope.owns(item.config["configurable"]["thread_id"]):
+                    yield item
         return
     with closing(saver.list(None, filter=filter, before=before, limit=None)) as items:
         own = (item for item in items if scope.owns(item.config["configurable"]["thread_id"]))

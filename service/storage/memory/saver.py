@@ -45,7 +45,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
 
     Constructed exactly like InMemorySaver. Every method runs under one re-entrant lock (``lock``), so
     the lifecycle methods, which compute all their changes before applying any, are atomic to every
-    other call. ``list`` collects its results under the lock and yields them after.
+    other call. ``list`` collects its results under the lock and yields them after, newest first across
+    threads and namespaces.
     """
 
     def __init__(self, *, serde: Any = None, factory: type[defaultdict] = defaultdict) -> None:
@@ -67,8 +68,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         with self.lock:
-            items = [*super().list(config, filter=filter, before=before, limit=limit)]
-        yield from items
+            items = [*super().list(config, filter=filter, before=before)]
+        # InMemorySaver orders by checkpoint id within each thread and namespace only; newest first across
+        # them all (as PostgreSQL and SQLite answer) is what lets a client page on with ``before``.
+        items.sort(key=lambda item: item.config["configurable"]["checkpoint_id"], reverse=True)
+        yield from items if limit is None else items[: max(limit, 0)]
 
     def put(
         self,
