@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -233,6 +234,32 @@ async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
+#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 refuses anything else
+#: at send time with an error that quotes the value.
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+
+
+def _clean_api_key(api_key: str | None) -> str | None:
+    """The API key to send: the argument, else ``REDUCING_SAVER_API_KEY``, without surrounding whitespace.
+
+    A key read from a secret file usually ends with a newline, which is not part of the key; it is
+    stripped. A key that still holds a character no header may carry is refused here, naming where it
+    came from but never the key (h11 would refuse it on the first request, quoting it).
+    """
+    source = "api_key"
+    if api_key is None:
+        api_key, source = os.environ.get(API_KEY_ENV), API_KEY_ENV
+    if api_key is None:
+        return None
+    api_key = api_key.strip()
+    if api_key and not _HEADER_VALUE.fullmatch(api_key):
+        raise ValueError(
+            f"{source} holds a character an HTTP header cannot carry (a control character, an inner line "
+            "break or a non-ASCII character); the key is not shown"
+        )
+    return api_key
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -270,7 +297,7 @@ class _Http:
             "Content-Type": JSON,
             **(headers or {}),
         }
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
         self._base = parsed
@@ -449,6 +476,13 @@ class _Http:
                 f"{where}: the service closed the connection while receiving a {len(call.body)}-byte body; "
                 "the likely cause is a body over the service's request size limit (413)"
             )
+        if isinstance(exc, httpx.LocalProtocolError):
+            # Not an outage: this side built a request HTTP cannot carry. h11's text quotes the offending
+            # header value, which may be a credential, so it stays out of the message.
+            return ReducingSaverError(
+                f"{where}: the request to {self.url} is not valid HTTP ({type(exc).__name__}; a header "
+                "value holds a character HTTP forbids; values are not shown)"
+            )
         return ServerUnavailableError(
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
@@ -487,7 +521,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     Args:
         url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
         api_key: Sent as ``Authorization: Bearer <api_key>``; defaults to the ``REDUCING_SAVER_API_KEY``
-            environment variable. Never shown in ``repr`` or in error messages.
+            environment variable. Surrounding whitespace (a secret file's trailing newline) is stripped;
+            a key holding any other character a header cannot carry raises ``ValueError`` naming the
+            parameter or variable. Never shown in ``repr`` or in error messages.
         timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
         serde: Serializer for channel and write values, e.g. an ``EncryptedSerializer`` (the service then
             stores bytes it cannot read, and cannot reduce them). Defaults to ``JsonPlusSerializer``.
@@ -512,7 +548,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         body_format: The per-step calls' content type: ``"application/msgpack"`` or ``"application/json"``.
 
     Raises:
-        ValueError: If ``url`` is not an http(s) URL or an option is out of range.
+        ValueError: If ``url`` is not an http(s) URL, an option is out of range, or the API key holds a
+            character a header cannot carry.
         ReducingSaverError: If the capabilities request fails (a subclass names the reason).
     """
 

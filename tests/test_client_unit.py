@@ -991,3 +991,49 @@ async def test_conformance_through_a_loopback_to_in_memory_saver() -> None:
     failures = {name: result.failures for name, result in report.results.items() if result.failures}
     assert report.passed_all_base(), failures
     assert report.passed_all(), failures
+
+
+@pytest.mark.parametrize("key", ["s3cret-key\n", "  s3cret-key\r\n", "\ts3cret-key "])
+def test_api_key_surrounding_whitespace_is_stripped(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+    service = FakeService()
+    make_saver(service, api_key=key)
+    assert service.requests[0].headers["Authorization"] == "Bearer s3cret-key"
+    monkeypatch.setenv("REDUCING_SAVER_API_KEY", key)  # as a secret file's content reaches the environment
+    service = FakeService()
+    make_saver(service)
+    assert service.requests[0].headers["Authorization"] == "Bearer s3cret-key"
+
+
+@pytest.mark.parametrize(("source", "env"), [("api_key", False), ("REDUCING_SAVER_API_KEY", True)])
+def test_api_key_with_an_inner_line_break_is_refused_without_showing_it(
+    source: str, env: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+    service = FakeService()
+    options: dict[str, Any] = {}
+    if env:
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "s3cret\nkey")
+    else:
+        options["api_key"] = "s3cret\nkey"
+    with pytest.raises(ValueError, match=source) as info:
+        make_saver(service, **options)
+    assert "s3cret" not in str(info.value)
+    assert not service.requests
+
+
+def test_a_header_http_cannot_carry_is_no_outage_and_never_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real transport (h11) refuses the value; MockTransport would not. A closed-over listening socket
+    # that never answers is enough: h11 refuses before anything is read.
+    import socket
+
+    monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(ReducingSaverError) as info:
+            RemoteReducingSaver(url, headers={"X-Token": "s3cret\n"}, max_retries=0, timeout=2)
+    assert not isinstance(info.value, ServerUnavailableError)
+    assert "s3cret" not in str(info.value)
+    assert "not valid HTTP" in str(info.value)
