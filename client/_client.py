@@ -71,6 +71,10 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 #: answers an oversized body before reading it and closes the connection, which the client sees as a reset.
 LARGE_BODY = 1024 * 1024
 MAX_BACKOFF = 10.0
+#: How long the constructor keeps asking a service that cannot be reached (a replica restarting, a
+#: service started after its agents), and the longest pause between its attempts.
+DEFAULT_STARTUP_TIMEOUT = 30.0
+MAX_STARTUP_BACKOFF = 2.0
 #: Keep-alive connections per saver (sync and async each).
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
@@ -435,6 +439,44 @@ class _Http:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    def send_at_startup(self, call: _Call[T], budget: float) -> T:
+        """``call``, retried while the service cannot be reached or answers 502/503/504, for ``budget`` s.
+
+        Unlike :meth:`send`, the number of attempts is bounded by time, not ``max_retries``: a service
+        that is restarting or not started yet comes up within seconds to a minute. A refused connect or
+        one that timed out sent nothing, so it is always safe to try again.
+
+        Raises:
+            ServerUnavailableError: If the budget is spent, naming the URL, the budget and the last error.
+        """
+        started = time.monotonic()
+        for attempt in itertools.count(1):
+            try:
+                answer = self._exchange(call)
+            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:  # a read timeout, a request HTTP cannot carry: final
+                raise self._transport_error(call, exc) from exc
+            else:
+                if answer.status not in RETRY_STATUSES:
+                    return _finish(call, answer)
+                reason = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}"
+            elapsed = time.monotonic() - started
+            remaining = budget - elapsed
+            if remaining <= 0:
+                raise ServerUnavailableError(
+                    f"{call.method} {call.path}: the service at {self.url} could not be reached within "
+                    f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
+                )
+            delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
+            delay *= random.uniform(0.8, 1.0)
+            logger.warning(
+                "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
+                *(call.method, call.path, reason, self.url, delay, remaining, budget),
+            )
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
     def _retry_delay(self, call: _Call[Any], attempt: int, outcome: _Answer | Exception) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final."""
         if not call.idempotent or attempt >= self.max_retries:
@@ -509,7 +551,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
 
     The service keeps every stored checkpoint's messages channel to a bounded window; this client only
     (de)serializes with its ``serde`` and talks HTTP. The constructor asks the service for its
-    capabilities (one blocking request) and returns an instance of the class variant that has exactly
+    capabilities (blocking; for up to ``startup_timeout`` seconds while the service is down) and returns an instance of the class variant that has exactly
     the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
     ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
 
@@ -538,6 +580,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
             sends them as JSON with base64 values, as every other call is. A service that does not
             offer msgpack is spoken to in JSON.
+        startup_timeout: How long, in seconds, the constructor keeps asking for the service's
+            capabilities while it cannot be reached or answers 502/503/504 (a replica restarting, an
+            agent started before its service), pausing ``backoff`` doubled per attempt, at most 2 s.
+            ``0``: one attempt. Default 30.
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
@@ -550,7 +596,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     Raises:
         ValueError: If ``url`` is not an http(s) URL, an option is out of range, or the API key holds a
             character a header cannot carry.
-        ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+        ServerUnavailableError: If the service could not be reached within ``startup_timeout``; the
+            message names the URL and how long the constructor tried.
+        ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -576,9 +624,12 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     ) -> Self:
         if body_format not in BODY_FORMAT_NAMES:
             raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+        if not startup_timeout >= 0:
+            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
         http = _Http(
             url,
             api_key=api_key,
@@ -590,7 +641,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             async_transport=async_transport,
         )
         try:
-            info = http.send(_capabilities_call())
+            info = http.send_at_startup(_capabilities_call(), startup_timeout)
         except BaseException:
             http.close()
             raise

@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -1037,3 +1038,28 @@ def test_a_header_http_cannot_carry_is_no_outage_and_never_quoted(monkeypatch: p
     assert not isinstance(info.value, ServerUnavailableError)
     assert "s3cret" not in str(info.value)
     assert "not valid HTTP" in str(info.value)
+
+
+def test_constructor_waits_for_a_service_that_is_not_up_yet(caplog: pytest.LogCaptureFixture) -> None:
+    service = FakeService()
+    refused = raising(httpx.ConnectError("connection refused"))
+    unavailable = failing_with(503, "starting")
+    # More failures than max_retries allows: the constructor's patience is time, not a count.
+    saver = make_saver(sequence(refused, unavailable, refused, refused, refused, service), max_retries=1)
+    assert saver.backend == "postgres"
+    assert "not up yet" in caplog.text
+
+
+def test_constructor_gives_up_after_startup_timeout_naming_the_url_and_the_time() -> None:
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        make_saver(raising(httpx.ConnectError("connection refused")), startup_timeout=0.3, backoff=0.05)
+    assert time.monotonic() - started < 2
+    message = str(info.value)
+    assert URL in message and "startup_timeout=0.3 s" in message and "ConnectError" in message
+
+
+@pytest.mark.parametrize("value", [-1, float("nan")])
+def test_startup_timeout_must_be_seconds(value: float) -> None:
+    with pytest.raises(ValueError, match="startup_timeout"):
+        make_saver(FakeService(), startup_timeout=value)
