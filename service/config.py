@@ -8,7 +8,6 @@ and parses the API keys once (``api_key_set``).
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -25,7 +24,7 @@ from reducing_saver.reducer import ReducerConfig
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys
 from reducing_saver.service.security.limits import Limits as LimitSettings
-from reducing_saver.service.storage import backend_kind, sqlite_path
+from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
 from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
@@ -277,11 +276,3 @@ class Settings(
         """The database URL with any password replaced by ``***``."""
         return redact_url(self.database)
 
-
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
 
 import httpx
+import psycopg
 import pytest
 
 from reducing_saver.service.cli import SERVE_FLAGS, build_parser
@@ -64,3 +67,102 @@ def test_the_database_password_is_not_printed(tmp_path, pg_database):
         pass
     assert "s3cret-pass" not in service.output()
     assert "postgres:***@" in service.output()
+
+
+# -- what an operator sees when the service cannot start ----------------------------------------------
+
+CLOSED_PORT_DB = "postgresql://postgres@127.0.0.1:1/x"  # nothing listens on port 1
+
+
+def _timed(*args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=90, cwd=cwd, check=False)
+    return result, time.monotonic() - started
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    """The command's whole complaint: exactly one line on stderr, no traceback, no false "listening"."""
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "listening" not in output, output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("reducing-saver: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["serve"], ["worker"], ["extraction", "status"], ["extraction", "retry-dead"], ["sweep"]],
+)
+def test_an_unreachable_database_ends_every_command_at_once_with_one_line(tmp_path, command):
+    result, seconds = _timed(*command, "--database", CLOSED_PORT_DB, cwd=tmp_path)
+    assert result.returncode == 1
+    assert seconds < 10
+    line = _one_line(result)
+    assert "cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x" in line
+    assert "Connection refused" in line
+
+
+def test_a_missing_postgres_database_is_named(tmp_path, pg_database):
+    missing = pg_database + "_missing"
+    result, seconds = _timed("serve", "--database", missing, "--port", "0", cwd=tmp_path)
+    assert result.returncode == 1 and seconds < 10
+    assert f'database "{missing.rsplit("/", 1)[1]}" does not exist' in _one_line(result)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_named_and_nothing_claims_to_listen(tmp_path, workers):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result, seconds = _timed(
+            "serve", "--database", "memory://", "--port", str(port), "--workers", workers, cwd=tmp_path
+        )
+    assert result.returncode == 1 and seconds < 10
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in _one_line(result)
+
+
+@pytest.mark.parametrize(
+    "command", [["extraction", "status"], ["extraction", "retry-dead"], ["sweep"], ["sweep", "--dry-run"]]
+)
+def test_read_only_commands_create_no_database(tmp_path, command):
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    result, _ = _timed(*command, cwd=folder)  # the default database: reducing-saver.sqlite here
+    assert result.returncode == 1
+    assert f"the SQLite database {folder}/reducing-saver.sqlite does not exist" in _one_line(result)
+    result, _ = _timed(*command, "--database", f"sqlite:///{tmp_path}/no/such/dir/x.sqlite", cwd=folder)
+    assert result.returncode == 1
+    assert "does not exist" in _one_line(result)
+    assert list(folder.iterdir()) == [] and not (tmp_path / "no").exists()
+
+
+def test_serve_creates_a_missing_sqlite_folder_and_says_so(tmp_path):
+    with run_service(tmp_path, "--database", "sqlite:///data/sub/x.sqlite", "--log-format", "text") as service:
+        pass
+    assert (tmp_path / "data" / "sub" / "x.sqlite").exists()
+    assert f"created the folder {tmp_path}/data/sub for the SQLite database x.sqlite" in service.output()
+
+
+def test_the_listening_line_comes_after_the_port_is_bound(tmp_path):
+    with run_service(tmp_path, "--database", "memory://", "--log-format", "text") as service:
+        # run_service saw /readyz answer; the line names the port it answered on.
+        assert f"listening on {service.url}" in service.output()
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+def test_a_postgres_database_that_is_not_utf8_is_refused_at_start(tmp_path, pg_database, encoding):
+    name = f"{pg_database.rsplit('/', 1)[1]}_{encoding.lower()}"
+    admin = pg_database.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    try:
+        url = pg_database.rsplit("/", 1)[0] + "/" + name
+        for command in (["serve", "--port", "0"], ["worker"], ["sweep"]):
+            result, seconds = _timed(*command, "--database", url, cwd=tmp_path)
+            assert result.returncode == 1 and seconds < 10
+            assert f"uses the encoding {encoding}; reducing-saver needs UTF8" in _one_line(result)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
