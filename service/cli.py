@@ -7,11 +7,14 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
+from importlib import metadata as importlib_metadata
+from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -80,6 +83,13 @@ logger = logging.getLogger("reducing_saver.service")
 WORKER_POOL_SIZE = 4
 
 
+def _version() -> str:
+    try:
+        return importlib_metadata.version("reducing-saver")
+    except importlib_metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0"
+
+
 def _help(field: str) -> str:
     info = Settings.model_fields[field]
     default = info.get_default(call_default_factory=True)
@@ -92,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reducing-saver",
         description="A LangGraph checkpoint service that keeps every stored checkpoint to a window of messages.",
     )
+    parser.add_argument("--version", action="version", version=f"reducing-saver {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
@@ -130,8 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
     for flag, field in flags.items():
-        if Settings.model_fields[field].annotation is bool:
+        annotation = Settings.model_fields[field].annotation
+        if annotation is bool:
             parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
+        elif get_origin(annotation) is Literal:
+            # --help lists the values, and a wrong one is refused before any setting is read.
+            parser.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
         else:
             parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
 
@@ -151,14 +166,42 @@ def load_settings(args: argparse.Namespace) -> Settings:
     return Settings(**flag_overrides(args))
 
 
+#: What pydantic puts before the text of a ValueError or AssertionError raised by a validator.
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _where(field: str) -> str:
+    """How an operator sets ``field``: its flag and variable, or the variable alone."""
+    flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
+    variable = f"{ENV_PREFIX}{field.upper()}"
+    return f"{flag} / {variable}" if flag else variable
+
+
 def _describe(error: ValidationError) -> str:
+    """One line per error, naming the flag and variable of every setting involved.
+
+    A check across settings (min_messages against max_messages) has no field of its own: the settings
+    its message names are the ones to change. The value is shown once: not when the message already
+    quotes it, never for API keys, never for a check across settings (its input is every setting).
+    """
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "settings"
-        flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
-        where = f"{flag} / {ENV_PREFIX}{field.upper()}" if flag else field
-        shown = "" if "api_keys" in field or field == "settings" else f" (got {item.get('input')!r})"
-        lines.append(f"  {where}: {item['msg']}{shown}")
+        field = ".".join(str(part) for part in item["loc"])
+        message = item["msg"]
+        for prefix in _PYDANTIC_PREFIXES:
+            message = message.removeprefix(prefix)
+        if field:
+            involved = [field]
+        else:
+            found = {name: re.search(rf"\b{name}\b", message) for name in Settings.model_fields}
+            involved = sorted((name for name, match in found.items() if match), key=lambda n: found[n].start())
+        where = ", ".join(_where(name) for name in involved) or "settings"
+        shown = ""
+        if field and "api_keys" not in field:
+            value = item.get("input")
+            if repr(value) not in message and str(value) not in message:
+                shown = f" (got {value!r})"
+        lines.append(f"  {where}: {message}{shown}")
     return "invalid settings:\n" + "\n".join(lines)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import time
@@ -31,7 +33,7 @@ def test_help_documents_every_option():
     ("args", "needle"),
     [
         (["--max-messages", "4", "--min-messages", "9"], "min_messages must be between 1 and max_messages"),
-        (["--database", "mysql://x/y"], "--database / REDUCING_SAVER_DATABASE: Value error, unsupported database URL scheme 'mysql'"),
+        (["--database", "mysql://x/y"], "--database / REDUCING_SAVER_DATABASE: unsupported database URL scheme 'mysql'"),
         (["--pool-size", "0"], "--pool-size / REDUCING_SAVER_POOL_SIZE"),
         (["--port", "http"], "--port / REDUCING_SAVER_PORT"),
         (["--on-prune", "nocolon"], "module:name"),
@@ -41,6 +43,72 @@ def test_invalid_settings_exit_2_with_a_clear_message(args, needle):
     result = _run("serve", *args)
     assert result.returncode == 2
     assert needle in result.stderr
+
+
+def test_version():
+    result = _run("--version")
+    assert result.returncode == 0
+    assert re.fullmatch(r"reducing-saver \d+\.\d+\.\d+\S*\n", result.stdout)
+
+
+@pytest.mark.parametrize(
+    ("flag", "choices"),
+    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
+)
+def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
+    assert f"{flag} {choices}" in _run("serve", "--help").stdout
+    result = _run("serve", flag, "loud")
+    assert result.returncode == 2
+    assert f"argument {flag}: invalid choice: 'loud'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--max-messages", "4", "--min-messages", "9"], {}, ["--min-messages / ", "--max-messages / "]),
+        (["--max-tokens", "10", "--target-tokens", "20"], {}, ["--target-tokens / ", "--max-tokens / "]),
+        (
+            [],
+            {"REDUCING_SAVER_EXTRACTION_BASE_BACKOFF": "5", "REDUCING_SAVER_EXTRACTION_MAX_BACKOFF": "1"},
+            ["REDUCING_SAVER_EXTRACTION_MAX_BACKOFF", "REDUCING_SAVER_EXTRACTION_BASE_BACKOFF"],
+        ),
+    ],
+)
+def test_a_check_across_settings_names_every_flag_involved(args, env, named):
+    result = _run("serve", *args, env={**_clean_env(), **env})
+    assert result.returncode == 2
+    line = result.stderr.splitlines()[1]
+    assert not line.lstrip().startswith("settings:"), line
+    for needle in named:
+        assert needle in line
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        (["--default-ttl", "3q"], "'3q'"),
+        (["--on-prune", "nocolon"], "'nocolon'"),
+        (["--database", "mysql://x/y"], "'mysql://x/y'"),
+        (["--port", "http"], "'http'"),
+    ],
+)
+def test_setting_errors_show_the_value_once_and_no_pydantic_prefix(args, value):
+    result = _run("serve", *args)
+    assert result.returncode == 2
+    assert "Value error," not in result.stderr
+    assert result.stderr.count(value) == 1, result.stderr
+
+
+def test_the_exposure_refusal_is_printed_once_with_exit_2(tmp_path):
+    result, _ = _timed("serve", "--database", "memory://", "--host", "0.0.0.0", cwd=tmp_path)
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert output.count("refusing to listen on 0.0.0.0") == 1, output
+    assert _one_line(result).startswith("reducing-saver: refusing to listen on 0.0.0.0")
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
 
 
 def test_environment_variables_are_read_and_flags_win(monkeypatch):
