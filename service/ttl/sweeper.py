@@ -127,7 +127,8 @@ class ProcessSweepFigures(BaseModel):
 
 
 class DatabaseSweepFigures(BaseModel):
-    """Every process and ``reducing-saver sweep`` run on this database, from the sweep log."""
+    """Every process and ``reducing-saver sweep`` run on this database, from the sweep log; with API keys,
+    counting only the calling tenant's threads."""
 
     threads_tracked: int = Field(description="Threads in the ledger.")
     threads_expired: int = Field(description="Threads past their TTL, waiting for a sweep.")
@@ -437,8 +438,14 @@ class Sweeper:
         self.stop(timeout)
         self.ledger.close()
 
-    def status(self, interval: float | None = None) -> dict[str, Any]:
-        """The body of ``/v1/sweeps/status`` (see :class:`SweepStatus`)."""
+    def status(self, interval: float | None = None, *, thread_prefix: str = "") -> dict[str, Any]:
+        """The body of ``/v1/sweeps/status`` (see :class:`SweepStatus`).
+
+        Args:
+            interval: The sweep interval to report (default: this sweeper's).
+            thread_prefix: Count only the threads (and sweep-log rows) whose stored id starts with it: a
+                tenant's ``"tenant:"``; ``""`` counts the whole database.
+        """
         with self._figures_lock:
             process = dict(self._figures)
         return {
@@ -447,7 +454,7 @@ class Sweeper:
             "sweep_interval_seconds": self.interval if interval is None else interval,
             "sweeping": self.running,
             "process": process,
-            "database": self.ledger.database_status(self.policy),
+            "database": self.ledger.database_status(self.policy, thread_prefix=thread_prefix),
         }
 
 
