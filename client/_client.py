@@ -301,6 +301,13 @@ class _Http:
             "Content-Type": JSON,
             **(headers or {}),
         }
+        for name, value in (headers or {}).items():
+            # Refused here, by name: at send time h11 (or aiohttp) would quote the value, maybe a secret.
+            if value and not _HEADER_VALUE.fullmatch(value):
+                raise ValueError(
+                    f"headers[{name!r}] holds a character an HTTP header cannot carry (a control character, "
+                    "a line break or a non-ASCII character); the value is not shown"
+                )
         api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
@@ -594,8 +601,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         body_format: The per-step calls' content type: ``"application/msgpack"`` or ``"application/json"``.
 
     Raises:
-        ValueError: If ``url`` is not an http(s) URL, an option is out of range, or the API key holds a
-            character a header cannot carry.
+        ValueError: If ``url`` is not an http(s) URL, an option is out of range, or the API key or a
+            value of ``headers`` holds a character a header cannot carry (named, never shown).
         ServerUnavailableError: If the service could not be reached within ``startup_timeout``; the
             message names the URL and how long the constructor tried.
         ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
