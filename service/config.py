@@ -35,8 +35,9 @@ class ServerSettings(BaseModel):
 
     database: str = Field(
         DEFAULT_DATABASE,
-        description="Where checkpoints live: postgresql://user:pass@host:port/db, sqlite:///path/to/file "
-        "(relative to the working folder) or memory:// (tests only).",
+        description="Where checkpoints live: postgresql://user:pass@host:port/db (an existing UTF8 "
+        "database), sqlite:///path/to/file (relative to the working folder; serve and worker create a "
+        "missing file and folder, other commands do not) or memory:// (tests only).",
     )
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
