@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from reducing_saver.service.cli import SERVE_FLAGS, build_parser
-from tests.support.server import CLI, run_service
+from tests.support.server import CLI, run_service, wait_ready
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -213,10 +213,26 @@ def test_serve_creates_a_missing_sqlite_folder_and_says_so(tmp_path):
     assert f"created the folder {tmp_path}/data/sub for the SQLite database x.sqlite" in service.output()
 
 
-def test_the_listening_line_comes_after_the_port_is_bound(tmp_path):
-    with run_service(tmp_path, "--database", "memory://", "--log-format", "text") as service:
-        # run_service saw /readyz answer; the line names the port it answered on.
-        assert f"listening on {service.url}" in service.output()
+def test_the_listening_line_names_the_port_actually_bound(tmp_path):
+    """With --port 0 the system picks the port: the line names that one, and the service answers there."""
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(CLI), "serve", "--database", "memory://", "--port", "0", "--log-format", "text"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:(\d+))", log.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url, port = found.group(1), int(found.group(2))
+        assert port != 0
+        wait_ready(url, process, log)
+        assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
 
 
 @pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
