@@ -339,20 +339,25 @@ def test_each_tenant_sees_only_its_own_sweep_figures(database):
         other.close()
         time.sleep(EXPIRE)
 
-        def figures(tenant: str) -> dict[str, Any]:
+        def status(tenant: str) -> dict[str, Any]:
             answer = run.http.get("/v1/sweeps/status", headers={"Authorization": f"Bearer {keys[tenant]}"})
             assert answer.status_code == 200, answer.text
-            return answer.json()["database"]
+            return answer.json()
+
+        def figures(tenant: str) -> dict[str, Any]:
+            return status(tenant)["database"]
 
         assert (figures("a_")["threads_tracked"], figures("a_")["threads_expired"]) == (2, 2)
         assert (figures("ab")["threads_tracked"], figures("ab")["threads_expired"]) == (1, 1)
         report = run.sweeper.sweep()
         assert report.threads_pruned == 3
-        mine, theirs = figures("a_"), figures("ab")
-    assert (mine["threads_pruned"], theirs["threads_pruned"]) == (2, 1)
-    assert (mine["threads_expired"], theirs["threads_expired"]) == (0, 0)
-    assert 0 < theirs["bytes_reclaimed"] < mine["bytes_reclaimed"] < report.bytes_reclaimed
-    assert mine["bytes_reclaimed"] + theirs["bytes_reclaimed"] == report.bytes_reclaimed
+        mine, theirs = status("a_"), status("ab")
+    for section in ("database", "process"):  # the sweep log's figures, and this process's
+        assert (mine[section]["threads_pruned"], theirs[section]["threads_pruned"]) == (2, 1), section
+        assert 0 < theirs[section]["bytes_reclaimed"] < mine[section]["bytes_reclaimed"] < report.bytes_reclaimed
+        assert mine[section]["bytes_reclaimed"] + theirs[section]["bytes_reclaimed"] == report.bytes_reclaimed
+    assert (mine["database"]["threads_expired"], theirs["database"]["threads_expired"]) == (0, 0)
+    assert mine["process"]["sweeps"] == theirs["process"]["sweeps"] == 1
 
 
 def test_threads_written_before_the_ledger_are_found_and_aged_by_their_checkpoint_ids(fresh_pg):
