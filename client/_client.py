@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -74,6 +75,10 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 #: answers an oversized body before reading it and closes the connection, which the client sees as a reset.
 LARGE_BODY = 1024 * 1024
 MAX_BACKOFF = 10.0
+#: How long the constructor keeps asking a service that cannot be reached (a replica restarting, a
+#: service started after its agents), and the longest pause between its attempts.
+DEFAULT_STARTUP_TIMEOUT = 30.0
+MAX_STARTUP_BACKOFF = 2.0
 #: Keep-alive connections per saver (sync and async each).
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
@@ -251,6 +256,32 @@ async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
+#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 refuses anything else
+#: at send time with an error that quotes the value.
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+
+
+def _clean_api_key(api_key: str | None) -> str | None:
+    """The API key to send: the argument, else ``REDUCING_SAVER_API_KEY``, without surrounding whitespace.
+
+    A key read from a secret file usually ends with a newline, which is not part of the key; it is
+    stripped. A key that still holds a character no header may carry is refused here, naming where it
+    came from but never the key (h11 would refuse it on the first request, quoting it).
+    """
+    source = "api_key"
+    if api_key is None:
+        api_key, source = os.environ.get(API_KEY_ENV), API_KEY_ENV
+    if api_key is None:
+        return None
+    api_key = api_key.strip()
+    if api_key and not _HEADER_VALUE.fullmatch(api_key):
+        raise ValueError(
+            f"{source} holds a character an HTTP header cannot carry (a control character, an inner line "
+            "break or a non-ASCII character); the key is not shown"
+        )
+    return api_key
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -288,7 +319,14 @@ class _Http:
             "Content-Type": JSON,
             **(headers or {}),
         }
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        for name, value in (headers or {}).items():
+            # Refused here, by name: at send time h11 (or aiohttp) would quote the value, maybe a secret.
+            if value and not _HEADER_VALUE.fullmatch(value):
+                raise ValueError(
+                    f"headers[{name!r}] holds a character an HTTP header cannot carry (a control character, "
+                    "a line break or a non-ASCII character); the value is not shown"
+                )
+        api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
         self._base = parsed
@@ -426,6 +464,44 @@ class _Http:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    def send_at_startup(self, call: _Call[T], budget: float) -> T:
+        """``call``, retried while the service cannot be reached or answers 502/503/504, for ``budget`` s.
+
+        Unlike :meth:`send`, the number of attempts is bounded by time, not ``max_retries``: a service
+        that is restarting or not started yet comes up within seconds to a minute. A refused connect or
+        one that timed out sent nothing, so it is always safe to try again.
+
+        Raises:
+            ServerUnavailableError: If the budget is spent, naming the URL, the budget and the last error.
+        """
+        started = time.monotonic()
+        for attempt in itertools.count(1):
+            try:
+                answer = self._exchange(call)
+            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:  # a read timeout, a request HTTP cannot carry: final
+                raise self._transport_error(call, exc) from exc
+            else:
+                if answer.status not in RETRY_STATUSES:
+                    return _finish(call, answer)
+                reason = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}"
+            elapsed = time.monotonic() - started
+            remaining = budget - elapsed
+            if remaining <= 0:
+                raise ServerUnavailableError(
+                    f"{call.method} {call.path}: the service at {self.url} could not be reached within "
+                    f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
+                )
+            delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
+            delay *= random.uniform(0.8, 1.0)
+            logger.warning(
+                "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
+                *(call.method, call.path, reason, self.url, delay, remaining, budget),
+            )
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
     def _retry_delay(self, call: _Call[Any], attempt: int, outcome: _Answer | Exception) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final."""
         if not call.idempotent or attempt >= self.max_retries:
@@ -467,6 +543,13 @@ class _Http:
                 f"{where}: the service closed the connection while receiving a {len(call.body)}-byte body; "
                 "the likely cause is a body over the service's request size limit (413)"
             )
+        if isinstance(exc, httpx.LocalProtocolError):
+            # Not an outage: this side built a request HTTP cannot carry. h11's text quotes the offending
+            # header value, which may be a credential, so it stays out of the message.
+            return ReducingSaverError(
+                f"{where}: the request to {self.url} is not valid HTTP ({type(exc).__name__}; a header "
+                "value holds a character HTTP forbids; values are not shown)"
+            )
         return ServerUnavailableError(
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
@@ -493,7 +576,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
 
     The service keeps every stored checkpoint's messages channel to a bounded window; this client only
     (de)serializes with its ``serde`` and talks HTTP. The constructor asks the service for its
-    capabilities (one blocking request) and returns an instance of the class variant that has exactly
+    capabilities (blocking; for up to ``startup_timeout`` seconds while the service is down) and returns an instance of the class variant that has exactly
     the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
     ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
 
@@ -505,7 +588,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     Args:
         url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
         api_key: Sent as ``Authorization: Bearer <api_key>``; defaults to the ``REDUCING_SAVER_API_KEY``
-            environment variable. Never shown in ``repr`` or in error messages.
+            environment variable. Surrounding whitespace (a secret file's trailing newline) is stripped;
+            a key holding any other character a header cannot carry raises ``ValueError`` naming the
+            parameter or variable. Never shown in ``repr`` or in error messages.
         timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
         serde: Serializer for channel and write values, e.g. an ``EncryptedSerializer`` (the service then
             stores bytes it cannot read, and cannot reduce them). Defaults to ``SafeJsonPlusSerializer``:
@@ -523,6 +608,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
             sends them as JSON with base64 values, as every other call is. A service that does not
             offer msgpack is spoken to in JSON.
+        startup_timeout: How long, in seconds, the constructor keeps asking for the service's
+            capabilities while it cannot be reached or answers 502/503/504 (a replica restarting, an
+            agent started before its service), pausing ``backoff`` doubled per attempt, at most 2 s.
+            ``0``: one attempt. Default 30.
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
@@ -535,8 +624,11 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         body_format: The per-step calls' content type: ``"application/msgpack"`` or ``"application/json"``.
 
     Raises:
-        ValueError: If ``url`` is not an http(s) URL or an option is out of range.
-        ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+        ValueError: If ``url`` is not an http(s) URL, an option is out of range, or the API key or a
+            value of ``headers`` holds a character a header cannot carry (named, never shown).
+        ServerUnavailableError: If the service could not be reached within ``startup_timeout``; the
+            message names the URL and how long the constructor tried.
+        ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -563,9 +655,12 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     ) -> Self:
         if body_format not in BODY_FORMAT_NAMES:
             raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+        if not startup_timeout >= 0:
+            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
         http = _Http(
             url,
             api_key=api_key,
@@ -577,7 +672,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             async_transport=async_transport,
         )
         try:
-            info = http.send(_capabilities_call())
+            info = http.send_at_startup(_capabilities_call(), startup_timeout)
         except BaseException:
             http.close()
             raise

@@ -15,10 +15,13 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
@@ -51,6 +54,53 @@ class ServiceApp(FastAPI):
         for cls, options in reversed(self.outer_middleware):
             app = cls(app, **options)
         return app
+
+
+#: Where the documentation pages' scripts and styles are served from: the package ``fastapi-offline``
+#: ships Swagger UI 5 and ReDoc 2 (FastAPI's pages load them from a CDN, so they stay blank offline).
+DOCS_ASSETS_URL = "/docs/assets"
+DOCS_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
+DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+
+def _docs_assets_folder() -> str:
+    import fastapi_offline
+
+    return str(Path(fastapi_offline.__file__).parent / "static")
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with every script, style and icon served by the service, and
+    nothing fetched from elsewhere: no CDN, no Google fonts, no swagger.io validator badge. With API keys
+    the pages and their assets need a key like every other route but the probes."""
+    assets = DOCS_ASSETS_URL
+    app.mount(assets, StaticFiles(directory=_docs_assets_folder()), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+            swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{assets}/redoc.standalone.js",
+            redoc_favicon_url=f"{assets}/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 async def _answer_error(request: Request, exc: Exception) -> Response:
@@ -90,13 +140,18 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         summary="LangGraph checkpoints over HTTP; every stored checkpoint keeps a bounded window of messages.",
         lifespan=lifespan,
         default_response_class=ORJSONResponse,
+        # Replaced by _add_docs: the same pages, with their assets served from the package.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = service
     public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
     limits = settings.limits
     routers = (health.router, checkpoints.router, threads.router, memory.router)
-    paths = frozenset(route.path for router in routers for route in router.routes) | frozenset(
-        ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+    paths = (
+        frozenset(route.path for router in routers for route in router.routes)
+        | frozenset(DOCS_PATHS)
+        | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)
     )
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.
@@ -114,6 +169,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         app.add_exception_handler(error, _answer_error)
     for router in routers:
         app.include_router(router)
+    _add_docs(app)
     if service.api_keys is not None:
         security.document_auth(app, public)
     return app

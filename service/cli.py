@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
+from importlib import metadata as importlib_metadata
+from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
 from reducing_saver.service.config import Settings
+from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
 
@@ -78,6 +84,13 @@ logger = logging.getLogger("reducing_saver.service")
 WORKER_POOL_SIZE = 4
 
 
+def _version() -> str:
+    try:
+        return importlib_metadata.version("reducing-saver")
+    except importlib_metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0"
+
+
 def _help(field: str) -> str:
     info = Settings.model_fields[field]
     default = info.get_default(call_default_factory=True)
@@ -90,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reducing-saver",
         description="A LangGraph checkpoint service that keeps every stored checkpoint to a window of messages.",
     )
+    parser.add_argument("--version", action="version", version=f"reducing-saver {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
@@ -128,8 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
     for flag, field in flags.items():
-        if Settings.model_fields[field].annotation is bool:
+        annotation = Settings.model_fields[field].annotation
+        if annotation is bool:
             parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
+        elif get_origin(annotation) is Literal:
+            # --help lists the values, and a wrong one is refused before any setting is read.
+            parser.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
         else:
             parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
 
@@ -149,14 +167,42 @@ def load_settings(args: argparse.Namespace) -> Settings:
     return Settings(**flag_overrides(args))
 
 
+#: What pydantic puts before the text of a ValueError or AssertionError raised by a validator.
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _where(field: str) -> str:
+    """How an operator sets ``field``: its flag and variable, or the variable alone."""
+    flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
+    variable = f"{ENV_PREFIX}{field.upper()}"
+    return f"{flag} / {variable}" if flag else variable
+
+
 def _describe(error: ValidationError) -> str:
+    """One line per error, naming the flag and variable of every setting involved.
+
+    A check across settings (min_messages against max_messages) has no field of its own: the settings
+    its message names are the ones to change. The value is shown once: not when the message already
+    quotes it, never for API keys, never for a check across settings (its input is every setting).
+    """
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "settings"
-        flag = next((f for f, name in ALL_FLAGS.items() if name == field), None)
-        where = f"{flag} / {ENV_PREFIX}{field.upper()}" if flag else field
-        shown = "" if "api_keys" in field or field == "settings" else f" (got {item.get('input')!r})"
-        lines.append(f"  {where}: {item['msg']}{shown}")
+        field = ".".join(str(part) for part in item["loc"])
+        message = item["msg"]
+        for prefix in _PYDANTIC_PREFIXES:
+            message = message.removeprefix(prefix)
+        if field:
+            involved = [field]
+        else:
+            found = {name: re.search(rf"\b{name}\b", message) for name in Settings.model_fields}
+            involved = sorted((name for name, match in found.items() if match), key=lambda n: found[n].start())
+        where = ", ".join(_where(name) for name in involved) or "settings"
+        shown = ""
+        if field and "api_keys" not in field:
+            value = item.get("input")
+            if repr(value) not in message and str(value) not in message:
+                shown = f" (got {value!r})"
+        lines.append(f"  {where}: {message}{shown}")
     return "invalid settings:\n" + "\n".join(lines)
 
 
@@ -165,9 +211,55 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+class CommandError(Exception):
+    """A command cannot run: :func:`main` prints the message as one line and exits with ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts (uvicorn's workers inherit it).
+
+    Binding here, rather than inside uvicorn, lets a port in use end the command with one line before
+    the database is opened, and the "listening" line come only once it is true.
+
+    Raises:
+        CommandError: If the address cannot be bound, naming it and the reason.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart must not wait for the previous process's connections in TIME_WAIT.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = "; another process listens there (choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _check_backend(settings: Settings) -> None:
+    """Open the backend once and close it, so a database that is unreachable, missing or not UTF-8 ends
+    ``serve`` with one line (``StorageError``) instead of a traceback from the app's start-up."""
+    from reducing_saver.service.storage import open_backend
+
+    open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds).close()
+
+
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
+    """Check the exposure, bind the port, check the database, then run uvicorn on the bound socket.
+
+    Raises:
+        CommandError: If the service may not or cannot start (exit 2 for the exposure refusal).
+        StorageError: If the database cannot be opened.
+    """
     # The commands import what they run only when they run: `--help` stays quick and light.
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     from reducing_saver.service.app import create_app
     from reducing_saver.service.observability import configure_logging
@@ -177,12 +269,17 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     configure_logging(settings)
 
     if refusal := check_exposure(settings):
-        logger.error("%s", refusal)
-        raise SystemExit(f"reducing-saver: {refusal}")
+        raise CommandError(refusal, code=2)
+    sock = _bind(settings.host, settings.port)
+    try:
+        _check_backend(settings)
+    except BaseException:
+        sock.close()
+        raise
     logger.info(
         "reducing-saver listening on http://%s:%d (backend %s: %s, %d worker(s))",
         settings.host,
-        settings.port,
+        sock.getsockname()[1],
         settings.backend,
         settings.database_for_display(),
         settings.workers,
@@ -190,8 +287,6 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_after_shutdown)
     common = {
-        "host": settings.host,
-        "port": settings.port,
         "log_level": settings.log_level,
         # Every line goes through the handler configure_logging installed; the middleware logs access.
         "log_config": None,
@@ -199,12 +294,18 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
     }
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **common)
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
+        server.run(sockets=[sock])
+        if not server.started:
+            raise CommandError("the service did not start (the log above says why)")
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment.
     os.environ[FLAGS_ENV] = json.dumps(flags)
-    uvicorn.run("reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common)
+    config = uvicorn.Config(
+        "reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common
+    )
+    Multiprocess(config, sockets=[sock]).run()
 
 
 def worker(settings: Settings) -> None:
@@ -279,14 +380,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as error:
         print(f"reducing-saver: {_describe(error)}", file=sys.stderr)
         return 2
-    if args.command == "serve":
-        serve(settings, flag_overrides(args))
-    elif args.command == "worker":
-        worker(settings)
-    elif args.command == "sweep":
-        return sweep(settings, dry_run=args.dry_run)
-    else:
-        extraction(settings, args.action)
+    try:
+        if args.command == "serve":
+            serve(settings, flag_overrides(args))
+        elif args.command == "worker":
+            worker(settings)
+        elif args.command == "sweep":
+            return sweep(settings, dry_run=args.dry_run)
+        else:
+            extraction(settings, args.action)
+    except CommandError as error:
+        print(f"reducing-saver: {error}", file=sys.stderr)
+        return error.code
+    except StorageError as error:  # unreachable, missing or unfit database: one line, no traceback
+        print(f"reducing-saver: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

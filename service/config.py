@@ -8,7 +8,6 @@ and parses the API keys once (``api_key_set``).
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -26,7 +25,7 @@ from reducing_saver.service.imports import import_callable
 from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys
 from reducing_saver.service.security.limits import Limits as LimitSettings
-from reducing_saver.service.storage import backend_kind, sqlite_path
+from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
 from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
@@ -37,8 +36,9 @@ class ServerSettings(BaseModel):
 
     database: str = Field(
         DEFAULT_DATABASE,
-        description="Where checkpoints live: postgresql://user:pass@host:port/db, sqlite:///path/to/file "
-        "(relative to the working folder) or memory:// (tests only).",
+        description="Where checkpoints live: postgresql://user:pass@host:port/db (an existing UTF8 "
+        "database), sqlite:///path/to/file (relative to the working folder; serve and worker create a "
+        "missing file and folder, other commands do not) or memory:// (tests only).",
     )
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
@@ -291,11 +291,3 @@ class Settings(
         """The database URL with any password replaced by ``***``."""
         return redact_url(self.database)
 
-
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))

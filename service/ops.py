@@ -369,4 +369,5 @@ def retry_dead(service: Service) -> dict[str, Any]:
 def sweeps_status(service: Service) -> dict[str, Any]:
     if service.sweeper is None:
         raise Unavailable("the service is starting or stopping")
-    return service.sweeper.status()
+    # A tenant sees its own threads' figures; the database-wide view is for single-tenant mode only.
+    return service.sweeper.status(thread_prefix=_scope(service).prefix)

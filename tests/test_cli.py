@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from reducing_saver.service.cli import SERVE_FLAGS, build_parser
-from tests.support.server import CLI, run_service
+from tests.support.server import CLI, run_service, wait_ready
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -29,7 +34,7 @@ def test_help_documents_every_option():
     ("args", "needle"),
     [
         (["--max-messages", "4", "--min-messages", "9"], "min_messages must be between 1 and max_messages"),
-        (["--database", "mysql://x/y"], "--database / REDUCING_SAVER_DATABASE: Value error, unsupported database URL scheme 'mysql'"),
+        (["--database", "mysql://x/y"], "--database / REDUCING_SAVER_DATABASE: unsupported database URL scheme 'mysql'"),
         (["--pool-size", "0"], "--pool-size / REDUCING_SAVER_POOL_SIZE"),
         (["--port", "http"], "--port / REDUCING_SAVER_PORT"),
         (["--on-prune", "nocolon"], "module:name"),
@@ -39,6 +44,72 @@ def test_invalid_settings_exit_2_with_a_clear_message(args, needle):
     result = _run("serve", *args)
     assert result.returncode == 2
     assert needle in result.stderr
+
+
+def test_version():
+    result = _run("--version")
+    assert result.returncode == 0
+    assert re.fullmatch(r"reducing-saver \d+\.\d+\.\d+\S*\n", result.stdout)
+
+
+@pytest.mark.parametrize(
+    ("flag", "choices"),
+    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
+)
+def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
+    assert f"{flag} {choices}" in _run("serve", "--help").stdout
+    result = _run("serve", flag, "loud")
+    assert result.returncode == 2
+    assert f"argument {flag}: invalid choice: 'loud'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--max-messages", "4", "--min-messages", "9"], {}, ["--min-messages / ", "--max-messages / "]),
+        (["--max-tokens", "10", "--target-tokens", "20"], {}, ["--target-tokens / ", "--max-tokens / "]),
+        (
+            [],
+            {"REDUCING_SAVER_EXTRACTION_BASE_BACKOFF": "5", "REDUCING_SAVER_EXTRACTION_MAX_BACKOFF": "1"},
+            ["REDUCING_SAVER_EXTRACTION_MAX_BACKOFF", "REDUCING_SAVER_EXTRACTION_BASE_BACKOFF"],
+        ),
+    ],
+)
+def test_a_check_across_settings_names_every_flag_involved(args, env, named):
+    result = _run("serve", *args, env={**_clean_env(), **env})
+    assert result.returncode == 2
+    line = result.stderr.splitlines()[1]
+    assert not line.lstrip().startswith("settings:"), line
+    for needle in named:
+        assert needle in line
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        (["--default-ttl", "3q"], "'3q'"),
+        (["--on-prune", "nocolon"], "'nocolon'"),
+        (["--database", "mysql://x/y"], "'mysql://x/y'"),
+        (["--port", "http"], "'http'"),
+    ],
+)
+def test_setting_errors_show_the_value_once_and_no_pydantic_prefix(args, value):
+    result = _run("serve", *args)
+    assert result.returncode == 2
+    assert "Value error," not in result.stderr
+    assert result.stderr.count(value) == 1, result.stderr
+
+
+def test_the_exposure_refusal_is_printed_once_with_exit_2(tmp_path):
+    result, _ = _timed("serve", "--database", "memory://", "--host", "0.0.0.0", cwd=tmp_path)
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert output.count("refusing to listen on 0.0.0.0") == 1, output
+    assert _one_line(result).startswith("reducing-saver: refusing to listen on 0.0.0.0")
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
 
 
 def test_environment_variables_are_read_and_flags_win(monkeypatch):
@@ -91,3 +162,118 @@ def test_workers_get_the_flags_but_no_setting_or_key_through_their_environment(t
             assert answer.status_code == 200
             assert answer.json()["reducer"]["max_messages"] == 7
         assert httpx.get(f"{service.url}/v1/capabilities", timeout=10).status_code == 401
+
+
+# -- what an operator sees when the service cannot start ----------------------------------------------
+
+CLOSED_PORT_DB = "postgresql://postgres@127.0.0.1:1/x"  # nothing listens on port 1
+
+
+def _timed(*args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=90, cwd=cwd, check=False)
+    return result, time.monotonic() - started
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    """The command's whole complaint: exactly one line on stderr, no traceback, no false "listening"."""
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "listening" not in output, output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("reducing-saver: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["serve"], ["worker"], ["extraction", "status"], ["extraction", "retry-dead"], ["sweep"]],
+)
+def test_an_unreachable_database_ends_every_command_at_once_with_one_line(tmp_path, command):
+    result, seconds = _timed(*command, "--database", CLOSED_PORT_DB, cwd=tmp_path)
+    assert result.returncode == 1
+    assert seconds < 10
+    line = _one_line(result)
+    assert "cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x" in line
+    assert "Connection refused" in line
+
+
+def test_a_missing_postgres_database_is_named(tmp_path, pg_database):
+    missing = pg_database + "_missing"
+    result, seconds = _timed("serve", "--database", missing, "--port", "0", cwd=tmp_path)
+    assert result.returncode == 1 and seconds < 10
+    assert f'database "{missing.rsplit("/", 1)[1]}" does not exist' in _one_line(result)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_named_and_nothing_claims_to_listen(tmp_path, workers):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result, seconds = _timed(
+            "serve", "--database", "memory://", "--port", str(port), "--workers", workers, cwd=tmp_path
+        )
+    assert result.returncode == 1 and seconds < 10
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in _one_line(result)
+
+
+@pytest.mark.parametrize(
+    "command", [["extraction", "status"], ["extraction", "retry-dead"], ["sweep"], ["sweep", "--dry-run"]]
+)
+def test_read_only_commands_create_no_database(tmp_path, command):
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    result, _ = _timed(*command, cwd=folder)  # the default database: reducing-saver.sqlite here
+    assert result.returncode == 1
+    assert f"the SQLite database {folder}/reducing-saver.sqlite does not exist" in _one_line(result)
+    result, _ = _timed(*command, "--database", f"sqlite:///{tmp_path}/no/such/dir/x.sqlite", cwd=folder)
+    assert result.returncode == 1
+    assert "does not exist" in _one_line(result)
+    assert list(folder.iterdir()) == [] and not (tmp_path / "no").exists()
+
+
+def test_serve_creates_a_missing_sqlite_folder_and_says_so(tmp_path):
+    with run_service(tmp_path, "--database", "sqlite:///data/sub/x.sqlite", "--log-format", "text") as service:
+        pass
+    assert (tmp_path / "data" / "sub" / "x.sqlite").exists()
+    assert f"created the folder {tmp_path}/data/sub for the SQLite database x.sqlite" in service.output()
+
+
+def test_the_listening_line_names_the_port_actually_bound(tmp_path):
+    """With --port 0 the system picks the port: the line names that one, and the service answers there."""
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(CLI), "serve", "--database", "memory://", "--port", "0", "--log-format", "text"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:(\d+))", log.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url, port = found.group(1), int(found.group(2))
+        assert port != 0
+        wait_ready(url, process, log)
+        assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+def test_a_postgres_database_that_is_not_utf8_is_refused_at_start(tmp_path, pg_database, encoding):
+    name = f"{pg_database.rsplit('/', 1)[1]}_{encoding.lower()}"
+    admin = pg_database.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    try:
+        url = pg_database.rsplit("/", 1)[0] + "/" + name
+        for command in (["serve", "--port", "0"], ["worker"], ["sweep"]):
+            result, seconds = _timed(*command, "--database", url, cwd=tmp_path)
+            assert result.returncode == 1 and seconds < 10
+            assert f"uses the encoding {encoding}; reducing-saver needs UTF8" in _one_line(result)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -107,3 +107,40 @@ def test_a_silent_server_times_out(api):
             else:
                 asyncio.run(saver._http.asend(call))
         saver._http.close()
+
+
+def test_the_constructor_outlasts_a_service_that_starts_later(tmp_path):
+    """An agent started before its service (or while a replica restarts) waits for it."""
+    import threading
+    import time
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    outcome: dict = {}
+
+    def construct() -> None:
+        started = time.monotonic()
+        try:
+            outcome["saver"] = RemoteReducingSaver(url)  # the default startup_timeout
+        except Exception as exc:  # reported below, with the time it took
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - started
+
+    agent = threading.Thread(target=construct)
+    agent.start()
+    time.sleep(4)  # longer than the constructor used to try
+    assert agent.is_alive(), outcome
+    with run_service(tmp_path, "--database", "memory://", port=port):
+        agent.join(timeout=60)
+        assert "error" not in outcome, outcome
+        saver = outcome["saver"]
+        assert saver.get_tuple(CONFIG) is None
+        saver.close()
+    assert outcome["seconds"] > 4
+
+
+def test_a_short_startup_timeout_fails_naming_the_url_and_the_time():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ServerUnavailableError) as info:
+        RemoteReducingSaver(url, startup_timeout=1.0)
+    assert url in str(info.value) and "startup_timeout=1 s" in str(info.value)

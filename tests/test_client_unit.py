@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -992,3 +993,75 @@ async def test_conformance_through_a_loopback_to_in_memory_saver() -> None:
     failures = {name: result.failures for name, result in report.results.items() if result.failures}
     assert report.passed_all_base(), failures
     assert report.passed_all(), failures
+
+
+@pytest.mark.parametrize("key", ["s3cret-key\n", "  s3cret-key\r\n", "\ts3cret-key "])
+def test_api_key_surrounding_whitespace_is_stripped(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+    service = FakeService()
+    make_saver(service, api_key=key)
+    assert service.requests[0].headers["Authorization"] == "Bearer s3cret-key"
+    monkeypatch.setenv("REDUCING_SAVER_API_KEY", key)  # as a secret file's content reaches the environment
+    service = FakeService()
+    make_saver(service)
+    assert service.requests[0].headers["Authorization"] == "Bearer s3cret-key"
+
+
+@pytest.mark.parametrize(("source", "env"), [("api_key", False), ("REDUCING_SAVER_API_KEY", True)])
+def test_api_key_with_an_inner_line_break_is_refused_without_showing_it(
+    source: str, env: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDUCING_SAVER_API_KEY", raising=False)
+    service = FakeService()
+    options: dict[str, Any] = {}
+    if env:
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "s3cret\nkey")
+    else:
+        options["api_key"] = "s3cret\nkey"
+    with pytest.raises(ValueError, match=source) as info:
+        make_saver(service, **options)
+    assert "s3cret" not in str(info.value)
+    assert not service.requests
+
+
+def test_a_header_value_http_cannot_carry_is_refused_by_name_without_showing_it() -> None:
+    service = FakeService()
+    with pytest.raises(ValueError, match="X-Token") as info:
+        make_saver(service, headers={"X-Token": "s3cret\n"})
+    assert "s3cret" not in str(info.value)
+    assert not service.requests
+
+
+def test_a_request_http_cannot_carry_is_no_outage_and_never_quoted() -> None:
+    # What h11 raises for a header value it refuses; the constructor's checks make it unlikely, the
+    # mapping keeps it out of messages and out of the outage class anyway.
+    saver = make_saver(FakeService())
+    exc = httpx.LocalProtocolError("Illegal header value b'Bearer s3cret\\n'")
+    error = saver._http._transport_error(reducing_saver.client._client._capabilities_call(), exc)
+    assert type(error) is ReducingSaverError
+    assert "s3cret" not in str(error) and "not valid HTTP" in str(error)
+
+
+def test_constructor_waits_for_a_service_that_is_not_up_yet(caplog: pytest.LogCaptureFixture) -> None:
+    service = FakeService()
+    refused = raising(httpx.ConnectError("connection refused"))
+    unavailable = failing_with(503, "starting")
+    # More failures than max_retries allows: the constructor's patience is time, not a count.
+    saver = make_saver(sequence(refused, unavailable, refused, refused, refused, service), max_retries=1)
+    assert saver.backend == "postgres"
+    assert "not up yet" in caplog.text
+
+
+def test_constructor_gives_up_after_startup_timeout_naming_the_url_and_the_time() -> None:
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        make_saver(raising(httpx.ConnectError("connection refused")), startup_timeout=0.3, backoff=0.05)
+    assert time.monotonic() - started < 2
+    message = str(info.value)
+    assert URL in message and "startup_timeout=0.3 s" in message and "ConnectError" in message
+
+
+@pytest.mark.parametrize("value", [-1, float("nan")])
+def test_startup_timeout_must_be_seconds(value: float) -> None:
+    with pytest.raises(ValueError, match="startup_timeout"):
+        make_saver(FakeService(), startup_timeout=value)

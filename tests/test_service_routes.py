@@ -182,3 +182,38 @@ def test_repeat_puts_of_a_turn_record_the_pruned_messages_once(client, monkeypat
     assert recorded == [6]  # one round trip; the repeats are known to be committed
     status = client.get("/v1/extraction/status").json()
     assert status["pending"] + status["in_flight"] + status["delivered"] == 6
+
+
+# -- the documentation pages work offline -------------------------------------------------------------
+
+
+def _referenced_urls(html: str) -> list[str]:
+    import re
+
+    return re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html)
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_documentation_pages_load_nothing_from_elsewhere(page):
+    with TestClient(create_app(Settings(database="memory://", sweep=False, extract=False))) as http:
+        answer = http.get(page)
+        assert answer.status_code == 200
+        html = answer.text
+        urls = _referenced_urls(html)
+        assert "/openapi.json" in urls and any(url.startswith("/docs/assets/") for url in urls), urls
+        for url in urls:
+            assert url.startswith("/"), f"{page} loads {url} from elsewhere"
+            fetched = http.get(url)
+            assert fetched.status_code == 200, url
+            assert fetched.content, url
+        # Nothing else names another host either (Google fonts, the swagger.io validator badge).
+        assert "http://" not in html and "https://" not in html, html
+
+
+def test_documentation_assets_need_a_key_like_the_pages():
+    key = "docs-key-0123456789abcdef"
+    settings = Settings(database="memory://", sweep=False, extract=False, api_keys=f"acme={key}")
+    with TestClient(create_app(settings)) as http:
+        for path in ("/docs", "/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css"):
+            assert http.get(path).status_code == 401, path
+            assert http.get(path, headers={"Authorization": f"Bearer {key}"}).status_code == 200, path

@@ -327,6 +327,39 @@ def test_status_route_and_metrics_show_the_figures():
     assert "reducing_saver_sweep_last_timestamp_seconds" in metrics
 
 
+def test_each_tenant_sees_only_its_own_sweep_figures(database):
+    # "a_" and "ab": a LIKE 'a_:%' filter would count ab's threads as a_'s.
+    keys = {"a_": "key-of-tenant-a-0123456789", "ab": "key-of-tenant-b-0123456789"}
+    api_keys = ",".join(f"{tenant}={key}" for tenant, key in keys.items())
+    with running(database, api_key=keys["a_"], api_keys=api_keys, default_ttl=TTL) as run:
+        other = RemoteReducingSaver("http://testserver", transport=run.http._transport, max_retries=0, api_key=keys["ab"])
+        chat(run.saver, "t1", 3)
+        chat(run.saver, "t2", 3)
+        chat(other, "t1", 3)
+        other.close()
+        time.sleep(EXPIRE)
+
+        def status(tenant: str) -> dict[str, Any]:
+            answer = run.http.get("/v1/sweeps/status", headers={"Authorization": f"Bearer {keys[tenant]}"})
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        def figures(tenant: str) -> dict[str, Any]:
+            return status(tenant)["database"]
+
+        assert (figures("a_")["threads_tracked"], figures("a_")["threads_expired"]) == (2, 2)
+        assert (figures("ab")["threads_tracked"], figures("ab")["threads_expired"]) == (1, 1)
+        report = run.sweeper.sweep()
+        assert report.threads_pruned == 3
+        mine, theirs = status("a_"), status("ab")
+    for section in ("database", "process"):  # the sweep log's figures, and this process's
+        assert (mine[section]["threads_pruned"], theirs[section]["threads_pruned"]) == (2, 1), section
+        assert 0 < theirs[section]["bytes_reclaimed"] < mine[section]["bytes_reclaimed"] < report.bytes_reclaimed
+        assert mine[section]["bytes_reclaimed"] + theirs[section]["bytes_reclaimed"] == report.bytes_reclaimed
+    assert (mine["database"]["threads_expired"], theirs["database"]["threads_expired"]) == (0, 0)
+    assert mine["process"]["sweeps"] == theirs["process"]["sweeps"] == 1
+
+
 def test_threads_written_before_the_ledger_are_found_and_aged_by_their_checkpoint_ids(fresh_pg):
     with PostgresSaver.from_conn_string(fresh_pg) as stock:
         stock.setup()

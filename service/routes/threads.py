@@ -46,7 +46,8 @@ async def delete_for_runs(body: schemas.DeleteRunsRequest, service: ServiceDep) 
 @router.get(
     "/v1/sweeps/status",
     response_model=SweepStatus,
-    summary="TTL sweeps: settings, this process's figures, and every sweeper's from the sweep log.",
+    summary="TTL sweeps: settings, this process's figures, and every sweeper's from the sweep log "
+    "(with API keys: the caller's threads only).",
 )
 async def sweeps_status(service: ServiceDep) -> Any:
     return await service.blocking(ops.sweeps_status, service)

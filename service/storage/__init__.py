@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
@@ -50,6 +50,22 @@ def backend_kind(url: str) -> str:
             f"unsupported database URL scheme {scheme!r}; use postgresql://, sqlite:/// or memory://"
         )
     return BACKEND_SCHEMES[scheme]
+
+
+class StorageError(Exception):
+    """The database a URL names cannot be opened or is unfit for the service (unreachable, missing, an
+    encoding other than UTF-8). The message is one line for an operator, naming the database (without
+    its password) and the problem; the command line prints it as it is."""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
 def sqlite_path(url: str) -> str:
@@ -95,8 +111,12 @@ def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: 
         pool_size: PostgreSQL: connections of the process's one pool.
         timeout: PostgreSQL: seconds a caller waits for a pooled connection (then the database counts as
             unavailable); SQLite: ignored (its busy timeout is fixed).
-        create: SQLite: create the file when missing (``serve``, ``worker``); read-only commands pass
-            ``False`` and get ``FileNotFoundError`` instead.
+        create: SQLite: create the file (and its folder) when missing (``serve``, ``worker``); read-only
+            commands pass ``False``, so a mistyped path or another working folder creates nothing.
+
+    Raises:
+        StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
+            PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
     module = importlib.import_module(_MODULES[backend_kind(url)])
     return module.open(url, pool_size=pool_size, timeout=timeout, create=create)

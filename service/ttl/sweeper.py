@@ -115,7 +115,8 @@ logger = logging.getLogger(__name__)
 
 
 class ProcessSweepFigures(BaseModel):
-    """Sweeps run by the process that answers, since it started."""
+    """Sweeps run by the process that answers, since it started; with API keys, the counts cover only the
+    calling tenant's threads (when and how long sweeps ran stays the process's)."""
 
     last_sweep_at: datetime | None = Field(description="When this process's last sweep finished.")
     last_sweep_seconds: float | None = Field(description="How long it took.")
@@ -128,7 +129,8 @@ class ProcessSweepFigures(BaseModel):
 
 
 class DatabaseSweepFigures(BaseModel):
-    """Every process and ``reducing-saver sweep`` run on this database, from the sweep log."""
+    """Every process and ``reducing-saver sweep`` run on this database, from the sweep log; with API keys,
+    counting only the calling tenant's threads."""
 
     threads_tracked: int = Field(description="Threads in the ledger.")
     threads_expired: int = Field(description="Threads past their TTL, waiting for a sweep.")
@@ -196,6 +198,10 @@ def _metrics_for(registry: Any) -> _Metrics:
         return metrics
 
 
+#: The counts of a sweep's report that this process adds up (``ProcessSweepFigures``).
+_COUNTED = ("threads_pruned", "threads_deleted", "threads_refused", "bytes_reclaimed", "errors")
+
+
 class Sweeper:
     """TTL bookkeeping on the put path, and the sweeps.
 
@@ -209,6 +215,8 @@ class Sweeper:
         recorder: The outbox explicit deletes record in (SQLite, memory; PostgreSQL records in the
             transaction's own connection).
         registry: A Prometheus registry for the sweep metrics (None: no metrics).
+        tenant_mode: Stored thread ids are ``tenant:thread``: this process's figures are also kept per
+            tenant, so a tenant's status shows only what sweeps did to its threads.
     """
 
     def __init__(
@@ -222,8 +230,10 @@ class Sweeper:
         extract_on_delete: bool = False,
         recorder: Recorder | None = None,
         registry: Any = None,
+        tenant_mode: bool = False,
     ) -> None:
         self.ledger = ledger
+        self.tenant_mode = tenant_mode
         self.policy = policy
         self.namespace_key = namespace_key
         self.interval = interval
@@ -243,6 +253,8 @@ class Sweeper:
             "bytes_reclaimed": 0,
             "errors": 0,
         }
+        #: Thread prefix ("tenant:") -> that tenant's share of the counts in _figures (tenant mode only).
+        self._tenant_figures: dict[str, dict[str, int]] = {}
         self._figures_lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._discovered = False
@@ -360,18 +372,25 @@ class Sweeper:
                 except Exception:
                     logger.exception("TTL sweep failed on thread %r; the next sweep retries it", thread_id)
                     report.errors += 1
+                    self._count_for_tenant(thread_id, errors=1)
                     skip.append(thread_id)
                     continue
                 if outcome is None:
                     skip.append(thread_id)
-                elif outcome.action == "pruned":
-                    report.threads_pruned += 1
-                elif outcome.action == "deleted":
-                    report.threads_deleted += 1
-                else:
-                    report.threads_refused += 1
-                if outcome is not None:
-                    report.bytes_reclaimed += outcome.bytes
+                    continue
+                counted = f"threads_{outcome.action}"
+                setattr(report, counted, getattr(report, counted) + 1)
+                report.bytes_reclaimed += outcome.bytes
+                self._count_for_tenant(thread_id, **{counted: 1, "bytes_reclaimed": outcome.bytes})
+
+    def _count_for_tenant(self, thread_id: str, **counts: int) -> None:
+        if not self.tenant_mode:
+            return
+        prefix = thread_id.partition(":")[0] + ":"
+        with self._figures_lock:
+            figures = self._tenant_figures.setdefault(prefix, dict.fromkeys(_COUNTED, 0))
+            for name, amount in counts.items():
+                figures[name] += amount
 
     def _settle(self, report: SweepReport) -> None:
         with self._figures_lock:
@@ -379,7 +398,7 @@ class Sweeper:
             figures["last_sweep_at"] = datetime.now(UTC)
             figures["last_sweep_seconds"] = round(report.seconds, 6)
             figures["sweeps"] += 1
-            for name in ("threads_pruned", "threads_deleted", "threads_refused", "bytes_reclaimed", "errors"):
+            for name in _COUNTED:
                 figures[name] += getattr(report, name)
         if self._metrics is not None:
             self._metrics.sweeps.inc()
@@ -438,17 +457,27 @@ class Sweeper:
         self.stop(timeout)
         self.ledger.close()
 
-    def status(self, interval: float | None = None) -> dict[str, Any]:
-        """The body of ``/v1/sweeps/status`` (see :class:`SweepStatus`)."""
+    def status(self, interval: float | None = None, *, thread_prefix: str = "") -> dict[str, Any]:
+        """The body of ``/v1/sweeps/status`` (see :class:`SweepStatus`).
+
+        Args:
+            interval: The sweep interval to report (default: this sweeper's).
+            thread_prefix: Count only the threads (and sweep-log rows) whose stored id starts with it: a
+                tenant's ``"tenant:"``; ``""`` counts the whole database and every thread this process
+                swept.
+        """
         with self._figures_lock:
             process = dict(self._figures)
+            if thread_prefix:
+                # When and how long sweeps ran is the process's; what they did, the tenant's own share.
+                process.update(self._tenant_figures.get(thread_prefix) or dict.fromkeys(_COUNTED, 0))
         return {
             "strategy": self.policy.strategy,
             "default_ttl_seconds": self.policy.default_ttl,
             "sweep_interval_seconds": self.interval if interval is None else interval,
             "sweeping": self.running,
             "process": process,
-            "database": self.ledger.database_status(self.policy),
+            "database": self.ledger.database_status(self.policy, thread_prefix=thread_prefix),
         }
 
 
@@ -519,4 +548,5 @@ def open_sweeper(
         extract_on_delete=settings.extract_on_delete,
         recorder=recorder,
         registry=registry,
+        tenant_mode=tenant_mode,
     )

@@ -128,21 +128,23 @@ class MemoryLedger:
                     total += len(value[1])
         return total
 
-    def database_status(self, policy: Policy) -> dict[str, Any]:
+    def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         now = time.time()
         with self.saver.lock:
+            rows = [row for thread_id, row in self.rows.items() if thread_id.startswith(thread_prefix)]
+            entries = [entry for entry in self.log if entry[0].startswith(thread_prefix)]
             expired = sum(
                 1
-                for row in self.rows.values()
+                for row in rows
                 if row.expired(policy, now) and (policy.strategy == "delete" or row.swept_at is None)
             )
             log = {
-                "pruned": sum(1 for entry in self.log if entry[1] == "pruned"),
-                "deleted": sum(1 for entry in self.log if entry[1] == "deleted"),
-                "bytes": sum(entry[2] for entry in self.log),
-                "last": from_epoch(max((entry[3] for entry in self.log), default=None)),
+                "pruned": sum(1 for entry in entries if entry[1] == "pruned"),
+                "deleted": sum(1 for entry in entries if entry[1] == "deleted"),
+                "bytes": sum(entry[2] for entry in entries),
+                "last": from_epoch(max((entry[3] for entry in entries), default=None)),
             }
-            return database_figures(len(self.rows), expired, log)
+            return database_figures(len(rows), expired, log)
 
     def forget_log(self, older_than_days: int, session: Any = None) -> int:
         cutoff = time.time() - older_than_days * 86400

@@ -10,6 +10,7 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.service.storage.postgres.connections import (
     SAVER_LOCK_KEY,
     STORE_LOCK_KEY,
+    check_database,
     locked_setup,
     open_pool,
 )
@@ -26,6 +27,7 @@ class PostgresBackend:
 
     def __init__(self, url: str, *, pool_size: int, timeout: float) -> None:
         self.url = url
+        check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
         self._store: PostgresStore | None = None
 

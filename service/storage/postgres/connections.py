@@ -10,6 +10,7 @@ psycopg_pool's default of 30 s.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
+
+from reducing_saver.service.storage import StorageError, redact_url
 
 #: Advisory lock keys, one per set-up that replicas starting together must not run at once. Two-key
 #: locks (``copy_thread``'s) live apart from these one-key ones.
@@ -32,6 +35,41 @@ POLL_SECONDS = 0.05
 
 #: What PostgresSaver's own ``from_conn_string`` opens connections with.
 CONNECTION_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+#: The one server encoding the service accepts: under SQL_ASCII psycopg returns text as bytes, and
+#: under LATIN1 and the like a message's characters beyond the encoding fail at run time (a 500).
+REQUIRED_ENCODING = "UTF8"
+
+
+def check_database(url: str, *, timeout: float) -> None:
+    """Connect once, within ``timeout`` seconds, and check the database's encoding.
+
+    Done before the pool opens: psycopg_pool retries a failing connection in the background for its
+    whole wait, logging a warning per attempt, then raises an error that does not say why.
+
+    Raises:
+        StorageError: If the server cannot be reached, refuses the connection (no such database, no such
+            role, a wrong password) or the database's encoding is not UTF-8; one line, naming it.
+    """
+    where = redact_url(url)
+    try:
+        # connect_timeout counts whole seconds (libpq); below 2 it is raised to 2.
+        with psycopg.connect(url, autocommit=True, connect_timeout=max(2, math.ceil(timeout))) as conn:
+            # From the start-up parameters, not SHOW: under SQL_ASCII a query answers text as bytes.
+            encoding = conn.info.parameter_status("server_encoding") or "unknown"
+    except psycopg.Error as exc:
+        raise StorageError(f"cannot connect to PostgreSQL at {where}: {_first_line(exc)}") from None
+    if encoding.upper() != REQUIRED_ENCODING:
+        raise StorageError(
+            f"the PostgreSQL database at {where} uses the encoding {encoding}; reducing-saver needs UTF8 "
+            "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-saver") -> ConnectionPool:

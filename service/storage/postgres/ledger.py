@@ -268,18 +268,22 @@ class PostgresLedger:
             for statement in PRUNE_DELETE_THREADS_SQL:
                 conn.execute(statement, ([thread_id],))
 
-    def database_status(self, policy: Policy) -> dict[str, Any]:
+    def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         swept = "AND t.swept_at IS NULL" if policy.strategy == "keep_latest" else ""
+        # starts_with, not LIKE: a tenant name may hold "_", LIKE's one-character wildcard.
+        params = {"default": policy.default_ttl, "prefix": thread_prefix}
         with self._connection() as conn:
             threads = conn.execute(
                 f"SELECT count(*) AS tracked, count(*) FILTER (WHERE {_PG_EXPIRED} {swept}) AS expired "
-                f"FROM {TABLE} AS t",
-                {"default": policy.default_ttl},
+                f"FROM {TABLE} AS t WHERE starts_with(t.thread_id, %(prefix)s)",
+                params,
             ).fetchone()
             log = conn.execute(
                 "SELECT count(*) FILTER (WHERE action = 'pruned') AS pruned, "
                 "count(*) FILTER (WHERE action = 'deleted') AS deleted, "
-                f"COALESCE(sum(bytes), 0)::bigint AS bytes, max(swept_at) AS last FROM {LOG_TABLE}"
+                f"COALESCE(sum(bytes), 0)::bigint AS bytes, max(swept_at) AS last FROM {LOG_TABLE} "
+                "WHERE starts_with(thread_id, %(prefix)s)",
+                params,
             ).fetchone()
         return database_figures(threads["tracked"], threads["expired"], log)
 

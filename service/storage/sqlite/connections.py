@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
+
+from reducing_saver.service.storage import StorageError
+
+logger = logging.getLogger(__name__)
 
 #: How long a statement waits for another connection's write lock before ``database is locked``.
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -14,16 +19,29 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
 
     Args:
         path: The file.
-        create: Create the file (and its folder) when missing; otherwise a missing file raises.
+        create: Create the file when missing, and its folder (said in a log line: a mistyped path then
+            shows up in the log, not as a silently new database); otherwise a missing file raises.
 
     Raises:
-        FileNotFoundError: If ``create`` is false and there is no such file.
+        StorageError: If ``create`` is false and there is no such file, or the file or its folder cannot
+            be created or opened.
     """
     path = Path(path)
+    where = path.absolute()
     if not path.exists():
         if not create:
-            raise FileNotFoundError(f"the SQLite database {path} does not exist")
-        path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
-    conn.execute("PRAGMA journal_mode=WAL")
+            raise StorageError(f"the SQLite database {where} does not exist (only serve and worker create one)")
+        if not path.parent.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot create the folder {where.parent} for the SQLite database: {exc.strerror or exc}"
+                ) from None
+            logger.warning("created the folder %s for the SQLite database %s", where.parent, path.name)
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
+        conn.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open the SQLite database {where}: {exc}") from None
     return conn

@@ -183,16 +183,19 @@ class SqliteLedger:
             recorder.record(entries)
         self.saver.delete_thread(thread_id)
 
-    def database_status(self, policy: Policy) -> dict[str, Any]:
+    def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         swept = "AND swept_at IS NULL" if policy.strategy == "keep_latest" else ""
+        # substr, not LIKE: a tenant name may hold "_", LIKE's one-character wildcard.
+        mine = "substr(thread_id, 1, length(:prefix)) = :prefix"
         with self._read() as conn:
             tracked, expired = conn.execute(
-                f"SELECT COUNT(*), COALESCE(SUM({_SQ_EXPIRED} {swept}), 0) FROM {TABLE}",
-                {"now": time.time(), "default": policy.default_ttl},
+                f"SELECT COUNT(*), COALESCE(SUM({_SQ_EXPIRED} {swept}), 0) FROM {TABLE} WHERE {mine}",
+                {"now": time.time(), "default": policy.default_ttl, "prefix": thread_prefix},
             ).fetchone()
             pruned, deleted, total, last = conn.execute(
                 f"SELECT COALESCE(SUM(action = 'pruned'), 0), COALESCE(SUM(action = 'deleted'), 0), "
-                f"COALESCE(SUM(bytes), 0), MAX(swept_at) FROM {LOG_TABLE}"
+                f"COALESCE(SUM(bytes), 0), MAX(swept_at) FROM {LOG_TABLE} WHERE {mine}",
+                {"prefix": thread_prefix},
             ).fetchone()
         log = {"pruned": pruned, "deleted": deleted, "bytes": total, "last": from_epoch(last)}
         return database_figures(tracked, expired, log)
