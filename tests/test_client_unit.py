@@ -589,6 +589,7 @@ def test_public_surface_is_pinned() -> None:
             "ReducingSaverError",
             "RemoteReducer",
             "RemoteReducingSaver",
+            "RemoteStore",
             "RequestTimeoutError",
             "ServerUnavailableError",
             "__version__",
