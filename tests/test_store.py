@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Annotated, TypedDict
 
 import httpx
 import psycopg
 import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.config import get_store
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
-from reducing_saver.client import AuthenticationError, BadRequestError, RemoteStore
+from reducing_saver.client import AuthenticationError, BadRequestError, RemoteReducingSaver, RemoteStore
 from tests.conftest import pg_url
 from tests.support.server import ServiceProcess, run_service
 
@@ -47,7 +53,8 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     try:
-        with run_service(root, "--database", database, env={"REDUCING_SAVER_API_KEYS": f"tests={KEY}"}) as svc:
+        args = ["--database", database, "--max-messages", "4", "--min-messages", "2"]
+        with run_service(root, *args, env={"REDUCING_SAVER_API_KEYS": f"tests={KEY}"}) as svc:
             yield svc
     finally:
         if drop is not None:
@@ -270,3 +277,41 @@ async def test_langgraph_sdk_async_store_client(service: ServiceProcess, root: s
         with pytest.raises(httpx.HTTPStatusError) as caught:
             await anonymous.store.get_item([root, "sdk"], key="k")
     assert caught.value.response.status_code == 401
+
+
+# -- a graph with RemoteReducingSaver and RemoteStore ------------------------------------------------
+
+
+class State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    recalled: int
+
+
+def test_graph_nodes_use_the_remote_store(service: ServiceProcess, root: str) -> None:
+    """A node writes and searches memories through ``get_store()``; the messages the service prunes from
+    the thread's window are found in the same store under ``("memories", thread_id)``."""
+    def remember(state: State) -> dict:
+        store = get_store()
+        last = state["messages"][-1]
+        store.put((root, "facts"), last.id, {"text": last.content})
+        recalled = store.search((root, "facts"), filter={"text": last.content})
+        return {"messages": [AIMessage(f"noted {last.content}", id=f"ai-{last.id}")], "recalled": len(recalled)}
+
+    builder = StateGraph(State)
+    builder.add_node("remember", remember)
+    builder.add_edge(START, "remember")
+    thread = f"{root}-thread"
+    config = {"configurable": {"thread_id": thread}}
+    with RemoteReducingSaver(service.url, api_key=KEY) as saver, RemoteStore(service.url, api_key=KEY) as store:
+        graph = builder.compile(checkpointer=saver, store=store)
+        for i in range(4):
+            out = graph.invoke({"messages": [HumanMessage(f"fact {i}", id=f"h{i}")]}, config)
+            assert out["recalled"] == 1
+        assert len(out["messages"]) <= 4, "the service keeps the window"
+        assert sorted(i.key for i in store.search((root, "facts"))) == ["h0", "h1", "h2", "h3"]
+        deadline = time.monotonic() + 60
+        while not (pruned := store.search(("memories", thread), limit=100)):
+            assert time.monotonic() < deadline, "the pruned messages never reached the store"
+            time.sleep(0.1)
+        assert all(item.value["thread_id"] == thread for item in pruned)
+        assert "h0" in {item.key for item in pruned}, "the first message left the window and is a memory"
