@@ -93,6 +93,8 @@ def _check_key(key: Any, field: str) -> str:
         raise BadRequest(f"{field}: the key must be a string, got {type(key).__name__}")
     if not key:
         raise BadRequest(f"{field}: the key cannot be empty")
+    if "\x00" in key:
+        raise BadRequest(f"{field}: the key contains a NUL character (U+0000), which PostgreSQL refuses")
     if len(key) > MAX_LABEL_LENGTH:
         raise BadRequest(f"{field}: {len(key)} characters is more than the limit of {MAX_LABEL_LENGTH}")
     return key
@@ -130,9 +132,16 @@ def check_op(op: Op, field: str) -> None:
         if op.value is not None:
             if not isinstance(op.value, dict):
                 raise BadRequest(f"{field}.value: must be an object, got {type(op.value).__name__}")
-            size = len(orjson.dumps(op.value))
-            if size > MAX_VALUE_BYTES:
-                raise BadRequest(f"{field}.value: {size} bytes of JSON is more than the limit of {MAX_VALUE_BYTES}")
+            try:
+                dumped = orjson.dumps(op.value)
+            except TypeError as exc:
+                raise BadRequest(f"{field}.value: not JSON ({exc})") from None
+            if len(dumped) > MAX_VALUE_BYTES:
+                raise BadRequest(
+                    f"{field}.value: {len(dumped)} bytes of JSON is more than the limit of {MAX_VALUE_BYTES}"
+                )
+            if b"\\u0000" in dumped:
+                raise BadRequest(f"{field}.value: contains a NUL character (U+0000), which PostgreSQL refuses")
         if op.index not in (None, False) and (
             not isinstance(op.index, list) or not all(isinstance(path, str) for path in op.index)
         ):
