@@ -49,6 +49,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--sweep-interval": "sweep_interval",
     "--sweep": "sweep",
     "--extract-on-delete": "extract_on_delete",
+    "--store-index": "store_index",
+    "--store-ttl": "store_ttl",
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -59,6 +61,8 @@ WORKER_FLAGS: dict[str, str] = {
         "--extraction-batch-size",
         "--extraction-max-attempts",
         "--extraction-lease-seconds",
+        "--store-index",
+        "--store-ttl",
         "--log-level",
         "--log-format",
     )
@@ -174,7 +178,9 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     flags = flags or {}
     configure_logging(settings)
 
-    if refusal := check_exposure(settings):
+    from reducing_saver.service import store_config
+
+    if refusal := check_exposure(settings) or store_config.refusal(settings):
         logger.error("%s", refusal)
         raise SystemExit(f"reducing-saver: {refusal}")
     logger.info(
@@ -211,10 +217,16 @@ def worker(settings: Settings) -> None:
     from reducing_saver.service.observability import configure_logging
     from reducing_saver.service.storage import open_backend
 
+    from reducing_saver.service import store_config
+
     configure_logging(settings)
+    if refusal := store_config.refusal(settings):
+        logger.error("%s", refusal)
+        raise SystemExit(f"reducing-saver: {refusal}")
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds)
+    backend.store_options = store_config.store_options(settings)
     memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -262,7 +262,16 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
     if backend is None:
         raise Unavailable("the service is starting or stopping")
     store = backend.store()
-    check_ops(ops, field, getattr(store, "ttl_config", None))
+    ttl_config = getattr(store, "ttl_config", None)
+    check_ops(ops, field, ttl_config)
+    default_ttl = (ttl_config or {}).get("default_ttl")
+    if default_ttl is not None:  # a put without a TTL of its own gets the store's default (Agent Server's)
+        ops = [
+            PutOp(op.namespace, op.key, op.value, op.index, default_ttl)
+            if isinstance(op, PutOp) and op.ttl is None and op.value is not None
+            else op
+            for op in ops
+        ]
     scoped = [scope.op_in(op) for op in ops]
     results = store.batch(scoped)
     return [scope.result_out(op, result) for op, result in zip(ops, results, strict=True)]
