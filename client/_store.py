@@ -26,6 +26,7 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    _validate_namespace_labels,
 )
 
 from reducing_saver.client._client import DEFAULT_TIMEOUT, _Call, _Http
@@ -169,6 +170,51 @@ class RemoteStore(BaseStore):
         """Run ``ops`` in the service's store as one batch (one request); results in order."""
         ops = list(ops)
         return await self._http.asend(_batch_call(ops)) if ops else []
+
+    # get and search leave ``refresh_ttl=None`` open for the service, which applies its store's
+    # ``refresh_on_read`` (BaseStore's versions would decide ``True`` here, knowing no TTL settings).
+
+    def get(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+        """The item at ``namespace``/``key``, or ``None``."""
+        _validate_namespace_labels(namespace)
+        return self.batch([GetOp(namespace, str(key), refresh_ttl)])[0]  # type: ignore[arg-type]
+
+    async def aget(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+        """The item at ``namespace``/``key``, or ``None``."""
+        _validate_namespace_labels(namespace)
+        return (await self.abatch([GetOp(namespace, str(key), refresh_ttl)]))[0]  # type: ignore[arg-type]
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Items under ``namespace_prefix``: filtered by value, ranked by ``query`` (the service embeds it)."""
+        _validate_namespace_labels(namespace_prefix)
+        op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
+        return self.batch([op])[0]
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Items under ``namespace_prefix``: filtered by value, ranked by ``query`` (the service embeds it)."""
+        _validate_namespace_labels(namespace_prefix)
+        op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
+        return (await self.abatch([op]))[0]
 
     def close(self) -> None:
         self._http.close()

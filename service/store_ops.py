@@ -234,11 +234,6 @@ def item_json(item: Item, scope: StoreScope) -> dict[str, Any]:
 # -- running ---------------------------------------------------------------------------------------
 
 
-def ttl_settings(service: Service) -> dict[str, Any] | None:
-    """The store's TTL settings (``--store-ttl``), or ``None``."""
-    return getattr(service.settings, "store_ttl", None)
-
-
 def store_scope(service: Service) -> StoreScope:
     """The request's store scope (call it on the event loop or in a thread carrying the request's context)."""
     return StoreScope(security.TenantScope.for_request(service.tenant_mode))
@@ -255,6 +250,23 @@ def check_ops(ops: Sequence[Op], field: str, ttl_config: Any) -> None:
             raise BadRequest(f"{name}.ttl: this service's store keeps items forever (start it with --store-ttl)")
 
 
+def with_ttl_defaults(ops: Sequence[Op], ttl_config: dict[str, Any] | None) -> list[Op]:
+    """``ops`` with the store's TTL settings filled in where a client left them open (``None``), as Agent
+    Server does: a put gets ``default_ttl``; a get or search refreshes TTLs per ``refresh_on_read``."""
+    default_ttl = (ttl_config or {}).get("default_ttl")
+    refresh = bool((ttl_config or {}).get("refresh_on_read", True))
+    out: list[Op] = []
+    for op in ops:
+        if isinstance(op, PutOp) and op.ttl is None and op.value is not None and default_ttl is not None:
+            op = PutOp(op.namespace, op.key, op.value, op.index, default_ttl)
+        elif isinstance(op, GetOp) and op.refresh_ttl is None:
+            op = GetOp(op.namespace, op.key, refresh)
+        elif isinstance(op, SearchOp) and op.refresh_ttl is None:
+            op = SearchOp(op.namespace_prefix, op.filter, op.limit, op.offset, op.query, refresh)
+        out.append(op)
+    return out
+
+
 def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str = "ops") -> list[Any]:
     """Check ``ops`` (422 naming ``field``), run them as one ``store.batch`` in the tenant's subtree, and
     return the results as JSON values (blocking: call it through ``Service.blocking``)."""
@@ -264,16 +276,15 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
     store = backend.store()
     ttl_config = getattr(store, "ttl_config", None)
     check_ops(ops, field, ttl_config)
-    default_ttl = (ttl_config or {}).get("default_ttl")
-    if default_ttl is not None:  # a put without a TTL of its own gets the store's default (Agent Server's)
-        ops = [
-            PutOp(op.namespace, op.key, op.value, op.index, default_ttl)
-            if isinstance(op, PutOp) and op.ttl is None and op.value is not None
-            else op
-            for op in ops
-        ]
+    ops = with_ttl_defaults(ops, ttl_config)
     scoped = [scope.op_in(op) for op in ops]
-    results = store.batch(scoped)
+    try:
+        results = store.batch(scoped)
+    except (TypeError, ValueError) as exc:
+        # InMemoryStore compares filter values in Python: a string against a number raises.
+        if any(isinstance(op, SearchOp) and op.filter for op in ops):
+            raise BadRequest(f"{field}: a filter compares values of different types ({exc})") from None
+        raise
     return [scope.result_out(op, result) for op, result in zip(ops, results, strict=True)]
 
 
@@ -284,13 +295,13 @@ def op_from_json(entry: dict[str, Any]) -> Op:
     """One entry of ``POST /store/batch``'s ``ops`` (the schema has checked its shape)."""
     kind = entry["op"]
     if kind == "get":
-        return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl", True))
+        return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))
     if kind == "put":
         return PutOp(tuple(entry["namespace"]), entry["key"], entry.get("value"), entry.get("index"), entry.get("ttl"))
     if kind == "search":
         return SearchOp(
             tuple(entry.get("namespace_prefix") or ()), entry.get("filter"), entry.get("limit", 10),
-            entry.get("offset", 0), entry.get("query"), entry.get("refresh_ttl", True),
+            entry.get("offset", 0), entry.get("query"), entry.get("refresh_ttl"),
         )
     conditions = tuple(
         MatchCondition(c["match_type"], tuple(c["path"])) for c in entry.get("match_conditions") or ()

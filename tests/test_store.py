@@ -234,6 +234,17 @@ def test_bad_input_is_a_422_naming_the_field(store: RemoteStore, root: str) -> N
     assert store.search((root,)) == [], "nothing of a refused batch was stored"
 
 
+def test_a_filter_across_value_types_is_no_500(store: RemoteStore, root: str) -> None:
+    store.put((root,), "number", {"score": 5})
+    store.put((root,), "text", {"score": "high"})
+    try:
+        found = store.search((root,), filter={"score": {"$gt": 3}})
+    except BadRequestError as exc:  # InMemoryStore cannot compare a string with a number
+        assert "filter compares values of different types" in str(exc)
+    else:  # the SQL stores compare as they can
+        assert "number" in {item.key for item in found}
+
+
 def test_a_key_is_required(service: ServiceProcess) -> None:
     with RemoteStore(service.url, api_key="not-a-key-0123456789") as wrong, pytest.raises(AuthenticationError):
         wrong.get(("a",), "k")

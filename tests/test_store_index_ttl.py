@@ -166,6 +166,9 @@ def test_store_ttl(backend: str, tmp_path: Path, request: pytest.FixtureRequest)
         expiries = _expiries(backend, database)
         assert all(expires is not None for expires in expiries.values()), "every item, extracted ones too, expires"
         assert expiries[("tenants.acme.notes", "own")] != expiries[("tenants.acme.notes", "default")]
+        # refresh_on_read is false: reads through RemoteStore (refresh_ttl left open) leave the expiry alone.
+        acme.get(("notes",), "default")
+        assert _expiries(backend, database)[("tenants.acme.notes", "default")] == expiries[("tenants.acme.notes", "default")]
         time.sleep(2.5)  # past every expiry; SQLite compares with CURRENT_TIMESTAMP, to the second
         local = SqliteStore.from_conn_string(database.removeprefix("sqlite:///")) if backend == "sqlite" else \
             PostgresStore.from_conn_string(database)

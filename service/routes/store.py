@@ -80,7 +80,7 @@ class GetOpBody(_Body):
     op: Literal["get"]
     namespace: Labels
     key: str
-    refresh_ttl: bool = True
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
 
 
 class PutOpBody(_Body):
@@ -99,7 +99,7 @@ class SearchOpBody(_Body):
     limit: int = 10
     offset: int = 0
     query: str | None = None
-    refresh_ttl: bool = True
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
 
 
 class MatchConditionBody(_Body):
@@ -121,13 +121,6 @@ class BatchRequest(_Body):
 
 class BatchResponse(BaseModel):
     results: list[Any] = Field(description="Per operation: an item or null (get), null (put), items (search), namespaces.")
-
-
-def _refresh(service: Service, refresh_ttl: bool | None) -> bool:
-    """Agent Server's ``refresh_ttl: null``: the store's ``refresh_on_read`` (true without TTL)."""
-    if refresh_ttl is not None:
-        return refresh_ttl
-    return bool((store_ops.ttl_settings(service) or {}).get("refresh_on_read", True))
 
 
 async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
@@ -157,7 +150,7 @@ async def get_item(
     labels = tuple(namespace.split(".")) if namespace else ()
     if not labels:
         raise BadRequest("query.namespace: give at least one label (labels joined by '.')")
-    (item,) = await _run(service, [GetOp(labels, key, _refresh(service, refresh_ttl))], "query")
+    (item,) = await _run(service, [GetOp(labels, key, refresh_ttl)], "query")
     return item
 
 
@@ -175,8 +168,7 @@ async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
 )
 async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
     op = SearchOp(
-        tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query,
-        _refresh(service, body.refresh_ttl),
+        tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query, body.refresh_ttl
     )
     (items,) = await _run(service, [op], "body")
     return {"items": items}
