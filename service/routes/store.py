@@ -26,7 +26,8 @@ Labels = list[str]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PutItemRequest(_Body):
@@ -158,6 +159,12 @@ async def get_item(
 async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
     await _run(service, [PutOp(tuple(body.namespace), body.key, None)], "body")
     return Response(status_code=204)
+
+
+@router.api_route("/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False)
+async def other_methods() -> Response:
+    """405 naming every method of /store/items (three routes share the path; each alone would name one)."""
+    return Response(status_code=405, headers={"Allow": "GET, PUT, DELETE"})
 
 
 @router.post(
