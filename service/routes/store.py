@@ -124,9 +124,15 @@ class BatchResponse(BaseModel):
     results: list[Any] = Field(description="Per operation: an item or null (get), null (put), items (search), namespaces.")
 
 
+#: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
+#: than a database.
+EMBEDDING_TIMEOUT = 60.0
+
+
 async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
     scope = store_ops.store_scope(service)
-    return await service.blocking(store_ops.run_batch, service, scope, ops, field)
+    timeout = max(EMBEDDING_TIMEOUT, service.settings.db_timeout_seconds) if service.settings.store_index else None
+    return await service.blocking(store_ops.run_batch, service, scope, ops, field, timeout=timeout)
 
 
 @router.put("/store/items", status_code=204, responses=ERRORS, summary="Store or replace an item.")
