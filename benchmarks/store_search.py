@@ -42,7 +42,9 @@ def _serve(database: str, log: Path) -> tuple[subprocess.Popen, str]:
     env["REDUCING_SAVER_API_KEYS"] = f"{TENANT}={KEY}"
     process = subprocess.Popen(
         [str(cli), "serve", "--database", database, "--port", str(port)],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -69,10 +71,17 @@ def main() -> None:
                 ns = ("memories", "user-42")
                 remote.batch([])
                 for i in range(0, args.items, 50):
-                    remote.batch([PutOp(ns, f"m{j}", {"text": f"message {j}", "kind": "note" if j % 2 else "fact"})
-                                  for j in range(i, min(i + 50, args.items))])
+                    remote.batch(
+                        [
+                            PutOp(ns, f"m{j}", {"text": f"message {j}", "kind": "note" if j % 2 else "fact"})
+                            for j in range(i, min(i + 50, args.items))
+                        ]
+                    )
                 stored = ("tenants", TENANT, *ns)
-                for label, kwargs in [("search limit 10", {}), ("search filter + limit 10", {"filter": {"kind": "fact"}})]:
+                for label, kwargs in [
+                    ("search limit 10", {}),
+                    ("search filter + limit 10", {"filter": {"kind": "fact"}}),
+                ]:
                     times: dict[str, list[float]] = {"RemoteStore": [], "PostgresStore": []}
                     for _ in range(20):  # warm both
                         remote.search(ns, limit=10, **kwargs)
@@ -88,9 +97,14 @@ def main() -> None:
                     medians = {name: statistics.median(values) for name, values in times.items()}
                     print(f"{label} ({args.calls} calls each, {args.items} items):")
                     for name, values in times.items():
-                        print(f"  {name:14} median {medians[name]:6.3f} ms   p95 {percentile(values, 0.95):6.3f} ms")
-                    print(f"  HTTP adds {medians['RemoteStore'] - medians['PostgresStore']:.3f} ms per call "
-                          f"({medians['RemoteStore'] / medians['PostgresStore']:.1f}x)")
+                        print(
+                            f"  {name:14} median {medians[name]:6.3f} ms   "
+                            f"p95 {percentile(values, 0.95):6.3f} ms"
+                        )
+                    print(
+                        f"  HTTP adds {medians['RemoteStore'] - medians['PostgresStore']:.3f} ms per call "
+                        f"({medians['RemoteStore'] / medians['PostgresStore']:.1f}x)"
+                    )
         finally:
             process.terminate()
             process.wait(timeout=15)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import orjson
@@ -40,7 +40,12 @@ def _op_json(op: Op) -> dict[str, Any]:
     if isinstance(op, GetOp):
         return {"op": "get", "namespace": list(op.namespace), "key": op.key, "refresh_ttl": op.refresh_ttl}
     if isinstance(op, PutOp):
-        body: dict[str, Any] = {"op": "put", "namespace": list(op.namespace), "key": op.key, "value": op.value}
+        body: dict[str, Any] = {
+            "op": "put",
+            "namespace": list(op.namespace),
+            "key": op.key,
+            "value": op.value,
+        }
         if op.index is not None:
             body["index"] = op.index if op.index is False else list(op.index)
         if op.ttl is not None:
@@ -179,7 +184,9 @@ class RemoteStore(BaseStore):
         _validate_namespace_labels(namespace)
         return self.batch([GetOp(namespace, str(key), refresh_ttl)])[0]  # type: ignore[arg-type]
 
-    async def aget(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+    async def aget(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
         """The item at ``namespace``/``key``, or ``None``."""
         _validate_namespace_labels(namespace)
         return (await self.abatch([GetOp(namespace, str(key), refresh_ttl)]))[0]  # type: ignore[arg-type]
@@ -195,7 +202,7 @@ class RemoteStore(BaseStore):
         offset: int = 0,
         refresh_ttl: bool | None = None,
     ) -> list[SearchItem]:
-        """Items under ``namespace_prefix``: filtered by value, ranked by ``query`` (the service embeds it)."""
+        """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
         return self.batch([op])[0]
@@ -211,7 +218,7 @@ class RemoteStore(BaseStore):
         offset: int = 0,
         refresh_ttl: bool | None = None,
     ) -> list[SearchItem]:
-        """Items under ``namespace_prefix``: filtered by value, ranked by ``query`` (the service embeds it)."""
+        """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
         return (await self.abatch([op]))[0]
@@ -222,13 +229,13 @@ class RemoteStore(BaseStore):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    def __enter__(self) -> RemoteStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> RemoteStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

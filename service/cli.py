@@ -214,10 +214,9 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 def worker(settings: Settings) -> None:
     """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
     from reducing_saver.service.extraction.memory import Memory
+    from reducing_saver.service import store_config
     from reducing_saver.service.observability import configure_logging
     from reducing_saver.service.storage import open_backend
-
-    from reducing_saver.service import store_config
 
     configure_logging(settings)
     if refusal := store_config.refusal(settings):

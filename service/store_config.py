@@ -56,27 +56,36 @@ def parse_index(value: object) -> dict[str, Any] | None:
     if not isinstance(embed, str) or ":" not in embed:
         raise ValueError("store_index.embed must be 'provider:model' or 'module:callable'")
     if not isinstance(fields, list) or not fields or not all(isinstance(f, str) and f for f in fields):
-        raise ValueError("store_index.fields must be a non-empty list of JSON paths, e.g. [\"$\"]")
+        raise ValueError('store_index.fields must be a non-empty list of JSON paths, e.g. ["$"]')
     return {"dims": dims, "embed": embed, "fields": fields}
 
 
 def parse_ttl(value: object) -> dict[str, Any] | None:
-    """``--store-ttl`` as a dict of ``default_ttl`` (minutes), ``refresh_on_read``, ``sweep_interval_minutes``."""
+    """``--store-ttl`` as a dict: ``default_ttl`` (minutes), ``refresh_on_read``, ``sweep_interval_minutes``
+
+    Raises ``ValueError`` (what pydantic reports as a settings error), also for a value of the wrong type.
+    """
     value = _json(value, "store_ttl")
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise ValueError("store_ttl must be a JSON object {default_ttl, refresh_on_read, sweep_interval_minutes}")
+        raise ValueError(
+            "store_ttl must be a JSON object {default_ttl, refresh_on_read, sweep_interval_minutes}"
+        )
     unknown = sorted(set(value) - TTL_KEYS)
     if unknown:
         raise ValueError(f"store_ttl: unknown key(s) {unknown}; use {sorted(TTL_KEYS)}")
     default = value.get("default_ttl")
-    if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float)) or default <= 0):
+    if default is not None and (
+        isinstance(default, bool) or not isinstance(default, (int, float)) or default <= 0
+    ):
         raise ValueError("store_ttl.default_ttl must be a positive number of minutes")
     if not isinstance(value.get("refresh_on_read", True), bool):
         raise ValueError("store_ttl.refresh_on_read must be true or false")
     interval = value.get("sweep_interval_minutes")
-    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0):
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0
+    ):
         raise ValueError("store_ttl.sweep_interval_minutes must be a positive integer")
     return {"refresh_on_read": True, **value}
 
@@ -107,7 +116,8 @@ def _embedder(embed: str) -> Any:
         from langchain.embeddings import init_embeddings
     except ImportError:
         raise StoreConfigError(
-            f"--store-index embed {embed!r}: 'provider:model' needs the langchain package (and the provider's, "
+            f"--store-index embed {embed!r}: 'provider:model' needs the langchain package (and the "
+            "provider's, "
             "e.g. langchain-openai) installed with the service; or name a 'module:callable'"
         ) from None
     try:
@@ -134,7 +144,11 @@ def refusal(settings: Any) -> str | None:
     Checked before the service starts (``reducing-saver serve``, ``worker``); the backends check again when
     they open the store, so an app built another way fails too.
     """
-    index, ttl, kind = getattr(settings, "store_index", None), getattr(settings, "store_ttl", None), settings.backend
+    index, ttl, kind = (
+        getattr(settings, "store_index", None),
+        getattr(settings, "store_ttl", None),
+        settings.backend,
+    )
     if ttl is not None and kind == "memory":
         return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL"
     if index is None:

@@ -62,7 +62,9 @@ _FILTER_OPS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 # -- checks ---------------------------------------------------------------------------------------
 
 
-def check_labels(labels: Sequence[Any], field: str, *, store_rules: bool, wildcards: bool = False) -> tuple[str, ...]:
+def check_labels(
+    labels: Sequence[Any], field: str, *, store_rules: bool, wildcards: bool = False
+) -> tuple[str, ...]:
     """``labels`` as a tuple, or 422 naming ``field``: the caps, and (``store_rules``) what a store refuses
     in a stored namespace."""
     labels = tuple(labels)
@@ -79,7 +81,9 @@ def check_labels(labels: Sequence[Any], field: str, *, store_rules: bool, wildca
             raise BadRequest(f"{field}[{index}]: a label cannot be empty")
         if "." in label or "\x00" in label:
             what = "'.'" if "." in label else "a NUL character"
-            raise BadRequest(f"{field}[{index}]: label {label!r} contains {what}, which LangGraph stores refuse")
+            raise BadRequest(
+                f"{field}[{index}]: label {label!r} contains {what}, which LangGraph stores refuse"
+            )
     if store_rules:
         try:
             validate_namespace(labels)
@@ -118,7 +122,9 @@ def _check_filter(filter: Any, field: str) -> None:
         if isinstance(condition, dict) and any(name.startswith("$") for name in condition):
             unknown = sorted(set(condition) - _FILTER_OPS)
             if unknown:
-                raise BadRequest(f"{field}.filter.{key}: unsupported operator(s) {unknown}; use {sorted(_FILTER_OPS)}")
+                raise BadRequest(
+                    f"{field}.filter.{key}: unsupported operator(s) {unknown}; use {sorted(_FILTER_OPS)}"
+                )
 
 
 def check_op(op: Op, field: str) -> None:
@@ -141,7 +147,9 @@ def check_op(op: Op, field: str) -> None:
                     f"{field}.value: {len(dumped)} bytes of JSON is more than the limit of {MAX_VALUE_BYTES}"
                 )
             if b"\\u0000" in dumped:
-                raise BadRequest(f"{field}.value: contains a NUL character (U+0000), which PostgreSQL refuses")
+                raise BadRequest(
+                    f"{field}.value: contains a NUL character (U+0000), which PostgreSQL refuses"
+                )
         if op.index not in (None, False) and (
             not isinstance(op.index, list) or not all(isinstance(path, str) for path in op.index)
         ):
@@ -247,7 +255,9 @@ def check_ops(ops: Sequence[Op], field: str, ttl_config: Any) -> None:
         name = field if len(ops) == 1 and field != "ops" else f"{field}[{index}]"
         check_op(op, name)
         if isinstance(op, PutOp) and op.ttl is not None and not ttl_config:
-            raise BadRequest(f"{name}.ttl: this service's store keeps items forever (start it with --store-ttl)")
+            raise BadRequest(
+                f"{name}.ttl: this service's store keeps items forever (start it with --store-ttl)"
+            )
 
 
 def with_ttl_defaults(ops: Sequence[Op], ttl_config: dict[str, Any] | None) -> list[Op]:
@@ -297,13 +307,21 @@ def op_from_json(entry: dict[str, Any]) -> Op:
     if kind == "get":
         return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))
     if kind == "put":
-        return PutOp(tuple(entry["namespace"]), entry["key"], entry.get("value"), entry.get("index"), entry.get("ttl"))
+        return PutOp(
+            tuple(entry["namespace"]), entry["key"], entry.get("value"), entry.get("index"), entry.get("ttl")
+        )
     if kind == "search":
         return SearchOp(
-            tuple(entry.get("namespace_prefix") or ()), entry.get("filter"), entry.get("limit", 10),
-            entry.get("offset", 0), entry.get("query"), entry.get("refresh_ttl"),
+            tuple(entry.get("namespace_prefix") or ()),
+            entry.get("filter"),
+            entry.get("limit", 10),
+            entry.get("offset", 0),
+            entry.get("query"),
+            entry.get("refresh_ttl"),
         )
     conditions = tuple(
         MatchCondition(c["match_type"], tuple(c["path"])) for c in entry.get("match_conditions") or ()
     )
-    return ListNamespacesOp(conditions, entry.get("max_depth"), entry.get("limit", 100), entry.get("offset", 0))
+    return ListNamespacesOp(
+        conditions, entry.get("max_depth"), entry.get("limit", 100), entry.get("offset", 0)
+    )

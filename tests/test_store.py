@@ -34,7 +34,9 @@ KEY = "store-tests-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
     backend = request.param
     root = tmp_path_factory.mktemp(f"store-{backend}")
     database, drop = None, None
@@ -81,7 +83,12 @@ def test_put_get_update_delete(store: RemoteStore, root: str) -> None:
     assert store.get(ns, "a") is None
     store.put(ns, "a", {"text": "first", "n": 1})
     item = store.get(ns, "a")
-    assert item is not None and item.namespace == ns and item.key == "a" and item.value == {"text": "first", "n": 1}
+    assert (
+        item is not None
+        and item.namespace == ns
+        and item.key == "a"
+        and item.value == {"text": "first", "n": 1}
+    )
     store.put(ns, "a", {"text": "second"})
     updated = store.get(ns, "a")
     assert updated is not None and updated.value == {"text": "second"}
@@ -114,7 +121,7 @@ def _fill(store: RemoteStore, root: str) -> None:
 
 def test_search_by_prefix_and_filters(store: RemoteStore, root: str) -> None:
     _fill(store, root)
-    keys = lambda items: sorted(i.key for i in items)  # noqa: E731
+    keys = lambda items: sorted(i.key for i in items)
     assert keys(store.search((root,))) == ["1", "2", "3", "4"]
     assert keys(store.search((root, "a"))) == ["1", "2", "3"]
     assert keys(store.search((root, "a", "deep"))) == ["3"]
@@ -142,20 +149,36 @@ def test_search_pagination(store: RemoteStore, root: str) -> None:
 
 
 def test_list_namespaces(store: RemoteStore, root: str) -> None:
-    for ns in [(root, "users", "alice", "prefs"), (root, "users", "bob", "prefs"), (root, "users", "bob", "notes"),
-               (root, "docs", "alice")]:
-        store.put(ns, "k", {"v": 1})
-    listed = lambda **kw: sorted(store.list_namespaces(**kw))  # noqa: E731
-    assert listed(prefix=(root,)) == sorted([
-        (root, "docs", "alice"), (root, "users", "alice", "prefs"), (root, "users", "bob", "notes"),
+    for ns in [
+        (root, "users", "alice", "prefs"),
         (root, "users", "bob", "prefs"),
-    ])
+        (root, "users", "bob", "notes"),
+        (root, "docs", "alice"),
+    ]:
+        store.put(ns, "k", {"v": 1})
+    listed = lambda **kw: sorted(store.list_namespaces(**kw))
+    assert listed(prefix=(root,)) == sorted(
+        [
+            (root, "docs", "alice"),
+            (root, "users", "alice", "prefs"),
+            (root, "users", "bob", "notes"),
+            (root, "users", "bob", "prefs"),
+        ]
+    )
     assert listed(prefix=(root, "users")) == [
-        (root, "users", "alice", "prefs"), (root, "users", "bob", "notes"), (root, "users", "bob", "prefs"),
+        (root, "users", "alice", "prefs"),
+        (root, "users", "bob", "notes"),
+        (root, "users", "bob", "prefs"),
     ]
-    assert listed(prefix=(root,), suffix=("prefs",)) == [(root, "users", "alice", "prefs"), (root, "users", "bob", "prefs")]
+    assert listed(prefix=(root,), suffix=("prefs",)) == [
+        (root, "users", "alice", "prefs"),
+        (root, "users", "bob", "prefs"),
+    ]
     assert listed(prefix=(root, "*", "alice")) == [(root, "docs", "alice"), (root, "users", "alice", "prefs")]
-    assert listed(prefix=(root,), suffix=("bob", "*")) == [(root, "users", "bob", "notes"), (root, "users", "bob", "prefs")]
+    assert listed(prefix=(root,), suffix=("bob", "*")) == [
+        (root, "users", "bob", "notes"),
+        (root, "users", "bob", "prefs"),
+    ]
     assert listed(prefix=(root,), max_depth=2) == [(root, "docs"), (root, "users")]
     assert listed(prefix=(root, "users"), max_depth=3) == [(root, "users", "alice"), (root, "users", "bob")]
     first = store.list_namespaces(prefix=(root,), limit=2)
@@ -169,13 +192,15 @@ def test_list_namespaces(store: RemoteStore, root: str) -> None:
 
 def test_batch_mixed_ops_in_order(store: RemoteStore, root: str) -> None:
     store.put((root, "b"), "existing", {"v": 0})
-    results = store.batch([
-        GetOp((root, "b"), "existing"),
-        PutOp((root, "b"), "new", {"v": 1}),
-        SearchOp((root,), None, 10, 0),
-        ListNamespacesOp((MatchCondition("prefix", (root,)),), None, 10, 0),
-        GetOp((root, "b"), "missing"),
-    ])
+    results = store.batch(
+        [
+            GetOp((root, "b"), "existing"),
+            PutOp((root, "b"), "new", {"v": 1}),
+            SearchOp((root,), None, 10, 0),
+            ListNamespacesOp((MatchCondition("prefix", (root,)),), None, 10, 0),
+            GetOp((root, "b"), "missing"),
+        ]
+    )
     assert len(results) == 5
     assert results[0] is not None and results[0].value == {"v": 0}
     assert results[1] is None
@@ -188,12 +213,14 @@ def test_batch_mixed_ops_in_order(store: RemoteStore, root: str) -> None:
 
 def test_batch_deduplicates_puts_and_gets(store: RemoteStore, root: str) -> None:
     ns = (root, "dedup")
-    results = store.batch([
-        PutOp(ns, "k", {"v": 1}),
-        PutOp(ns, "k", {"v": 2}),
-        PutOp(ns, "gone", {"v": 1}),
-        PutOp(ns, "gone", None),
-    ])
+    results = store.batch(
+        [
+            PutOp(ns, "k", {"v": 1}),
+            PutOp(ns, "k", {"v": 2}),
+            PutOp(ns, "gone", {"v": 1}),
+            PutOp(ns, "gone", None),
+        ]
+    )
     assert results == [None, None, None, None]
     assert store.get(ns, "k").value == {"v": 2}, "the last put of a key in a batch wins"
     assert store.get(ns, "gone") is None
@@ -246,7 +273,10 @@ def test_a_filter_across_value_types_is_no_500(store: RemoteStore, root: str) ->
 
 
 def test_a_key_is_required(service: ServiceProcess) -> None:
-    with RemoteStore(service.url, api_key="not-a-key-0123456789") as wrong, pytest.raises(AuthenticationError):
+    with (
+        RemoteStore(service.url, api_key="not-a-key-0123456789") as wrong,
+        pytest.raises(AuthenticationError),
+    ):
         wrong.get(("a",), "k")
 
 
@@ -260,7 +290,11 @@ def test_langgraph_sdk_sync_store_client(service: ServiceProcess, root: str) -> 
         client.store.put_item([root, "sdk"], key="k1", value={"title": "hello", "n": 1})
         client.store.put_item([root, "sdk", "deep"], key="k2", value={"title": "world", "n": 2})
         item = client.store.get_item([root, "sdk"], key="k1")
-        assert item["namespace"] == [root, "sdk"] and item["key"] == "k1" and item["value"] == {"title": "hello", "n": 1}
+        assert (
+            item["namespace"] == [root, "sdk"]
+            and item["key"] == "k1"
+            and item["value"] == {"title": "hello", "n": 1}
+        )
         assert item["created_at"] and item["updated_at"]
         assert client.store.get_item([root, "sdk"], key="missing") is None
         found = client.store.search_items([root], filter={"n": 2}, limit=5, offset=0)
@@ -268,7 +302,9 @@ def test_langgraph_sdk_sync_store_client(service: ServiceProcess, root: str) -> 
         assert len(client.store.search_items([root], limit=1)["items"]) == 1
         listed = client.store.list_namespaces(prefix=[root], max_depth=2, limit=10, offset=0)
         assert listed["namespaces"] == [[root, "sdk"]]
-        assert client.store.list_namespaces(prefix=[root], suffix=["deep"])["namespaces"] == [[root, "sdk", "deep"]]
+        assert client.store.list_namespaces(prefix=[root], suffix=["deep"])["namespaces"] == [
+            [root, "sdk", "deep"]
+        ]
         client.store.delete_item([root, "sdk"], key="k1")
         assert client.store.get_item([root, "sdk"], key="k1") is None
 
@@ -301,19 +337,26 @@ class State(TypedDict):
 def test_graph_nodes_use_the_remote_store(service: ServiceProcess, root: str) -> None:
     """A node writes and searches memories through ``get_store()``; the messages the service prunes from
     the thread's window are found in the same store under ``("memories", thread_id)``."""
+
     def remember(state: State) -> dict:
         store = get_store()
         last = state["messages"][-1]
         store.put((root, "facts"), last.id, {"text": last.content})
         recalled = store.search((root, "facts"), filter={"text": last.content})
-        return {"messages": [AIMessage(f"noted {last.content}", id=f"ai-{last.id}")], "recalled": len(recalled)}
+        return {
+            "messages": [AIMessage(f"noted {last.content}", id=f"ai-{last.id}")],
+            "recalled": len(recalled),
+        }
 
     builder = StateGraph(State)
     builder.add_node("remember", remember)
     builder.add_edge(START, "remember")
     thread = f"{root}-thread"
     config = {"configurable": {"thread_id": thread}}
-    with RemoteReducingSaver(service.url, api_key=KEY) as saver, RemoteStore(service.url, api_key=KEY) as store:
+    with (
+        RemoteReducingSaver(service.url, api_key=KEY) as saver,
+        RemoteStore(service.url, api_key=KEY) as store,
+    ):
         graph = builder.compile(checkpointer=saver, store=store)
         for i in range(4):
             out = graph.invoke({"messages": [HumanMessage(f"fact {i}", id=f"h{i}")]}, config)

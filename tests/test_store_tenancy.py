@@ -37,13 +37,27 @@ class Store:
         return response.json() if response.content else None
 
     def put(self, ns: list[str], key: str, value: dict) -> None:
-        self._ok(self.client.put("/store/items", json={"namespace": ns, "key": key, "value": value}, headers=self.headers), 204)
+        self._ok(
+            self.client.put(
+                "/store/items", json={"namespace": ns, "key": key, "value": value}, headers=self.headers
+            ),
+            204,
+        )
 
     def get(self, ns: list[str], key: str) -> Any:
-        return self._ok(self.client.get("/store/items", params={"namespace": ".".join(ns), "key": key}, headers=self.headers))
+        return self._ok(
+            self.client.get(
+                "/store/items", params={"namespace": ".".join(ns), "key": key}, headers=self.headers
+            )
+        )
 
     def delete(self, ns: list[str], key: str) -> None:
-        self._ok(self.client.request("DELETE", "/store/items", json={"namespace": ns, "key": key}, headers=self.headers), 204)
+        self._ok(
+            self.client.request(
+                "DELETE", "/store/items", json={"namespace": ns, "key": key}, headers=self.headers
+            ),
+            204,
+        )
 
     def search(self, prefix: list[str], **kw: Any) -> list[dict]:
         body = {"namespace_prefix": prefix, "limit": 1000, **kw}
@@ -51,7 +65,9 @@ class Store:
 
     def namespaces(self, **kw: Any) -> list[list[str]]:
         body = {"limit": 1000, **kw}
-        return sorted(self._ok(self.client.post("/store/namespaces", json=body, headers=self.headers))["namespaces"])
+        return sorted(
+            self._ok(self.client.post("/store/namespaces", json=body, headers=self.headers))["namespaces"]
+        )
 
     def batch(self, ops: list[dict]) -> list[Any]:
         return self._ok(self.client.post("/store/batch", json={"ops": ops}, headers=self.headers))["results"]
@@ -76,7 +92,9 @@ def run_store_matrix(client: Any) -> dict[str, str]:
         assert time.monotonic() < deadline, "the pruned messages never reached acme's store"
         time.sleep(0.1)
     extracted = [i for i in acme.search(NAMESPACE) if i["namespace"] == NAMESPACE]
-    assert extracted and all(i["value"]["thread_id"] == "shared" for i in extracted), "extracted memories, unprefixed"
+    assert extracted and all(i["value"]["thread_id"] == "shared" for i in extracted), (
+        "extracted memories, unprefixed"
+    )
     assert ["memories", "user-42"] in acme.namespaces()
     message_key = extracted[0]["key"]
     # rival: one item of its own under the same namespace.
@@ -132,13 +150,18 @@ def run_store_matrix(client: Any) -> dict[str, str]:
     outcome["put over acme's item"] = "lands in rival's subtree"
     outcome["delete acme's items"] = "204, acme's untouched"
     # batch: the same through one request.
-    results = rival.batch([
-        {"op": "get", "namespace": MINE, "key": "k"},
-        {"op": "put", "namespace": [*NAMESPACE, "deep"], "key": "k", "value": None},
-        {"op": "search", "namespace_prefix": stored},
-        {"op": "list_namespaces", "match_conditions": [{"match_type": "prefix", "path": stored}]},
-        {"op": "list_namespaces", "match_conditions": [{"match_type": "suffix", "path": [*stored, *MINE]}]},
-    ])
+    results = rival.batch(
+        [
+            {"op": "get", "namespace": MINE, "key": "k"},
+            {"op": "put", "namespace": [*NAMESPACE, "deep"], "key": "k", "value": None},
+            {"op": "search", "namespace_prefix": stored},
+            {"op": "list_namespaces", "match_conditions": [{"match_type": "prefix", "path": stored}]},
+            {
+                "op": "list_namespaces",
+                "match_conditions": [{"match_type": "suffix", "path": [*stored, *MINE]}],
+            },
+        ]
+    )
     assert results[:3] == [None, None, []]
     # InMemoryStore lists the (empty) namespaces rival's own gets above touched in its subtree: no items.
     assert all(rival.search(ns) == [] for ns in results[3] + results[4]), results
@@ -166,7 +189,9 @@ def test_store_isolation_matrix_on_postgres(tmp_path, fresh_pg) -> None:
         with psycopg.connect(fresh_pg) as conn:
             prefixes = {r[0] for r in conn.execute("SELECT DISTINCT prefix FROM store")}
     assert prefixes == {
-        "tenants.acme.notes.projects", "tenants.acme.memories.user-42", "tenants.acme.memories.user-42.deep",
+        "tenants.acme.notes.projects",
+        "tenants.acme.memories.user-42",
+        "tenants.acme.memories.user-42.deep",
         "tenants.rival.memories.user-42",
     }, "every item lies under its tenant's labels"
     for attack, result in outcome.items():

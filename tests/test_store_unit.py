@@ -44,7 +44,10 @@ def test_single_tenant_mode_maps_nothing() -> None:
         (PutOp(("a",), "k", {"v": "\x00"}), "x.value"),
         (SearchOp(("a",), {"k": {"$regex": "."}}, 10, 0), "x.filter.k"),
         (SearchOp(("a",), None, 10, -1), "x.offset"),
-        (ListNamespacesOp((MatchCondition("prefix", ("a",) * 17),), None, 10, 0), "x.match_conditions[0].path"),
+        (
+            ListNamespacesOp((MatchCondition("prefix", ("a",) * 17),), None, 10, 0),
+            "x.match_conditions[0].path",
+        ),
         (ListNamespacesOp((), 0, 10, 0), "x.max_depth"),
     ],
 )
@@ -56,11 +59,13 @@ def test_refused_ops_name_the_field(op, field) -> None:
 def test_ttl_defaults_fill_only_what_the_client_left_open() -> None:
     config = {"default_ttl": 5, "refresh_on_read": False}
     put, own, delete = PutOp(("a",), "k", {}), PutOp(("a",), "k", {}, ttl=9), PutOp(("a",), "k", None)
-    get, search = GetOp(("a",), "k", None), SearchOp(("a",), None, 10, 0, None, None)  # type: ignore[arg-type]
+    get = GetOp(("a",), "k", None)  # type: ignore[arg-type]
+    search = SearchOp(("a",), None, 10, 0, None, None)  # type: ignore[arg-type]
     out = with_ttl_defaults([put, own, delete, get, search], config)
     assert [o.ttl for o in out[:3]] == [5, 9, None]
     assert out[3].refresh_ttl is False and out[4].refresh_ttl is False
-    assert with_ttl_defaults([GetOp(("a",), "k", None)], None)[0].refresh_ttl is True  # type: ignore[arg-type]
+    open_get = GetOp(("a",), "k", None)  # type: ignore[arg-type]
+    assert with_ttl_defaults([open_get], None)[0].refresh_ttl is True
 
 
 def test_remote_store_is_a_base_store_with_async_twins() -> None:
@@ -69,6 +74,8 @@ def test_remote_store_is_a_base_store_with_async_twins() -> None:
     for name in ("batch", "get", "put", "delete", "search", "list_namespaces"):
         twin = public[f"a{name}"]
         assert inspect.iscoroutinefunction(twin), name
-        assert list(inspect.signature(public[name]).parameters) == list(inspect.signature(twin).parameters), name
+        assert list(inspect.signature(public[name]).parameters) == list(inspect.signature(twin).parameters), (
+            name
+        )
     with pytest.raises(ValueError, match="http"):
         RemoteStore("postgresql://localhost/db")

@@ -117,11 +117,15 @@ class ListNamespacesOpBody(_Body):
 
 
 class BatchRequest(_Body):
-    ops: list[Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]]
+    ops: list[
+        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
+    ]
 
 
 class BatchResponse(BaseModel):
-    results: list[Any] = Field(description="Per operation: an item or null (get), null (put), items (search), namespaces.")
+    results: list[Any] = Field(
+        description="Per operation: an item or null (get), null (put), items (search), namespaces."
+    )
 
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
@@ -131,7 +135,9 @@ EMBEDDING_TIMEOUT = 60.0
 
 async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
     scope = store_ops.store_scope(service)
-    timeout = max(EMBEDDING_TIMEOUT, service.settings.db_timeout_seconds) if service.settings.store_index else None
+    timeout = (
+        max(EMBEDDING_TIMEOUT, service.settings.db_timeout_seconds) if service.settings.store_index else None
+    )
     return await service.blocking(store_ops.run_batch, service, scope, ops, field, timeout=timeout)
 
 
@@ -167,7 +173,9 @@ async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
     return Response(status_code=204)
 
 
-@router.api_route("/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False)
+@router.api_route(
+    "/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
+)
 async def other_methods() -> Response:
     """405 naming every method of /store/items (three routes share the path; each alone would name one)."""
     return Response(status_code=405, headers={"Allow": "GET, PUT, DELETE"})
