@@ -1,9 +1,10 @@
-"""reducing_saver.client: use a reducing-saver service as a LangGraph checkpointer.
+"""reducing_saver.client: use a reducing-saver service as a LangGraph checkpointer and store.
 
-    from reducing_saver.client import RemoteReducingSaver
+    from reducing_saver.client import RemoteReducingSaver, RemoteStore
 
     checkpointer = RemoteReducingSaver("http://reducing-saver:8000")   # instead of PostgresSaver
-    graph = builder.compile(checkpointer=checkpointer)
+    store = RemoteStore("http://reducing-saver:8000")                  # instead of PostgresStore
+    graph = builder.compile(checkpointer=checkpointer, store=store)
 
 This package needs only httpx, orjson and langgraph-checkpoint: it imports neither FastAPI nor a
 database driver.
@@ -21,6 +22,7 @@ from reducing_saver.client._errors import (
     ServerUnavailableError,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._store import RemoteStore
 
 __all__ = [
     "AuthenticationError",
@@ -31,6 +33,7 @@ __all__ = [
     "ReducingSaverError",
     "RemoteReducer",
     "RemoteReducingSaver",
+    "RemoteStore",
     "RequestTimeoutError",
     "SafeJsonPlusSerializer",
     "ServerUnavailableError",

@@ -56,6 +56,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--sweep-interval": "sweep_interval",
     "--sweep": "sweep",
     "--extract-on-delete": "extract_on_delete",
+    "--store-index": "store_index",
+    "--store-ttl": "store_ttl",
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -66,6 +68,8 @@ WORKER_FLAGS: dict[str, str] = {
         "--extraction-batch-size",
         "--extraction-max-attempts",
         "--extraction-lease-seconds",
+        "--store-index",
+        "--store-ttl",
         "--log-level",
         "--log-format",
     )
@@ -261,6 +265,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    from reducing_saver.service import store_config
     from reducing_saver.service.app import create_app
     from reducing_saver.service.observability import configure_logging
     from reducing_saver.service.security import check_exposure
@@ -270,6 +275,8 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 
     if refusal := check_exposure(settings):
         raise CommandError(refusal, code=2)
+    if refusal := store_config.refusal(settings):
+        raise CommandError(refusal)
     sock = _bind(settings.host, settings.port)
     try:
         _check_backend(settings)
@@ -310,14 +317,18 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 
 def worker(settings: Settings) -> None:
     """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
+    from reducing_saver.service import store_config
     from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
+    if refusal := store_config.refusal(settings):
+        raise CommandError(refusal)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds)
+    backend.store_options = store_config.store_options(settings)
     memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -172,6 +172,35 @@ class SweepSettings(BaseModel):
     )
 
 
+class StoreSettings(BaseModel):
+    """The long-term memory store, as ``langgraph.json`` configures Agent Server's (``service/store_config.py``)."""
+
+    store_index: Annotated[dict[str, Any] | None, NoDecode] = Field(
+        None,
+        description='Semantic search: JSON {"dims": N, "embed": "provider:model" | "module:callable", "fields": '
+        '["$"]}; embedding happens in the service. Memory and SQLite (sqlite-vec); PostgreSQL needs pgvector.',
+    )
+    store_ttl: Annotated[dict[str, Any] | None, NoDecode] = Field(
+        None,
+        description='Item TTL: JSON {"default_ttl": minutes, "refresh_on_read": true, "sweep_interval_minutes": '
+        "N}; applied to extracted memories too. PostgreSQL and SQLite.",
+    )
+
+    @field_validator("store_index", mode="before")
+    @classmethod
+    def _parse_store_index(cls, value: object) -> object:
+        from reducing_saver.service.store_config import parse_index
+
+        return parse_index(value)
+
+    @field_validator("store_ttl", mode="before")
+    @classmethod
+    def _parse_store_ttl(cls, value: object) -> object:
+        from reducing_saver.service.store_config import parse_ttl
+
+        return parse_ttl(value)
+
+
 class Settings(
     ServerSettings,
     ReducerSettings,
@@ -179,6 +208,7 @@ class Settings(
     LimitSettings,
     ExtractionSettings,
     SweepSettings,
+    StoreSettings,
     BaseSettings,
 ):
     """Everything the service can be told, from flags, ``REDUCING_SAVER_<FIELD>`` variables and ``.env``.

@@ -19,14 +19,14 @@ from langgraph.checkpoint.base import CheckpointTuple
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import (
+    BODY_FORMATS,
     INT_TYPE,
     RESERVED_TYPE_PREFIX,
-    BODY_FORMATS,
     Blob,
     WireError,
     base64_from_wire,

@@ -25,6 +25,7 @@ from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
+from reducing_saver.service.store_config import store_options
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
 logger = logging.getLogger("reducing_saver.service")
@@ -86,6 +87,10 @@ class Service:
         )
         try:
             backend.setup()
+            backend.store_options = store_options(settings)
+            # Opened here, once, before any request or deliverer can ask for it concurrently; a backend
+            # that cannot serve the store's settings refuses to start.
+            backend.store()
             codec = self.metrics.measuring()
 
             def wrap(inner: Any) -> ReducingSaver:

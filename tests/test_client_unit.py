@@ -590,6 +590,7 @@ def test_public_surface_is_pinned() -> None:
             "ReducingSaverError",
             "RemoteReducer",
             "RemoteReducingSaver",
+            "RemoteStore",
             "RequestTimeoutError",
             "SafeJsonPlusSerializer",
             "ServerUnavailableError",

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 
 KEY = "hostile-corpus-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "reducing_saver_outbox")
+TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "reducing_saver_outbox", "store")
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,9 @@ class StoreExtractor:
             validate_namespace(namespace)
         except ValueError as exc:
             raise PermanentExtractionError(str(exc)) from exc
-        ops = [PutOp(tuple(namespace), entry.key, self.value(entry)) for entry in entries]
+        # The store's default TTL (--store-ttl) applies to extracted memories as to any item put without one.
+        ttl = (getattr(self.store, "ttl_config", None) or {}).get("default_ttl")
+        ops = [PutOp(tuple(namespace), entry.key, self.value(entry), ttl=ttl) for entry in entries]
         try:
             self.store.batch(ops)
         except InvalidNamespaceError as exc:

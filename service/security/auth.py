@@ -15,13 +15,17 @@ from reducing_saver.service.security.tenancy import _tenant
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 
 def _bearer(scope: Scope) -> bytes | None:
+    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (what langgraph_sdk sends)."""
+    api_key = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
             if scheme.lower() == b"bearer" and token.strip():
                 return token.strip()
             return None
-    return None
+        if name == b"x-api-key" and api_key is None and value.strip():
+            api_key = value.strip()
+    return api_key
 
 
 class AuthMiddleware:

@@ -80,6 +80,8 @@ class Backend(Protocol):
     kind: str
     #: The process's PostgreSQL connection pool (``None`` elsewhere); for metrics.
     pool: Any
+    #: The store's ``index`` and ``ttl`` keyword arguments, set before the first :meth:`store` call.
+    store_options: dict[str, Any]
 
     def setup(self) -> None:
         """Create the checkpoint tables (idempotent; safe when replicas start together)."""

@@ -560,9 +560,64 @@ def _cases() -> list[Case]:
         msgpack_case("checkpoint-id-not-uuid", put, packed(put_body(empty, thread_id="cid", checkpoint=checkpoint(id="1' OR '1'='1"))), names=("checkpoint", "id")),
         msgpack_case("on-a-json-only-route", "/v1/threads/delete", lambda ctx: ormsgpack.packb({"thread_id": "victim"}), expect=frozenset({415}), names=("application/msgpack", "application/json")),
     ]
+    cases += _store_cases()
     names = [case.name for case in cases]
     assert len(names) == len(set(names)), "case names must be unique"
     return cases
+
+
+def _store_cases() -> list[Case]:
+    """The store routes: labels a store refuses, caps, SQL in filter keys, shapes (nothing stored)."""
+    items, search, spaces, batch = "/store/items", "/store/items/search", "/store/namespaces", "/store/batch"
+
+    def put(namespace: Any = ("a",), key: Any = "k", value: Any = None, **extra: Any) -> Callable[[Context], bytes]:
+        return json_bytes({"namespace": list(namespace), "key": key, "value": {"v": 1} if value is None else value, **extra})
+
+    def case(name: str, path: str, body: Callable[[Context], bytes], names: tuple[str, ...], method: str = "POST") -> Case:
+        return Case(f"store-{name}", path, body, names=names, method=method)
+
+    no_body = json_bytes({})
+    return [
+        case("put-label-with-dot", items, put(("a.b",)), ("namespace[0]", "'.'"), "PUT"),
+        case("put-label-traversal", items, put(("..", "etc")), ("namespace[0]",), "PUT"),
+        case("put-empty-namespace", items, put(()), ("namespace", "empty"), "PUT"),
+        case("put-empty-label", items, put(("a", "")), ("namespace[1]", "empty"), "PUT"),
+        case("put-langgraph-first", items, put(("langgraph", "x")), ("namespace", "langgraph"), "PUT"),
+        case("put-nul-label", items, put(("a\x00b",)), ("namespace[0]", "NUL"), "PUT"),
+        case("put-20-labels", items, put(tuple(f"l{i}" for i in range(20))), ("namespace", "limit of 16"), "PUT"),
+        case("put-10kb-label", items, put(("l" * 10240,)), ("namespace[0]", "limit of 256"), "PUT"),
+        case("put-empty-key", items, put(key=""), ("key", "empty"), "PUT"),
+        case("put-nul-key", items, put(key="k\x00"), ("key", "NUL"), "PUT"),
+        case("put-10kb-key", items, put(key="k" * 10240), ("key", "limit of 256"), "PUT"),
+        case("put-value-2mb", items, put(value={"v": "x" * (2 * MB)}), ("value", "limit of"), "PUT"),
+        case("put-value-nul", items, put(value={"v": "a\x00b"}), ("value", "NUL"), "PUT"),
+        case("put-value-not-object", items, put(value=[1, 2]), ("value",), "PUT"),
+        case("put-ttl-negative", items, put(ttl=-5), ("ttl",), "PUT"),
+        case("put-ttl-without-store-ttl", items, put(ttl=5), ("ttl", "--store-ttl"), "PUT"),
+        case("put-index-not-a-list", items, put(index="text"), ("index",), "PUT"),
+        case("put-unknown-field", items, put(owner="rival"), ("owner",), "PUT"),
+        case("put-deep-value", items, lambda ctx: b'{"namespace":["a"],"key":"k","value":' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}", ("max_nesting_depth",), "PUT"),
+        case("get-no-key", f"{items}?namespace=a", no_body, ("key",), "GET"),
+        case("get-no-namespace", f"{items}?key=k", no_body, ("namespace",), "GET"),
+        case("get-empty-label", f"{items}?namespace=a..b&key=k", no_body, ("namespace[1]", "empty"), "GET"),
+        case("get-10kb-label", f"{items}?namespace={'l' * 10240}&key=k", no_body, ("namespace[0]",), "GET"),
+        case("delete-label-with-dot", items, json_bytes({"namespace": ["a.b"], "key": "k"}), ("namespace[0]",), "DELETE"),
+        case("delete-nul-key", items, json_bytes({"namespace": ["a"], "key": "\x00"}), ("key", "NUL"), "DELETE"),
+        case("search-limit-1e6", search, json_bytes({"namespace_prefix": [], "limit": 1_000_000}), ("limit", "0..1000"), "POST"),
+        case("search-offset-negative", search, json_bytes({"namespace_prefix": [], "offset": -1}), ("offset",), "POST"),
+        case("search-filter-sql-key", search, json_bytes({"namespace_prefix": [], "filter": {"a') OR 1=1 --": 1}}), ("filter", "refused"), "POST"),
+        case("search-filter-json-path-key", search, json_bytes({"namespace_prefix": [], "filter": {"$.x": 1}}), ("filter",), "POST"),
+        case("search-filter-unknown-operator", search, json_bytes({"namespace_prefix": [], "filter": {"a": {"$where": "1"}}}), ("filter.a", "$where"), "POST"),
+        case("search-prefix-with-dot", search, json_bytes({"namespace_prefix": ["tenants.other"]}), ("namespace_prefix[0]",), "POST"),
+        case("search-query-20k", search, json_bytes({"namespace_prefix": [], "query": "q" * 20_000}), ("query",), "POST"),
+        case("namespaces-max-depth-0", spaces, json_bytes({"max_depth": 0}), ("max_depth",), "POST"),
+        case("namespaces-limit-1e6", spaces, json_bytes({"limit": 1_000_000}), ("limit",), "POST"),
+        case("namespaces-suffix-with-dot", spaces, json_bytes({"suffix": ["a.b"]}), ("path[0]",), "POST"),
+        case("batch-unknown-op", batch, json_bytes({"ops": [{"op": "drop_table"}]}), ("op",), "POST"),
+        case("batch-10k-ops", batch, json_bytes({"ops": [{"op": "get", "namespace": ["a"], "key": "k"}] * 10_000}), ("ops", "limit of 1000"), "POST"),
+        case("batch-refused-op-stores-nothing", batch, json_bytes({"ops": [{"op": "put", "namespace": ["a"], "key": "k", "value": {"v": 1}}, {"op": "put", "namespace": ["a.b"], "key": "k", "value": {"v": 1}}]}), ("ops[1].namespace[0]",), "POST"),
+        case("batch-match-type-regex", batch, json_bytes({"ops": [{"op": "list_namespaces", "match_conditions": [{"match_type": "regex", "path": [".*"]}]}]}), ("match_type",), "POST"),
+    ]
 
 
 CASES: list[Case] = _cases()

@@ -22,7 +22,9 @@ class MemoryBackend:
     def __init__(self) -> None:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
         self._outbox = MemoryOutbox()
-        self._store = InMemoryStore()
+        self._store: InMemoryStore | None = None
+        #: InMemoryStore's ``index`` (``service/store_config.py``), set before the first store().
+        self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:
         """Nothing to create."""
@@ -34,6 +36,10 @@ class MemoryBackend:
         return self._outbox
 
     def store(self) -> InMemoryStore:
+        if self._store is None:
+            if "ttl" in self.store_options:
+                raise RuntimeError("--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL")
+            self._store = InMemoryStore(**self.store_options)
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> MemoryLedger:

@@ -13,6 +13,7 @@ from reducing_saver.service.storage.postgres.connections import (
     check_database,
     locked_setup,
     open_pool,
+    require_pgvector,
 )
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
@@ -30,6 +31,8 @@ class PostgresBackend:
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
         self._store: PostgresStore | None = None
+        #: PostgresStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
+        self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:
         # Replicas that start together must not run the migrations at the same time.
@@ -46,9 +49,13 @@ class PostgresBackend:
 
     def store(self) -> PostgresStore:
         if self._store is None:
-            store = PostgresStore(self.pool)
+            if "index" in self.store_options:
+                require_pgvector(self.pool)
+            store = PostgresStore(self.pool, **self.store_options)
             with locked_setup(self.url, STORE_LOCK_KEY):
                 store.setup()
+            if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
+                store.start_ttl_sweeper()
             self._store = store
         return self._store
 
@@ -66,6 +73,8 @@ class PostgresBackend:
             conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
 
     def close(self, timeout: float = 5.0) -> None:
+        if self._store is not None:
+            self._store.stop_ttl_sweeper(timeout)
         self.pool.close(timeout=timeout)
 
 

@@ -145,3 +145,18 @@ def unavailable(exc: BaseException) -> str | None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return f"the database is unavailable: {type(exc).__name__}: {first}"
     return None
+
+
+#: Why semantic search cannot start on a PostgreSQL server without pgvector (one line).
+PGVECTOR_MISSING = (
+    "--store-index needs the pgvector extension on PostgreSQL, and this server has none "
+    "(pg_available_extensions lists no 'vector'): install pgvector, or start without --store-index"
+)
+HAS_PGVECTOR = "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"
+
+
+def require_pgvector(pool: Any) -> None:
+    """Raise ``RuntimeError`` (:data:`PGVECTOR_MISSING`) unless the server offers pgvector."""
+    with pool.connection() as conn:
+        if conn.execute(HAS_PGVECTOR).fetchone() is None:
+            raise RuntimeError(PGVECTOR_MISSING)

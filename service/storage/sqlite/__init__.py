@@ -14,6 +14,13 @@ from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
 
+#: Why semantic search cannot start on SQLite under this Python (one line).
+NO_LOADABLE_EXTENSIONS = (
+    "--store-index on SQLite needs the sqlite-vec extension, and this Python's sqlite3 cannot load "
+    "extensions (built without --enable-loadable-sqlite-extensions): use a Python that can, or start "
+    "without --store-index"
+)
+
 
 class SqliteBackend:
     """See :class:`reducing_saver.service.storage.Backend`. SqliteSaver serializes every call on its
@@ -28,6 +35,8 @@ class SqliteBackend:
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
         self._store: SqliteStore | None = None
+        #: SqliteStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
+        self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:
         self.saver.setup()
@@ -45,8 +54,14 @@ class SqliteBackend:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
-            self._store = SqliteStore(conn)
-            self._store.setup()
+            if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
+                raise RuntimeError(NO_LOADABLE_EXTENSIONS)
+            store = SqliteStore(conn, **self.store_options)
+            store.setup()
+            if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
+                store.start_ttl_sweeper()
+                self._closers.append(store.stop_ttl_sweeper)
+            self._store = store
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:

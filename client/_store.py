@@ -1,0 +1,242 @@
+"""RemoteStore: a LangGraph ``BaseStore`` whose items live in the reducing-saver service's store.
+
+``batch``/``abatch`` send the operations whole to ``POST /store/batch``; the service checks them, maps
+them into the tenant's namespaces and runs them as one ``batch`` of its backend's store (PostgresStore,
+SqliteStore, InMemoryStore), so results, deduplication and ordering are that store's. Every convenience
+method of ``BaseStore`` (``get``, ``put``, ``delete``, ``search``, ``list_namespaces`` and their async
+twins) goes through them. The transport, retries, errors and API key are those of
+``RemoteReducingSaver`` (``_client._Http``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Self
+
+import httpx
+import orjson
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    _validate_namespace_labels,
+)
+
+from reducing_saver.client._client import DEFAULT_TIMEOUT, _Call, _Http
+from reducing_saver.wire import json_default
+
+#: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
+BATCH_PATH = "/store/batch"
+
+
+def _op_json(op: Op) -> dict[str, Any]:
+    if isinstance(op, GetOp):
+        return {"op": "get", "namespace": list(op.namespace), "key": op.key, "refresh_ttl": op.refresh_ttl}
+    if isinstance(op, PutOp):
+        body: dict[str, Any] = {
+            "op": "put",
+            "namespace": list(op.namespace),
+            "key": op.key,
+            "value": op.value,
+        }
+        if op.index is not None:
+            body["index"] = op.index if op.index is False else list(op.index)
+        if op.ttl is not None:
+            body["ttl"] = op.ttl
+        return body
+    if isinstance(op, SearchOp):
+        return {
+            "op": "search",
+            "namespace_prefix": list(op.namespace_prefix),
+            "filter": op.filter,
+            "limit": op.limit,
+            "offset": op.offset,
+            "query": op.query,
+            "refresh_ttl": op.refresh_ttl,
+        }
+    if isinstance(op, ListNamespacesOp):
+        return {
+            "op": "list_namespaces",
+            "match_conditions": [
+                {"match_type": c.match_type, "path": list(c.path)} for c in op.match_conditions or ()
+            ],
+            "max_depth": op.max_depth,
+            "limit": op.limit,
+            "offset": op.offset,
+        }
+    raise TypeError(f"RemoteStore cannot send a {type(op).__name__}")
+
+
+def _item(body: Mapping[str, Any], *, search: bool) -> Item:
+    fields = {
+        "namespace": tuple(body["namespace"]),
+        "key": body["key"],
+        "value": body["value"],
+        "created_at": datetime.fromisoformat(body["created_at"]),
+        "updated_at": datetime.fromisoformat(body["updated_at"]),
+    }
+    return SearchItem(**fields, score=body.get("score")) if search else Item(**fields)
+
+
+def _result(op: Op, body: Any) -> Result:
+    if isinstance(op, GetOp):
+        return None if body is None else _item(body, search=False)
+    if isinstance(op, SearchOp):
+        return [_item(item, search=True) for item in body]
+    if isinstance(op, ListNamespacesOp):
+        return [tuple(namespace) for namespace in body]
+    return None
+
+
+def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
+    def parse(body: Any) -> list[Result]:
+        results = body["results"]
+        if len(results) != len(ops):
+            raise KeyError(f"{len(results)} results for {len(ops)} operations")
+        return [_result(op, result) for op, result in zip(ops, results, strict=True)]
+
+    content = orjson.dumps({"ops": [_op_json(op) for op in ops]}, default=json_default)
+    # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
+    return _Call("POST", BATCH_PATH, content, True, parse)
+
+
+class RemoteStore(BaseStore):
+    """A LangGraph store backed by a reducing-saver service; use it where you would use PostgresStore.
+
+    ``builder.compile(checkpointer=RemoteReducingSaver(url), store=RemoteStore(url))``: nodes reach it
+    through ``get_store()`` or ``runtime.store``, and find the memories the service extracted from pruned
+    messages under the namespaces it documents. With API keys, the service keeps a tenant's items apart
+    from every other tenant's; the namespaces a tenant sees are its own, unprefixed.
+
+    Semantic search (``search(..., query=...)``) and TTLs are the service's settings (``--store-index``,
+    ``--store-ttl``): embedding happens in the service. A put without ``ttl`` gets the service's default
+    TTL, if any; ``ttl`` on a service without ``--store-ttl`` is refused (``BadRequestError``).
+
+    Args:
+        url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
+        api_key: Sent as ``Authorization: Bearer <api_key>``; defaults to ``REDUCING_SAVER_API_KEY``.
+        timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
+        max_retries: Retries after a connection error or a 502/503/504.
+        backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
+        headers: Extra headers sent with every request.
+        transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
+        async_transport: httpx transport for async calls instead of aiohttp.
+
+    Raises:
+        ValueError: If ``url`` is not an http(s) URL or an option is out of range.
+    """
+
+    # The service decides: it refuses a TTL when it has none configured.
+    supports_ttl = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = _Http(
+            url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            headers=headers,
+            transport=transport,
+            async_transport=async_transport,
+        )
+
+    @property
+    def url(self) -> str:
+        return self._http.url
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self._http.url!r})"
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ``ops`` in the service's store as one batch (one request); results in order."""
+        ops = list(ops)
+        return self._http.send(_batch_call(ops)) if ops else []
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ``ops`` in the service's store as one batch (one request); results in order."""
+        ops = list(ops)
+        return await self._http.asend(_batch_call(ops)) if ops else []
+
+    # get and search leave ``refresh_ttl=None`` open for the service, which applies its store's
+    # ``refresh_on_read`` (BaseStore's versions would decide ``True`` here, knowing no TTL settings).
+
+    def get(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
+        """The item at ``namespace``/``key``, or ``None``."""
+        _validate_namespace_labels(namespace)
+        return self.batch([GetOp(namespace, str(key), refresh_ttl)])[0]  # type: ignore[arg-type]
+
+    async def aget(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        """The item at ``namespace``/``key``, or ``None``."""
+        _validate_namespace_labels(namespace)
+        return (await self.abatch([GetOp(namespace, str(key), refresh_ttl)]))[0]  # type: ignore[arg-type]
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
+        _validate_namespace_labels(namespace_prefix)
+        op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
+        return self.batch([op])[0]
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
+        _validate_namespace_labels(namespace_prefix)
+        op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
+        return (await self.abatch([op]))[0]
+
+    def close(self) -> None:
+        self._http.close()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

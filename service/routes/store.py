@@ -1,0 +1,223 @@
+"""The long-term memory store: LangGraph Agent Server's store routes, and one batch route.
+
+``/store/items`` (PUT, GET, DELETE), ``/store/items/search`` and ``/store/namespaces`` take and answer
+what Agent Server does, so ``langgraph_sdk``'s ``client.store`` works against the service unchanged.
+``POST /store/batch`` carries a ``BaseStore.batch`` call whole (``reducing_saver.client.RemoteStore``).
+Every route runs ``store_ops.run_batch`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
+from pydantic import BaseModel, ConfigDict, Field
+
+from reducing_saver.service import store_ops
+from reducing_saver.service.errors import BadRequest
+from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.service.state import Service
+
+router = APIRouter(tags=["store"])
+
+Labels = list[str]
+
+
+class _Body(BaseModel):
+    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class PutItemRequest(_Body):
+    namespace: Labels
+    key: str
+    value: dict[str, Any]
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = Field(None, description="Minutes; null: the store's default TTL (if any).")
+
+
+class DeleteItemRequest(_Body):
+    namespace: Labels
+    key: str
+
+
+class SearchItemsRequest(_Body):
+    namespace_prefix: Labels = []
+    filter: dict[str, Any] | None = None
+    limit: int = 10
+    offset: int = 0
+    query: str | None = None
+    refresh_ttl: bool | None = None
+
+
+class ListNamespacesRequest(_Body):
+    prefix: Labels | None = None
+    suffix: Labels | None = None
+    max_depth: int | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+class StoreItem(BaseModel):
+    namespace: Labels
+    key: str
+    value: dict[str, Any]
+    created_at: str
+    updated_at: str
+    score: float | None = None
+
+
+class SearchItemsResponse(BaseModel):
+    items: list[StoreItem]
+
+
+class ListNamespacesResponse(BaseModel):
+    namespaces: list[Labels]
+
+
+class GetOpBody(_Body):
+    op: Literal["get"]
+    namespace: Labels
+    key: str
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
+
+
+class PutOpBody(_Body):
+    op: Literal["put"]
+    namespace: Labels
+    key: str
+    value: dict[str, Any] | None = Field(..., description="null deletes the item.")
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = None
+
+
+class SearchOpBody(_Body):
+    op: Literal["search"]
+    namespace_prefix: Labels = []
+    filter: dict[str, Any] | None = None
+    limit: int = 10
+    offset: int = 0
+    query: str | None = None
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
+
+
+class MatchConditionBody(_Body):
+    match_type: Literal["prefix", "suffix"]
+    path: Labels
+
+
+class ListNamespacesOpBody(_Body):
+    op: Literal["list_namespaces"]
+    match_conditions: list[MatchConditionBody] | None = None
+    max_depth: int | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+class BatchRequest(_Body):
+    ops: list[
+        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
+    ]
+
+
+class BatchResponse(BaseModel):
+    results: list[Any] = Field(
+        description="Per operation: an item or null (get), null (put), items (search), namespaces."
+    )
+
+
+#: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
+#: than a database.
+EMBEDDING_TIMEOUT = 60.0
+
+
+async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
+    scope = store_ops.store_scope(service)
+    timeout = (
+        max(EMBEDDING_TIMEOUT, service.settings.db_timeout_seconds) if service.settings.store_index else None
+    )
+    return await service.blocking(store_ops.run_batch, service, scope, ops, field, timeout=timeout)
+
+
+@router.put("/store/items", status_code=204, responses=ERRORS, summary="Store or replace an item.")
+async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
+    op = PutOp(tuple(body.namespace), body.key, body.value, body.index, body.ttl)
+    await _run(service, [op], "body")
+    return Response(status_code=204)
+
+
+@router.get(
+    "/store/items",
+    response_model=None,
+    responses={**ERRORS, 200: {"model": StoreItem | None, "description": "The item, or null."}},
+    summary="Read an item (null if none).",
+)
+async def get_item(
+    service: ServiceDep,
+    key: Annotated[str, Query()],
+    namespace: Annotated[str, Query(description="Labels joined by '.'.")] = "",
+    refresh_ttl: Annotated[bool | None, Query()] = None,
+) -> Any:
+    labels = tuple(namespace.split(".")) if namespace else ()
+    if not labels:
+        raise BadRequest("query.namespace: give at least one label (labels joined by '.')")
+    (item,) = await _run(service, [GetOp(labels, key, refresh_ttl)], "query")
+    return item
+
+
+@router.delete("/store/items", status_code=204, responses=ERRORS, summary="Delete an item.")
+async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
+    await _run(service, [PutOp(tuple(body.namespace), body.key, None)], "body")
+    return Response(status_code=204)
+
+
+@router.api_route(
+    "/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
+)
+async def other_methods() -> Response:
+    """405 naming every method of /store/items (three routes share the path; each alone would name one)."""
+    return Response(status_code=405, headers={"Allow": "GET, PUT, DELETE"})
+
+
+@router.post(
+    "/store/items/search",
+    response_model=SearchItemsResponse,
+    responses=ERRORS,
+    summary="Items under a namespace prefix: filtered by value, or ranked by a semantic query.",
+)
+async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
+    op = SearchOp(
+        tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query, body.refresh_ttl
+    )
+    (items,) = await _run(service, [op], "body")
+    return {"items": items}
+
+
+@router.post(
+    "/store/namespaces",
+    response_model=ListNamespacesResponse,
+    responses=ERRORS,
+    summary="Namespaces holding items, by prefix and suffix ('*' matches any label), cut at max_depth.",
+)
+async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> Any:
+    conditions = []
+    if body.prefix:
+        conditions.append(MatchCondition("prefix", tuple(body.prefix)))
+    if body.suffix:
+        conditions.append(MatchCondition("suffix", tuple(body.suffix)))
+    op = ListNamespacesOp(tuple(conditions), body.max_depth, body.limit, body.offset)
+    (namespaces,) = await _run(service, [op], "body")
+    return {"namespaces": namespaces}
+
+
+@router.post(
+    "/store/batch",
+    response_model=BatchResponse,
+    responses=ERRORS,
+    summary="Run BaseStore.batch: get, put (value null deletes), search and list_namespaces operations.",
+)
+async def batch(body: BatchRequest, service: ServiceDep) -> Any:
+    ops = [store_ops.op_from_json(entry.model_dump()) for entry in body.ops]
+    return {"results": await _run(service, ops, "ops")}

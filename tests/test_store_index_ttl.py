@@ -1,0 +1,228 @@
+"""The store's semantic search (--store-index) and TTL (--store-ttl), through a running service.
+
+Embeddings are langchain_core's deterministic fake (``tests/support/embeddings.py``): no network, no
+model; a query equal to an item's indexed text finds that item first with a score of 1. Vector search
+runs on memory; SQLite needs a Python whose sqlite3 loads extensions (sqlite-vec) and PostgreSQL needs
+pgvector: where they are missing, the service refuses to start with one line saying so (tested here);
+where they exist, the search tests run on them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from langgraph.store.postgres import PostgresStore
+from langgraph.store.sqlite import SqliteStore
+
+from reducing_saver.client import RemoteStore
+from reducing_saver.service.config import Settings
+from tests.support.embeddings import DIMS
+from tests.support.server import CLI, ROOT, run_service
+from tests.test_security import KEYS, NAMESPACE, Api, key_pairs
+
+pytestmark = pytest.mark.e2e
+
+INDEX = json.dumps(
+    {"dims": DIMS, "embed": "tests.support.embeddings:embed", "fields": ["text", "data.content"]}
+)
+ENV = {"REDUCING_SAVER_API_KEYS": key_pairs()}
+
+
+def _has_pgvector() -> bool:
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres") as conn:
+        return (
+            conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is not None
+        )
+
+
+SQLITE_VEC = hasattr(sqlite3.connect(":memory:"), "enable_load_extension")
+
+
+def _refused(tmp_path: Path, *args: str) -> str:
+    """Run ``reducing-saver serve ARGS``; it must exit at once, non-zero; returns its last line."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [str(CLI), "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout + done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+# -- semantic search ---------------------------------------------------------------------------------
+
+
+def _database(backend: str, tmp_path: Path, fresh_pg: str | None) -> str:
+    return {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/db.sqlite"}.get(backend) or str(fresh_pg)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if backend == "sqlite" and not SQLITE_VEC:
+        pytest.skip("this Python's sqlite3 cannot load sqlite-vec (test_refusals covers the refusal)")
+    if backend == "postgres" and not _has_pgvector():
+        pytest.skip("no pgvector on this server (test_refusals covers the refusal)")
+    database = _database(
+        backend, tmp_path, request.getfixturevalue("fresh_pg") if backend == "postgres" else None
+    )
+    args = ["--database", database, "--store-index", INDEX, "--max-messages", "4", "--min-messages", "2"]
+    with (
+        run_service(tmp_path, *args, env=ENV) as svc,
+        RemoteStore(svc.url, api_key=KEYS["acme"]) as acme,
+        RemoteStore(svc.url, api_key=KEYS["rival"]) as rival,
+    ):
+        texts = {"tea": "likes green tea", "chess": "plays chess on sundays", "city": "lives in lisbon"}
+        for key, text in texts.items():
+            acme.put(("profile",), key, {"text": text, "kind": "hobby" if key != "city" else "place"})
+        rival.put(("profile",), "rival", {"text": "plays chess on sundays"})
+        found = acme.search(("profile",), query="plays chess on sundays")
+        assert found[0].key == "chess" and found[0].score == pytest.approx(1.0)
+        assert [i.score for i in found] == sorted((i.score for i in found), reverse=True)
+        assert {i.key for i in found} == set(texts), "rival's item, the same text, is not acme's to find"
+        hobbies = acme.search(("profile",), query="lives in lisbon", filter={"kind": "hobby"})
+        assert {i.key for i in hobbies} == {"tea", "chess"}
+        assert [i.key for i in rival.search((), query="likes green tea")] == ["rival"]
+        assert all(i.score is None for i in acme.search(("profile",))), "no query, no score"
+
+        # langgraph_sdk's search_items with a query answers scores too.
+        from langgraph_sdk import get_sync_client
+
+        with get_sync_client(url=svc.url, api_key=KEYS["acme"]) as client:
+            items = client.store.search_items(["profile"], query="likes green tea", limit=2)["items"]
+        assert items[0]["key"] == "tea" and items[0]["score"] == pytest.approx(1.0) and len(items) == 2
+
+        # Extracted messages are indexed like any item: a pruned message's content finds it.
+        import httpx
+
+        with httpx.Client(base_url=svc.url, timeout=30) as http:
+            Api(http, "acme").put("shared", turns=4)
+        deadline = time.monotonic() + 60
+        while not (memories := acme.search(tuple(NAMESPACE), limit=100)):
+            assert time.monotonic() < deadline, "the pruned messages never reached the store"
+            time.sleep(0.1)
+        target = memories[0]
+        ranked = acme.search(tuple(NAMESPACE), query=target.value["data"]["content"], limit=100)
+        assert ranked[0].key == target.key and ranked[0].score == pytest.approx(1.0)
+
+
+def test_refusals(tmp_path: Path) -> None:
+    """One line, naming the reason, instead of a service that cannot do what it was told."""
+    line = _refused(tmp_path, "--database", "memory://", "--store-ttl", '{"default_ttl": 5}')
+    assert line == "reducing-saver: --store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL"
+    line = _refused(
+        tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "nope.mod:embed"}'
+    )
+    assert "--store-index embed 'nope.mod:embed' cannot be imported" in line
+    line = _refused(
+        tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "x:y", "bogus": 1}'
+    )
+    assert "--store-index" in line or "store_index" in line
+    if not SQLITE_VEC:
+        line = _refused(tmp_path, "--database", f"sqlite:///{tmp_path}/db.sqlite", "--store-index", INDEX)
+        assert line.startswith("reducing-saver: --store-index on SQLite needs the sqlite-vec extension")
+    if not _has_pgvector():
+        line = _refused(
+            tmp_path, "--database", "postgresql://postgres@127.0.0.1:5432/postgres", "--store-index", INDEX
+        )
+        assert line == (
+            "reducing-saver: --store-index needs the pgvector extension on PostgreSQL, and this server has "
+            "none "
+            "(pg_available_extensions lists no 'vector'): install pgvector, or start without --store-index"
+        )
+
+
+def test_store_settings_are_checked() -> None:
+    settings = Settings(database="memory://", store_index=INDEX, store_ttl='{"default_ttl": 1.5}')
+    assert settings.store_index == {
+        "dims": DIMS,
+        "embed": "tests.support.embeddings:embed",
+        "fields": ["text", "data.content"],
+    }
+    assert settings.store_ttl == {"default_ttl": 1.5, "refresh_on_read": True}
+    for bad in (
+        '{"dims": 0, "embed": "a:b"}',
+        '{"dims": 4}',
+        '{"dims": 4, "embed": "a:b", "fields": []}',
+        "[1]",
+        "{",
+    ):
+        with pytest.raises(ValueError, match="store_index"):
+            Settings(database="memory://", store_index=bad)
+    for bad in (
+        '{"default_ttl": -1}',
+        '{"sweep_interval_minutes": 0.5}',
+        '{"refresh_on_read": "yes"}',
+        '{"ttl": 1}',
+    ):
+        with pytest.raises(ValueError, match="store_ttl"):
+            Settings(database="memory://", store_ttl=bad)
+
+
+# -- TTL ---------------------------------------------------------------------------------------------
+
+
+def _expiries(backend: str, database: str) -> dict[tuple[str, str], object]:
+    if backend == "sqlite":
+        with sqlite3.connect(database.removeprefix("sqlite:///")) as conn:
+            rows = conn.execute("SELECT prefix, key, expires_at FROM store").fetchall()
+    else:
+        with psycopg.connect(database) as conn:
+            rows = conn.execute("SELECT prefix, key, expires_at FROM store").fetchall()
+    return {(prefix, key): expires for prefix, key, expires in rows}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_store_ttl(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    database = _database(
+        backend, tmp_path, request.getfixturevalue("fresh_pg") if backend == "postgres" else None
+    )
+    ttl = json.dumps({"default_ttl": 0.02, "refresh_on_read": False})  # 1.2 s
+    args = ["--database", database, "--store-ttl", ttl, "--max-messages", "4", "--min-messages", "2"]
+    with run_service(tmp_path, *args, env=ENV) as svc, RemoteStore(svc.url, api_key=KEYS["acme"]) as acme:
+        acme.put(("notes",), "default", {"text": "expires with the default"})
+        acme.put(("notes",), "own", {"text": "expires later"}, ttl=60)
+        import httpx
+
+        with httpx.Client(base_url=svc.url, timeout=30) as http:
+            Api(http, "acme").put("shared", turns=4)
+        deadline = time.monotonic() + 60
+        while not acme.search(tuple(NAMESPACE)):
+            assert time.monotonic() < deadline, "the pruned messages never reached the store"
+            time.sleep(0.1)
+        expiries = _expiries(backend, database)
+        assert all(expires is not None for expires in expiries.values()), (
+            "every item, extracted ones too, expires"
+        )
+        assert expiries[("tenants.acme.notes", "own")] != expiries[("tenants.acme.notes", "default")]
+        # refresh_on_read is false: reads through RemoteStore (refresh_ttl left open) leave the expiry alone.
+        acme.get(("notes",), "default")
+        assert (
+            _expiries(backend, database)[("tenants.acme.notes", "default")]
+            == expiries[("tenants.acme.notes", "default")]
+        )
+        time.sleep(2.5)  # past every expiry; SQLite compares with CURRENT_TIMESTAMP, to the second
+        local = (
+            SqliteStore.from_conn_string(database.removeprefix("sqlite:///"))
+            if backend == "sqlite"
+            else PostgresStore.from_conn_string(database)
+        )
+        with local as store:
+            swept = store.sweep_ttl()
+        assert swept >= 2, "the default-TTL note and the extracted messages expired"
+        assert acme.get(("notes",), "default") is None and acme.search(tuple(NAMESPACE)) == []
+        assert acme.get(("notes",), "own") is not None
