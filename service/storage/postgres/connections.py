@@ -6,6 +6,11 @@ touches) borrows from the one pool :func:`open_pool` makes, so a process never h
 ``pool_size`` connections. Borrowing waits at most ``timeout`` seconds: past that the pool raises
 ``PoolTimeout``, which :func:`unavailable` reads as "the database is unavailable" (a 503), instead of
 psycopg_pool's default of 30 s.
+
+When the database goes away, every connection in use fails (``OperationalError``, a 503) and the pool
+replaces it in the background. psycopg_pool waits 1, 2, 4, 8... seconds between reconnection attempts,
+so after an outage of seconds the service would answer 503 for as long again once the database is
+back; :class:`ServicePool` keeps trying every :data:`RECONNECT_MAX_DELAY` seconds at most instead.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 #: Advisory lock keys, one per set-up that replicas starting together must not run at once. Two-key
 #: locks (``copy_thread``'s) live apart from these one-key ones.
@@ -34,6 +40,34 @@ POLL_SECONDS = 0.05
 CONNECTION_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 
 
+#: The longest wait between two attempts to replace a broken pooled connection: how late, at most, the
+#: service notices that the database is back. One connection attempt a second per lost connection costs
+#: a database that is down nothing.
+RECONNECT_MAX_DELAY = 1.0
+
+
+class _PromptReconnect(AttemptWithBackoff):
+    """psycopg_pool's reconnection backoff, capped at :data:`RECONNECT_MAX_DELAY`."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_DELAY)
+
+
+class ServicePool(ConnectionPool):
+    """A ``ConnectionPool`` that replaces broken connections at most a second apart, not 1, 2, 4, 8 s...
+
+    psycopg_pool has no setting for it: the attempt object its reconnection starts with is swapped for
+    one whose delay is capped; it still gives up after ``reconnect_timeout`` as psycopg_pool does (and
+    grows again on demand after that).
+    """
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        if attempt is None:
+            attempt = _PromptReconnect(timeout=self.reconnect_timeout)
+        super()._add_connection(attempt, growing=growing)
+
+
 def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-saver") -> ConnectionPool:
     """The process's pool of ``size`` autocommit, dict-row connections, open and filled.
 
@@ -44,7 +78,7 @@ def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-save
             waits for the first connections.
         name: The pool's name in psycopg_pool's logs.
     """
-    pool = ConnectionPool(
+    pool = ServicePool(
         url, min_size=size, max_size=size, kwargs=CONNECTION_KWARGS, open=False, name=name, timeout=timeout
     )
     pool.open(wait=True, timeout=timeout)

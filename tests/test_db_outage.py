@@ -1,0 +1,185 @@
+"""A database outage seen from outside: a real service process whose PostgreSQL goes away for seconds.
+
+The service reaches PostgreSQL through a TCP proxy the test cuts (every connection closed, new ones
+closed at once) and restores, so the shared server is never touched. While it is cut, agents (sync and
+async ``RemoteReducingSaver``, a real LangGraph graph) keep running turns, and a probe sends per-step
+calls of its own: every failed answer must be a 503 naming the database, within the database timeout
+plus a little; the agents' client must retry through the outage; once the proxy forwards again the
+service must recover by itself, and no pruned message may be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from langgraph.store.postgres import PostgresStore
+
+from reducing_saver.client import RemoteReducingSaver
+from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
+from tests.support.proxy import tcp_proxy
+from tests.support.server import run_service
+
+pytestmark = pytest.mark.e2e
+
+DB_TIMEOUT = 2.0
+OUTAGE_SECONDS = 8.0
+#: How late a 503 may come: the database timeout, plus the time to notice a broken connection.
+ANSWER_BUDGET = DB_TIMEOUT + 3.0
+#: How soon after the database returns per-step calls must succeed again.
+RECOVERY_BUDGET = 3.0
+
+
+@dataclass
+class Agent:
+    prefix: str
+    turns: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def thread_id(self) -> str:
+        return f"outage-{self.prefix}"
+
+    def config(self) -> dict:
+        return {"configurable": {"thread_id": self.thread_id}}
+
+    def expected_ids(self) -> set[str]:
+        ids = set()
+        for turn in range(self.turns):
+            ids |= {f"{self.prefix}-h-{turn:04d}", f"{self.prefix}-ai-{turn:04d}"}
+        return ids
+
+
+def run_sync_agent(url: str, agent: Agent, stop: threading.Event) -> None:
+    try:
+        with RemoteReducingSaver(url) as saver:
+            graph = build_chat_graph(saver, prefix=agent.prefix, length=100)
+            while not stop.is_set():
+                graph.invoke({"messages": [human(agent.turns, agent.prefix, 100)]}, agent.config())
+                agent.turns += 1
+                time.sleep(0.2)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        agent.errors.append(exc)
+
+
+def run_async_agent(url: str, agent: Agent, stop: threading.Event) -> None:
+    async def turns() -> None:
+        async with RemoteReducingSaver(url) as saver:
+            graph = build_chat_graph(saver, prefix=agent.prefix, length=100)
+            while not stop.is_set():
+                await graph.ainvoke({"messages": [human(agent.turns, agent.prefix, 100)]}, agent.config())
+                agent.turns += 1
+                await asyncio.sleep(0.2)
+
+    try:
+        asyncio.run(turns())
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        agent.errors.append(exc)
+
+
+@dataclass
+class Answer:
+    at: float
+    status: int
+    seconds: float
+    detail: str
+
+
+def probe(url: str, stop: threading.Event, answers: list[Answer]) -> None:
+    """Per-step calls without the client's retries: what the service answers, and how fast."""
+    body = {"config": {"configurable": {"thread_id": "outage-probe", "checkpoint_ns": ""}}}
+    with httpx.Client(base_url=url, timeout=60.0) as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            response = client.post("/v1/checkpoints/get", json=body)
+            detail = "" if response.status_code == 200 else str(response.json().get("detail"))
+            answers.append(Answer(started, response.status_code, time.monotonic() - started, detail))
+            time.sleep(0.1)
+
+
+def wait_drained(url: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = httpx.get(f"{url}/v1/extraction/status", timeout=10).json()
+        if status["pending"] == 0 and status["in_flight"] == 0:
+            return status
+        assert time.monotonic() < deadline, f"outbox not drained: {status}"
+        time.sleep(0.2)
+
+
+def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_service_recovers(
+    fresh_pg, tmp_path, record_property
+):
+    with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
+        args = (
+            "--database", proxy.url(fresh_pg),
+            "--pool-size", "3",
+            "--db-timeout-seconds", str(DB_TIMEOUT),
+            "--max-messages", "6",
+            "--min-messages", "4",
+            "--extraction-linger-seconds", "0",
+        )  # fmt: skip
+        with run_service(tmp_path, *args) as service:
+            stop = threading.Event()
+            agents = [Agent("sync"), Agent("async")]
+            answers: list[Answer] = []
+            threads = [
+                threading.Thread(target=run_sync_agent, args=(service.url, agents[0], stop)),
+                threading.Thread(target=run_async_agent, args=(service.url, agents[1], stop)),
+                threading.Thread(target=probe, args=(service.url, stop, answers)),
+            ]
+            for thread in threads:
+                thread.start()
+            try:
+                time.sleep(2.0)
+                turns_before = [agent.turns for agent in agents]
+                proxy.cut()
+                cut_at = time.monotonic()
+                time.sleep(OUTAGE_SECONDS)
+                proxy.restore()
+                restored_at = time.monotonic()
+                time.sleep(8.0)
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(60)
+            output = service.output()
+
+            for agent in agents:
+                assert not agent.errors, f"{agent.prefix} agent failed: {agent.errors!r}\n{output[-4000:]}"
+            # The agents made progress before, and carried on after (every turn retried through the cut).
+            assert all(before >= 2 for before in turns_before), turns_before
+            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before)), [
+                (agent.turns, before) for agent, before in zip(agents, turns_before)
+            ]
+
+            during = [a for a in answers if cut_at <= a.at < restored_at]
+            failed = [a for a in answers if a.status != 200]
+            assert any(a.status == 503 for a in during), "the cut produced no 503: the test proves nothing"
+            assert all(a.status == 503 for a in failed), [(a.status, a.detail) for a in failed]
+            assert all("database" in a.detail for a in failed), [a.detail for a in failed]
+            slowest = max(a.seconds for a in failed)
+            assert slowest <= ANSWER_BUDGET, f"a 503 took {slowest:.2f} s"
+            recovered = min(a.at + a.seconds for a in answers if a.status == 200 and a.at >= restored_at)
+            assert recovered - restored_at <= RECOVERY_BUDGET, f"recovered {recovered - restored_at:.2f} s after"
+            assert all(a.status == 200 for a in answers if a.at >= recovered)
+            record_property(
+                "outage figures",
+                f"503s: {len(failed)}, slowest {slowest:.2f} s, median "
+                f"{sorted(a.seconds for a in failed)[len(failed) // 2]:.2f} s; recovered "
+                f"{recovered - restored_at:.2f} s after the restore; turns {[a.turns for a in agents]}",
+            )
+
+            # Nothing lost: every message of every turn is in the thread's window or in long-term memory.
+            wait_drained(service.url)
+            with RemoteReducingSaver(service.url) as saver, PostgresStore.from_conn_string(fresh_pg) as store:
+                for agent in agents:
+                    window = saver.get_tuple(agent.config()).checkpoint["channel_values"]["messages"]
+                    kept = {m.id for m in window}
+                    stored = {item.key for item in store.search(("memories", agent.thread_id), limit=10_000)}
+                    missing = agent.expected_ids() - kept - stored
+                    assert not missing, f"{agent.prefix}: lost {sorted(missing)}"
