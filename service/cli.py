@@ -164,6 +164,31 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def _leave_threads_stuck_on_the_database() -> None:
+    """Exit now if threads still wait on a database that stopped answering.
+
+    The service has shut down (the grace is over, the backend closed or left behind), but a saver call
+    cancelled with its request still waits in its worker thread, and Python joins executor threads at
+    exit: the process would live on for as long as the database keeps silent. Their work is moot; exit
+    with the code the process was about to exit with.
+    """
+    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon and t.is_alive()]
+    if not stuck:
+        return
+    error = sys.exc_info()[1]
+    if error is None:
+        code = 0
+    elif isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    else:
+        code = 1
+    logger.warning("%d thread(s) still wait on the database; exiting without them", len(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     import uvicorn
 
@@ -197,7 +222,10 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
     }
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **common)
+        try:
+            uvicorn.run(create_app(settings), **common)
+        finally:
+            _leave_threads_stuck_on_the_database()
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment.

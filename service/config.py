@@ -56,8 +56,8 @@ class ServerSettings(BaseModel):
     shutdown_grace_seconds: float = Field(
         30.0,
         ge=0,
-        description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
-        "database is closed.",
+        description="On SIGTERM, how long in-flight requests may run before they are cancelled; closing "
+        "the database then takes at most db_timeout_seconds, even when it does not answer.",
     )
     db_timeout_seconds: float = Field(
         5.0,

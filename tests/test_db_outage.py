@@ -11,11 +11,13 @@ service must recover by itself, and no pruned message may be lost.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
+import psycopg
 import pytest
 from langgraph.store.postgres import PostgresStore
 
@@ -183,3 +185,81 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
                     stored = {item.key for item in store.search(("memories", agent.thread_id), limit=10_000)}
                     missing = agent.expected_ids() - kept - stored
                     assert not missing, f"{agent.prefix}: lost {sorted(missing)}"
+
+
+GRACE = 2.0
+LEASE = 6.0
+
+
+def claimed_rows(database: str) -> list[tuple[str, object]]:
+    with psycopg.connect(database) as conn:
+        return conn.execute(
+            "SELECT key, lease_until FROM reducing_saver_outbox WHERE claimed_by IS NOT NULL AND status = 'pending'"
+        ).fetchall()
+
+
+def test_sigterm_ends_the_service_within_the_grace_while_the_database_hangs_and_claims_come_back_by_lease(
+    fresh_pg, tmp_path, record_property
+):
+    with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
+        args = (
+            "--database", proxy.url(fresh_pg),
+            "--pool-size", "3",
+            "--db-timeout-seconds", "2",
+            "--max-messages", "4",
+            "--min-messages", "2",
+            "--extractor", "tests.support.extractors:slow",
+            "--extraction-lease-seconds", str(LEASE),
+            "--extraction-linger-seconds", "0",
+            "--shutdown-grace-seconds", str(GRACE),
+        )  # fmt: skip
+        env = {"RS_TEST_EXTRACT_SECONDS": "60"}
+        with run_service(tmp_path, *args, env=env) as service:
+            agent = Agent("term")
+            with RemoteReducingSaver(service.url) as saver:
+                graph = build_chat_graph(saver, prefix=agent.prefix, length=100)
+                for _ in range(4):
+                    graph.invoke({"messages": [human(agent.turns, agent.prefix, 100)]}, agent.config())
+                    agent.turns += 1
+            deadline = time.monotonic() + 30
+            while not (claimed := claimed_rows(fresh_pg)):
+                assert time.monotonic() < deadline, "the deliverer claimed nothing"
+                time.sleep(0.2)
+
+            # The database stops answering: connections stay open, statements and connects wait forever.
+            proxy.hang()
+            body = {"config": {"configurable": {"thread_id": agent.thread_id, "checkpoint_ns": ""}}}
+            stuck = threading.Thread(
+                target=lambda: httpx.post(f"{service.url}/v1/checkpoints/get", json=body, timeout=120),
+                daemon=True,
+            )
+            stuck.start()  # a request in flight, waiting on the database
+            time.sleep(0.5)
+            started = time.monotonic()
+            service.process.terminate()
+            try:
+                service.process.wait(timeout=GRACE + 60)
+            except subprocess.TimeoutExpired:
+                pass
+            took = time.monotonic() - started
+            assert service.process.returncode is not None, f"still running {took:.0f} s after SIGTERM"
+            output = service.output()
+            assert took <= GRACE + 5, f"SIGTERM took {took:.1f} s\n{output[-3000:]}"
+            assert service.process.returncode == 0, output[-3000:]
+            record_property("shutdown figures", f"SIGTERM to exit {took:.2f} s with a grace of {GRACE:g} s")
+
+    # The rows it held stay claimed, as after a crash; another process delivers them once the lease ends.
+    still = claimed_rows(fresh_pg)
+    assert {key for key, _ in still} == {key for key, _ in claimed}
+    lease_end = max(lease_until for _, lease_until in still)
+    with run_service(tmp_path, "--database", fresh_pg, "--extraction-linger-seconds", "0") as service:
+        wait_drained(service.url)
+    with psycopg.connect(fresh_pg) as conn:
+        rows = conn.execute(
+            "SELECT key, status, delivered_at FROM reducing_saver_outbox WHERE key = ANY(%s)",
+            [[key for key, _ in claimed]],
+        ).fetchall()
+    assert rows and all(status == "done" and delivered_at >= lease_end for _, status, delivered_at in rows)
+    with PostgresStore.from_conn_string(fresh_pg) as store:
+        stored = {item.key for item in store.search(("memories", agent.thread_id), limit=1000)}
+    assert {key for key, _ in claimed} <= stored

@@ -2,7 +2,9 @@
 
 The service is given the proxy's port as its database. :meth:`TcpProxy.cut` closes every connection it
 carries and closes each new one at once (a client sees "server closed the connection unexpectedly", as
-when PostgreSQL stops); :meth:`TcpProxy.restore` forwards again.
+when PostgreSQL stops); :meth:`TcpProxy.hang` keeps every connection open but silent, and accepts new
+ones without an answer (a network partition: statements and connection attempts wait, nothing fails);
+:meth:`TcpProxy.restore` forwards again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class TcpProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._cut = threading.Event()
+        self._hung = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
@@ -45,8 +48,15 @@ class TcpProxy:
         for sock in sockets:
             _close(sock)
 
+    def hang(self) -> None:
+        """Forward nothing, close nothing: bytes sent either way are dropped, new connections wait."""
+        self._hung.set()
+
     def restore(self) -> None:
-        """Forward new connections again."""
+        """Forward new connections again (the connections a hang left mid-stream are closed)."""
+        if self._hung.is_set():
+            self.cut()
+            self._hung.clear()
         self._cut.clear()
 
     def close(self) -> None:
@@ -64,6 +74,10 @@ class TcpProxy:
             if self._cut.is_set():
                 _close(client)
                 continue
+            if self._hung.is_set():
+                with self._lock:
+                    self._sockets.add(client)
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
@@ -78,7 +92,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if not self._hung.is_set():
+                    sink.sendall(data)
         except OSError:
             pass
         finally:
