@@ -20,6 +20,7 @@ from reducing_saver.client._errors import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
+from reducing_saver.wire.memory import decode_memory_value
 
 __all__ = [
     "AuthenticationError",
@@ -33,4 +34,5 @@ __all__ = [
     "RequestTimeoutError",
     "ServerUnavailableError",
     "__version__",
+    "decode_memory_value",
 ]

@@ -640,6 +640,7 @@ def test_public_surface_is_pinned() -> None:
             "RequestTimeoutError",
             "ServerUnavailableError",
             "__version__",
+            "decode_memory_value",
         ]
     )
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", reducing_saver.client.__version__)

@@ -7,7 +7,8 @@ by a crashed process come back once their lease runs out. A failed group is retr
 (so one bad message does not hold back its neighbours); a failed message waits with exponential backoff
 and jitter, and after ``max_attempts`` becomes a dead letter. An extractor raising
 :class:`PermanentExtractionError` (a namespace the store refuses, a value the database cannot hold) parks
-the message at once.
+the message at once. A dead letter's ``last_error`` says which: ``permanent failure, retrying cannot
+help: ...`` or ``retryable failure, gave up after N attempt(s): ...``.
 
 The extractor is any callable ``extractor(entries, namespace)`` (its result may be awaitable):
 
@@ -38,6 +39,9 @@ from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEnt
 # -- delivery --------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
+
+#: How a dead letter's ``last_error`` starts when no retry can fix it.
+PERMANENT_PREFIX = "permanent failure, retrying cannot help: "
 
 
 def default_worker_id() -> str:
@@ -212,6 +216,12 @@ class Deliverer:
     def _fail(self, entry: OutboxEntry, error: str, *, permanent: bool, renewer: _LeaseRenewer) -> None:
         renewer.finished([entry.ident])
         if permanent or entry.attempts >= self.max_attempts:
+            # A dead letter says which kind it is: re-driving a permanent failure fails the same way
+            # (fix the extractor or the data first); a retryable one may go through later.
+            if permanent:
+                error = f"{PERMANENT_PREFIX}{error}"
+            else:
+                error = f"retryable failure, gave up after {entry.attempts} attempt(s): {error}"
             held = self.outbox.fail(self.worker_id, entry.ident, error, dead=True)
             if held:
                 logger.error(
