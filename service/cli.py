@@ -44,6 +44,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--extraction-max-attempts": "extraction_max_attempts",
     "--extraction-lease-seconds": "extraction_lease_seconds",
     "--extraction-linger-seconds": "extraction_linger_seconds",
+    "--outbox-retention": "outbox_retention",
     "--ttl-strategy": "ttl_strategy",
     "--default-ttl": "default_ttl",
     "--sweep-interval": "sweep_interval",
@@ -67,7 +68,15 @@ EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
 #: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
 SWEEP_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--ttl-strategy", "--default-ttl", "--allow-message-class", "--log-level", "--log-format")
+    for flag in (
+        "--database",
+        "--ttl-strategy",
+        "--default-ttl",
+        "--outbox-retention",
+        "--allow-message-class",
+        "--log-level",
+        "--log-format",
+    )
 }
 ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
 
@@ -115,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser = commands.add_parser(
         "sweep",
         help="apply the TTL strategy to expired threads once (for cron)",
-        description="Prune (keep_latest) or delete every thread idle for longer than its TTL, once, and "
-        "print what was done as JSON. Safe while services sweep the same database.",
+        description="Prune (keep_latest) or delete every thread idle for longer than its TTL, and delete "
+        "delivered outbox rows older than --outbox-retention, once, and print what was done as JSON. Safe "
+        "while services sweep the same database.",
     )
     _add_flags(sweep_parser, SWEEP_FLAGS)
     sweep_parser.add_argument(
@@ -287,7 +297,9 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
         # service or a worker delivers them.
         recorder = None if dry_run else backend.outbox()
-        sweeper = open_sweeper(settings, backend, recorder=recorder, tenant_mode=settings.api_key_set is not None)
+        sweeper = open_sweeper(
+            settings, backend, recorder=recorder, outbox=recorder, tenant_mode=settings.api_key_set is not None
+        )
         try:
             report = sweeper.sweep(dry_run=dry_run)
         finally:

@@ -140,7 +140,12 @@ class Service:
                 memory.start()
             # Before the savers are served: every put notes its thread's write in the TTL ledger.
             self.sweeper = open_sweeper(
-                settings, backend, recorder=memory.outbox, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+                settings,
+                backend,
+                recorder=memory.outbox,
+                outbox=memory.outbox,
+                registry=self.metrics.registry,
+                tenant_mode=self.tenant_mode,
             )
             if settings.sweep:
                 self.sweeper.start()

@@ -52,6 +52,8 @@ _PG_SETUP = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_age ON {TABLE} (pruned_at) WHERE status = 'pending'",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_dead ON {TABLE} (failed_at) WHERE status = 'dead'",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_claimed ON {TABLE} (claimed_by) WHERE status = 'pending'",
+    # Sweeps purge delivered rows past the retention without reading the whole table.
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_delivered ON {TABLE} (delivered_at) WHERE status = 'done'",
 )
 
 #: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
