@@ -205,6 +205,72 @@ def test_deliverer_refuses_nonsense_settings():
             Deliverer(MemoryOutbox(), lambda b, ns: None, **bad)
 
 
+class BrokenClaims(MemoryOutbox):
+    """An outbox whose database is away while ``down`` is set: claims fail as a lost connection would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = threading.Event()
+        self.failed_claims = 0
+
+    def claim(self, worker_id, limit, lease_seconds):
+        if self.down.is_set():
+            self.failed_claims += 1
+            raise ConnectionError("the database is unavailable")
+        return super().claim(worker_id, limit, lease_seconds)
+
+
+def test_a_deliverer_woken_after_an_outage_delivers_at_once_not_after_its_backoff():
+    outbox = BrokenClaims()
+    outbox.down.set()
+    # After a failed round the deliverer backs off (here 10 s: idle_sleep 5 s doubled).
+    deliverer = Deliverer(outbox, lambda batch, namespace: None, idle_sleep=5.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=deliverer.run_forever, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while outbox.failed_claims == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        outbox.down.clear()
+        # The database is back: a put records rows and wakes the deliverer, as Memory.record does.
+        outbox.record(human_entries(3))
+        woken = time.monotonic()
+        deliverer.wake()
+        while outbox.status()["delivered"] < 3:
+            assert time.monotonic() - woken < 2.0, "the deliverer waited out its error backoff"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        deliverer.wake()
+        thread.join(5)
+
+
+def test_the_error_backoff_is_capped():
+    outbox = BrokenClaims()
+    outbox.down.set()
+    waits: list[float] = []
+    deliverer = Deliverer(outbox, lambda batch, namespace: None, idle_sleep=1.0)
+    stop = threading.Event()
+
+    class Recording(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            if len(waits) >= 10:
+                stop.set()
+            return False
+
+    deliverer._wakeup = Recording()
+    giving_up = threading.Timer(5.0, stop.set)  # a deliverer that waits elsewhere still ends
+    giving_up.start()
+    try:
+        deliverer.run_forever(stop)
+    finally:
+        giving_up.cancel()
+    assert waits[:5] == [2.0, 4.0, 8.0, 16.0, 30.0] and max(waits) == 30.0
+
+
 def test_stopping_hands_back_the_rest_of_the_batch(outbox):
     made = [e for ns in range(3) for e in human_entries(4, namespace=("memories", f"user-{ns}"))]
     outbox.record(made)

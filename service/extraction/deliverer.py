@@ -40,6 +40,10 @@ from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEnt
 
 logger = logging.getLogger(__name__)
 
+#: The longest wait after failed delivery rounds (the database unreachable): back-off must not outlast an
+#: outage by minutes once the database is back.
+ERROR_WAIT_MAX = 30.0
+
 #: How a dead letter's ``last_error`` starts when no retry can fix it.
 PERMANENT_PREFIX = "permanent failure, retrying cannot help: "
 
@@ -252,7 +256,8 @@ class Deliverer:
         """Deliver until ``stop_event`` is set, then hand back what this worker still holds.
 
         Sleeps ``idle_sleep`` whenever a claim found less than a full batch; database errors are logged
-        and retried with backoff, never raised.
+        and retried with backoff (at most :data:`ERROR_WAIT_MAX` seconds apart), never raised. A
+        :meth:`wake` cuts that wait short too: a put that just recorded rows shows the database is back.
         """
         self._stop_event = stop_event
         errors = 0
@@ -264,7 +269,8 @@ class Deliverer:
                 except Exception:
                     errors += 1
                     logger.exception("%s: delivery round failed", self.worker_id)
-                    stop_event.wait(min(self.max_backoff, self.idle_sleep * 2 ** min(errors, 8)))
+                    self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, self.idle_sleep * 2 ** min(errors, 8)))
+                    self._wakeup.clear()
                     continue
                 if self.last_claimed < self.batch_size and not stop_event.is_set():
                     woken = self._wakeup.wait(self.idle_sleep)
