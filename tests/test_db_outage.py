@@ -22,6 +22,7 @@ import pytest
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
+from reducing_saver.service.storage.postgres.connections import ServicePool, open_pool, pool_connection_kwargs
 from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service
@@ -263,3 +264,24 @@ def test_sigterm_ends_the_service_within_the_grace_while_the_database_hangs_and_
     with PostgresStore.from_conn_string(fresh_pg) as store:
         stored = {item.key for item in store.search(("memories", agent.thread_id), limit=1000)}
     assert {key for key, _ in claimed} <= stored
+
+
+def test_a_connection_attempt_that_gets_no_answer_gives_up_so_the_pool_recovers(fresh_pg):
+    """A partition leaves connection attempts unanswered for good; the pool must not wait on them."""
+    with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
+        proxy.hang()
+        with pytest.raises(Exception, match="incomplete after 2.0 sec"):
+            open_pool(proxy.url(fresh_pg), size=1, timeout=2.0)  # closes the pool it opened
+        pool = ServicePool(
+            proxy.url(fresh_pg), min_size=1, max_size=1, kwargs=pool_connection_kwargs(2.0), open=False, timeout=2.0
+        )
+        pool.open(wait=False)
+        try:
+            time.sleep(0.5)  # its first attempt waits on a connection that will never answer
+            proxy.restore(close_hung=False)
+            started = time.monotonic()
+            with pool.connection(timeout=10.0) as conn:
+                assert conn.execute("SELECT 1").fetchone()
+            assert time.monotonic() - started < 5.0
+        finally:
+            pool.close(timeout=1.0)

@@ -52,10 +52,16 @@ class TcpProxy:
         """Forward nothing, close nothing: bytes sent either way are dropped, new connections wait."""
         self._hung.set()
 
-    def restore(self) -> None:
-        """Forward new connections again (the connections a hang left mid-stream are closed)."""
+    def restore(self, *, close_hung: bool = True) -> None:
+        """Forward new connections again.
+
+        Args:
+            close_hung: Close the connections a hang left mid-stream (a server that restarted). With
+                ``False`` they stay open and silent for good, as packets a partition dropped never arrive.
+        """
         if self._hung.is_set():
-            self.cut()
+            if close_hung:
+                self.cut()
             self._hung.clear()
         self._cut.clear()
 

@@ -15,6 +15,7 @@ back; :class:`ServicePool` keeps trying every :data:`RECONNECT_MAX_DELAY` second
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,6 +69,24 @@ class ServicePool(ConnectionPool):
         super()._add_connection(attempt, growing=growing)
 
 
+def pool_connection_kwargs(timeout: float) -> dict[str, Any]:
+    """What the pool opens its connections with: PostgresSaver's settings, plus a bound on connecting.
+
+    Without libpq's ``connect_timeout`` a connection attempt that gets no answer (a partition, a
+    firewall dropping packets) waits forever, and psycopg_pool's few maintenance threads with it: the
+    pool would never replace its connections, even once the database answers again. Keepalives let the
+    kernel notice a peer that went silent under an idle connection.
+    """
+    return {
+        **CONNECTION_KWARGS,
+        "connect_timeout": max(2, math.ceil(timeout)),  # libpq's minimum is 2 s
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
+
+
 def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-saver") -> ConnectionPool:
     """The process's pool of ``size`` autocommit, dict-row connections, open and filled.
 
@@ -75,13 +94,23 @@ def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-save
         url: The database URL.
         size: Connections (minimum and maximum: a service keeps them open).
         timeout: Seconds a borrower waits for a connection before ``PoolTimeout``; also how long opening
-            waits for the first connections.
+            waits for the first connections, and (at least 2 s) how long one connection attempt may take.
         name: The pool's name in psycopg_pool's logs.
     """
     pool = ServicePool(
-        url, min_size=size, max_size=size, kwargs=CONNECTION_KWARGS, open=False, name=name, timeout=timeout
+        url,
+        min_size=size,
+        max_size=size,
+        kwargs=pool_connection_kwargs(timeout),
+        open=False,
+        name=name,
+        timeout=timeout,
     )
-    pool.open(wait=True, timeout=timeout)
+    try:
+        pool.open(wait=True, timeout=timeout)
+    except BaseException:
+        pool.close(timeout=0)  # its threads would go on connecting in the background
+        raise
     return pool
 
 
