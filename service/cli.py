@@ -244,9 +244,18 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 
 
 def worker(settings: Settings) -> None:
-    """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
+    """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out.
+
+    The deliverer runs in a thread of its own, so a signal is acted on whatever it waits for: it gets
+    ``shutdown_grace_seconds`` to finish the group in hand, then handing back rows and closing the
+    database get ``db_timeout_seconds``. A database that does not answer is left behind; the rows come
+    back when their lease ends.
+    """
+    import time
+
     from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.state import finish_within
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
@@ -260,12 +269,19 @@ def worker(settings: Settings) -> None:
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
-    try:
-        deliverer.run_forever(stop)
-    finally:
-        memory.close(settings.shutdown_grace_seconds)
-        backend.close()
+    deliverer.start()
+    while not stop.wait(1.0):
+        pass
+    deliverer.stop(settings.shutdown_grace_seconds)
+    deadline = time.monotonic() + settings.db_timeout_seconds
+
+    def close() -> None:
+        memory.close(0)
+        backend.close(timeout=max(deadline - time.monotonic(), 0.0))
+
+    if finish_within(deadline, "handing back rows and closing the database", close):
         logger.info("worker %s stopped", deliverer.worker_id)
+    _leave_threads_stuck_on_the_database()
 
 
 def extraction(settings: Settings, action: str) -> None:

@@ -47,7 +47,7 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
 
 
-def _within(deadline: float, what: str, step: Callable[[], Any]) -> bool:
+def finish_within(deadline: float, what: str, step: Callable[[], Any]) -> bool:
     """Run ``step`` in a daemon thread until it ends or ``deadline`` (``time.monotonic()``) passes.
 
     Returns:
@@ -175,13 +175,13 @@ class Service:
         sweeper, self.sweeper = self.sweeper, None
         memory, self.memory = self.memory, None
         if sweeper is not None:
-            _within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
+            finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
         if memory is not None:
-            _within(deadline, "stopping extraction delivery", lambda: memory.close(_left(deadline)))
+            finish_within(deadline, "stopping extraction delivery", lambda: memory.close(_left(deadline)))
         self.metrics.watch(None)
         if savers is not None:
             savers.close()
-        if backend is not None and _within(deadline, "closing the database", lambda: _close_backend(backend, deadline)):
+        if backend is not None and finish_within(deadline, "closing the database", lambda: _close_backend(backend, deadline)):
             logger.info("backend %s closed; shutdown complete", backend.kind)
 
     # -- running database work off the event loop --------------------------------------------------

@@ -11,6 +11,7 @@ service must recover by itself, and no pruned message may be lost.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import threading
 import time
@@ -25,7 +26,7 @@ from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.storage.postgres.connections import ServicePool, open_pool, pool_connection_kwargs
 from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
 from tests.support.proxy import tcp_proxy
-from tests.support.server import run_service
+from tests.support.server import CLI, ROOT, run_service
 
 pytestmark = pytest.mark.e2e
 
@@ -285,3 +286,49 @@ def test_a_connection_attempt_that_gets_no_answer_gives_up_so_the_pool_recovers(
             assert time.monotonic() - started < 5.0
         finally:
             pool.close(timeout=1.0)
+
+
+def test_sigterm_ends_a_worker_process_within_the_grace_while_the_database_hangs(fresh_pg, tmp_path):
+    # Pending rows, from a service that does not deliver.
+    args = ("--database", fresh_pg, "--no-extract", "--max-messages", "4", "--min-messages", "2")
+    with run_service(tmp_path, *args) as service, RemoteReducingSaver(service.url) as saver:
+        graph = build_chat_graph(saver, prefix="w", length=50)
+        for turn in range(4):
+            graph.invoke({"messages": [human(turn, "w", 50)]}, {"configurable": {"thread_id": "outage-w"}})
+    with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+            "PYTHONPATH": str(ROOT),
+            "RS_TEST_EXTRACT_SECONDS": "60",
+            "REDUCING_SAVER_SHUTDOWN_GRACE_SECONDS": str(GRACE),
+            "REDUCING_SAVER_DB_TIMEOUT_SECONDS": "2",
+        }
+        command = [
+            str(CLI), "worker", "--database", proxy.url(fresh_pg),
+            "--extractor", "tests.support.extractors:slow", "--extraction-lease-seconds", str(LEASE),
+        ]  # fmt: skip
+        log = tmp_path / "worker.log"
+        with log.open("wb") as out:
+            worker = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 30
+            while not claimed_rows(fresh_pg):
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            proxy.hang()
+            time.sleep(0.5)
+            started = time.monotonic()
+            worker.terminate()
+            try:
+                worker.wait(timeout=GRACE + 60)
+            except subprocess.TimeoutExpired:
+                pass
+            took = time.monotonic() - started
+            assert worker.returncode is not None, f"still running {took:.0f} s after SIGTERM"
+            assert took <= GRACE + 5, f"SIGTERM took {took:.1f} s\n{log.read_text()[-3000:]}"
+            assert worker.returncode == 0, log.read_text()[-3000:]
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    assert claimed_rows(fresh_pg)  # left to their lease, as after a crash
