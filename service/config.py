@@ -63,7 +63,9 @@ class ServerSettings(BaseModel):
         5.0,
         gt=0,
         description="How long a request waits for a free saver or database connection, or for an answer to "
-        "a probe or status query, before it is answered 503 (the database is unavailable).",
+        "a probe or status query, before it is answered 503 (the database is unavailable); also how long "
+        "one connection attempt may take (at least 2 s) and how long closing the database may take on "
+        "shutdown.",
     )
 
 
