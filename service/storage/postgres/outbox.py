@@ -110,7 +110,7 @@ class PostgresOutbox:
         rows = sorted_unique(entries)
         if not rows:
             return 0
-        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows))]
+        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows), _INSERT_CHUNK)]
         with self._pool.connection() as conn:
             # One INSERT is atomic on its own autocommit connection: one round trip, where BEGIN and
             # COMMIT would add two. Several need the transaction.
