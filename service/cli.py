@@ -182,7 +182,8 @@ def _leave_threads_stuck_on_the_database() -> None:
     exit: the process would live on for as long as the database keeps silent. Their work is moot; exit
     with the code the process was about to exit with.
     """
-    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon and t.is_alive()]
+    me = threading.current_thread()
+    stuck = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
     if not stuck:
         return
     error = sys.exc_info()[1]
@@ -313,9 +314,8 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
         # service or a worker delivers them.
         recorder = None if dry_run else backend.outbox()
-        sweeper = open_sweeper(
-            settings, backend, recorder=recorder, outbox=recorder, tenant_mode=settings.api_key_set is not None
-        )
+        tenant_mode = settings.api_key_set is not None
+        sweeper = open_sweeper(settings, backend, recorder=recorder, outbox=recorder, tenant_mode=tenant_mode)
         try:
             report = sweeper.sweep(dry_run=dry_run)
         finally:

@@ -251,7 +251,9 @@ class ExtractionStatus(BaseModel):
         description="How long delivered rows are kept before a TTL sweep deletes them (outbox_retention)."
     )
     purging: bool = Field(description="This process's background sweeper runs, and purges them each sweep.")
-    purged_by_this_process: int = Field(description="Delivered rows this process's sweeps deleted since it started.")
+    purged_by_this_process: int = Field(
+        description="Delivered rows this process's sweeps deleted since it started."
+    )
 
 
 class DeadLetter(BaseModel):

@@ -181,7 +181,9 @@ class Service:
         self.metrics.watch(None)
         if savers is not None:
             savers.close()
-        if backend is not None and finish_within(deadline, "closing the database", lambda: _close_backend(backend, deadline)):
+        if backend is not None and finish_within(
+            deadline, "closing the database", lambda: _close_backend(backend, deadline)
+        ):
             logger.info("backend %s closed; shutdown complete", backend.kind)
 
     # -- running database work off the event loop --------------------------------------------------

@@ -169,7 +169,9 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
             slowest = max(a.seconds for a in failed)
             assert slowest <= ANSWER_BUDGET, f"a 503 took {slowest:.2f} s"
             recovered = min(a.at + a.seconds for a in answers if a.status == 200 and a.at >= restored_at)
-            assert recovered - restored_at <= RECOVERY_BUDGET, f"recovered {recovered - restored_at:.2f} s after"
+            assert recovered - restored_at <= RECOVERY_BUDGET, (
+                f"recovered {recovered - restored_at:.2f} s after"
+            )
             assert all(a.status == 200 for a in answers if a.at >= recovered)
             record_property(
                 "outage figures",
@@ -196,7 +198,8 @@ LEASE = 6.0
 def claimed_rows(database: str) -> list[tuple[str, object]]:
     with psycopg.connect(database) as conn:
         return conn.execute(
-            "SELECT key, lease_until FROM reducing_saver_outbox WHERE claimed_by IS NOT NULL AND status = 'pending'"
+            "SELECT key, lease_until FROM reducing_saver_outbox "
+            "WHERE claimed_by IS NOT NULL AND status = 'pending'"
         ).fetchall()
 
 
@@ -274,7 +277,12 @@ def test_a_connection_attempt_that_gets_no_answer_gives_up_so_the_pool_recovers(
         with pytest.raises(Exception, match="incomplete after 2.0 sec"):
             open_pool(proxy.url(fresh_pg), size=1, timeout=2.0)  # closes the pool it opened
         pool = ServicePool(
-            proxy.url(fresh_pg), min_size=1, max_size=1, kwargs=pool_connection_kwargs(2.0), open=False, timeout=2.0
+            proxy.url(fresh_pg),
+            min_size=1,
+            max_size=1,
+            kwargs=pool_connection_kwargs(2.0),
+            open=False,
+            timeout=2.0,
         )
         pool.open(wait=False)
         try:

@@ -51,7 +51,16 @@ def graph_with_a_binary_tool(checkpointer):
 
 
 def test_a_tool_output_with_nul_reaches_the_store_and_reads_back_unchanged(fresh_pg, tmp_path):
-    args = ("--database", fresh_pg, "--max-messages", "4", "--min-messages", "2", "--extraction-linger-seconds", "0")
+    args = (
+        "--database",
+        fresh_pg,
+        "--max-messages",
+        "4",
+        "--min-messages",
+        "2",
+        "--extraction-linger-seconds",
+        "0",
+    )
     with run_service(tmp_path, *args) as service:
         config = {"configurable": {"thread_id": "nul-thread"}}
         with RemoteReducingSaver(service.url) as saver:

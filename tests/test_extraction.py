@@ -392,7 +392,8 @@ def test_a_message_holding_nul_reaches_postgres_escaped_and_decodes_to_the_origi
         with PostgresStore.from_conn_string(fresh_pg) as stock:
             items = {item.key: item.value for item in stock.search(NS)}
         assert set(items) == {"h-1", "h-2", "h-3"}
-        assert "nul_escaped" not in items["h-1"] and items["h-1"]["data"]["content"] == "fine \\0 with a backslash"
+        assert "nul_escaped" not in items["h-1"]
+        assert items["h-1"]["data"]["content"] == "fine \\0 with a backslash"
         assert items["h-2"]["nul_escaped"] is True
         decoded = decode_memory_value(items["h-2"])
         assert "nul_escaped" not in decoded

@@ -59,7 +59,8 @@ def test_a_serving_process_purges_delivered_rows_after_the_retention(fresh_pg, t
     with run_service(tmp_path, *args) as service:
         chat(service.url, 5)
         status = wait_for(
-            "delivery", lambda: (s := httpx.get(f"{service.url}/v1/extraction/status").json())["delivered"] >= 4 and s
+            "delivery",
+            lambda: (s := httpx.get(f"{service.url}/v1/extraction/status").json())["delivered"] >= 4 and s,
         )
         delivered = status["delivered"]
         assert status["retention_seconds"] == 1.0 and status["purging"] is True
@@ -67,13 +68,17 @@ def test_a_serving_process_purges_delivered_rows_after_the_retention(fresh_pg, t
         wait_for("the purge", lambda: done_rows(fresh_pg) == 0)
         status = wait_for(
             "the figures",
-            lambda: (s := httpx.get(f"{service.url}/v1/extraction/status").json())["purged_by_this_process"]
-            >= delivered
-            and s,
+            lambda: (
+                (s := httpx.get(f"{service.url}/v1/extraction/status").json())["purged_by_this_process"]
+                >= delivered
+                and s
+            ),
         )
         assert status["delivered"] == 0
         metrics = httpx.get(f"{service.url}/metrics").text
-        purged = [line for line in metrics.splitlines() if line.startswith("reducing_saver_outbox_purged_total ")]
+        purged = [
+            line for line in metrics.splitlines() if line.startswith("reducing_saver_outbox_purged_total ")
+        ]
         assert purged and float(purged[0].split()[1]) >= delivered
         assert "reducing_saver_outbox_retention_seconds 1.0" in metrics
     assert len(stored_keys(fresh_pg)) >= delivered
@@ -85,18 +90,29 @@ def test_the_sweep_command_purges_delivered_rows_after_the_retention(fresh_pg, t
     with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", *ARGS) as service:
         chat(service.url, 5)
         status = wait_for(
-            "delivery", lambda: (s := httpx.get(f"{service.url}/v1/extraction/status").json())["delivered"] >= 4 and s
+            "delivery",
+            lambda: (s := httpx.get(f"{service.url}/v1/extraction/status").json())["delivered"] >= 4 and s,
         )
         assert status["purging"] is False and status["purged_by_this_process"] == 0
     delivered = done_rows(fresh_pg)
     assert delivered == status["delivered"]
     time.sleep(1.1)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}, "PYTHONPATH": str(ROOT)}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+        "PYTHONPATH": str(ROOT),
+    }
     command = [str(CLI), "sweep", "--database", fresh_pg]
     kept = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=True)
     assert json.loads(kept.stdout)["outbox_rows_purged"] == 0  # the default retention is 7 days
     assert json.loads(kept.stdout)["outbox_retention_seconds"] == 7 * 86400
-    purge = subprocess.run([*command, "--outbox-retention", "1s"], capture_output=True, text=True, timeout=60, env=env, check=True)
+    purge = subprocess.run(
+        [*command, "--outbox-retention", "1s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
     assert json.loads(purge.stdout)["outbox_rows_purged"] == delivered
     assert done_rows(fresh_pg) == 0
     assert len(stored_keys(fresh_pg)) >= delivered

@@ -38,7 +38,10 @@ def _map_strings(value: Any, text: Any) -> Any:
     if isinstance(value, str):
         return text(value)
     if isinstance(value, dict):
-        return {text(key) if isinstance(key, str) else key: _map_strings(item, text) for key, item in value.items()}
+        return {
+            text(key) if isinstance(key, str) else key: _map_strings(item, text)
+            for key, item in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [_map_strings(item, text) for item in value]
     return value

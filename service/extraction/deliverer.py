@@ -269,7 +269,8 @@ class Deliverer:
                 except Exception:
                     errors += 1
                     logger.exception("%s: delivery round failed", self.worker_id)
-                    self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, self.idle_sleep * 2 ** min(errors, 8)))
+                    backoff = self.idle_sleep * 2 ** min(errors, 8)
+                    self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, backoff))
                     self._wakeup.clear()
                     continue
                 if self.last_claimed < self.batch_size and not stop_event.is_set():

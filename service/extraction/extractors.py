@@ -85,7 +85,8 @@ class StoreExtractor:
             body = {"type": entry.message.get("type"), "data": dict(entry.message)}
         # PostgreSQL's jsonb cannot hold U+0000 (tool output has it): such a value is stored escaped and
         # marked, losslessly (wire.memory; readers decode with decode_memory_value).
-        return encode_memory_value({**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()})
+        value = {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
+        return encode_memory_value(value)
 
 
 class CallableExtractor:
