@@ -340,3 +340,16 @@ def test_sigterm_ends_a_worker_process_within_the_grace_while_the_database_hangs
                 worker.kill()
                 worker.wait()
     assert claimed_rows(fresh_pg)  # left to their lease, as after a crash
+
+
+def test_pool_connections_bound_connecting_and_notice_a_silent_peer(fresh_pg):
+    """libpq takes the settings that bound a partition's effects (it ignores names it does not know)."""
+    pool = open_pool(fresh_pg, size=1, timeout=3.0)
+    try:
+        with pool.connection() as conn:
+            parameters = conn.info.get_parameters()
+    finally:
+        pool.close()
+    assert parameters["connect_timeout"] == "3"
+    assert parameters["keepalives"] == "1"
+    assert int(parameters["tcp_user_timeout"]) > 0

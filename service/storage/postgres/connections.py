@@ -47,6 +47,10 @@ CONNECTION_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": 
 RECONNECT_MAX_DELAY = 1.0
 
 
+#: How long sent bytes may stay unacknowledged before the kernel drops the connection (milliseconds).
+TCP_USER_TIMEOUT_MS = 15_000
+
+
 class _PromptReconnect(AttemptWithBackoff):
     """psycopg_pool's reconnection backoff, capped at :data:`RECONNECT_MAX_DELAY`."""
 
@@ -75,7 +79,9 @@ def pool_connection_kwargs(timeout: float) -> dict[str, Any]:
     Without libpq's ``connect_timeout`` a connection attempt that gets no answer (a partition, a
     firewall dropping packets) waits forever, and psycopg_pool's few maintenance threads with it: the
     pool would never replace its connections, even once the database answers again. Keepalives let the
-    kernel notice a peer that went silent under an idle connection.
+    kernel notice a peer that went silent under an idle connection, and ``tcp_user_timeout`` one that
+    stopped acknowledging what was sent (a statement sent into a partition would otherwise wait for the
+    kernel's retransmissions, about 15 minutes).
     """
     return {
         **CONNECTION_KWARGS,
@@ -84,6 +90,7 @@ def pool_connection_kwargs(timeout: float) -> dict[str, Any]:
         "keepalives_idle": 10,
         "keepalives_interval": 5,
         "keepalives_count": 3,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
     }
 
 
