@@ -23,6 +23,7 @@ from reducing_saver.client._errors import (
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
 from reducing_saver.client._store import RemoteStore
+from reducing_saver.wire.memory import decode_memory_value
 
 __all__ = [
     "AuthenticationError",
@@ -38,4 +39,5 @@ __all__ = [
     "SafeJsonPlusSerializer",
     "ServerUnavailableError",
     "__version__",
+    "decode_memory_value",
 ]

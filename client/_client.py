@@ -79,6 +79,13 @@ MAX_BACKOFF = 10.0
 #: service started after its agents), and the longest pause between its attempts.
 DEFAULT_STARTUP_TIMEOUT = 30.0
 MAX_STARTUP_BACKOFF = 2.0
+#: How long an idempotent call answered 503 keeps being retried, by default: a database restart or
+#: failover (the service answers 503 naming the database while it lasts) outlasts ``max_retries``
+#: retries a few tenths of a second apart.
+RETRY_UNAVAILABLE_FOR = 30.0
+#: The longest wait between two retries under that time budget, so a call goes through soon after the
+#: service can serve again.
+UNAVAILABLE_MAX_DELAY = 2.0
 #: Keep-alive connections per saver (sync and async each).
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
@@ -293,6 +300,7 @@ class _Http:
         timeout: httpx.Timeout | float,
         max_retries: int,
         backoff: float,
+        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
         headers: Mapping[str, str] | None,
         transport: httpx.BaseTransport | None,
         async_transport: httpx.AsyncBaseTransport | None,
@@ -306,12 +314,13 @@ class _Http:
             )
         if timeout is None:
             raise ValueError("timeout=None would let a call wait forever; pass seconds or an httpx.Timeout")
-        if max_retries < 0 or backoff < 0:
-            raise ValueError("max_retries and backoff must not be negative")
+        if max_retries < 0 or backoff < 0 or retry_unavailable_for < 0:
+            raise ValueError("max_retries, backoff and retry_unavailable_for must not be negative")
         #: The URL without credentials, for messages and repr.
         self.url = str(parsed.copy_with(username=None, password=None))
         self.max_retries = max_retries
         self.backoff = backoff
+        self.retry_unavailable_for = retry_unavailable_for
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         all_headers = {
             "User-Agent": f"reducing-saver/{__version__}",
@@ -435,30 +444,32 @@ class _Http:
         return self._session
 
     def send(self, call: _Call[T]) -> T:
+        started = time.monotonic()
         for attempt in itertools.count():
             try:
                 answer = self._exchange(call)
             except httpx.TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc)
+                delay = self._retry_delay(call, attempt, exc, started)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
             else:
-                delay = self._retry_delay(call, attempt, answer)
+                delay = self._retry_delay(call, attempt, answer, started)
                 if delay is None:
                     return _finish(call, answer)
             time.sleep(delay)
         raise AssertionError("unreachable")
 
     async def asend(self, call: _Call[T]) -> T:
+        started = time.monotonic()
         for attempt in itertools.count():
             try:
                 answer = await self._aexchange(call)
             except httpx.TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc)
+                delay = self._retry_delay(call, attempt, exc, started)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
             else:
-                delay = self._retry_delay(call, attempt, answer)
+                delay = self._retry_delay(call, attempt, answer, started)
                 if delay is None:
                     return _finish(call, answer)
             await asyncio.sleep(delay)
@@ -502,9 +513,17 @@ class _Http:
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _retry_delay(self, call: _Call[Any], attempt: int, outcome: _Answer | Exception) -> float | None:
-        """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final."""
-        if not call.idempotent or attempt >= self.max_retries:
+    def _retry_delay(
+        self, call: _Call[Any], attempt: int, outcome: _Answer | Exception, started: float
+    ) -> float | None:
+        """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final.
+
+        An idempotent call is retried ``max_retries`` times after a connection error or a 502/503/504;
+        past those, a 503 (the service or its database cannot serve *now*) is retried on, at most
+        ``UNAVAILABLE_MAX_DELAY`` apart, while the retry would start within ``retry_unavailable_for``
+        seconds of the first attempt. ``max_retries=0`` turns retries off altogether.
+        """
+        if not call.idempotent or not self.max_retries:
             return None
         floor = 0.0
         if isinstance(outcome, _Answer):
@@ -519,15 +538,17 @@ class _Http:
         else:
             return None
         delay = max(min(self.backoff * 2**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
-        logger.warning(
-            "%s %s: %s; retry %d of %d in %.2fs",
-            call.method,
-            call.path,
-            reason,
-            attempt + 1,
-            self.max_retries,
-            delay,
-        )
+        if attempt < self.max_retries:
+            budget = f"retry {attempt + 1} of {self.max_retries}"
+        elif isinstance(outcome, _Answer) and outcome.status == 503:
+            delay = min(delay, max(UNAVAILABLE_MAX_DELAY, floor))
+            elapsed = time.monotonic() - started
+            if elapsed + delay > self.retry_unavailable_for:
+                return None
+            budget = f"retrying for up to {self.retry_unavailable_for:g} s ({elapsed:.1f} s so far)"
+        else:
+            return None
+        logger.warning("%s %s: %s; %s in %.2fs", call.method, call.path, reason, budget, delay)
         return delay
 
     def _transport_error(self, call: _Call[Any], exc: httpx.TransportError) -> ReducingSaverError:
@@ -601,6 +622,11 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ``copy_thread`` is never retried, and timeouts are not (the call may have run; the time
             budget is spent). A ``Retry-After`` header sets a floor on the delay.
         backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
+        retry_unavailable_for: Seconds during which an idempotent call answered 503 (the service or
+            its database is unavailable: a database restart, a failover) keeps being retried after its
+            ``max_retries`` retries (unless that is 0), at most 2 s apart; counted from the call's first
+            attempt. ``0`` leaves only ``max_retries``. Past it the call raises
+            ``ServerUnavailableError``.
         headers: Extra headers sent with every request.
         transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
@@ -651,6 +677,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         max_retries: int = 3,
         backoff: float = 0.1,
+        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
@@ -667,6 +694,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             timeout=timeout,
             max_retries=max_retries,
             backoff=backoff,
+            retry_unavailable_for=retry_unavailable_for,
             headers=headers,
             transport=transport,
             async_transport=async_transport,

@@ -51,6 +51,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--extraction-max-attempts": "extraction_max_attempts",
     "--extraction-lease-seconds": "extraction_lease_seconds",
     "--extraction-linger-seconds": "extraction_linger_seconds",
+    "--outbox-retention": "outbox_retention",
     "--ttl-strategy": "ttl_strategy",
     "--default-ttl": "default_ttl",
     "--sweep-interval": "sweep_interval",
@@ -78,7 +79,15 @@ EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
 #: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
 SWEEP_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--ttl-strategy", "--default-ttl", "--allow-message-class", "--log-level", "--log-format")
+    for flag in (
+        "--database",
+        "--ttl-strategy",
+        "--default-ttl",
+        "--outbox-retention",
+        "--allow-message-class",
+        "--log-level",
+        "--log-format",
+    )
 }
 ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
 
@@ -134,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser = commands.add_parser(
         "sweep",
         help="apply the TTL strategy to expired threads once (for cron)",
-        description="Prune (keep_latest) or delete every thread idle for longer than its TTL, once, and "
-        "print what was done as JSON. Safe while services sweep the same database.",
+        description="Prune (keep_latest) or delete every thread idle for longer than its TTL, and delete "
+        "delivered outbox rows older than --outbox-retention, once, and print what was done as JSON. Safe "
+        "while services sweep the same database.",
     )
     _add_flags(sweep_parser, SWEEP_FLAGS)
     sweep_parser.add_argument(
@@ -213,6 +223,32 @@ def _describe(error: ValidationError) -> str:
 def _exit_after_shutdown(signum: int, frame: object) -> None:
     # uvicorn re-raises SIGTERM once it has shut down gracefully; exit 0 instead of dying by the signal.
     raise SystemExit(0)
+
+
+def _leave_threads_stuck_on_the_database() -> None:
+    """Exit now if threads still wait on a database that stopped answering.
+
+    The service has shut down (the grace is over, the backend closed or left behind), but a saver call
+    cancelled with its request still waits in its worker thread, and Python joins executor threads at
+    exit: the process would live on for as long as the database keeps silent. Their work is moot; exit
+    with the code the process was about to exit with.
+    """
+    me = threading.current_thread()
+    stuck = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    if not stuck:
+        return
+    error = sys.exc_info()[1]
+    if error is None:
+        code = 0
+    elif isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    else:
+        code = 1
+    logger.warning("%d thread(s) still wait on the database; exiting without them", len(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class CommandError(Exception):
@@ -302,7 +338,10 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     }
     if settings.workers == 1:
         server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            _leave_threads_stuck_on_the_database()
         if not server.started:
             raise CommandError("the service did not start (the log above says why)")
         return
@@ -316,10 +355,19 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 
 
 def worker(settings: Settings) -> None:
-    """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out."""
+    """Deliver until SIGTERM/SIGINT; rows in hand are handed back on the way out.
+
+    The deliverer runs in a thread of its own, so a signal is acted on whatever it waits for: it gets
+    ``shutdown_grace_seconds`` to finish the group in hand, then handing back rows and closing the
+    database get ``db_timeout_seconds``. A database that does not answer is left behind; the rows come
+    back when their lease ends.
+    """
+    import time
+
     from reducing_saver.service import store_config
     from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.state import finish_within
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
@@ -336,12 +384,19 @@ def worker(settings: Settings) -> None:
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
-    try:
-        deliverer.run_forever(stop)
-    finally:
-        memory.close(settings.shutdown_grace_seconds)
-        backend.close()
+    deliverer.start()
+    while not stop.wait(1.0):
+        pass
+    deliverer.stop(settings.shutdown_grace_seconds)
+    deadline = time.monotonic() + settings.db_timeout_seconds
+
+    def close() -> None:
+        memory.close(0)
+        backend.close(timeout=max(deadline - time.monotonic(), 0.0))
+
+    if finish_within(deadline, "handing back rows and closing the database", close):
         logger.info("worker %s stopped", deliverer.worker_id)
+    _leave_threads_stuck_on_the_database()
 
 
 def extraction(settings: Settings, action: str) -> None:
@@ -373,7 +428,8 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
         # service or a worker delivers them.
         recorder = None if dry_run else backend.outbox()
-        sweeper = open_sweeper(settings, backend, recorder=recorder, tenant_mode=settings.api_key_set is not None)
+        tenant_mode = settings.api_key_set is not None
+        sweeper = open_sweeper(settings, backend, recorder=recorder, outbox=recorder, tenant_mode=tenant_mode)
         try:
             report = sweeper.sweep(dry_run=dry_run)
         finally:

@@ -57,14 +57,16 @@ class ServerSettings(BaseModel):
     shutdown_grace_seconds: float = Field(
         30.0,
         ge=0,
-        description="On SIGTERM, how long in-flight requests may run before they are cancelled and the "
-        "database is closed.",
+        description="On SIGTERM, how long in-flight requests may run before they are cancelled; closing "
+        "the database then takes at most db_timeout_seconds, even when it does not answer.",
     )
     db_timeout_seconds: float = Field(
         5.0,
         gt=0,
         description="How long a request waits for a free saver or database connection, or for an answer to "
-        "a probe or status query, before it is answered 503 (the database is unavailable).",
+        "a probe or status query, before it is answered 503 (the database is unavailable); also how long "
+        "one connection attempt may take (at least 2 s) and how long closing the database may take on "
+        "shutdown.",
     )
 
 
@@ -143,6 +145,12 @@ class ExtractionSettings(BaseModel):
     extraction_base_backoff: float = Field(1.0, ge=0, description="Seconds before the first retry (doubles, with jitter).")
     extraction_max_backoff: float = Field(300.0, ge=0, description="Longest wait between attempts.")
     extraction_idle_seconds: float = Field(1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty.")
+    outbox_retention: float = Field(
+        "7d",
+        description="How long delivered outbox rows are kept before a TTL sweep (each sweep of this "
+        "process, and reducing-saver sweep) deletes them: seconds or 90s, 15m, 2h, 7d. A message pruned "
+        "again after its row is gone is extracted again.",
+    )
     extraction_linger_seconds: float = Field(
         0.25,
         ge=0,
@@ -234,7 +242,7 @@ class Settings(
             import_callable(value, "extractor")
         return value
 
-    @field_validator("default_ttl", "sweep_interval", mode="before")
+    @field_validator("default_ttl", "sweep_interval", "outbox_retention", mode="before")
     @classmethod
     def _parse_duration(cls, value: object, info: ValidationInfo) -> object:
         if info.field_name == "default_ttl" and (value is None or str(value).strip().lower() in ("", "off", "none")):

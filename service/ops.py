@@ -340,7 +340,15 @@ def capabilities(service: Service) -> dict[str, Any]:
 
 
 def extraction_status(service: Service) -> dict[str, Any]:
-    return service.open_memory().outbox.status(namespace_prefix=_scope(service).namespace_prefix)
+    status = service.open_memory().outbox.status(namespace_prefix=_scope(service).namespace_prefix)
+    sweeper = service.sweeper
+    purged = sweeper.status_figure("outbox_rows_purged") if sweeper is not None else 0
+    return {
+        **status,
+        "retention_seconds": service.settings.outbox_retention,
+        "purging": sweeper is not None and sweeper.running,
+        "purged_by_this_process": purged,
+    }
 
 
 def dead_letters(service: Service, limit: int) -> dict[str, Any]:

@@ -268,6 +268,13 @@ class ExtractionStatus(BaseModel):
     delivered: int
     dead: int = Field(description="Dead letters: failed max_attempts times; kept until re-driven.")
     oldest_pending_age_seconds: float | None = Field(description="null when nothing is pending.")
+    retention_seconds: float = Field(
+        description="How long delivered rows are kept before a TTL sweep deletes them (outbox_retention)."
+    )
+    purging: bool = Field(description="This process's background sweeper runs, and purges them each sweep.")
+    purged_by_this_process: int = Field(
+        description="Delivered rows this process's sweeps deleted since it started."
+    )
 
 
 class DeadLetter(BaseModel):

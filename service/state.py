@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,6 +37,41 @@ T = TypeVar("T")
 #: Worker threads for database work that needs no saver (probes, outbox status, sweep status).
 BLOCKING_THREADS = 4
 _STOPPED = "the service is starting or stopping"
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
+def finish_within(deadline: float, what: str, step: Callable[[], Any]) -> bool:
+    """Run ``step`` in a daemon thread until it ends or ``deadline`` (``time.monotonic()``) passes.
+
+    Returns:
+        Whether it ended in time; a step left running is logged and never waited for again.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            step()
+        except Exception:
+            logger.exception("shutdown: %s failed", what)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"shutdown: {what}", daemon=True).start()
+    if done.wait(_left(deadline)):
+        return True
+    logger.warning(
+        "shutdown: %s did not end in time (the database does not answer); leaving it behind: outbox rows "
+        "this process held come back when their lease ends",
+        what,
+    )
+    return False
+
+
+def _close_backend(backend: Backend, deadline: float) -> None:
+    backend.close(timeout=_left(deadline))
 
 
 def _message_hooks(paths: list[str]) -> list[Callable[..., Any]]:
@@ -105,7 +142,12 @@ class Service:
                 memory.start()
             # Before the savers are served: every put notes its thread's write in the TTL ledger.
             self.sweeper = open_sweeper(
-                settings, backend, recorder=memory.outbox, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+                settings,
+                backend,
+                recorder=memory.outbox,
+                outbox=memory.outbox,
+                registry=self.metrics.registry,
+                tenant_mode=self.tenant_mode,
             )
             if settings.sweep:
                 self.sweeper.start()
@@ -122,21 +164,28 @@ class Service:
         self.memory.record(pruned, namespace, config, checkpoint)
 
     def close(self) -> None:
-        """Stop sweeps and delivery (each within the shutdown grace), then close the backend."""
-        grace = self.settings.shutdown_grace_seconds
+        """Stop sweeps and delivery, then close the backend, all within ``db_timeout_seconds``.
+
+        Called after in-flight requests have had the shutdown grace. A database that stopped answering
+        must not keep the process alive: each step runs in a daemon thread, and a step still waiting when
+        the time is up is left behind (logged). Outbox rows the deliverer could not hand back then come
+        back when their lease ends, as after a crash.
+        """
+        deadline = time.monotonic() + self.settings.db_timeout_seconds
         backend, self.backend = self.backend, None
         savers, self.savers = self.savers, None
-        if self.sweeper is not None:
-            self.sweeper.close(grace)
-            self.sweeper = None
-        if self.memory is not None:
-            self.memory.close(grace)
-            self.memory = None
+        sweeper, self.sweeper = self.sweeper, None
+        memory, self.memory = self.memory, None
+        if sweeper is not None:
+            finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
+        if memory is not None:
+            finish_within(deadline, "stopping extraction delivery", lambda: memory.close(_left(deadline)))
         self.metrics.watch(None)
         if savers is not None:
             savers.close()
-        if backend is not None:
-            backend.close()
+        if backend is not None and finish_within(
+            deadline, "closing the database", lambda: _close_backend(backend, deadline)
+        ):
             logger.info("backend %s closed; shutdown complete", backend.kind)
 
     # -- running database work off the event loop --------------------------------------------------

@@ -185,16 +185,16 @@ def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Print the figures tests recorded (``record_property("compose figures", ...)``) after the run."""
+    """Print the figures tests recorded (``record_property("<topic> figures", ...)``) after the run."""
     lines = [
         f"{report.nodeid}: {value}"
         for reports in terminalreporter.stats.values()
         for report in reports
         if getattr(report, "when", None) == "call"
         for name, value in getattr(report, "user_properties", ())
-        if name == "compose figures"
+        if name.endswith(" figures")
     ]
     if lines:
-        terminalreporter.section("compose figures")
+        terminalreporter.section("figures")
         for line in lines:
             terminalreporter.write_line(line)

@@ -376,7 +376,7 @@ def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.Mon
     delays: list[float] = []
     monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
     service = FakeService()
-    saver = make_saver(service, max_retries=3, backoff=0.1)
+    saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=0)
     service.override = failing_with(503)
     with pytest.raises(ServerUnavailableError):
         saver.get_tuple(config())
@@ -384,6 +384,54 @@ def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.Mon
     assert len(delays) == 3
     for attempt, delay in enumerate(delays):
         assert 0.1 * 2**attempt * 0.5 <= delay <= 0.1 * 2**attempt
+
+
+class FakeClock:
+    """``time.monotonic`` and ``time.sleep`` of the client: sleeping moves the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.delays: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        self.now += delay
+
+
+def test_503_is_retried_for_the_time_budget_past_max_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A database restart answers 503 for seconds: three retries a few tenths of a second apart would
+    # give up long before it is back.
+    clock = FakeClock()
+    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    service = FakeService()
+    saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
+    service.override = failing_with(503)
+    with pytest.raises(ServerUnavailableError):
+        saver.get_tuple(config())
+    assert service.count("/checkpoints/get") > 10
+    assert sum(clock.delays) <= 20.0
+    assert sum(clock.delays) > 20.0 - 2.0  # stops only when the next wait would pass the budget
+    assert max(clock.delays) <= 2.0
+    # Within the budget, the call goes through once the service answers again.
+    clock.delays.clear()
+    answers = [*[failing_with(503)] * 12, lambda request: httpx.Response(200, json={"checkpoint": None})]
+    service.override = sequence(*answers)
+    assert saver.get_tuple(config()) is None
+    assert len(clock.delays) == 12
+
+
+def test_the_time_budget_applies_to_503_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    service = FakeService()
+    saver = make_saver(service, max_retries=2, retry_unavailable_for=60.0)
+    service.override = failing_with(502)
+    with pytest.raises(ServerUnavailableError):
+        saver.get_tuple(config())
+    assert service.count("/checkpoints/get") == 3
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -595,6 +643,7 @@ def test_public_surface_is_pinned() -> None:
             "SafeJsonPlusSerializer",
             "ServerUnavailableError",
             "__version__",
+            "decode_memory_value",
         ]
     )
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", reducing_saver.client.__version__)

@@ -16,6 +16,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
     message_to_dict,
+    messages_from_dict,
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.store.memory import InMemoryStore
@@ -29,6 +30,7 @@ from reducing_saver.service.messages_codec import EncodedMessage, SafeMessagesCo
 from reducing_saver.service.storage.memory.outbox import MemoryOutbox
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.wire import Blob
+from reducing_saver.wire.memory import decode_memory_value
 from tests.support.storage import OwnPoolOutbox as PostgresOutbox
 from tests.support.storage import open_store
 
@@ -133,7 +135,9 @@ def test_an_always_failing_extractor_parks_dead_letters_that_retry_dead_redrives
     dead = outbox.dead_letters(limit=100)
     assert sorted(e.key for e in dead) == sorted(e.key for e in made)
     assert {e.attempts for e in dead} == {3}
-    assert {e.last_error for e in dead} == {"RuntimeError: memory store is down"}
+    assert {e.last_error for e in dead} == {
+        "retryable failure, gave up after 3 attempt(s): RuntimeError: memory store is down"
+    }
     by_key = {e.key: e for e in made}
     assert all(e.message == by_key[e.key].message and e.thread_id == "t-1" for e in dead)
     assert len(outbox.dead_letters(limit=5)) == 5
@@ -164,7 +168,8 @@ def test_one_bad_message_does_not_hold_back_its_group():
     assert deliverer.run_once() == 5
     assert sorted(delivered) == ["m-0000", "m-0001", "m-0002", "m-0004", "m-0005"]
     (dead,) = outbox.dead_letters()
-    assert dead.key == "m-0003" and dead.last_error == "ValueError: cannot embed m-0003"
+    assert dead.key == "m-0003"
+    assert dead.last_error == "retryable failure, gave up after 1 attempt(s): ValueError: cannot embed m-0003"
 
 
 def test_a_namespace_the_store_refuses_is_a_dead_letter_at_once():
@@ -175,6 +180,8 @@ def test_a_namespace_the_store_refuses_is_a_dead_letter_at_once():
     dead = outbox.dead_letters()
     assert len(dead) == 2 and {e.attempts for e in dead} == {1}
     assert "'user.42'" in dead[0].last_error and "PermanentExtractionError" in dead[0].last_error
+    # Said plainly: re-driving it would fail the same way.
+    assert dead[0].last_error.startswith("permanent failure, retrying cannot help: ")
 
 
 def test_backoff_is_exponential_capped_and_jittered():
@@ -196,6 +203,72 @@ def test_deliverer_refuses_nonsense_settings():
     ]:
         with pytest.raises(ValueError):
             Deliverer(MemoryOutbox(), lambda b, ns: None, **bad)
+
+
+class BrokenClaims(MemoryOutbox):
+    """An outbox whose database is away while ``down`` is set: claims fail as a lost connection would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = threading.Event()
+        self.failed_claims = 0
+
+    def claim(self, worker_id, limit, lease_seconds):
+        if self.down.is_set():
+            self.failed_claims += 1
+            raise ConnectionError("the database is unavailable")
+        return super().claim(worker_id, limit, lease_seconds)
+
+
+def test_a_deliverer_woken_after_an_outage_delivers_at_once_not_after_its_backoff():
+    outbox = BrokenClaims()
+    outbox.down.set()
+    # After a failed round the deliverer backs off (here 10 s: idle_sleep 5 s doubled).
+    deliverer = Deliverer(outbox, lambda batch, namespace: None, idle_sleep=5.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=deliverer.run_forever, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while outbox.failed_claims == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        outbox.down.clear()
+        # The database is back: a put records rows and wakes the deliverer, as Memory.record does.
+        outbox.record(human_entries(3))
+        woken = time.monotonic()
+        deliverer.wake()
+        while outbox.status()["delivered"] < 3:
+            assert time.monotonic() - woken < 2.0, "the deliverer waited out its error backoff"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        deliverer.wake()
+        thread.join(5)
+
+
+def test_the_error_backoff_is_capped():
+    outbox = BrokenClaims()
+    outbox.down.set()
+    waits: list[float] = []
+    deliverer = Deliverer(outbox, lambda batch, namespace: None, idle_sleep=1.0)
+    stop = threading.Event()
+
+    class Recording(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            if len(waits) >= 10:
+                stop.set()
+            return False
+
+    deliverer._wakeup = Recording()
+    giving_up = threading.Timer(5.0, stop.set)  # a deliverer that waits elsewhere still ends
+    giving_up.start()
+    try:
+        deliverer.run_forever(stop)
+    finally:
+        giving_up.cancel()
+    assert waits[:5] == [2.0, 4.0, 8.0, 16.0, 30.0] and max(waits) == 30.0
 
 
 def test_stopping_hands_back_the_rest_of_the_batch(outbox):
@@ -302,23 +375,31 @@ def test_store_extractor_writes_every_message_to_a_postgres_store_once(fresh_pg)
         close_store()
 
 
-def test_a_message_postgres_cannot_store_is_parked_alone(fresh_pg):
-    """jsonb refuses NUL characters: that message is a dead letter at once, its neighbours get through."""
+def test_a_message_holding_nul_reaches_postgres_escaped_and_decodes_to_the_original(fresh_pg):
+    """jsonb refuses NUL characters: such a message is stored escaped and marked, not parked."""
     store, close_store = open_store(fresh_pg)
     try:
         outbox = MemoryOutbox()
         pruned = [
-            HumanMessage("fine", id="h-1"),
-            HumanMessage("nul \x00 inside", id="h-2"),
+            HumanMessage("fine \\0 with a backslash", id="h-1"),
+            ToolMessage("nul \x00 inside, \\0 beside", id="h-2", tool_call_id="call\x00-1"),
             HumanMessage("fine too", id="h-3"),
         ]
         outbox.record(make_entries(pruned, NS, thread_id="t-1"))
         deliverer = Deliverer(outbox, StoreExtractor(store), max_attempts=5)
-        assert deliverer.run_once() == 2
-        (dead,) = outbox.dead_letters()
-        assert dead.key == "h-2" and dead.attempts == 1
-        assert "PermanentExtractionError" in dead.last_error and "\\u0000" in dead.last_error
-        assert sorted(item.key for item in store.search(NS)) == ["h-1", "h-3"]
+        assert deliverer.run_once() == 3
+        assert outbox.dead_letters() == []
+        with PostgresStore.from_conn_string(fresh_pg) as stock:
+            items = {item.key: item.value for item in stock.search(NS)}
+        assert set(items) == {"h-1", "h-2", "h-3"}
+        assert "nul_escaped" not in items["h-1"]
+        assert items["h-1"]["data"]["content"] == "fine \\0 with a backslash"
+        assert items["h-2"]["nul_escaped"] is True
+        decoded = decode_memory_value(items["h-2"])
+        assert "nul_escaped" not in decoded
+        restored = messages_from_dict([decoded])[0]
+        assert restored.content == "nul \x00 inside, \\0 beside" and restored.tool_call_id == "call\x00-1"
+        assert decode_memory_value(items["h-1"]) == items["h-1"]
     finally:
         close_store()
 

@@ -463,3 +463,24 @@ def test_two_processes_deliver_500_entries_exactly_once(fresh_pg):
         assert set(per_message.values()) == {1}
         per_worker = Counter(worker for _, _, worker in rows)
         assert set(per_worker) == {"proc-0", "proc-1"}, per_worker
+
+
+def test_postgres_record_sends_one_insert_per_thousand_rows(fresh_pg, monkeypatch):
+    """Rows go in chunks of 1000 (the statement's parameter limit), each row once, not one chunk per row."""
+    outbox = PostgresOutbox(fresh_pg)
+    try:
+        inserts: list[int] = []
+        execute = psycopg.Cursor.execute
+
+        def counting(self, query, params=None, **kwargs):
+            if str(query).startswith("INSERT INTO reducing_saver_outbox"):
+                inserts.append(len(params) // 7)
+            return execute(self, query, params, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+        messages = [HumanMessage(f"m{i}", id=f"m-{i:05d}") for i in range(2500)]
+        made = make_entries(messages, ("memories", "t"), thread_id="t")
+        assert outbox.record(made) == 2500
+        assert inserts == [1000, 1000, 500]
+    finally:
+        outbox.close()

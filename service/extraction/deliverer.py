@@ -7,7 +7,8 @@ by a crashed process come back once their lease runs out. A failed group is retr
 (so one bad message does not hold back its neighbours); a failed message waits with exponential backoff
 and jitter, and after ``max_attempts`` becomes a dead letter. An extractor raising
 :class:`PermanentExtractionError` (a namespace the store refuses, a value the database cannot hold) parks
-the message at once.
+the message at once. A dead letter's ``last_error`` says which: ``permanent failure, retrying cannot
+help: ...`` or ``retryable failure, gave up after N attempt(s): ...``.
 
 The extractor is any callable ``extractor(entries, namespace)`` (its result may be awaitable):
 
@@ -38,6 +39,13 @@ from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEnt
 # -- delivery --------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
+
+#: The longest wait after failed delivery rounds (the database unreachable): back-off must not outlast an
+#: outage by minutes once the database is back.
+ERROR_WAIT_MAX = 30.0
+
+#: How a dead letter's ``last_error`` starts when no retry can fix it.
+PERMANENT_PREFIX = "permanent failure, retrying cannot help: "
 
 
 def default_worker_id() -> str:
@@ -212,6 +220,12 @@ class Deliverer:
     def _fail(self, entry: OutboxEntry, error: str, *, permanent: bool, renewer: _LeaseRenewer) -> None:
         renewer.finished([entry.ident])
         if permanent or entry.attempts >= self.max_attempts:
+            # A dead letter says which kind it is: re-driving a permanent failure fails the same way
+            # (fix the extractor or the data first); a retryable one may go through later.
+            if permanent:
+                error = f"{PERMANENT_PREFIX}{error}"
+            else:
+                error = f"retryable failure, gave up after {entry.attempts} attempt(s): {error}"
             held = self.outbox.fail(self.worker_id, entry.ident, error, dead=True)
             if held:
                 logger.error(
@@ -242,7 +256,8 @@ class Deliverer:
         """Deliver until ``stop_event`` is set, then hand back what this worker still holds.
 
         Sleeps ``idle_sleep`` whenever a claim found less than a full batch; database errors are logged
-        and retried with backoff, never raised.
+        and retried with backoff (at most :data:`ERROR_WAIT_MAX` seconds apart), never raised. A
+        :meth:`wake` cuts that wait short too: a put that just recorded rows shows the database is back.
         """
         self._stop_event = stop_event
         errors = 0
@@ -254,7 +269,9 @@ class Deliverer:
                 except Exception:
                     errors += 1
                     logger.exception("%s: delivery round failed", self.worker_id)
-                    stop_event.wait(min(self.max_backoff, self.idle_sleep * 2 ** min(errors, 8)))
+                    backoff = self.idle_sleep * 2 ** min(errors, 8)
+                    self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, backoff))
+                    self._wakeup.clear()
                     continue
                 if self.last_claimed < self.batch_size and not stop_event.is_set():
                     woken = self._wakeup.wait(self.idle_sleep)

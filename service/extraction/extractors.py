@@ -14,6 +14,7 @@ from reducing_saver.reducer import validate_namespace
 from reducing_saver.service.extraction.outbox import OutboxEntry
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
+from reducing_saver.wire.memory import encode_memory_value
 
 Extractor = Callable[[list[OutboxEntry], tuple[str, ...]], Any]
 
@@ -42,7 +43,9 @@ class StoreExtractor:
 
     ``store.put(namespace, key, value)`` where ``key`` is the message id (the stable digest for id-less
     messages) and ``value`` is ``{**message_to_dict(message), "thread_id": ..., "pruned_at": <ISO 8601>}``
-    (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). Idempotent:
+    (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). A value holding
+    U+0000 anywhere is stored escaped and marked ``"nul_escaped": true``
+    (``reducing_saver.wire.memory``; ``decode_memory_value`` restores it). Idempotent:
     delivering a message again overwrites its item. One ``store.batch`` per namespace group.
 
     Args:
@@ -68,8 +71,8 @@ class StoreExtractor:
         except InvalidNamespaceError as exc:
             raise PermanentExtractionError(str(exc)) from exc
         except Exception as exc:
-            # A value the database cannot hold (PostgreSQL jsonb refuses "\u0000") fails the same way on
-            # every retry; connection errors and the like stay retryable.
+            # A value the database refuses fails the same way on every retry; connection errors and
+            # the like stay retryable.
             if _is_data_error(exc):
                 raise PermanentExtractionError(f"{type(exc).__name__}: {exc}") from exc
             raise
@@ -82,7 +85,10 @@ class StoreExtractor:
             body = message_to_dict(message)
         else:
             body = {"type": entry.message.get("type"), "data": dict(entry.message)}
-        return {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
+        # PostgreSQL's jsonb cannot hold U+0000 (tool output has it): such a value is stored escaped and
+        # marked, losslessly (wire.memory; readers decode with decode_memory_value).
+        value = {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
+        return encode_memory_value(value)
 
 
 class CallableExtractor:

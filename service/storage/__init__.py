@@ -101,8 +101,9 @@ class Backend(Protocol):
     def ready(self, timeout: float) -> None:
         """Raise unless the checkpoint tables answer within ``timeout`` seconds."""
 
-    def close(self) -> None:
-        """Close every connection the backend opened."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Close every connection the backend opened (PostgreSQL: waiting at most ``timeout`` seconds for
+        the pool's threads)."""
 
 
 def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True) -> Backend:

@@ -65,6 +65,9 @@ class SweepReport:
     threads_refused: int = 0
     bytes_reclaimed: int = 0
     errors: int = 0
+    #: Delivered outbox rows older than the retention this sweep deleted (None: not purged).
+    outbox_rows_purged: int | None = None
+    outbox_retention_seconds: float | None = None
     seconds: float = 0.0
     threads: list[dict[str, Any]] = field(default_factory=list)
 
@@ -78,6 +81,8 @@ class SweepReport:
             "threads_refused": self.threads_refused,
             "bytes_reclaimed": self.bytes_reclaimed,
             "errors": self.errors,
+            "outbox_rows_purged": self.outbox_rows_purged,
+            "outbox_retention_seconds": self.outbox_retention_seconds,
             "seconds": round(self.seconds, 3),
         }
         if self.dry_run:

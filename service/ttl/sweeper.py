@@ -59,6 +59,11 @@ held. SQLite sweeps hold the database's write lock (``BEGIN IMMEDIATE``) over th
 ``delete`` records the window in the outbox (a connection of its own) just before. Memory sweeps run
 under the saver's lock.
 
+Each sweep also deletes the extraction outbox's delivered rows older than ``outbox_retention`` (default
+7 days). A row's key is what keeps a message extracted once while LangGraph keeps handing it to puts;
+once purged, the same message pruned again (a thread resumed from an old checkpoint, say) is recorded
+and extracted again, and the default extractor, writing under the message's key, overwrites its item.
+
 Every handled thread leaves a row in ``reducing_saver_sweep_log`` (thread, action, bytes, when, by
 whom), kept 30 days: ``/v1/sweeps/status`` adds it up across replicas and cron runs.
 
@@ -126,6 +131,9 @@ class ProcessSweepFigures(BaseModel):
     threads_refused: int = Field(description="keep_latest refused (the thread uses a DeltaChannel).")
     bytes_reclaimed: int
     errors: int = Field(description="Threads a sweep failed on (retried by the next sweep).")
+    outbox_rows_purged: int = Field(
+        0, description="Delivered outbox rows older than the retention that this process's sweeps deleted."
+    )
 
 
 class DatabaseSweepFigures(BaseModel):
@@ -178,6 +186,16 @@ class _Metrics:
         self.errors = Counter(
             "reducing_saver_sweep_errors", "Threads a TTL sweep failed on (retried next sweep).", registry=registry
         )
+        self.purged = Counter(
+            "reducing_saver_outbox_purged",
+            "Delivered outbox rows older than the retention deleted by this process's sweeps.",
+            registry=registry,
+        )
+        self.retention = Gauge(
+            "reducing_saver_outbox_retention_seconds",
+            "How long delivered outbox rows are kept before a sweep deletes them.",
+            registry=registry,
+        )
         self.last = Gauge(
             "reducing_saver_sweep_last_timestamp_seconds",
             "Unix time this process's last TTL sweep finished (0: none yet).",
@@ -217,6 +235,8 @@ class Sweeper:
         registry: A Prometheus registry for the sweep metrics (None: no metrics).
         tenant_mode: Stored thread ids are ``tenant:thread``: this process's figures are also kept per
             tenant, so a tenant's status shows only what sweeps did to its threads.
+        outbox: The extraction outbox whose delivered rows each sweep purges (None: no purge).
+        outbox_retention: Seconds delivered rows are kept (None: no purge).
     """
 
     def __init__(
@@ -231,9 +251,13 @@ class Sweeper:
         recorder: Recorder | None = None,
         registry: Any = None,
         tenant_mode: bool = False,
+        outbox: Any = None,
+        outbox_retention: float | None = None,
     ) -> None:
         self.ledger = ledger
         self.tenant_mode = tenant_mode
+        self.outbox = outbox
+        self.outbox_retention = outbox_retention
         self.policy = policy
         self.namespace_key = namespace_key
         self.interval = interval
@@ -241,6 +265,8 @@ class Sweeper:
         self.extract_on_delete = extract_on_delete
         self.recorder = recorder
         self._metrics = _metrics_for(registry) if registry is not None else None
+        if self._metrics is not None and outbox_retention is not None:
+            self._metrics.retention.set(outbox_retention)
         self._touched: OrderedDict[str, tuple[float, float | None, tuple[str, ...] | None]] = OrderedDict()
         self._touched_lock = threading.Lock()
         self._figures = {
@@ -252,6 +278,7 @@ class Sweeper:
             "threads_refused": 0,
             "bytes_reclaimed": 0,
             "errors": 0,
+            "outbox_rows_purged": 0,
         }
         #: Thread prefix ("tenant:") -> that tenant's share of the counts in _figures (tenant mode only).
         self._tenant_figures: dict[str, dict[str, int]] = {}
@@ -348,6 +375,8 @@ class Sweeper:
             else:
                 self._sweep(session, report)
                 self.ledger.forget_log(LOG_DAYS, session=session)
+        if not dry_run:
+            self._purge_outbox(report)
         report.seconds = time.monotonic() - started
         if not dry_run:
             self._settle(report)
@@ -392,6 +421,16 @@ class Sweeper:
             for name, amount in counts.items():
                 figures[name] += amount
 
+    def _purge_outbox(self, report: SweepReport) -> None:
+        if self.outbox is None or self.outbox_retention is None or self._stop.is_set():
+            return
+        report.outbox_retention_seconds = self.outbox_retention
+        try:
+            report.outbox_rows_purged = self.outbox.purge_delivered(self.outbox_retention)
+        except Exception:
+            logger.exception("purging delivered outbox rows failed; the next sweep retries")
+            report.errors += 1
+
     def _settle(self, report: SweepReport) -> None:
         with self._figures_lock:
             figures = self._figures
@@ -400,23 +439,33 @@ class Sweeper:
             figures["sweeps"] += 1
             for name in _COUNTED:
                 figures[name] += getattr(report, name)
+            figures["outbox_rows_purged"] += report.outbox_rows_purged or 0
         if self._metrics is not None:
+            self._metrics.purged.inc(report.outbox_rows_purged or 0)
             self._metrics.sweeps.inc()
             self._metrics.pruned.inc(report.threads_pruned)
             self._metrics.deleted.inc(report.threads_deleted)
             self._metrics.bytes.inc(report.bytes_reclaimed)
             self._metrics.errors.inc(report.errors)
             self._metrics.last.set(time.time())
-        handled = report.threads_pruned + report.threads_deleted + report.threads_refused + report.errors
+        handled = (
+            report.threads_pruned
+            + report.threads_deleted
+            + report.threads_refused
+            + report.errors
+            + (report.outbox_rows_purged or 0)
+        )
         logger.log(
             logging.INFO if handled else logging.DEBUG,
-            "TTL sweep (%s): %d pruned, %d deleted, %d refused, %d failed, %d bytes reclaimed in %.3f s",
+            "TTL sweep (%s): %d pruned, %d deleted, %d refused, %d failed, %d bytes reclaimed, %d delivered "
+            "outbox rows purged in %.3f s",
             report.strategy,
             report.threads_pruned,
             report.threads_deleted,
             report.threads_refused,
             report.errors,
             report.bytes_reclaimed,
+            report.outbox_rows_purged or 0,
             report.seconds,
         )
 
@@ -441,6 +490,11 @@ class Sweeper:
             except Exception:
                 logger.exception("TTL sweep failed; retrying in %g s", self.interval)
             self._stop.wait(self.interval)
+
+    def status_figure(self, name: str) -> Any:
+        """One of this process's sweep figures (``ProcessSweepFigures``)."""
+        with self._figures_lock:
+            return self._figures[name]
 
     @property
     def running(self) -> bool:
@@ -512,6 +566,7 @@ def open_sweeper(
     backend: Any,
     *,
     recorder: Recorder | None = None,
+    outbox: Any = None,
     registry: Any = None,
     tenant_mode: bool = False,
 ) -> Sweeper:
@@ -522,6 +577,7 @@ def open_sweeper(
         backend: The process's open backend (``storage.open_backend``).
         recorder: The outbox windows are recorded in (SQLite and memory; PostgreSQL records in the sweep's
             own transaction).
+        outbox: The outbox each sweep purges of delivered rows older than ``settings.outbox_retention``.
         registry: Prometheus registry for the sweep metrics.
         tenant_mode: API keys are configured: stored thread ids are ``tenant:thread``.
     """
@@ -549,4 +605,6 @@ def open_sweeper(
         recorder=recorder,
         registry=registry,
         tenant_mode=tenant_mode,
+        outbox=outbox,
+        outbox_retention=settings.outbox_retention,
     )

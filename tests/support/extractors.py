@@ -41,6 +41,17 @@ def counting(messages: list, namespace: tuple[str, ...], store) -> None:
             )
 
 
+def slow(messages: list, namespace: tuple[str, ...], store) -> None:
+    """Takes RS_TEST_EXTRACT_SECONDS before writing the messages as ``counting`` does (without counting):
+    a deliverer holds its claim meanwhile."""
+    import time
+
+    time.sleep(float(os.environ.get("RS_TEST_EXTRACT_SECONDS", "5")))
+    for message in messages:
+        value = message_to_dict(message) if isinstance(message, BaseMessage) else {"data": message}
+        store.put(namespace, message.id if isinstance(message, BaseMessage) else message["id"], value)
+
+
 # -- an LLM-shaped extractor, as a user would write one (README, "Long-term memory") -----------------
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402

@@ -6,6 +6,11 @@ touches) borrows from the one pool :func:`open_pool` makes, so a process never h
 ``pool_size`` connections. Borrowing waits at most ``timeout`` seconds: past that the pool raises
 ``PoolTimeout``, which :func:`unavailable` reads as "the database is unavailable" (a 503), instead of
 psycopg_pool's default of 30 s.
+
+When the database goes away, every connection in use fails (``OperationalError``, a 503) and the pool
+replaces it in the background. psycopg_pool waits 1, 2, 4, 8... seconds between reconnection attempts,
+so after an outage of seconds the service would answer 503 for as long again once the database is
+back; :class:`ServicePool` keeps trying every :data:`RECONNECT_MAX_DELAY` seconds at most instead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from reducing_saver.service.storage import StorageError, redact_url
 
@@ -72,6 +78,59 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+#: The longest wait between two attempts to replace a broken pooled connection: how late, at most, the
+#: service notices that the database is back. One connection attempt a second per lost connection costs
+#: a database that is down nothing.
+RECONNECT_MAX_DELAY = 1.0
+
+
+#: How long sent bytes may stay unacknowledged before the kernel drops the connection (milliseconds).
+TCP_USER_TIMEOUT_MS = 15_000
+
+
+class _PromptReconnect(AttemptWithBackoff):
+    """psycopg_pool's reconnection backoff, capped at :data:`RECONNECT_MAX_DELAY`."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_DELAY)
+
+
+class ServicePool(ConnectionPool):
+    """A ``ConnectionPool`` that replaces broken connections at most a second apart, not 1, 2, 4, 8 s...
+
+    psycopg_pool has no setting for it: the attempt object its reconnection starts with is swapped for
+    one whose delay is capped; it still gives up after ``reconnect_timeout`` as psycopg_pool does (and
+    grows again on demand after that).
+    """
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        if attempt is None:
+            attempt = _PromptReconnect(timeout=self.reconnect_timeout)
+        super()._add_connection(attempt, growing=growing)
+
+
+def pool_connection_kwargs(timeout: float) -> dict[str, Any]:
+    """What the pool opens its connections with: PostgresSaver's settings, plus a bound on connecting.
+
+    Without libpq's ``connect_timeout`` a connection attempt that gets no answer (a partition, a
+    firewall dropping packets) waits forever, and psycopg_pool's few maintenance threads with it: the
+    pool would never replace its connections, even once the database answers again. Keepalives let the
+    kernel notice a peer that went silent under an idle connection, and ``tcp_user_timeout`` one that
+    stopped acknowledging what was sent (a statement sent into a partition would otherwise wait for the
+    kernel's retransmissions, about 15 minutes).
+    """
+    return {
+        **CONNECTION_KWARGS,
+        "connect_timeout": max(2, math.ceil(timeout)),  # libpq's minimum is 2 s
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+    }
+
+
 def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-saver") -> ConnectionPool:
     """The process's pool of ``size`` autocommit, dict-row connections, open and filled.
 
@@ -79,13 +138,23 @@ def open_pool(url: str, *, size: int, timeout: float, name: str = "reducing-save
         url: The database URL.
         size: Connections (minimum and maximum: a service keeps them open).
         timeout: Seconds a borrower waits for a connection before ``PoolTimeout``; also how long opening
-            waits for the first connections.
+            waits for the first connections, and (at least 2 s) how long one connection attempt may take.
         name: The pool's name in psycopg_pool's logs.
     """
-    pool = ConnectionPool(
-        url, min_size=size, max_size=size, kwargs=CONNECTION_KWARGS, open=False, name=name, timeout=timeout
+    pool = ServicePool(
+        url,
+        min_size=size,
+        max_size=size,
+        kwargs=pool_connection_kwargs(timeout),
+        open=False,
+        name=name,
+        timeout=timeout,
     )
-    pool.open(wait=True, timeout=timeout)
+    try:
+        pool.open(wait=True, timeout=timeout)
+    except BaseException:
+        pool.close(timeout=0)  # its threads would go on connecting in the background
+        raise
     return pool
 
 

@@ -52,6 +52,8 @@ _PG_SETUP = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_age ON {TABLE} (pruned_at) WHERE status = 'pending'",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_dead ON {TABLE} (failed_at) WHERE status = 'dead'",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_claimed ON {TABLE} (claimed_by) WHERE status = 'pending'",
+    # Sweeps purge delivered rows past the retention without reading the whole table.
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_delivered ON {TABLE} (delivered_at) WHERE status = 'done'",
 )
 
 #: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
@@ -108,7 +110,7 @@ class PostgresOutbox:
         rows = sorted_unique(entries)
         if not rows:
             return 0
-        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows))]
+        chunks = [rows[start : start + _INSERT_CHUNK] for start in range(0, len(rows), _INSERT_CHUNK)]
         with self._pool.connection() as conn:
             # One INSERT is atomic on its own autocommit connection: one round trip, where BEGIN and
             # COMMIT would add two. Several need the transaction.
