@@ -194,6 +194,8 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
     # The document declares the scheme, and 401 on every secured operation.
     document = httpx.get(f"{url}/openapi.json", headers=auth("acme")).json()
     assert document["components"]["securitySchemes"]["apiKey"] == {**document["components"]["securitySchemes"]["apiKey"], "type": "http", "scheme": "bearer"}
+    header = document["components"]["securitySchemes"]["apiKeyHeader"]
+    assert {k: header[k] for k in ("type", "in", "name")} == {"type": "apiKey", "in": "header", "name": "x-api-key"}
     for path, ops in document["paths"].items():
         for op in ops.values():
             public = path in ("/healthz", "/readyz")

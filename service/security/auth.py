@@ -9,10 +9,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from reducing_saver.service.errors import send_error
 from reducing_saver.service.security.keys import ApiKeys
 from reducing_saver.service.security.limits import Limits, _limits
-from reducing_saver.service.security.tenancy import _tenant
+from reducing_saver.service.security.tenancy import UNAUTHORIZED, _tenant
 
 #: Routes answered without a key (probes must work before anyone holds one).
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
 
 def _bearer(scope: Scope) -> bytes | None:
     """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (what langgraph_sdk sends)."""
@@ -29,7 +30,8 @@ def _bearer(scope: Scope) -> bytes | None:
 
 
 class AuthMiddleware:
-    """Sets the request's caps and tenant; with keys configured, 401 without a valid bearer key.
+    """Sets the request's caps and tenant; with keys configured, 401 without a valid key (``Authorization:
+    Bearer <key>``, or ``x-api-key: <key>`` as langgraph_sdk sends it).
 
     The header is read here and nowhere else; it is never logged (the access log has method, path,
     status and duration only) and a 401 never echoes what was sent.
@@ -50,8 +52,7 @@ class AuthMiddleware:
             token = _bearer(scope)
             tenant = self.keys.tenant_for(token) if token else None
             if tenant is None:
-                detail = "a valid API key is required: send `Authorization: Bearer <key>`"
-                await send_error(send, 401, detail)
+                await send_error(send, 401, UNAUTHORIZED)
                 return
             scope.setdefault("state", {})["tenant"] = tenant
         limits_token = _limits.set(self.limits)
@@ -64,8 +65,9 @@ class AuthMiddleware:
 
 
 def document_auth(app: Any, public: frozenset[str] | set[str]) -> None:
-    """Declare the bearer key in ``app``'s OpenAPI document: a security scheme, and on every operation
-    but the public ones, ``security`` and a 401 response (call it only when keys are configured)."""
+    """Declare the key in ``app``'s OpenAPI document: two security schemes (a bearer token, or the
+    ``x-api-key`` header), and on every operation but the public ones, ``security`` (either scheme) and a
+    401 response (call it only when keys are configured)."""
     original = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -79,6 +81,12 @@ def document_auth(app: Any, public: frozenset[str] | set[str]) -> None:
             "description": "An API key of REDUCING_SAVER_API_KEYS / REDUCING_SAVER_API_KEYS_FILE; its tenant "
             "owns every thread the request touches.",
         }
+        components["securitySchemes"]["apiKeyHeader"] = {
+            "type": "apiKey",
+            "in": "header",
+            "name": "x-api-key",
+            "description": "The same key in the header langgraph_sdk's get_client(api_key=...) sends.",
+        }
         unauthorized = {
             "description": "No valid API key.",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
@@ -87,7 +95,7 @@ def document_auth(app: Any, public: frozenset[str] | set[str]) -> None:
             if path in public:
                 continue
             for operation in operations.values():
-                operation["security"] = [{"apiKey": []}]
+                operation["security"] = [{"apiKey": []}, {"apiKeyHeader": []}]
                 operation.setdefault("responses", {})["401"] = unauthorized
         return schema
 

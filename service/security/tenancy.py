@@ -17,8 +17,11 @@ from itertools import islice
 from typing import Any
 
 from reducing_saver.reducer import namespace_for
+from reducing_saver.service.errors import Unauthorized
 from reducing_saver.service.storage.lifecycle import THREAD_PREFIX_KEY
 
+#: The 401 detail: which headers carry a key.
+UNAUTHORIZED = "a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
 #: Prefix of every memory namespace in tenant mode: ``("tenants", tenant, *namespace)``.
 TENANTS_LABEL = "tenants"
 _tenant: ContextVar[str | None] = ContextVar("reducing_saver_tenant", default=None)
@@ -46,9 +49,7 @@ class TenantScope:
         tenant = current_tenant()
         if tenant_mode and tenant is None:
             # Never fall back to unscoped access: a request that got here without a tenant is a bug.
-            from fastapi import HTTPException
-
-            raise HTTPException(401, "a valid API key is required: send `Authorization: Bearer <key>`")
+            raise Unauthorized(UNAUTHORIZED)
         return cls(tenant)
 
     # thread ids
