@@ -11,12 +11,14 @@ LangSmith key, loopback only. Without `langgraph` it skips on a developer's mach
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +31,16 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from reducing_saver.client import (
     AuthenticationError,
     RemoteReducingSaver,
+    RemoteStore,
     ServerUnavailableError,
+    _client,
     agent_server,
 )
 from tests.support.server import ROOT, free_port, run_service
 
 PROJECT = Path(__file__).with_name("agent_server_project")
 CHECKPOINTER_PATH = "reducing_saver.client.agent_server.checkpointer"
+STORE_PATH = "reducing_saver.client.agent_server.store"
 MAX_MESSAGES = 6
 
 
@@ -137,7 +142,50 @@ async def test_aopen_failure_names_the_service() -> None:
         await RemoteReducingSaver.aopen("http://127.0.0.1:1", body_format="xml")
 
 
-# -- the factory ---------------------------------------------------------------------------------------------
+# -- the store's async opener ------------------------------------------------------------------------------
+
+
+async def test_store_aopen_builds_off_the_loop_and_sends_nothing(monkeypatch) -> None:
+    # The constructor sends no request but builds an SSL context (it reads the CA bundle): blockbuster does
+    # not see that C-level read, so the test records where the transport is built.
+    built_in: list[int] = []
+    real_init = _client._Http.__init__
+
+    def recording_init(self, *args, **kwargs) -> None:
+        built_in.append(threading.get_ident())
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_client._Http, "__init__", recording_init)
+    seen: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json={"results": [None]})
+
+    store = await RemoteStore.aopen(
+        "http://reducing-saver.invalid", async_transport=httpx.MockTransport(answer)
+    )
+    assert built_in and threading.get_ident() not in built_in
+    assert seen == [], "opening sends no request"
+    assert await store.aget(("a",), "k") is None
+    assert seen == ["POST /store/batch"]
+    await store.aclose()
+    with pytest.raises(ValueError, match="http"):
+        await RemoteStore.aopen("postgresql://db/x")
+
+
+async def test_store_aopen_makes_no_blocking_call_on_the_loop(service, blockbuster) -> None:
+    store = await RemoteStore.aopen(service.url)
+    try:
+        await store.aput(("notes", "t"), "k", {"text": "green tea"})
+        assert (await store.aget(("notes", "t"), "k")).value == {"text": "green tea"}
+        assert [i.key for i in await store.asearch(("notes",))] == ["k"]
+        assert await store.alist_namespaces(prefix=("notes",)) == [("notes", "t")]
+    finally:
+        await store.aclose()
+
+
+# -- the factories -------------------------------------------------------------------------------------------
 
 
 def _load_like_agent_server(path: str):
@@ -157,6 +205,34 @@ async def test_factory_opens_from_the_environment_without_blocking(service, bloc
         await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
 
 
+async def test_store_factory_opens_from_the_environment_without_blocking(
+    service, blockbuster, monkeypatch
+) -> None:
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+    factory = _load_like_agent_server(STORE_PATH)
+    assert factory is agent_server.store
+    async with factory() as store:
+        assert isinstance(store, RemoteStore) and store.url == service.url
+        await store.aput(("memories", "t"), "m", {"text": "hello"})
+        assert [i.key for i in await store.asearch(("memories", "t"))] == ["m"]
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.aget(("memories", "t"), "m")
+
+
+async def test_store_factory_in_another_loop_thread_under_blockbuster(
+    service, blockbuster, monkeypatch
+) -> None:
+    # BG_JOB_ISOLATED_LOOPS=true: Agent Server enters the factory again in each run thread's own loop.
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+
+    async def in_own_loop() -> list[str]:
+        async with agent_server.store() as store:
+            await store.aput(("notes", "loop"), "k", {"v": 1})
+            return [i.key for i in await store.asearch(("notes", "loop"))]
+
+    assert await asyncio.to_thread(asyncio.run, in_own_loop()) == ["k"]
+
+
 async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, monkeypatch) -> None:
     args = ("--database", "memory://")
     with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": "agents=factory-key"}) as keyed:
@@ -168,12 +244,22 @@ async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, mo
         monkeypatch.setenv("REDUCING_SAVER_API_KEY", "factory-key")
         async with agent_server.checkpointer() as saver:
             assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
+        async with agent_server.store() as store:
+            await store.aput(("notes",), "k", {"v": 1})
+            assert (await store.aget(("notes",), "k")).value == {"v": 1}
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "wrong-key")
+        async with agent_server.store() as store:  # opening sends nothing: the first call says
+            with pytest.raises(AuthenticationError):
+                await store.aget(("notes",), "k")
 
 
 async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
     monkeypatch.delenv("REDUCING_SAVER_URL", raising=False)
     with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
         async with agent_server.checkpointer():
+            pass
+    with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
+        async with agent_server.store():
             pass
 
 
