@@ -6,10 +6,15 @@ SqliteStore, InMemoryStore), so results, deduplication and ordering are that sto
 method of ``BaseStore`` (``get``, ``put``, ``delete``, ``search``, ``list_namespaces`` and their async
 twins) goes through them. The transport, retries, errors and API key are those of
 ``RemoteReducingSaver`` (``_client._Http``).
+
+Construction sends no request, but it is not free of blocking work: the sync transport builds an SSL
+context (it reads the CA bundle), and the first async call imports aiohttp (which builds its own).
+``RemoteStore.aopen`` does both in a worker thread, for code running on an event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Self
@@ -119,6 +124,9 @@ class RemoteStore(BaseStore):
     ``--store-ttl``): embedding happens in the service. A put without ``ttl`` gets the service's default
     TTL, if any; ``ttl`` on a service without ``--store-ttl`` is refused (``BadRequestError``).
 
+    The constructor sends no request (a wrong URL or key shows on the first call), but it reads the CA
+    bundle for the sync transport's SSL context; from async code, open it with :meth:`aopen`.
+
     Args:
         url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
         api_key: Sent as ``Authorization: Bearer <api_key>``; defaults to ``REDUCING_SAVER_API_KEY``.
@@ -158,6 +166,45 @@ class RemoteStore(BaseStore):
             transport=transport,
             async_transport=async_transport,
         )
+
+    @classmethod
+    async def aopen(
+        cls,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> Self:
+        """Open a store from async code without blocking the event loop; the arguments are the constructor's.
+
+        The constructor runs in a worker thread (its SSL context reads the CA bundle), and so does the
+        import of aiohttp that the first async call would otherwise make on the loop. Like the
+        constructor, it sends no request.
+
+        Raises:
+            ValueError: If ``url`` is not an http(s) URL or an option is out of range.
+        """
+
+        def build() -> Self:
+            if async_transport is None:
+                import aiohttp  # noqa: F401  (its import loads certificates: not on the loop)
+            return cls(
+                url,
+                api_key=api_key,
+                timeout=timeout,
+                max_retries=max_retries,
+                backoff=backoff,
+                headers=headers,
+                transport=transport,
+                async_transport=async_transport,
+            )
+
+        return await asyncio.get_running_loop().run_in_executor(None, build)
 
     @property
     def url(self) -> str:

@@ -1,22 +1,26 @@
-"""LangGraph Agent Server with the service as its checkpointer (reducing_saver.client.agent_server).
+"""LangGraph Agent Server with the service as its checkpointer and store (reducing_saver.client.agent_server).
 
-The unit tests open savers under blockbuster, the blocking-call detector Agent Server runs its graphs
-under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test installs
-into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project, drives it
-with langgraph_sdk, and checks what the service stored and extracted: once with a shared loop on the
-memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL. Offline: no telemetry, no browser, no
+The unit tests open savers and stores under blockbuster, the blocking-call detector Agent Server runs its
+graphs under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test
+installs into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project,
+drives it with langgraph_sdk (runs, and Agent Server's own /store routes), and checks what the service
+stored and extracted, and that the graph's runtime.store found the extracted memories: once with a shared
+loop on the memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL with an API key (the items
+then live under the tenant's prefix). Offline: no telemetry, no browser, no
 LangSmith key, loopback only. Without `langgraph` it skips on a developer's machine and fails in CI
 (``CI=true``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +33,16 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from reducing_saver.client import (
     AuthenticationError,
     RemoteReducingSaver,
+    RemoteStore,
     ServerUnavailableError,
+    _client,
     agent_server,
 )
 from tests.support.server import ROOT, free_port, run_service
 
 PROJECT = Path(__file__).with_name("agent_server_project")
 CHECKPOINTER_PATH = "reducing_saver.client.agent_server.checkpointer"
+STORE_PATH = "reducing_saver.client.agent_server.store"
 MAX_MESSAGES = 6
 
 
@@ -137,7 +144,50 @@ async def test_aopen_failure_names_the_service() -> None:
         await RemoteReducingSaver.aopen("http://127.0.0.1:1", body_format="xml")
 
 
-# -- the factory ---------------------------------------------------------------------------------------------
+# -- the store's async opener ------------------------------------------------------------------------------
+
+
+async def test_store_aopen_builds_off_the_loop_and_sends_nothing(monkeypatch) -> None:
+    # The constructor sends no request but builds an SSL context (it reads the CA bundle): blockbuster does
+    # not see that C-level read, so the test records where the transport is built.
+    built_in: list[int] = []
+    real_init = _client._Http.__init__
+
+    def recording_init(self, *args, **kwargs) -> None:
+        built_in.append(threading.get_ident())
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_client._Http, "__init__", recording_init)
+    seen: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json={"results": [None]})
+
+    store = await RemoteStore.aopen(
+        "http://reducing-saver.invalid", async_transport=httpx.MockTransport(answer)
+    )
+    assert built_in and threading.get_ident() not in built_in
+    assert seen == [], "opening sends no request"
+    assert await store.aget(("a",), "k") is None
+    assert seen == ["POST /store/batch"]
+    await store.aclose()
+    with pytest.raises(ValueError, match="http"):
+        await RemoteStore.aopen("postgresql://db/x")
+
+
+async def test_store_aopen_makes_no_blocking_call_on_the_loop(service, blockbuster) -> None:
+    store = await RemoteStore.aopen(service.url)
+    try:
+        await store.aput(("notes", "t"), "k", {"text": "green tea"})
+        assert (await store.aget(("notes", "t"), "k")).value == {"text": "green tea"}
+        assert [i.key for i in await store.asearch(("notes",))] == ["k"]
+        assert await store.alist_namespaces(prefix=("notes",)) == [("notes", "t")]
+    finally:
+        await store.aclose()
+
+
+# -- the factories -------------------------------------------------------------------------------------------
 
 
 def _load_like_agent_server(path: str):
@@ -157,6 +207,34 @@ async def test_factory_opens_from_the_environment_without_blocking(service, bloc
         await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
 
 
+async def test_store_factory_opens_from_the_environment_without_blocking(
+    service, blockbuster, monkeypatch
+) -> None:
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+    factory = _load_like_agent_server(STORE_PATH)
+    assert factory is agent_server.store
+    async with factory() as store:
+        assert isinstance(store, RemoteStore) and store.url == service.url
+        await store.aput(("memories", "t"), "m", {"text": "hello"})
+        assert [i.key for i in await store.asearch(("memories", "t"))] == ["m"]
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.aget(("memories", "t"), "m")
+
+
+async def test_store_factory_in_another_loop_thread_under_blockbuster(
+    service, blockbuster, monkeypatch
+) -> None:
+    # BG_JOB_ISOLATED_LOOPS=true: Agent Server enters the factory again in each run thread's own loop.
+    monkeypatch.setenv("REDUCING_SAVER_URL", service.url)
+
+    async def in_own_loop() -> list[str]:
+        async with agent_server.store() as store:
+            await store.aput(("notes", "loop"), "k", {"v": 1})
+            return [i.key for i in await store.asearch(("notes", "loop"))]
+
+    assert await asyncio.to_thread(asyncio.run, in_own_loop()) == ["k"]
+
+
 async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, monkeypatch) -> None:
     args = ("--database", "memory://")
     with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": "agents=factory-key"}) as keyed:
@@ -168,12 +246,22 @@ async def test_factory_sends_the_api_key_from_the_environment(tmp_path: Path, mo
         monkeypatch.setenv("REDUCING_SAVER_API_KEY", "factory-key")
         async with agent_server.checkpointer() as saver:
             assert await saver.aget_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}) is None
+        async with agent_server.store() as store:
+            await store.aput(("notes",), "k", {"v": 1})
+            assert (await store.aget(("notes",), "k")).value == {"v": 1}
+        monkeypatch.setenv("REDUCING_SAVER_API_KEY", "wrong-key")
+        async with agent_server.store() as store:  # opening sends nothing: the first call says
+            with pytest.raises(AuthenticationError):
+                await store.aget(("notes",), "k")
 
 
 async def test_factory_without_url_says_which_variable(monkeypatch) -> None:
     monkeypatch.delenv("REDUCING_SAVER_URL", raising=False)
     with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
         async with agent_server.checkpointer():
+            pass
+    with pytest.raises(RuntimeError, match="REDUCING_SAVER_URL"):
+        async with agent_server.store():
             pass
 
 
@@ -220,12 +308,12 @@ def _wait_ok(url: str, process: subprocess.Popen, log: Path, timeout: float = 60
     raise RuntimeError(f"langgraph dev not ready after {timeout}s:\n{log.read_text(errors='replace')}")
 
 
-def _routes(service_url: str) -> dict[str, float]:
+def _routes(service_url: str, headers: dict[str, str]) -> dict[str, float]:
     """Successful requests the service counted, by "METHOD /route" (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{service_url}/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(f"{service_url}/metrics", headers=headers).text):
         for sample in family.samples:
             labels = sample.labels
             if sample.name == "reducing_saver_http_requests_total" and labels["status"].startswith("2"):
@@ -234,10 +322,10 @@ def _routes(service_url: str) -> dict[str, float]:
     return counts
 
 
-def _drained(service_url: str, timeout: float = 60.0) -> dict:
+def _drained(service_url: str, headers: dict[str, str], timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        status = httpx.get(f"{service_url}/v1/extraction/status", timeout=5).json()
+        status = httpx.get(f"{service_url}/v1/extraction/status", headers=headers, timeout=5).json()
         if status["pending"] == 0 and status["in_flight"] == 0:
             return status
         assert time.monotonic() < deadline, f"outbox not drained after {timeout}s: {status}"
@@ -248,15 +336,44 @@ def _human(text: str) -> dict:
     return {"messages": [{"role": "user", "content": text + " " + "y" * 300}]}
 
 
+#: The key Agent Server's factories send in the keyed run; the service's tenant for it.
+TENANT, TENANT_KEY = "agents", "agent-server-key"
+
+
+class _ServiceStore:
+    """What the service stored, read beside Agent Server: PostgresStore on the database itself (where a
+    tenant's items live under ``("tenants", tenant, ...)``), or a RemoteStore for ``memory://``."""
+
+    def __init__(self, service_url: str, database: str, api_key: str | None) -> None:
+        from langgraph.store.postgres import PostgresStore
+
+        self.prefix: tuple[str, ...] = ("tenants", TENANT) if api_key else ()
+        if database.startswith("postgresql"):
+            self._context = PostgresStore.from_conn_string(database)
+            self.store = self._context.__enter__()
+        else:
+            assert not api_key, "memory:// is read through the service: run it without keys"
+            self._context = self.store = RemoteStore(service_url)
+
+    def keys(self, *namespace: str) -> set[str]:
+        return {i.key for i in self.store.search((*self.prefix, *namespace), limit=1000)}
+
+    def get(self, *namespace: str, key: str):
+        return self.store.get((*self.prefix, *namespace), key)
+
+    def close(self) -> None:
+        self._context.__exit__(None, None, None)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("isolated_loops", "backend"),
-    [(False, "memory"), (True, "postgres")],
-    ids=["shared-loop-memory", "isolated-loops-postgres"],
+    ("isolated_loops", "backend", "api_key"),
+    [(False, "memory", None), (True, "postgres", TENANT_KEY)],
+    ids=["shared-loop-memory", "isolated-loops-postgres-keyed"],
 )
 def test_langgraph_dev_keeps_its_threads_in_the_service(
-    tmp_path: Path, request: pytest.FixtureRequest, isolated_loops: bool, backend: str
+    tmp_path: Path, request: pytest.FixtureRequest, isolated_loops: bool, backend: str, api_key: str | None
 ) -> None:
     from langgraph_sdk import get_sync_client
 
@@ -264,19 +381,27 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
     project = tmp_path / "project"
     shutil.copytree(PROJECT, project)
     database = request.getfixturevalue("fresh_pg") if backend == "postgres" else "memory://"
+    keys_env = {"REDUCING_SAVER_API_KEYS": f"{TENANT}={api_key}"} if api_key else {}
     with run_service(
-        tmp_path, "--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"
+        tmp_path,
+        *("--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"),
+        env=keys_env,
     ) as service:
-        # The service's URL reaches the factory through langgraph.json's "env", as it would in a deployment.
+        # The service's URL (and key) reach the factories through langgraph.json's "env", as in a deployment.
         config_file = project / "langgraph.json"
         config = json.loads(config_file.read_text())
-        config["env"] = {"REDUCING_SAVER_URL": service.url}
+        config["env"] = {
+            "REDUCING_SAVER_URL": service.url,
+            **({"REDUCING_SAVER_API_KEY": api_key} if api_key else {}),
+        }
         assert config["checkpointer"]["path"] == CHECKPOINTER_PATH
+        assert config["store"]["path"] == STORE_PATH
         config_file.write_text(json.dumps(config))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = tmp_path / "langgraph-dev.log"
         env = _offline_env({"BG_JOB_ISOLATED_LOOPS": "true"} if isolated_loops else {})
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [str(cli), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
@@ -285,11 +410,13 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        stored = _ServiceStore(service.url, database, api_key)
         try:
             _wait_ok(url, process, log)
             with get_sync_client(url=url, api_key=None) as client:
-                _drive(client, url, service.url)
+                _drive(client, url, service.url, api_key, stored)
         finally:
+            stored.close()
             process.terminate()
             try:
                 process.wait(timeout=20)
@@ -298,13 +425,15 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
                 process.wait()
         text = log.read_text(errors="replace")
         assert "Using custom checkpointer: RemoteReducingSaver" in text
+        assert f"Using custom store: RemoteStore('{service.url}')" in text
         assert "BlockingError" not in text and "Blocking call" not in text, text[-4000:]
-        if isolated_loops:  # the factory was entered again in a run thread's loop, under blockbuster
+        if isolated_loops:  # the factories were entered again in a run thread's loop, under blockbuster
             assert "Starting queue with isolated loops" in text
             assert text.count("Using custom checkpointer: RemoteReducingSaver") >= 2
-        routes = _routes(service.url)
+            assert text.count("Using custom store: RemoteStore") >= 2
+        routes = _routes(service.url, headers)
         # The messages the windows cut went on to long-term memory (the service's extraction).
-        extraction = _drained(service.url)
+        extraction = _drained(service.url, headers)
         assert extraction["delivered"] > 0, extraction
     # What Agent Server asked of the service.
     for route in (
@@ -315,6 +444,7 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
         "POST /v1/threads/copy",
         "POST /v1/runs/delete",
         "POST /v1/threads/delete",
+        "POST /store/batch",
     ):
         assert route in routes, sorted(routes)
 
@@ -336,7 +466,8 @@ def _ancestry(history: list[dict]) -> list[str]:
     return chain
 
 
-def _drive(client, url: str, service_url: str) -> None:
+def _drive(client, url: str, service_url: str, api_key: str | None, stored: _ServiceStore) -> None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     thread = client.threads.create()["thread_id"]
     last = None
     for turn in range(6):  # 12 messages: the stored window must have been cut
@@ -348,6 +479,8 @@ def _drive(client, url: str, service_url: str) -> None:
     assert len(stored_now) < len(last["messages"]) == 8
     assert len(client.threads.get(thread)["values"]["messages"]) == len(last["messages"])
     assert stored_now == last["messages"][-len(stored_now) :]
+
+    _check_the_store(client, thread, service_url, headers, stored)
     chunks = list(client.runs.stream(thread, "agent", input=_human("streamed"), stream_mode="values"))
     assert any(c.event == "values" for c in chunks)
 
@@ -392,7 +525,7 @@ def _drive(client, url: str, service_url: str) -> None:
     # multitask_strategy="rollback": the interrupted run's checkpoints leave the service (runs/delete).
     slow = client.runs.create(thread, "agent", input=_human("slow turn"))
     deadline = time.monotonic() + 30
-    with RemoteReducingSaver(service_url) as saver:
+    with RemoteReducingSaver(service_url, api_key=api_key) as saver:
         while not any(t.metadata.get("run_id") == slow["run_id"] for t in _stored(saver, thread)):
             assert time.monotonic() < deadline, "the slow run stored no checkpoint"
             time.sleep(0.1)
@@ -414,3 +547,37 @@ def _drive(client, url: str, service_url: str) -> None:
         stored = _stored(saver, thread)
         windows = [len(t.checkpoint["channel_values"].get("messages") or []) for t in stored]
         assert max(windows) <= MAX_MESSAGES, windows
+
+
+def _check_the_store(
+    client, thread: str, service_url: str, headers: dict[str, str], stored: _ServiceStore
+) -> None:
+    """The graph's runtime.store and Agent Server's /store routes reach the service's store."""
+    # The `remember` node's notes, written through runtime.store, are in the service's store (in the
+    # tenant's subtree when keyed), and nowhere else.
+    assert stored.keys("notes", thread) == {f"turn-{n}" for n in range(6)}
+    if stored.prefix:
+        assert not stored.store.search(("notes",)), "a tenant's items live under its prefix only"
+    # The memories the service extracted from the cut messages: the node finds them through the same store.
+    _drained(service_url, headers)
+    extracted = stored.keys("memories", thread)
+    assert extracted, "the windows cut messages, which the service extracts"
+    memory = stored.get("memories", thread, key=min(extracted))
+    assert memory.value["data"]["content"].startswith(("turn", "answer"))
+    client.runs.wait(thread, "agent", input=_human("recall"), raise_error=True)
+    recall = stored.get("recall", thread, key="latest").value
+    assert recall["turn"] == "recall"
+    _drained(service_url, headers)
+    assert extracted <= set(recall["keys"]) <= stored.keys("memories", thread), recall
+
+    # Agent Server's own store API (langgraph_sdk's client.store against langgraph dev) goes to the service.
+    assert {
+        i["key"] for i in client.store.search_items(["memories", thread], limit=100)["items"]
+    } >= extracted
+    client.store.put_item(["profile", thread], key="color", value={"text": "green"})
+    assert stored.get("profile", thread, key="color").value == {"text": "green"}
+    assert client.store.get_item(["profile", thread], key="color")["value"] == {"text": "green"}
+    listed = client.store.list_namespaces(prefix=["notes"], max_depth=2)["namespaces"]
+    assert [tuple(n) for n in listed] == [("notes", thread)]
+    client.store.delete_item(["profile", thread], key="color")
+    assert stored.get("profile", thread, key="color") is None
