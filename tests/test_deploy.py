@@ -1,6 +1,6 @@
 """The deploy files: Dockerfile, .dockerignore, docker-compose.yml, .env.example and deploy/ (Kubernetes).
 
-These tests need no Docker engine and no cluster (tests/test_compose.py builds the image and runs the
+These tests need no Docker engine and no cluster (tests/e2e/test_compose.py builds the image and runs the
 compose stack); they check what can be checked offline:
 
 * the Dockerfile with hadolint (all severities), its stages (a wheel built from the whole allowlisted

@@ -1,1 +1,1 @@
-"""The hostile-input corpus (corpus.py) and its tripwire module; replayed by tests/test_hostile_corpus.py."""
+"""The hostile-input corpus (corpus.py) and its tripwire module; replayed by tests/e2e/test_hostile_corpus.py."""

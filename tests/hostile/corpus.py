@@ -1,6 +1,6 @@
 """Hostile requests, each with a name and what the service must answer.
 
-Every case is a request a careless or malicious client could send. ``tests/test_hostile_corpus.py``
+Every case is a request a careless or malicious client could send. ``tests/e2e/test_hostile_corpus.py``
 replays each against a running service (a real uvicorn process on PostgreSQL, with an API key) and
 checks that the answer's status is one of ``expect``, that its detail names what it should (``names``),
 that nothing was stored, that no marker file appeared, and that the next ordinary request is served.

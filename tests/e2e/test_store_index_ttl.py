@@ -25,7 +25,7 @@ from reducing_saver.client import RemoteStore
 from reducing_saver.service.config import Settings
 from tests.support.embeddings import DIMS
 from tests.support.server import CLI, ROOT, run_service
-from tests.test_security import KEYS, NAMESPACE, Api, key_pairs
+from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from typing_extensions import TypedDict
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.wire import LIST_PATH
 from tests.support.server import run_service
-from tests.test_client_unit import FakeService, config, make_saver
+from tests.client.test_client import FakeService, config, make_saver
 
 CAP = 3
 

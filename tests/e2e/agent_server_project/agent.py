@@ -1,4 +1,4 @@
-"""The sample graph tests/test_agent_server.py runs on `langgraph dev`: a chat turn by a fake chat model (no
+"""The sample graph tests/e2e/test_agent_server.py runs on `langgraph dev`: a chat turn by a fake chat model (no
 network); a human message starting with "slow" makes the turn take seconds (for multitask rollback), one
 starting with "confirm" adds a confirmation that interrupts for the user's answer.
 

@@ -2,7 +2,7 @@
 
 The unit tests open savers and stores under blockbuster, the blocking-call detector Agent Server runs its
 graphs under. The end-to-end test runs `langgraph dev` (from the `agent-server` extra, which scripts/test
-installs into .venv-agent-server: its pins conflict with the test extra's) on tests/agent_server_project,
+installs into .venv-agent-server: its pins conflict with the test extra's) on tests/e2e/agent_server_project,
 drives it with langgraph_sdk (runs, and Agent Server's own /store routes), and checks what the service
 stored and extracted, and that the graph's runtime.store found the extracted memories: once with a shared
 loop on the memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL with an API key (the items

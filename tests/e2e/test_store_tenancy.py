@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from reducing_saver.service.app import create_app
 from reducing_saver.service.config import Settings
 from tests.support.server import run_service
-from tests.test_security import KEYS, NAMESPACE, Api, key_pairs
+from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 
 MINE = ["notes", "projects"]
 

@@ -492,7 +492,7 @@ async def async_extractor(messages, namespace, store):
 
 
 def test_load_extractor_runs_sync_and_async_callables():
-    for path in ["tests.test_extraction:sync_extractor", "tests.test_extraction:async_extractor"]:
+    for path in ["tests.service.extraction.test_extraction:sync_extractor", "tests.service.extraction.test_extraction:async_extractor"]:
         store = InMemoryStore()
         outbox = MemoryOutbox()
         outbox.record(human_entries(3))
@@ -511,11 +511,11 @@ def test_load_extractor_explains_bad_paths():
     with pytest.raises(ValueError, match="module:callable"):
         load_extractor("no_colon")
     with pytest.raises(ValueError, match="cannot be imported"):
-        load_extractor("tests.test_extraction:missing")
+        load_extractor("tests.service.extraction.test_extraction:missing")
     with pytest.raises(ValueError, match="cannot be imported"):
         load_extractor("no_such_module_here:x")
     with pytest.raises(ValueError, match="not a callable"):
-        load_extractor("tests.test_extraction:NS")
+        load_extractor("tests.service.extraction.test_extraction:NS")
 
 
 # -- batching after a wake -------------------------------------------------------------------------
