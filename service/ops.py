@@ -184,7 +184,7 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
-    inline_ints = service.backend_kind == "postgres"
+    inline_ints = getattr(saver.inner, "keeps_big_ints_inline", False)
     values = {
         channel: _from_wire(value, f"values.{channel}", inline_ints=inline_ints)
         for channel, value in body.values.items()

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 import json
-from contextlib import closing
 from typing import Any
+
+from reducing_saver.service.storage import backend_module
 
 #: The keys of --store-index and --store-ttl (the stores' IndexConfig and TTLConfig).
 INDEX_KEYS = frozenset({"dims", "embed", "fields"})
@@ -142,38 +143,16 @@ def refusal(settings: Any) -> str | None:
     """Why the service cannot serve these store settings on its backend (one line), or ``None``.
 
     Checked before the service starts (``reducing-saver serve``, ``worker``); the backends check again when
-    they open the store, so an app built another way fails too.
+    they open the store, so an app built another way fails too. What a backend supports is its own to say
+    (``store_refusal`` of its package).
     """
-    index, ttl, kind = (
-        getattr(settings, "store_index", None),
-        getattr(settings, "store_ttl", None),
-        settings.backend,
-    )
-    if ttl is not None and kind == "memory":
-        return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL"
-    if index is None:
-        return None
-    try:
-        _embedder(index["embed"])
-    except StoreConfigError as exc:
-        return str(exc)
-    if kind == "sqlite":
-        import sqlite3
-
-        from reducing_saver.service.storage.sqlite import NO_LOADABLE_EXTENSIONS
-
-        with closing(sqlite3.connect(":memory:")) as conn:
-            if not hasattr(conn, "enable_load_extension"):
-                return NO_LOADABLE_EXTENSIONS
-    if kind == "postgres":
-        import psycopg
-
-        from reducing_saver.service.storage.postgres.connections import HAS_PGVECTOR, PGVECTOR_MISSING
-
+    index = getattr(settings, "store_index", None)
+    ttl = getattr(settings, "store_ttl", None)
+    if index is not None:
         try:
-            with psycopg.connect(settings.database, connect_timeout=5) as conn:
-                if conn.execute(HAS_PGVECTOR).fetchone() is None:
-                    return PGVECTOR_MISSING
-        except psycopg.OperationalError:
-            return None  # unreachable now: the service starts and reports it as it does for any outage
-    return None
+            _embedder(index["embed"])
+        except StoreConfigError as exc:
+            return str(exc)
+    return backend_module(settings.database).store_refusal(
+        settings.database, index=index is not None, ttl=ttl is not None
+    )

@@ -121,8 +121,12 @@ def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: 
         StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
             PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
-    module = importlib.import_module(_MODULES[backend_kind(url)])
-    return module.open(url, pool_size=pool_size, timeout=timeout, create=create)
+    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create)
+
+
+def backend_module(url: str) -> Any:
+    """The package of the backend a database URL names (its ``open`` and ``store_refusal``)."""
+    return importlib.import_module(_MODULES[backend_kind(url)])
 
 
 class SaversBusy(Exception):

@@ -54,5 +54,10 @@ class MemoryBackend:
         """Nothing to close."""
 
 
+def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+    """Why this backend cannot serve the store settings: InMemoryStore has no TTL."""
+    return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL" if ttl else None
+
+
 def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> MemoryBackend:  # noqa: A001
     return MemoryBackend()

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage.postgres.connections import (
+    HAS_PGVECTOR,
+    PGVECTOR_MISSING,
     SAVER_LOCK_KEY,
     STORE_LOCK_KEY,
     check_database,
@@ -76,6 +79,19 @@ class PostgresBackend:
         if self._store is not None:
             self._store.stop_ttl_sweeper(timeout)
         self.pool.close(timeout=timeout)
+
+
+def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+    """Why this backend cannot serve the store settings: vector search needs the pgvector extension."""
+    if not index:
+        return None
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            if conn.execute(HAS_PGVECTOR).fetchone() is None:
+                return PGVECTOR_MISSING
+    except psycopg.OperationalError:
+        return None  # unreachable now: the service starts and reports it as it does for any outage
+    return None
 
 
 def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> PostgresBackend:  # noqa: A001

@@ -126,6 +126,10 @@ class PostgresLifecycleSaver(PostgresSaver):
 
     #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
     lists_by_thread_prefix = True
+    #: Primitive channel values and metadata live in JSONB, which keeps any integer exactly: one beyond 64
+    #: bits is stored inline, as a stock PostgresSaver stores it (SqliteSaver's JSON and the memory
+    #: backend's msgpack cannot, so there it stays in its typed wire form).
+    keeps_big_ints_inline = True
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and pending write of a thread to another thread id.

@@ -3,6 +3,8 @@ TTL ledger and SqliteStore, all in one file."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from typing import Any
 
 from langgraph.store.sqlite import SqliteStore
@@ -80,6 +82,16 @@ class SqliteBackend:
     def close(self, timeout: float = 5.0) -> None:
         for close in reversed(self._closers):
             close()
+
+
+def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+    """Why this backend cannot serve the store settings: vector search needs a sqlite3 that loads
+    extensions (sqlite-vec)."""
+    if index:
+        with closing(sqlite3.connect(":memory:")) as conn:
+            if not hasattr(conn, "enable_load_extension"):
+                return NO_LOADABLE_EXTENSIONS
+    return None
 
 
 def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> SqliteBackend:  # noqa: A001
