@@ -589,6 +589,19 @@ class _Http:
         self._transport.close()
 
 
+async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
+    """``build()`` in a worker thread: a client's set-up reads files (the TLS context loads the CA bundle),
+    and so does importing aiohttp (``aiohttp_too``), which the first async call would otherwise do on the
+    loop. For ``aopen`` of the saver and the store, under blocking-call detectors such as Agent Server's."""
+
+    def run() -> T:
+        if aiohttp_too:
+            import aiohttp  # noqa: F401
+        return build()
+
+    return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
 # -- the saver --------------------------------------------------------------------------------------
 
 
@@ -716,12 +729,14 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         max_retries: int = 3,
         backoff: float = 0.1,
+        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
     ) -> Self:
-        """Open a saver from async code without blocking the event loop; the arguments are the constructor's.
+        """Open a saver from async code without blocking the event loop; the arguments are the constructor's
+        (but ``startup_timeout``: the capabilities request is retried as any idempotent call is).
 
         The constructor's capabilities request is sent through the async transport (aiohttp, or
         ``async_transport``), and the set-up that reads files (TLS certificates, importing aiohttp) runs
@@ -734,21 +749,20 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         if body_format not in BODY_FORMAT_NAMES:
             raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
 
-        def build() -> _Http:
-            if async_transport is None:
-                import aiohttp  # noqa: F401  (its import loads certificates: not on the loop)
-            return _Http(
+        http = await off_the_loop(
+            lambda: _Http(
                 url,
                 api_key=api_key,
                 timeout=timeout,
                 max_retries=max_retries,
                 backoff=backoff,
+                retry_unavailable_for=retry_unavailable_for,
                 headers=headers,
                 transport=transport,
                 async_transport=async_transport,
-            )
-
-        http = await asyncio.get_running_loop().run_in_executor(None, build)
+            ),
+            aiohttp_too=async_transport is None,
+        )
         try:
             info = await http.asend(_capabilities_call())
         except BaseException:

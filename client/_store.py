@@ -14,7 +14,6 @@ context (it reads the CA bundle), and the first async call imports aiohttp (whic
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Self
@@ -34,7 +33,7 @@ from langgraph.store.base import (
     _validate_namespace_labels,
 )
 
-from reducing_saver.client._client import DEFAULT_TIMEOUT, _Call, _Http
+from reducing_saver.client._client import DEFAULT_TIMEOUT, RETRY_UNAVAILABLE_FOR, _Call, _Http, off_the_loop
 from reducing_saver.wire import json_default
 
 #: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
@@ -133,6 +132,8 @@ class RemoteStore(BaseStore):
         timeout: Per-request timeout (seconds or ``httpx.Timeout``); ``None`` is refused.
         max_retries: Retries after a connection error or a 502/503/504.
         backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
+        retry_unavailable_for: Past those retries, how long a 503 (the service or its database cannot
+            serve now) is retried on, in seconds from the first attempt, as ``RemoteReducingSaver`` does.
         headers: Extra headers sent with every request.
         transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
@@ -152,6 +153,7 @@ class RemoteStore(BaseStore):
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         max_retries: int = 3,
         backoff: float = 0.1,
+        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
@@ -162,6 +164,7 @@ class RemoteStore(BaseStore):
             timeout=timeout,
             max_retries=max_retries,
             backoff=backoff,
+            retry_unavailable_for=retry_unavailable_for,
             headers=headers,
             transport=transport,
             async_transport=async_transport,
@@ -176,6 +179,7 @@ class RemoteStore(BaseStore):
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         max_retries: int = 3,
         backoff: float = 0.1,
+        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
@@ -190,21 +194,20 @@ class RemoteStore(BaseStore):
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
         """
 
-        def build() -> Self:
-            if async_transport is None:
-                import aiohttp  # noqa: F401  (its import loads certificates: not on the loop)
-            return cls(
+        return await off_the_loop(
+            lambda: cls(
                 url,
                 api_key=api_key,
                 timeout=timeout,
                 max_retries=max_retries,
                 backoff=backoff,
+                retry_unavailable_for=retry_unavailable_for,
                 headers=headers,
                 transport=transport,
                 async_transport=async_transport,
-            )
-
-        return await asyncio.get_running_loop().run_in_executor(None, build)
+            ),
+            aiohttp_too=async_transport is None,
+        )
 
     @property
     def url(self) -> str:
