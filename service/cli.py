@@ -427,9 +427,9 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
     try:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
         # service or a worker delivers them.
-        recorder = None if dry_run else backend.outbox()
+        outbox = None if dry_run else backend.outbox()
         tenant_mode = settings.api_key_set is not None
-        sweeper = open_sweeper(settings, backend, recorder=recorder, outbox=recorder, tenant_mode=tenant_mode)
+        sweeper = open_sweeper(settings, backend, outbox=outbox, tenant_mode=tenant_mode)
         try:
             report = sweeper.sweep(dry_run=dry_run)
         finally:

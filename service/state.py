@@ -144,7 +144,6 @@ class Service:
             self.sweeper = open_sweeper(
                 settings,
                 backend,
-                recorder=memory.outbox,
                 outbox=memory.outbox,
                 registry=self.metrics.registry,
                 tenant_mode=self.tenant_mode,

@@ -107,7 +107,6 @@ from reducing_saver.service.ttl.ledger import (
     TTL_KEY,
     InvalidTTLError,
     Policy,
-    Recorder,
     Strategy,
     SweepReport,
     Window,
@@ -230,12 +229,12 @@ class Sweeper:
         interval: Seconds between background sweeps.
         batch_size: Expired threads listed at a time.
         extract_on_delete: Whether :meth:`delete_thread` records the thread's window first.
-        recorder: The outbox explicit deletes record in (SQLite, memory; PostgreSQL records in the
-            transaction's own connection).
         registry: A Prometheus registry for the sweep metrics (None: no metrics).
         tenant_mode: Stored thread ids are ``tenant:thread``: this process's figures are also kept per
             tenant, so a tenant's status shows only what sweeps did to its threads.
-        outbox: The extraction outbox whose delivered rows each sweep purges (None: no purge).
+        outbox: The extraction outbox: explicit deletes record the window in it (SQLite, memory; PostgreSQL
+            records in the transaction's own connection), and each sweep purges its delivered rows (None:
+            neither).
         outbox_retention: Seconds delivered rows are kept (None: no purge).
     """
 
@@ -248,7 +247,6 @@ class Sweeper:
         interval: float = 300.0,
         batch_size: int = 100,
         extract_on_delete: bool = False,
-        recorder: Recorder | None = None,
         registry: Any = None,
         tenant_mode: bool = False,
         outbox: Any = None,
@@ -263,7 +261,6 @@ class Sweeper:
         self.interval = interval
         self.batch_size = batch_size
         self.extract_on_delete = extract_on_delete
-        self.recorder = recorder
         self._metrics = _metrics_for(registry) if registry is not None else None
         if self._metrics is not None and outbox_retention is not None:
             self._metrics.retention.set(outbox_retention)
@@ -353,7 +350,7 @@ class Sweeper:
         """A client's ``delete_thread`` under ``extract_on_delete``: the messages in the thread's window go
         to the outbox, then the thread is deleted (on PostgreSQL in one transaction, which waits for a
         sweep of the thread to finish). The ledger row stays: a later sweep removes it."""
-        self.ledger.delete_extracting(str(thread_id), self.recorder)
+        self.ledger.delete_extracting(str(thread_id), self.outbox)
 
     # -- sweeps --------------------------------------------------------------------------------------
 
@@ -565,7 +562,6 @@ def open_sweeper(
     settings: Any,
     backend: Any,
     *,
-    recorder: Recorder | None = None,
     outbox: Any = None,
     registry: Any = None,
     tenant_mode: bool = False,
@@ -575,9 +571,9 @@ def open_sweeper(
     Args:
         settings: The service ``Settings``.
         backend: The process's open backend (``storage.open_backend``).
-        recorder: The outbox windows are recorded in (SQLite and memory; PostgreSQL records in the sweep's
-            own transaction).
-        outbox: The outbox each sweep purges of delivered rows older than ``settings.outbox_retention``.
+        outbox: The extraction outbox: deleted threads' windows are recorded in it (SQLite and memory;
+            PostgreSQL records in the sweep's own transaction), and each sweep purges its delivered rows older
+            than ``settings.outbox_retention``. ``None`` (a dry run): neither.
         registry: Prometheus registry for the sweep metrics.
         tenant_mode: API keys are configured: stored thread ids are ``tenant:thread``.
     """
@@ -586,7 +582,7 @@ def open_sweeper(
         settings.messages_key,
         lambda thread_id: stored_thread_to_agent(thread_id, tenant_mode),
     )
-    ledger = backend.ledger(window=window, recorder=recorder, worker_id=default_worker_id())
+    ledger = backend.ledger(window=window, recorder=outbox, worker_id=default_worker_id())
     if tenant_mode:
 
         def tenant_namespace(thread_id: str) -> tuple[str, ...]:
@@ -602,7 +598,6 @@ def open_sweeper(
         interval=settings.sweep_interval,
         batch_size=settings.sweep_batch_size,
         extract_on_delete=settings.extract_on_delete,
-        recorder=recorder,
         registry=registry,
         tenant_mode=tenant_mode,
         outbox=outbox,
