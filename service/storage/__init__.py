@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -23,8 +22,6 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
 
 from reducing_saver.reducer import ReducingSaver
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -168,11 +165,6 @@ class SaverPool:
     def borrowed(self) -> int:
         """Savers lent to a call right now."""
         return len(self._savers) - self._idle.qsize()
-
-    @property
-    def any(self) -> ReducingSaver:
-        """One of the savers, for what needs its class or inner saver, not a call."""
-        return self._savers[0]
 
     async def call(self, fn: Callable[[ReducingSaver], T]) -> T:
         """``fn(saver)`` in a worker thread with a saver of its own.
