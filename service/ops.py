@@ -220,7 +220,8 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
         # cannot, so they store the typed form as its JSON object, which the client turns into the int.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
-    next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+    with service.recording_with_checkpoint():
+        next_config = saver.put(config, checkpoint, metadata, body.new_versions)
     return {"config": scope.config_out(next_config)}
 
 

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -161,6 +162,11 @@ class Service:
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
         assert self.memory is not None, "the backend records only while the service is open"
         self.memory.record(pruned, namespace, config, checkpoint)
+
+    def recording_with_checkpoint(self) -> AbstractContextManager[None]:
+        """Around a put: messages it prunes are recorded in the checkpoint's own transaction where the
+        backend can (``Memory.with_checkpoint``)."""
+        return self.memory.with_checkpoint() if self.memory is not None else nullcontext()
 
     def close(self) -> None:
         """Stop sweeps and delivery, then close the backend, all within ``db_timeout_seconds``.

@@ -1,7 +1,8 @@
 """Long-term memory: the outbox the put path records into, and the deliverer that empties it.
 
 Every message that leaves the window is recorded in the outbox *before* the checkpoint that drops it
-is stored (``record`` is the ``ReducingSaver``'s ``record_pruned``): at every instant a message is in
+is stored, or on PostgreSQL in the same transaction (``record`` is the ``ReducingSaver``'s
+``record_pruned``; ``with_checkpoint`` defers it into the put's pipeline): at every instant a message is in
 the thread's latest checkpoint, pending in the outbox, or extracted. The outbox's key
 ``(namespace, message key)`` makes the several puts of one turn, and several replicas, record a message
 once; the deliverer hands each row to the extractor and marks it done.
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -20,7 +23,12 @@ from langgraph.checkpoint.base import Checkpoint
 from reducing_saver.reducer import message_key
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
-from reducing_saver.service.extraction.outbox import make_entries
+from reducing_saver.service.extraction.outbox import (
+    CheckpointRecords,
+    OutboxEntry,
+    checkpoint_records,
+    make_entries,
+)
 from reducing_saver.service.security import stored_thread_to_agent
 
 logger = logging.getLogger(__name__)
@@ -52,7 +60,11 @@ class Memory:
         self._recorded_lock = threading.Lock()
 
     def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
-        """Durably record pruned messages before their checkpoint is stored (raises on failure)."""
+        """Durably record pruned messages before their checkpoint is stored (raises on failure).
+
+        Inside :meth:`with_checkpoint` on a backend that can, the entries go into the checkpoint's own
+        transaction instead (committed with it, or not at all).
+        """
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
         # LangGraph hands every put of a turn the same unreduced list, so most records repeat keys this
@@ -65,9 +77,38 @@ class Memory:
         if not unseen:
             return
         fresh = make_entries(unseen, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
+        records = checkpoint_records.get()
+        if records is not None:
+            records.entries += fresh
+            return
         self.outbox.record(fresh)
+        self._committed(fresh)
+
+    @contextmanager
+    def with_checkpoint(self) -> Iterator[None]:
+        """Around one put: what it records is written in the checkpoint's own transaction, where the
+        backend's saver can (``records_with_checkpoint``); elsewhere this does nothing."""
+        if not self.outbox.records_with_checkpoint:
+            yield
+            return
+        records = CheckpointRecords()
+        token = checkpoint_records.set(records)
+        try:
+            yield
+        finally:
+            checkpoint_records.reset(token)
+        if not records.entries:
+            return
+        if not records.written:  # a put that reached no pipeline of the saver: record them now
+            logger.error("the saver stored a checkpoint without its %d outbox entries; recording them now",
+                         len(records.entries))
+            self.outbox.record(records.entries)
+        self._committed(records.entries)
+
+    def _committed(self, entries: list[OutboxEntry]) -> None:
+        """Remember keys that are durable now, and wake the deliverer for them."""
         with self._recorded_lock:
-            for entry in fresh:
+            for entry in entries:
                 self._recorded[entry.ident] = None
             while len(self._recorded) > RECORDED_KEYS_REMEMBERED:
                 self._recorded.popitem(last=False)

@@ -1,6 +1,7 @@
 """The extraction outbox: messages that left the window, kept durably until long-term memory has them.
 
-The invariant the outbox upholds, with the put path recording *before* the checkpoint is stored: every
+The invariant the outbox upholds, with the put path recording *before* the checkpoint is stored (on
+PostgreSQL: in the checkpoint's own transaction, see :class:`CheckpointRecords`): every
 message that ever entered a thread's stored checkpoints is in the latest stored checkpoint, or is a row
 here waiting for extraction, or is a row here already extracted. So a pruned message can be lost by
 neither a crash nor a failing extractor, and the constraint on ``(namespace, key)`` keeps it once although
@@ -28,6 +29,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import deque
+from contextvars import ContextVar
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -174,6 +176,29 @@ def sorted_unique(entries: Iterable[OutboxEntry]) -> list[OutboxEntry]:
     return [unique[ident] for ident in sorted(unique)]
 
 
+class CheckpointRecords:
+    """The outbox entries of one put, written in the same transaction as its checkpoint.
+
+    Where the backend's saver can (``records_with_checkpoint`` on its outbox: PostgreSQL), the entries a
+    put records are not inserted on their own before the checkpoint: the saver inserts them ahead of the
+    checkpoint, in its pipeline, which PostgreSQL runs as one transaction. The rows and the checkpoint
+    are then stored together or not at all, in one round trip instead of two, and the invariant above
+    holds as before: no checkpoint drops a message that is not in the outbox.
+
+    Attributes:
+        entries: What the put recorded.
+        written: The saver inserted ``entries`` (committed once the put returns).
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[OutboxEntry] = []
+        self.written = False
+
+
+#: The records of the put being stored in this context (set around the put, in its worker thread).
+checkpoint_records: ContextVar[CheckpointRecords | None] = ContextVar("checkpoint_records", default=None)
+
+
 def check_fail_args(retry_at: datetime | None, dead: bool) -> None:
     if (retry_at is None) == (not dead):
         raise TypeError("fail() needs exactly one of retry_at=<datetime> or dead=True")
@@ -181,6 +206,10 @@ def check_fail_args(retry_at: datetime | None, dead: bool) -> None:
 
 class Outbox(Protocol):
     """What every outbox offers; see :class:`PostgresOutbox` for the full contract."""
+
+    #: The backend's savers write a put's entries in the checkpoint's own transaction
+    #: (:class:`CheckpointRecords`).
+    records_with_checkpoint: bool
 
     def setup(self) -> None: ...
     def record(self, entries: Iterable[OutboxEntry]) -> int: ...

@@ -43,6 +43,9 @@ class _MemoryRow:
 class MemoryOutbox:
     """The outbox in this process's memory (``memory://``, tests). Thread-safe; not durable."""
 
+    #: A put's entries are recorded before its checkpoint, on their own.
+    records_with_checkpoint = False
+
     def __init__(self) -> None:
         self._rows: dict[EntryKey, _MemoryRow] = {}
         self._lock = threading.Lock()

@@ -61,6 +61,34 @@ _INSERT_CHUNK = 1000
 
 
 
+def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
+    params: list[Any] = []
+    for e in chunk:
+        params += [
+            list(e.namespace),
+            e.key,
+            e.thread_id,
+            e.checkpoint_id,
+            Json(e.message, dumps=json_text),
+            e.message_class,
+            as_utc(e.pruned_at),
+        ]
+    values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+    sql = (
+        f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
+        f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING"
+    )
+    return sql, params
+
+
+def insert_entries(cur: Any, entries: Iterable[OutboxEntry]) -> None:
+    """Queue the INSERTs of ``entries`` on ``cur`` (in a pipeline or transaction the caller commits), in key
+    order, keys already present left alone."""
+    rows = sorted_unique(entries)
+    for start in range(0, len(rows), _INSERT_CHUNK):
+        cur.execute(*_insert_statement(rows[start : start + _INSERT_CHUNK]))
+
+
 class PostgresOutbox:
     """The outbox as a PostgreSQL table, shared by every replica and worker.
 
@@ -71,6 +99,9 @@ class PostgresOutbox:
     autocommit pools (the backend's) and on transactional ones alike, and never holds a connection between
     calls.
     """
+
+    #: The savers of the PostgreSQL backend insert a put's entries in its pipeline (``insert_entries``).
+    records_with_checkpoint = True
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -123,23 +154,7 @@ class PostgresOutbox:
     def _insert(cur: Any, chunks: list[list[OutboxEntry]]) -> int:
         inserted = 0
         for chunk in chunks:
-            params: list[Any] = []
-            for e in chunk:
-                params += [
-                    list(e.namespace),
-                    e.key,
-                    e.thread_id,
-                    e.checkpoint_id,
-                    Json(e.message, dumps=json_text),
-                    e.message_class,
-                    as_utc(e.pruned_at),
-                ]
-            values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
-            cur.execute(
-                f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-                f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING",
-                params,
-            )
+            cur.execute(*_insert_statement(chunk))
             inserted += cur.rowcount
         return inserted
 

@@ -13,6 +13,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
+from reducing_saver.service.extraction.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
     THREAD_PREFIX_KEY,
@@ -23,6 +24,7 @@ from reducing_saver.service.storage.lifecycle import (
     like_prefix,
     refuse_delta_threads,
 )
+from reducing_saver.service.storage.postgres.outbox import insert_entries
 
 # Two-key advisory locks live apart from one-key ones (the service's set-up lock is one key).
 _COPY_LOCK_CLASS = 0x72736374  # "rsct"
@@ -224,6 +226,18 @@ class PostgresLifecycleSaver(PostgresSaver):
         clause = "thread_id LIKE %s ESCAPE '\\'"
         where = f"{where} AND {clause}" if where else f"WHERE {clause}"
         return where, [*params, like_prefix(prefix)]
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
+        """PostgresSaver's cursor; a put's outbox entries (``checkpoint_records``) are queued first in its
+        pipeline. PostgreSQL runs a pipeline up to its sync as one transaction, so the entries and the
+        checkpoint (its blobs and its row) are committed together, or neither is."""
+        with super()._cursor(pipeline=pipeline) as cur:
+            records = checkpoint_records.get() if pipeline else None
+            if records is not None and records.entries and not records.written:
+                insert_entries(cur, records.entries)
+                records.written = True
+            yield cur
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:

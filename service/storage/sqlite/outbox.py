@@ -62,6 +62,9 @@ class SqliteOutbox:
         path: The SQLite file.
     """
 
+    #: A put's entries are recorded before its checkpoint, on their own.
+    records_with_checkpoint = False
+
     def __init__(self, path: str) -> None:
         self.path = str(path)
         self._local = threading.local()
