@@ -129,6 +129,12 @@ def run_time_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def tree_run_time_seconds(pid: int) -> float:
+    """:func:`run_time_seconds` of process ``pid`` plus that of its live child processes (a server's
+    worker processes), recursively."""
+    return run_time_seconds(pid) + sum(tree_run_time_seconds(child) for child in _children(pid))
+
+
 def postgres_cpu_seconds() -> float:
     """User + system CPU time of every PostgreSQL server process of this machine (its backends, WAL
     writer, checkpointer...), from /proc; 0.0 where there is no /proc. The server must be local, as the
