@@ -44,6 +44,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
+    "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
     "--extract": "extract",
     "--extractor": "extractor",
@@ -335,6 +336,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "log_config": None,
         "access_log": False,
         "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
+        "timeout_keep_alive": settings.keep_alive_seconds,
     }
     if settings.workers == 1:
         server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))

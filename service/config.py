@@ -60,6 +60,14 @@ class ServerSettings(BaseModel):
         description="On SIGTERM, how long in-flight requests may run before they are cancelled; closing "
         "the database then takes at most db_timeout_seconds, even when it does not answer.",
     )
+    keep_alive_seconds: float = Field(
+        75.0,
+        gt=0,
+        description="How long an idle client connection is kept open. Longer than clients keep theirs "
+        "(RemoteReducingSaver's async client: 15 s) and than a load balancer's idle timeout (often 60 s), "
+        "so that the client, not the service, closes an idle connection and no call goes out on a "
+        "connection the service has just closed.",
+    )
     db_timeout_seconds: float = Field(
         5.0,
         gt=0,

@@ -174,12 +174,13 @@ class SaverPool:
         """
         if self._slots is None:
             self._slots = asyncio.Semaphore(len(self._savers))
-        if self._slots.locked():  # every saver is busy: wait, but not for ever
+        if self._slots.locked():  # every saver is busy: wait, but not for ever (a timer, no task)
             try:
-                await asyncio.wait_for(self._slots.acquire(), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await self._slots.acquire()
             except TimeoutError:
                 raise SaversBusy(self._busy()) from None
-        else:  # a saver is free: no timer, no task
+        else:  # a saver is free: no timer
             await self._slots.acquire()
         try:
             loop = asyncio.get_running_loop()
