@@ -77,6 +77,7 @@ TARGET_NOTES = {
     "many_agents_service_errors": "target 0",
     "many_agents_agents_completed": "target: every agent through the service",
     "many_agents_service_connections_max": "target <= 16",
+    "service_own_cpu_us_per_turn": "can only go down",
 }
 
 
@@ -159,6 +160,8 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out["many_agents_service_connections_max"] = level["service"]["connections_max"]
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
+    if "service_cost" in results:
+        out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
     if "storage" in results:
         ratios = results["storage"]["ratios"]
         out["newest_blob_final_vs_window_fill"] = ratios["service_blob_final_vs_window_fill"]
@@ -255,14 +258,22 @@ def print_summary(results: dict[str, Any]) -> None:
     if "service_cost" in results:
         cost = results["service_cost"]
         print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
-              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core)")
+              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core), against a bare "
+              "exchange: a no-op app under the same server, the same requests")
+        print(f"  {'us per request':24}{'service':>8}{'bare':>8}{'own':>8}{'bytes in / out':>17}"
+              f"{'req/s, bare':>15}")
         for route, fig in cost["routes"].items():
             extra = ""
             if "cpu_us_per_request_with_extraction" in fig:
-                extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} us with extraction"
-            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f} us ({fig['cpu_us_per_request_net_of_idle']:.0f} "
-                  f"net of idle{extra}), {fig['requests_per_s']:.0f} req/s")
-        print(f"  per turn from routes: {cost['cpu_us_per_turn_from_routes']:.0f} us")
+                extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} with extraction"
+            sizes = f"{fig['request_bytes_mean']} / {fig['answer_bytes_mean']}"
+            rates = f"{fig['requests_per_s']:.0f}, {fig['bare_requests_per_s']:.0f}"
+            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
+                  f"{fig['own_cpu_us_per_request']:>8.0f}{sizes:>17}{rates:>15}   "
+                  f"({fig['cpu_us_per_request_net_of_idle']:.0f} net of idle{extra})")
+        calls = ", ".join(f"{count:g} {kind}" for kind, count in cost["calls_per_turn"].items())
+        print(f"  per turn ({calls}): service {cost['cpu_us_per_turn_from_routes']:.0f} us, bare exchange "
+              f"{cost['bare_cpu_us_per_turn']:.0f} us, the service's own work {cost['own_cpu_us_per_turn']:.0f} us")
         prof = cost["profile"]
         if "error" in prof:
             print(f"  profile failed: {prof['error']}")

@@ -115,7 +115,18 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
         figures = cost["routes"][route]
         assert figures["requests_counted_by_service"] == figures["requests"], route
         assert positive(figures["cpu_us_per_request"]), route
+        # The bare exchange under the same server, loaded with the route's requests: CPU read from /proc in
+        # clock ticks, so a quick run's few requests may read 0.
+        assert figures["bare_cpu_us_per_request"] >= 0 and positive(figures["bare_requests_per_s"]), route
+        assert figures["own_cpu_us_per_request"] == round(
+            figures["cpu_us_per_request"] - figures["bare_cpu_us_per_request"], 1), route
+    for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
+        assert positive(cost["routes"][route]["request_bytes_mean"]), route
+    # The get answers a whole checkpoint; writes/put answers 204, with no body.
+    assert cost["routes"]["/v1/checkpoints/get"]["answer_bytes_mean"] > cost["routes"]["/v1/checkpoints/get"][
+        "request_bytes_mean"]
     assert positive(cost["cpu_us_per_turn_from_routes"])
+    assert cost["bare_cpu_us_per_turn"] >= 0 and positive(cost["own_cpu_us_per_turn"])
     profile = cost["profile"]
     assert "error" not in profile, profile.get("error")
     assert positive(profile["samples"])
@@ -130,6 +141,7 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
                 "agents_service_vs_inprocess_turns_per_s", "agents_service_vs_plain_turns_per_s",
                 "agents_connections_service", "agents_connections_inprocess", "agents_connections_plain",
                 "agents_connections_service_vs_inprocess", "many_agents_service_connections_max",
+                "service_own_cpu_us_per_turn",
                 "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
         assert positive(targets[key]), key
     assert targets["many_agents_level"] == "8 agents in 2 processes"
