@@ -16,6 +16,8 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   ``end_at`` count; an agent whose turn fails stops, and its error is in ``stats["errors"]``;
 * ``("stop",)``: exit.
 
+Once it has imported what the modes run, a process answers ``("started", process)``.
+
 Anything else that fails is answered with ``("error", process, text)``.
 """
 
@@ -80,10 +82,11 @@ class Agent:
 
             from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
 
+            # The saver first: a store exists (with its background task) only once both have connected.
+            inner = await self.stack.enter_async_context(AsyncPostgresSaver.from_conn_string(target))
             store = await self.stack.enter_async_context(AsyncPostgresStore.from_conn_string(target))
             self.hook = StoreHook(store)
             self.stack.push_async_callback(self.hook.drain)  # runs before the store closes
-            inner = await self.stack.enter_async_context(AsyncPostgresSaver.from_conn_string(target))
             reducer = MessageReducer(ReducerConfig(max_messages=self.window, on_prune=[self.hook]))
             saver = ReducingSaver(inner, reducer)
         else:
@@ -159,8 +162,22 @@ async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
     }
 
 
+def _import_modes() -> None:
+    """Import what every mode runs, before the first phase: agents that prepared early would otherwise
+    sit idle while others import, and the service closes keep-alive connections idle for 5 s."""
+    import aiohttp  # noqa: F401 - RemoteReducingSaver's async transport
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: F401
+    from langgraph.store.postgres.aio import AsyncPostgresStore  # noqa: F401
+
+    from benchmarks._common import chat_graph  # noqa: F401
+    from reducing_saver.client import RemoteReducingSaver  # noqa: F401
+    from reducing_saver.reducer import ReducingSaver  # noqa: F401
+
+
 async def _loop(process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int,
                 window: int) -> None:
+    _import_modes()
+    results.put(("started", process))
     agents = [Agent(number, window) for number in numbers]
     ready: list[Agent] = []
     phase = ""

@@ -156,6 +156,11 @@ class Agents:
         ]
         for process in self.processes:
             process.start()
+        try:
+            self.collect("started", timeout=120 + 2 * processes, count=processes)
+        except BaseException:
+            self.close()
+            raise
 
     def broadcast(self, command: tuple, count: int | None = None) -> None:
         for commands in self.commands[:count]:
