@@ -41,7 +41,8 @@ FULL = {
     "latency_rounds": 5,
     # N: N agent processes of one agent each; N/P: N agents in P processes (asyncio tasks in each).
     "agents": "1,8,32,128/4",
-    "duration": 10.0,
+    # 3 modes x 2 rounds x 4 levels: 8 s phases keep the whole run well under 10 minutes.
+    "duration": 8.0,
     "throughput_rounds": 2,
     "turns_per_thread": 20,
     "cost_requests": 2000,
@@ -227,24 +228,26 @@ def print_summary(results: dict[str, Any]) -> None:
               f"after {wake['idle_gap_ms']:g} ms idle")
     if "throughput" in results:
         tp = results["throughput"]
-        print(f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating; every agent "
-              "with its own checkpointer: service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver)"
-              " + AsyncPostgresStore (the same features), plain = AsyncPostgresSaver")
-        print(f"  {'':24}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'agents':>7}   CPU us/turn: agents + service + "
-              "PostgreSQL = total, machine | WAL/turn: records, syncs, bytes")
+        print(f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating. Every agent has "
+              "its own checkpointer:\n  service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver) + "
+              "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver")
+        print("  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
+              "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes")
+        print(f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
         for level in tp["levels"]:
             label = f"{level['agents']} agents" + (
                 f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
             for index, mode in enumerate(THROUGHPUT_MODES):
                 f = level[mode]
+                cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
+                       f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
+                       f"{f['machine_cpu_us_per_turn']:.0f}")
                 wal = f["wal_per_turn"]
-                print(f"  {label if index == 0 else '':24}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
-                      f"{f['connections_max']:>6}{f['agents_completed']:>7}   {f['agent_cpu_us_per_turn']:>6.0f} + "
-                      f"{f.get('service_cpu_us_per_turn', 0.0):>5.0f} + {f['postgres_cpu_us_per_turn']:>5.0f} = "
-                      f"{f['cpu_us_per_turn']:>6.0f}, {f['machine_cpu_us_per_turn']:>6.0f} | {wal['records']:>5.1f} "
-                      f"{wal['syncs']:>5.2f} {wal['bytes']:>6}")
+                print(f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
+                      f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
+                      f"{wal['syncs']:.2f}, {wal['bytes']}")
             r = level["ratios"]
-            print(f"  {'':24}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
+            print(f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
                   f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
                   f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
                   f"{r['service_vs_plain_connections_max']:.2f}x")
@@ -252,9 +255,8 @@ def print_summary(results: dict[str, Any]) -> None:
                 f = level[mode]
                 if f["errors"]:
                     errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
-                    print(f"  {'':24}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
-                          f"did not run the whole phase in some round ({f['connect_failures']} could not connect); "
-                          f"over the rounds: {errors}")
+                    print(f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
+                          f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}")
     if "service_cost" in results:
         cost = results["service_cost"]
         print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
