@@ -67,7 +67,6 @@ class Agent:
         self.number, self.window = number, window
         self.stack = AsyncExitStack()
         self.graph: Any = None
-        self.hook: StoreHook | None = None
 
     async def open(self, mode: str, target: str) -> None:
         from benchmarks._common import chat_graph
@@ -85,9 +84,9 @@ class Agent:
             # The saver first: a store exists (with its background task) only once both have connected.
             inner = await self.stack.enter_async_context(AsyncPostgresSaver.from_conn_string(target))
             store = await self.stack.enter_async_context(AsyncPostgresStore.from_conn_string(target))
-            self.hook = StoreHook(store)
-            self.stack.push_async_callback(self.hook.drain)  # runs before the store closes
-            reducer = MessageReducer(ReducerConfig(max_messages=self.window, on_prune=[self.hook]))
+            hook = StoreHook(store)
+            self.stack.push_async_callback(hook.drain)  # runs before the store closes
+            reducer = MessageReducer(ReducerConfig(max_messages=self.window, on_prune=[hook]))
             saver = ReducingSaver(inner, reducer)
         else:
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -96,7 +95,7 @@ class Agent:
         self.graph = chat_graph(saver)
 
     async def close(self) -> None:
-        stack, self.stack, self.graph, self.hook = self.stack, AsyncExitStack(), None, None
+        stack, self.stack, self.graph = self.stack, AsyncExitStack(), None
         await stack.aclose()
 
     async def prepare(self, mode: str, target: str, phase: str) -> None:
