@@ -16,7 +16,7 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   ``end_at`` count; an agent whose turn fails stops, and its error is in ``stats["errors"]``;
 * ``("stop",)``: exit.
 
-Once it has imported what the modes run, a process answers ``("started", process)``.
+Once it has imported what the modes run and run a turn in memory, a process answers ``("started", process)``.
 
 Anything else that fails is answered with ``("error", process, text)``.
 """
@@ -161,21 +161,25 @@ async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
     }
 
 
-def _import_modes() -> None:
-    """Import what every mode runs, before the first phase: agents that prepared early would otherwise
-    sit idle while others import, and the service closes keep-alive connections idle for 5 s."""
+async def _warm_up() -> None:
+    """Import what every mode runs and run a turn in memory, before the first phase: agents that prepared
+    early would otherwise sit idle while fresh processes do it, and the service closes keep-alive
+    connections idle for 5 s (the client then retries its first call)."""
     import aiohttp  # noqa: F401 - RemoteReducingSaver's async transport
+    from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: F401
     from langgraph.store.postgres.aio import AsyncPostgresStore  # noqa: F401
 
-    from benchmarks._common import chat_graph  # noqa: F401
+    from benchmarks._common import chat_graph, thread_config, user_input
     from reducing_saver.client import RemoteReducingSaver  # noqa: F401
     from reducing_saver.reducer import ReducingSaver  # noqa: F401
+
+    await chat_graph(InMemorySaver()).ainvoke(user_input(0), thread_config("warm-up"))
 
 
 async def _loop(process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int,
                 window: int) -> None:
-    _import_modes()
+    await _warm_up()
     results.put(("started", process))
     agents = [Agent(number, window) for number in numbers]
     ready: list[Agent] = []
