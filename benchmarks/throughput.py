@@ -274,6 +274,24 @@ def _setup_store(database: str) -> None:
     asyncio.run(setup())
 
 
+def _warm_service(url: str, agents: int = 8, turns: int = 5) -> None:
+    """A few turns through the service from several clients, so that every worker process has served
+    before the first phase (a fresh worker's first requests are slower)."""
+    from benchmarks._common import chat_graph, thread_config, user_input
+    from reducing_saver.client import RemoteReducingSaver
+
+    async def agent(number: int) -> None:
+        async with await RemoteReducingSaver.aopen(url) as saver:
+            graph = chat_graph(saver)
+            for turn in range(turns):
+                await graph.ainvoke(user_input(turn), thread_config(f"tp-service-warm-up-{number}"))
+
+    async def warm() -> None:
+        await asyncio.gather(*(agent(number) for number in range(agents)))
+
+    asyncio.run(warm())
+
+
 def _describe(level: dict[str, Any]) -> str:
     agents, processes = level["agents"], level["processes"]
     return f"{agents:>3} agents" + (f" in {processes} processes" if processes != agents else "")
@@ -293,6 +311,7 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     started = time.monotonic()
     database_name = database.rsplit("/", 1)[1]
     _setup_store(database)
+    _warm_service(service_url)
     agents: Agents | None = None
     with ConnectionSampler(server, database_name) as sampler:
         monitor = Monitor(server, database_name, sampler)
