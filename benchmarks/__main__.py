@@ -39,8 +39,10 @@ FULL = {
     "window": 20,
     "latency_turns": 40,
     "latency_rounds": 5,
-    "agents": [1, 8, 32],
-    "duration": 10.0,
+    # N: N agent processes of one agent each; N/P: N agents in P processes (asyncio tasks in each).
+    "agents": "1,8,32,128/4",
+    # 3 modes x 2 rounds x 4 levels: 8 s phases keep the whole run well under 10 minutes.
+    "duration": 8.0,
     "throughput_rounds": 2,
     "turns_per_thread": 20,
     "cost_requests": 2000,
@@ -55,7 +57,7 @@ QUICK = {
     "window": 20,
     "latency_turns": 5,
     "latency_rounds": 1,
-    "agents": [1, 2],
+    "agents": "1,2,8/2",
     "duration": 1.5,
     "throughput_rounds": 1,
     "turns_per_thread": 20,
@@ -68,15 +70,29 @@ QUICK = {
 }
 
 
+THROUGHPUT_MODES = ("service", "inprocess", "plain")
+#: What the issue asks of some targets, printed beside them.
+TARGET_NOTES = {
+    "agents_service_vs_inprocess_turns_per_s": "target >= 1.0",
+    "agents_connections_service_vs_inprocess": "target <= 0.25",
+    "many_agents_service_errors": "target 0",
+    "many_agents_agents_completed": "target: every agent through the service",
+    "many_agents_service_connections_max": "target <= 16",
+    "service_own_cpu_us_per_turn": "can only go down",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few turns, 1 and 2 agents, tiny loads")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: few turns, 1, 2 and 8 (in 2 processes) agents, tiny loads")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the results")
     parser.add_argument("--postgres", default=DEFAULT_SERVER,
                         help="PostgreSQL server URL without a database (default: %(default)s)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of: "
                         + ", ".join(SECTIONS))
-    parser.add_argument("--agents", help="comma-separated agent counts for the throughput section")
+    parser.add_argument("--agents", help="comma-separated agent levels for the throughput section: N (N "
+                        "processes of one agent each) or N/P (N agents in P processes), e.g. 1,8,32,128/4")
     parser.add_argument("--duration", type=float, help="seconds per throughput phase")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="the service's worker processes in the throughput section (default: the machine's "
@@ -127,11 +143,26 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out[f"remote_vs_inprocess_median_{mode}"] = results["latency"][mode]["ratios"]["remote_vs_inprocess_median"]
         out["floor_remote_vs_inprocess_median_async"] = results["latency"]["floor"]["floor_ratio_async"]
     if "throughput" in results:
-        level = results["throughput"]["levels"][-1]
-        out["largest_level_agents"] = level["agents"]
-        out["agents_service_vs_direct_turns_per_s"] = level["ratios"]["service_vs_direct_turns_per_s"]
-        out["agents_connections_service"] = level["service"]["connections_max"]
-        out["agents_connections_direct"] = level["direct"]["connections_max"]
+        levels = results["throughput"]["levels"]
+        single = [level for level in levels if level["agents_per_process"] == 1]
+        if single:
+            level = single[-1]
+            out["agents_level"] = level["agents"]
+            for mode in ("inprocess", "plain"):
+                out[f"agents_service_vs_{mode}_turns_per_s"] = level["ratios"][f"service_vs_{mode}_turns_per_s"]
+            for mode in ("service", "inprocess", "plain"):
+                out[f"agents_connections_{mode}"] = level[mode]["connections_max"]
+            out["agents_connections_service_vs_inprocess"] = level["ratios"]["service_vs_inprocess_connections_max"]
+        many = [level for level in levels if level["agents_per_process"] > 1]
+        if many:
+            level = many[-1]
+            out["many_agents_level"] = f"{level['agents']} agents in {level['processes']} processes"
+            out["many_agents_service_errors"] = sum(level["service"]["errors"].values())
+            out["many_agents_service_connections_max"] = level["service"]["connections_max"]
+            for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
+                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
+    if "service_cost" in results:
+        out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
     if "storage" in results:
         ratios = results["storage"]["ratios"]
         out["newest_blob_final_vs_window_fill"] = ratios["service_blob_final_vs_window_fill"]
@@ -197,39 +228,54 @@ def print_summary(results: dict[str, Any]) -> None:
               f"after {wake['idle_gap_ms']:g} ms idle")
     if "throughput" in results:
         tp = results["throughput"]
-        print(f"\nThroughput: agent processes, {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating")
-        print(f"  {'agents':>6} | {'service turns/s':>15} {'p95 ms':>8} {'conns':>6} {'CPU us/turn':>12} |"
-              f" {'direct turns/s':>14} {'p95 ms':>8} {'conns':>6} | {'turns/s ratio':>13}")
+        print(f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating. Every agent has "
+              "its own checkpointer:\n  service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver) + "
+              "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver")
+        print("  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
+              "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes")
+        print(f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
         for level in tp["levels"]:
-            sv, dr = level["service"], level["direct"]
-            print(f"  {level['agents']:>6} | {sv['turns_per_s']:>15.1f} {sv['p95_ms']:>8.1f} {sv['connections_max']:>6} "
-                  f"{sv['service_cpu_us_per_turn']:>12.0f} | {dr['turns_per_s']:>14.1f} {dr['p95_ms']:>8.1f} "
-                  f"{dr['connections_max']:>6} | {level['ratios']['service_vs_direct_turns_per_s']:>12.2f}x")
-        print("  CPU per turn (us): agents + service + PostgreSQL = total (the modes share this machine's cores)")
-        for level in tp["levels"]:
-            sv, dr = level["service"], level["direct"]
-            print(f"  {level['agents']:>6} | service {sv['agent_cpu_us_per_turn']:>6.0f} + "
-                  f"{sv['service_cpu_us_per_turn']:>5.0f} + {sv['postgres_cpu_us_per_turn']:>5.0f} = "
-                  f"{sv['cpu_us_per_turn']:>6.0f} | direct {dr['agent_cpu_us_per_turn']:>6.0f} + 0 + "
-                  f"{dr['postgres_cpu_us_per_turn']:>5.0f} = {dr['cpu_us_per_turn']:>6.0f}")
-            print(f"  {'':>6} | whole machine, per turn: service {sv['machine_cpu_us_per_turn']:>6.0f} | direct "
-                  f"{dr['machine_cpu_us_per_turn']:>6.0f}")
-        print("  WAL per turn: records, syncs to disk, bytes")
-        for level in tp["levels"]:
-            sw, dw = level["service"]["wal_per_turn"], level["direct"]["wal_per_turn"]
-            print(f"  {level['agents']:>6} | service {sw['records']:>6.1f} {sw['syncs']:>6.2f} {sw['bytes']:>8} | "
-                  f"direct {dw['records']:>6.1f} {dw['syncs']:>6.2f} {dw['bytes']:>8}")
+            label = f"{level['agents']} agents" + (
+                f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
+            for index, mode in enumerate(THROUGHPUT_MODES):
+                f = level[mode]
+                cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
+                       f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
+                       f"{f['machine_cpu_us_per_turn']:.0f}")
+                wal = f["wal_per_turn"]
+                print(f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
+                      f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
+                      f"{wal['syncs']:.2f}, {wal['bytes']}")
+            r = level["ratios"]
+            print(f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
+                  f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
+                  f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
+                  f"{r['service_vs_plain_connections_max']:.2f}x")
+            for mode in THROUGHPUT_MODES:
+                f = level[mode]
+                if f["errors"]:
+                    errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
+                    print(f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
+                          f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}")
     if "service_cost" in results:
         cost = results["service_cost"]
         print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
-              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core)")
+              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core), against a bare "
+              "exchange: a no-op app under the same server, the same requests")
+        print(f"  {'us per request':24}{'service':>8}{'bare':>8}{'own':>8}{'bytes in / out':>17}"
+              f"{'req/s, bare':>15}")
         for route, fig in cost["routes"].items():
             extra = ""
             if "cpu_us_per_request_with_extraction" in fig:
-                extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} us with extraction"
-            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f} us ({fig['cpu_us_per_request_net_of_idle']:.0f} "
-                  f"net of idle{extra}), {fig['requests_per_s']:.0f} req/s")
-        print(f"  per turn from routes: {cost['cpu_us_per_turn_from_routes']:.0f} us")
+                extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} with extraction"
+            sizes = f"{fig['request_bytes_mean']} / {fig['answer_bytes_mean']}"
+            rates = f"{fig['requests_per_s']:.0f}, {fig['bare_requests_per_s']:.0f}"
+            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
+                  f"{fig['own_cpu_us_per_request']:>8.0f}{sizes:>17}{rates:>15}   "
+                  f"({fig['cpu_us_per_request_net_of_idle']:.0f} net of idle{extra})")
+        calls = ", ".join(f"{count:g} {kind}" for kind, count in cost["calls_per_turn"].items())
+        print(f"  per turn ({calls}): service {cost['cpu_us_per_turn_from_routes']:.0f} us, bare exchange "
+              f"{cost['bare_cpu_us_per_turn']:.0f} us, the service's own work {cost['own_cpu_us_per_turn']:.0f} us")
         prof = cost["profile"]
         if "error" in prof:
             print(f"  profile failed: {prof['error']}")
@@ -244,14 +290,15 @@ def print_summary(results: dict[str, Any]) -> None:
     if results.get("targets"):
         print("\nTargets (ratios from this run):")
         for key, value in results["targets"].items():
-            print(f"  {key}: {value}")
+            note = f" ({TARGET_NOTES[key]})" if key in TARGET_NOTES else ""
+            print(f"  {key}: {value}{note}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
     if args.agents:
-        settings["agents"] = [int(value) for value in args.agents.split(",")]
+        settings["agents"] = args.agents
     if args.duration:
         settings["duration"] = args.duration
     sections = [name.strip() for name in args.sections.split(",") if name.strip()]
@@ -262,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks import floors, latency, service_cost, storage, throughput
     from tests.support.server import run_service  # the real `reducing-saver serve` process
+
+    try:
+        levels = [throughput.parse_level(value) for value in str(settings["agents"]).split(",")]
+    except ValueError as exc:
+        raise SystemExit(f"--agents: {exc}") from None
 
     started = time.monotonic()
     machine = _machine(args.postgres)
@@ -320,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}")
                 section("throughput")
                 results["throughput"] = throughput.run(
-                    service.url, service.process.pid, args.postgres, database, agent_counts=settings["agents"],
+                    service.url, service.process.pid, args.postgres, database, levels=levels,
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
-                    turns_per_thread=settings["turns_per_thread"], log=log,
+                    turns_per_thread=settings["turns_per_thread"], window=settings["window"], log=log,
                 )
     results["targets"] = targets(results)
     results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]

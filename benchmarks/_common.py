@@ -92,17 +92,20 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def _process_cpu(pid: int | str) -> tuple[str, float] | None:
+def _process_cpu(pid: int | str, reaped_children: bool = False) -> tuple[str, float] | None:
     """``(command name, user + system CPU seconds)`` of a process, from /proc/<pid>/stat; ``None`` once
-    it has exited."""
+    it has exited. ``reaped_children`` adds the time of its children that exited and were waited for."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             head, _, rest = stat.read().rpartition(")")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    # rest[0] is field 3 (state): utime and stime are fields 14 and 15.
+    # rest[0] is field 3 (state): utime and stime are fields 14 and 15, cutime and cstime 16 and 17.
     fields = rest.split()
-    return head.partition("(")[2], (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return head.partition("(")[2], ticks / CLOCK_TICKS
 
 
 def cpu_seconds(pid: int) -> float:
@@ -138,12 +141,13 @@ def tree_run_time_seconds(pid: int) -> float:
 def postgres_cpu_seconds() -> float:
     """User + system CPU time of every PostgreSQL server process of this machine (its backends, WAL
     writer, checkpointer...), from /proc; 0.0 where there is no /proc. The server must be local, as the
-    suite's is; backends that exit meanwhile take their time with them, so phases keep connections open."""
+    suite's is. Server processes that exited (backends of closed connections, autovacuum workers) count
+    through the postmaster, which reaps them, so the difference of two readings holds their work too."""
     try:
         pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
     except FileNotFoundError:
         return 0.0
-    found = (_process_cpu(pid) for pid in pids)
+    found = (_process_cpu(pid, reaped_children=True) for pid in pids)
     return sum(cpu for name, cpu in filter(None, found) if name == "postgres")
 
 

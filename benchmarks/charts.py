@@ -10,8 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-COLORS = {"service": "#1f77b4", "plain": "#d62728", "remote": "#1f77b4", "inprocess": "#2ca02c",
-          "direct": "#d62728"}
+COLORS = {"service": "#1f77b4", "plain": "#d62728", "remote": "#1f77b4", "inprocess": "#2ca02c"}
 
 
 def _kb(values: list[int]) -> list[float]:
@@ -71,16 +70,25 @@ def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machi
     latency_axis.set_title("per-turn latency, one agent")
     latency_axis.legend(fontsize=8)
     counts = [level["agents"] for level in throughput["levels"]]
-    for mode, label in (("service", "through one service"), ("direct", "own AsyncPostgresSaver each")):
+    modes = (("service", "through one service"),
+             ("inprocess", "ReducingSaver(AsyncPostgresSaver) + store each"),
+             ("plain", "AsyncPostgresSaver each"))
+    for mode, label in modes:
         rates = [level[mode]["turns_per_s"] for level in throughput["levels"]]
         throughput_axis.plot(counts, rates, marker="o", color=COLORS[mode], label=label)
         for count, level in zip(counts, throughput["levels"], strict=True):
-            throughput_axis.annotate(f"{level[mode]['connections_max']} conn", (count, level[mode]["turns_per_s"]),
-                                     textcoords="offset points", xytext=(4, -10 if mode == "direct" else 6),
+            note = f"{level[mode]['connections_max']} conn"
+            if level[mode]["agents_completed"] < count:  # the others could not connect, or failed
+                note += f", {level[mode]['agents_completed']} ran"
+            throughput_axis.annotate(note, (count, level[mode]["turns_per_s"]), textcoords="offset points",
+                                     xytext=(4, {"service": 6, "inprocess": -10, "plain": -20}[mode]),
                                      fontsize=7, color=COLORS[mode])
     throughput_axis.set_xscale("log", base=2)
     throughput_axis.set_xticks(counts, [str(count) for count in counts])
-    throughput_axis.set_xlabel("concurrent agent processes")
+    spread = [f"{level['agents']} in {level['processes']}" for level in throughput["levels"]
+              if level["processes"] != level["agents"]]
+    throughput_axis.set_xlabel("concurrent agents" + (f" (processes: {', '.join(spread)}; else one each)"
+                                                      if spread else ", one process each"))
     throughput_axis.set_ylabel("turns/s, all agents")
     throughput_axis.set_title("throughput (labels: PostgreSQL connections, max)")
     throughput_axis.set_ylim(bottom=0)

@@ -47,14 +47,15 @@ IDLE_GAP_S = 0.005
 
 
 @contextmanager
-def bare_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``APP`` under uvicorn on a free port: yields ``(url, process)``, stops it afterwards."""
+def bare_server(app: str = APP) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``app`` (the source of a module defining ``app``; default ``APP``) under uvicorn on a free port, with
+    the service's server options (no access log): yields ``(url, process)``, stops it afterwards."""
     from tests.support.server import free_port, wait_ready
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "bench_app.py").write_text(APP)
+        Path(folder, "bench_app.py").write_text(app)
         log = Path(folder, "uvicorn.log")
         with log.open("wb") as out:
             server = subprocess.Popen(
@@ -67,6 +68,7 @@ def bare_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
                     str(port),
                     "--log-level",
                     "warning",
+                    "--no-access-log",
                 ],
                 cwd=folder,
                 stdout=out,

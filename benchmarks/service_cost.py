@@ -6,7 +6,15 @@ threads of its own, one route at a time: ``checkpoints/put`` (the turn's puts, s
 and the outbox records as in a real chat), ``writes/put``, ``checkpoints/get`` (the latest checkpoint of
 a replayed thread) and ``GET /healthz`` (the HTTP floor). Around each route's measured request count the
 service's CPU time is read from /proc/<pid>/stat; the service's idle CPU rate (extraction polling) is
-measured first and also reported subtracted. The profile is a ``py-spy record --gil -f raw`` of the
+measured first and also reported subtracted.
+
+Each route is set against a bare exchange under the same server: a no-op ASGI app under uvicorn
+(``floors.bare_server``, the service's server options) that reads the request and answers as many bytes as
+the service answered, loaded right after the route with the same requests (the bodies and headers
+``RemoteReducingSaver`` sent for that route, recorded once through an httpx transport), the same count and
+the same concurrency, from aiohttp as the client's async calls are, its process CPU read the same way. The
+difference is the service's own work per request: validation, the reducer, the outbox, PostgreSQL calls,
+metrics; per turn it counts the calls a turn makes. The profile is a ``py-spy record --gil -f raw`` of the
 service while whole turns are replayed; the result keeps its top frames by own and by inclusive samples,
 the samples by component, and the inclusive share of a few key functions.
 """
@@ -31,10 +39,13 @@ import httpx
 from langgraph.checkpoint.memory import InMemorySaver
 
 from benchmarks._common import chat_graph, cpu_seconds, thread_config, user_input
+from benchmarks.floors import bare_server
 from benchmarks.storage import wait_extraction_drained
 from reducing_saver.client import RemoteReducingSaver
 
 ROUTES = ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get", "/healthz")
+#: The route of each call a turn makes.
+TURN_ROUTES = {"get": "/v1/checkpoints/get", "put": "/v1/checkpoints/put", "writes": "/v1/writes/put"}
 
 
 class RecordingSaver(InMemorySaver):
@@ -139,10 +150,106 @@ def _metric_counts(url: str) -> Counter[str]:
     return counts
 
 
+#: The bare exchange: reads the request, answers ``x-answer-bytes`` bytes (the service's answer's size).
+BARE_APP = """
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    size = next((int(value) for name, value in scope["headers"] if name == b"x-answer-bytes"), 0)
+    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(size).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"x" * size})
+"""
+#: Headers the HTTP client sets on its own; the bare replay lets aiohttp set them.
+_CLIENT_SET = {"host", "content-length", "connection", "transfer-encoding"}
+
+
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """An httpx transport keeping every exchange's request (method, headers, body) and answer size."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.exchanges: list[dict[str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        answer = await response.aread()
+        self.exchanges.append({
+            "path": request.url.path,
+            "method": request.method,
+            "headers": [(name, value) for name, value in request.headers.multi_items()
+                        if name.lower() not in _CLIENT_SET],
+            "body": request.content,
+            "answer_bytes": len(answer),
+        })
+        return httpx.Response(response.status_code, headers=response.headers, content=answer)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _record_shapes(url: str, calls: list[tuple[str, tuple]]) -> dict[str, list[dict[str, Any]]]:
+    """The requests each route's measurement sends, by route, recorded from one replayed conversation:
+    its puts and writes, a get of its latest checkpoint (as the get route's), a health check."""
+    recorder = RecordingTransport()
+    thread_id = f"cost-shapes-{uuid.uuid4().hex[:6]}"
+    async with await RemoteReducingSaver.aopen(url, async_transport=recorder) as saver:
+        for kind, args in calls:
+            if kind in ("put", "writes"):
+                await _call(saver, kind, _on_thread(args, thread_id))
+        await saver.aget_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    async with httpx.AsyncClient(base_url=url, transport=recorder) as client:
+        (await client.get("/healthz")).raise_for_status()
+    shapes: dict[str, list[dict[str, Any]]] = {route: [] for route in ROUTES}
+    for exchange in recorder.exchanges:
+        if exchange["path"] in shapes:
+            shapes[exchange["path"]].append(exchange)
+    return shapes
+
+
+async def _replay_bare(url: str, pid: int, shapes: list[dict[str, Any]], *, requests: int,
+                       concurrency: int) -> dict[str, float]:
+    """``requests`` of ``shapes`` (in turn) to the bare exchange from ``concurrency`` coroutines; its CPU."""
+    import aiohttp
+
+    cycle = itertools.cycle(shapes)
+    sent = 0
+    # As the client's session: aiohttp adds none of the headers the recorded ones leave out.
+    skip = ("User-Agent", "Content-Type", "Accept-Encoding")
+    async with aiohttp.ClientSession(skip_auto_headers=skip) as session:
+
+        async def post(shape: dict[str, Any]) -> None:
+            headers = [*shape["headers"], ("x-answer-bytes", str(shape["answer_bytes"]))]
+            async with session.request(shape["method"], url, data=shape["body"] or None,
+                                       headers=headers) as answer:
+                await answer.read()
+
+        async def worker(count: int) -> None:
+            nonlocal sent
+            while sent < count:
+                sent += 1
+                await post(next(cycle))
+
+        await worker(min(50, requests))  # warm up: connections, the server's first requests
+        sent = 0
+        wall_before, cpu_before = time.perf_counter(), cpu_seconds(pid)
+        await asyncio.gather(*(worker(requests) for _ in range(concurrency)))
+        wall, cpu = time.perf_counter() - wall_before, cpu_seconds(pid) - cpu_before
+    return {
+        "bare_cpu_us_per_request": round(cpu * 1e6 / requests, 1),
+        "bare_requests_per_s": round(requests / wall, 1),
+        "request_bytes_mean": round(sum(len(shape["body"]) for shape in shapes) / len(shapes)),
+        "answer_bytes_mean": round(sum(shape["answer_bytes"] for shape in shapes) / len(shapes)),
+    }
+
+
 async def _measure_routes(url: str, pid: int, calls: list[tuple[str, tuple]], *, requests: int,
-                          concurrency: int, idle_cpu_rate: float) -> dict[str, Any]:
+                          concurrency: int, idle_cpu_rate: float, bare_url: str, bare_pid: int) -> dict[str, Any]:
     routes: dict[str, Any] = {}
     run_id = uuid.uuid4().hex[:6]
+    shapes = await _record_shapes(url, calls)
     async with RemoteReducingSaver(url) as saver:
         # Warm up every route (connections, caches, pydantic adapters) outside the measurements.
         warm = await _replay(saver, calls, {"put", "writes", "get"}, 30, 2, f"cost-warm-{run_id}")
@@ -181,6 +288,12 @@ async def _measure_routes(url: str, pid: int, calls: list[tuple[str, tuple]], *,
                 routes[route]["cpu_us_per_request_with_extraction"] = round(
                     max(0.0, total - idle_cpu_rate * (wall + drain_wall)) * 1e6 / requests, 1
                 )
+            # The same requests to the bare exchange, right after the route's: the same machine load.
+            bare = await _replay_bare(bare_url, bare_pid, shapes[route], requests=requests, concurrency=concurrency)
+            routes[route].update(bare)
+            routes[route]["own_cpu_us_per_request"] = round(
+                routes[route]["cpu_us_per_request"] - bare["bare_cpu_us_per_request"], 1
+            )
     return routes
 
 
@@ -354,19 +467,21 @@ def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds:
     idle_before, idle_start = cpu_seconds(pid), time.perf_counter()
     time.sleep(idle_seconds)
     idle_rate = (cpu_seconds(pid) - idle_before) / (time.perf_counter() - idle_start)
-    routes = asyncio.run(
-        _measure_routes(url, pid, calls, requests=requests, concurrency=concurrency, idle_cpu_rate=idle_rate)
-    )
+    with bare_server(BARE_APP) as (bare_url, bare):
+        routes = asyncio.run(
+            _measure_routes(url, pid, calls, requests=requests, concurrency=concurrency, idle_cpu_rate=idle_rate,
+                            bare_url=bare_url, bare_pid=bare.pid)
+        )
     for route, figures in routes.items():
-        log(f"  service cost {route}: {figures['cpu_us_per_request']:.0f} us CPU/request")
+        log(f"  service cost {route}: {figures['cpu_us_per_request']:.0f} us CPU/request, bare exchange "
+            f"{figures['bare_cpu_us_per_request']:.0f} us")
     turn_calls = Counter(kind for kind, _ in calls)
     turns = 12
     per_turn = {kind: count / turns for kind, count in turn_calls.items()}
-    cost_per_turn = (
-        per_turn.get("get", 0) * routes["/v1/checkpoints/get"]["cpu_us_per_request"]
-        + per_turn.get("put", 0) * routes["/v1/checkpoints/put"]["cpu_us_per_request"]
-        + per_turn.get("writes", 0) * routes["/v1/writes/put"]["cpu_us_per_request"]
-    )
+
+    def per_turn_sum(key: str) -> float:
+        return round(sum(per_turn.get(kind, 0) * routes[route][key] for kind, route in TURN_ROUTES.items()), 1)
+
     prof = profile(url, pid, calls, seconds=profile_seconds, concurrency=concurrency, out_dir=out_dir)
     return {
         "requests_per_route": requests,
@@ -374,6 +489,8 @@ def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds:
         "idle_cpu_cores": round(idle_rate, 4),
         "calls_per_turn": per_turn,
         "routes": routes,
-        "cpu_us_per_turn_from_routes": round(cost_per_turn, 1),
+        "cpu_us_per_turn_from_routes": per_turn_sum("cpu_us_per_request"),
+        "bare_cpu_us_per_turn": per_turn_sum("bare_cpu_us_per_request"),
+        "own_cpu_us_per_turn": per_turn_sum("own_cpu_us_per_request"),
         "profile": prof,
     }

@@ -1,24 +1,42 @@
-"""Throughput: N agent processes through one service vs the same agents each on its own AsyncPostgresSaver.
+"""Throughput: N agents through one service vs the same agents each with its own checkpointer.
 
-The agent processes are spawned once (as many as the largest count); for each agent count, the first N
-of them alternate between the two modes for ``rounds`` rounds of ``duration`` seconds each
-(``service``, ``direct``, ``direct``, ``service``, ...), all starting and stopping on the same wall-clock
-instants; the others wait, idle. Meanwhile a sampler reads
-``pg_stat_activity`` for the benchmark database every 100 ms: connections open and connections active
-(running a statement), maxima over the phase. In service phases the service process's CPU time is read
-from /proc around the phase, giving its CPU per turn; so is PostgreSQL's (every server process), and each
-agent reports its own process CPU, so each mode's CPU per turn is accounted for: agents + service +
-PostgreSQL. The whole machine's busy time per turn (/proc/stat) is kept too: it also holds what the
-processes' own figures miss (the kernel's work for their sockets, the sampler). On one machine the modes
-share its cores, so those sums set the ratio of turns/s.
+Three modes (``benchmarks.agent`` opens them):
+
+* ``service``: every agent has a ``RemoteReducingSaver`` of its own to the one service;
+* ``inprocess``: what a user would run instead with the same features: every agent has a
+  ``ReducingSaver(AsyncPostgresSaver)`` (the service's window) whose ``on_prune`` hook writes the pruned
+  messages into an ``AsyncPostgresStore`` of the agent's own (two connections per agent); the parent
+  runs the store's ``setup()`` once;
+* ``plain``: every agent has a plain ``AsyncPostgresSaver`` (no window, no memory).
+
+A level is N agents in P processes: one agent per process (N = P), or several per process as asyncio
+tasks (N/P each). The processes are spawned once per layout (as many as its largest level needs); for
+each level, the first P of them alternate between the modes for ``rounds`` rounds of ``duration``
+seconds each (``service``, ``inprocess``, ``plain``, then the reverse order, ...), all agents starting
+and stopping on the same wall-clock instants; the others wait, idle. An agent that cannot open its
+checkpointer (a database refusing more connections: PostgreSQL's ``max_connections`` is below what
+many direct agents need) sits the phase out; the level reports per mode how many agents connected,
+completed the phase, and failed with which error. After each phase the parent waits until the agents'
+connections are gone from ``pg_stat_activity``.
+
+Meanwhile a sampler reads ``pg_stat_activity`` for the benchmark database every 100 ms, by
+``application_name`` (the service's connections and the agents' own are named): connections open and
+connections active (running a statement), maxima over the phase. In service phases the service
+process's CPU time is read from /proc around the phase, giving its CPU per turn; so is PostgreSQL's
+(every server process), and each agent process reports its own CPU, so each mode's CPU per turn is
+accounted for: agents + service + PostgreSQL. The whole machine's busy time per turn (/proc/stat) is kept
+too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
+sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -27,7 +45,9 @@ import psycopg
 from benchmarks import agent as agent_module
 from benchmarks._common import cpu_seconds, machine_cpu_seconds, postgres_cpu_seconds, ratio, summary
 
-MODES = ("service", "direct")
+MODES = agent_module.MODES
+#: The modes whose agents talk to PostgreSQL themselves.
+DIRECT_MODES = ("inprocess", "plain")
 #: ``application_name`` of the service's connections and of the agents' own (set in their database URLs).
 SERVICE_APP = "rs-bench-service"
 AGENT_APP = "rs-bench-agent"
@@ -37,13 +57,15 @@ CONNECTIONS = """
     WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()
     GROUP BY application_name
 """
+AGENT_CONNECTIONS = """
+    SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s
+"""
 
 
-def wal_counters(server: str) -> tuple[int, int, int]:
+def wal_counters(conn: psycopg.Connection) -> tuple[int, int, int]:
     """PostgreSQL's WAL figures since its stats reset: (records, syncs to disk, bytes)."""
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        query = "SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal"
-        records, syncs, written = conn.execute(query).fetchone()
+    query = "SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal"
+    records, syncs, written = conn.execute(query).fetchone()
     return int(records), int(syncs), int(written)
 
 
@@ -51,34 +73,51 @@ def with_application_name(url: str, name: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}application_name={name}"
 
 
+def parse_level(text: str) -> tuple[int, int]:
+    """``"N"`` (N agents, one per process) or ``"N/P"`` (N agents in P processes) as ``(N, P)``."""
+    agents, _, processes = text.strip().partition("/")
+    count, spread = int(agents), int(processes or agents)
+    if count < 1 or spread < 1 or count % spread:
+        raise ValueError(f"agent level {text!r}: N/P needs N and P positive and N a multiple of P")
+    return count, spread
+
+
 class ConnectionSampler:
     """Samples the database's connections in a thread of its own, by ``application_name``.
 
-    ``figures(name)`` gives the maxima (and the mean) of the connections whose application is ``name``:
-    open, and active (running a statement when sampled); ``figures(None)`` counts every connection.
+    Connects once, on entry, so that a phase filling PostgreSQL's ``max_connections`` cannot lock it
+    out. ``reset()`` starts a new measurement; ``figures(name)`` gives the maxima (and the mean) since
+    then of the connections whose application is ``name``: open, and active (running a statement when
+    sampled); ``figures(None)`` counts every connection.
     """
 
     def __init__(self, server: str, database_name: str, interval: float = 0.1) -> None:
-        self.server, self.database_name, self.interval = server, database_name, interval
-        self.samples = 0
-        self._open_max: dict[str | None, int] = {}
-        self._active_max: dict[str | None, int] = {}
-        self._open_sum: dict[str | None, int] = {}
+        self.database_name, self.interval = database_name, interval
+        self._conn = psycopg.connect(f"{server}/postgres", autocommit=True)
+        self._lock = threading.Lock()
+        self.reset()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
+    def reset(self) -> None:
+        with self._lock:
+            self.samples = 0
+            self._open_max: dict[str | None, int] = {}
+            self._active_max: dict[str | None, int] = {}
+            self._open_sum: dict[str | None, int] = {}
+
     def _sample(self) -> None:
-        with psycopg.connect(f"{self.server}/postgres", autocommit=True) as conn:
-            while not self._stop.is_set():
-                rows = conn.execute(CONNECTIONS, (self.database_name,)).fetchall()
-                totals = {None: (sum(r[1] for r in rows), sum(r[2] for r in rows))}
-                totals.update({name: (opened, active) for name, opened, active in rows})
+        while not self._stop.is_set():
+            rows = self._conn.execute(CONNECTIONS, (self.database_name,)).fetchall()
+            totals = {None: (sum(r[1] for r in rows), sum(r[2] for r in rows))}
+            totals.update({name: (opened, active) for name, opened, active in rows})
+            with self._lock:
                 for name, (opened, active) in totals.items():
                     self._open_max[name] = max(self._open_max.get(name, 0), opened)
                     self._active_max[name] = max(self._active_max.get(name, 0), active)
                     self._open_sum[name] = self._open_sum.get(name, 0) + opened
                 self.samples += 1
-                self._stop.wait(self.interval)
+            self._stop.wait(self.interval)
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -87,37 +126,48 @@ class ConnectionSampler:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._conn.close()
 
     def figures(self, name: str | None) -> dict[str, float]:
-        return {
-            "connections_max": self._open_max.get(name, 0),
-            "active_connections_max": self._active_max.get(name, 0),
-            "connections_mean": round(self._open_sum.get(name, 0) / self.samples, 1) if self.samples else 0,
-        }
+        with self._lock:
+            return {
+                "connections_max": self._open_max.get(name, 0),
+                "active_connections_max": self._active_max.get(name, 0),
+                "connections_mean": round(self._open_sum.get(name, 0) / self.samples, 1) if self.samples else 0,
+            }
 
 
 class Agents:
-    """N spawned agent processes and their queues."""
+    """``processes`` spawned agent processes of ``per_process`` agents each, and their queues."""
 
-    def __init__(self, count: int, turns_per_thread: int) -> None:
+    def __init__(self, processes: int, per_process: int, turns_per_thread: int, window: int) -> None:
         context = multiprocessing.get_context("spawn")
+        self.per_process = per_process
         self.results = context.Queue()
-        self.commands = [context.Queue() for _ in range(count)]
+        self.commands = [context.Queue() for _ in range(processes)]
         self.processes = [
             context.Process(
-                target=agent_module.main, args=(index, self.commands[index], self.results, turns_per_thread),
+                target=agent_module.main,
+                args=(index, list(range(index * per_process, (index + 1) * per_process)), self.commands[index],
+                      self.results, turns_per_thread, window),
                 daemon=True,
             )
-            for index in range(count)
+            for index in range(processes)
         ]
         for process in self.processes:
             process.start()
+        try:
+            self.collect("started", timeout=120 + 2 * processes, count=processes)
+        except BaseException:
+            self.close()
+            raise
 
     def broadcast(self, command: tuple, count: int | None = None) -> None:
         for commands in self.commands[:count]:
             commands.put(command)
 
     def collect(self, kind: str, timeout: float, count: int) -> dict[int, Any]:
+        """The answers of the first ``count`` processes, by process."""
         answers: dict[int, Any] = {}
         deadline = time.monotonic() + timeout
         while len(answers) < count:
@@ -126,13 +176,13 @@ class Agents:
             except queue.Empty:
                 dead = [p.pid for p in self.processes if not p.is_alive()]
                 raise RuntimeError(
-                    f"{count - len(answers)} agents did not answer {kind!r} in {timeout}s "
+                    f"{count - len(answers)} agent processes did not answer {kind!r} in {timeout}s "
                     f"(exited: {dead})"
                 ) from None
             if message[0] == "error":
-                raise RuntimeError(f"agent {message[1]} failed:\n{message[2]}")
+                raise RuntimeError(f"agent process {message[1]} failed:\n{message[2]}")
             if message[0] != kind:
-                raise RuntimeError(f"expected {kind!r} from agents, got {message!r}")
+                raise RuntimeError(f"expected {kind!r} from agent processes, got {message!r}")
             answers[message[1]] = message[2] if len(message) > 2 else None
         return answers
 
@@ -146,61 +196,153 @@ class Agents:
                 process.join(timeout=5)
 
 
-def _phase(agents: Agents, count: int, mode: str, target: str, phase: str, duration: float, server: str,
-           database_name: str, service_pid: int) -> dict[str, Any]:
-    agents.broadcast(("prepare", mode, target, phase), count)
-    agents.collect("ready", timeout=120 + 2 * count, count=count)
+class Monitor:
+    """What the parent reads around a phase: the sampler, and a connection of its own for WAL figures
+    and the agents' leftover connections. Both connect once, before any phase."""
+
+    def __init__(self, server: str, database_name: str, sampler: ConnectionSampler) -> None:
+        self.database_name, self.sampler = database_name, sampler
+        self.conn = psycopg.connect(f"{server}/postgres", autocommit=True)
+
+    def agent_connections(self) -> int:
+        return int(self.conn.execute(AGENT_CONNECTIONS, (self.database_name, AGENT_APP)).fetchone()[0])
+
+    def wait_agents_gone(self, timeout: float = 30.0) -> int:
+        """Wait until no agent connection is left (their backends exit just after the agents close them);
+        returns how many are still there after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (left := self.agent_connections()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+
+def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase: str, duration: float,
+           monitor: Monitor, service_pid: int) -> dict[str, Any]:
+    count, processes = level
+    agents.broadcast(("prepare", mode, target, phase), processes)
+    prepared = agents.collect("ready", timeout=120 + 2 * count, count=processes)
+    connect_errors = Counter(error for answer in prepared.values() for error in answer["errors"].values())
+    ready = sum(len(answer["agents"]) for answer in prepared.values())
     start_at = time.time() + 0.3
     end_at = start_at + duration
-    with ConnectionSampler(server, database_name) as sampler:
-        agents.broadcast(("go", start_at, end_at), count)
-        time.sleep(max(0.0, start_at - time.time()))
-        wal_before = wal_counters(server)
-        before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
-        time.sleep(max(0.0, end_at - time.time()))
-        after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
-        wal_after = wal_counters(server)
-        (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
-        stats = agents.collect("done", timeout=duration + 120, count=count)
+    agents.broadcast(("go", start_at, end_at), processes)
+    time.sleep(max(0.0, start_at - time.time()))
+    monitor.sampler.reset()
+    wal_before = wal_counters(monitor.conn)
+    before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    time.sleep(max(0.0, end_at - time.time()))
+    after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    wal_after = wal_counters(monitor.conn)
+    connections = monitor.sampler.figures(SERVICE_APP if mode == "service" else AGENT_APP)
+    database_connections = monitor.sampler.figures(None)["connections_max"]
+    (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
+    stats = agents.collect("done", timeout=duration + 120, count=processes)
+    # A failed phase must not leave connections to the next one.
+    leftover = monitor.wait_agents_gone() if mode in DIRECT_MODES else 0
+    turn_errors = Counter(error for answer in stats.values() for error in answer["errors"].values())
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
+    late = sum(answer["late_turns"] for answer in stats.values())
     return {
         "latencies_ms": latencies,
-        "late_turns": sum(answer["late_turns"] for answer in stats.values()),
+        "late_turns": late,
+        "agents_connected": ready,
+        "agents_completed": ready - turn_errors.total(),
+        "connect_failures": connect_errors.total(),
+        "turn_failures": turn_errors.total(),
+        "errors": connect_errors + turn_errors,
+        "leftover_agent_connections": leftover,
         "service_cpu_s": service_cpu,
         "postgres_cpu_s": postgres_cpu,
         "machine_cpu_s": machine_cpu,
         "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
         "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
-        "all_turns": len(latencies) + sum(answer["late_turns"] for answer in stats.values()),
+        "all_turns": len(latencies) + late,
         # The connections this mode uses: the service's pool, or the agents' own.
-        **sampler.figures(SERVICE_APP if mode == "service" else AGENT_APP),
-        "database_connections_max": sampler.figures(None)["connections_max"],
+        **connections,
+        "database_connections_max": database_connections,
     }
 
 
-def run(service_url: str, service_pid: int, server: str, database: str, *, agent_counts: list[int],
-        duration: float, rounds: int, turns_per_thread: int,
+def _setup_store(database: str) -> None:
+    """The store's tables, created once for every in-process agent (``setup()`` is no per-agent work)."""
+    from langgraph.store.postgres.aio import AsyncPostgresStore
+
+    async def setup() -> None:
+        async with AsyncPostgresStore.from_conn_string(database) as store:
+            await store.setup()
+
+    asyncio.run(setup())
+
+
+def _warm_service(url: str, agents: int = 8, turns: int = 5) -> None:
+    """A few turns through the service from several clients, so that every worker process has served
+    before the first phase (a fresh worker's first requests are slower)."""
+    from benchmarks._common import chat_graph, thread_config, user_input
+    from reducing_saver.client import RemoteReducingSaver
+
+    async def agent(number: int) -> None:
+        async with await RemoteReducingSaver.aopen(url) as saver:
+            graph = chat_graph(saver)
+            for turn in range(turns):
+                await graph.ainvoke(user_input(turn), thread_config(f"tp-service-warm-up-{number}"))
+
+    async def warm() -> None:
+        await asyncio.gather(*(agent(number) for number in range(agents)))
+
+    asyncio.run(warm())
+
+
+def _describe(level: dict[str, Any]) -> str:
+    agents, processes = level["agents"], level["processes"]
+    return f"{agents:>3} agents" + (f" in {processes} processes" if processes != agents else "")
+
+
+def _failures(figures: dict[str, Any]) -> str:
+    if not figures["errors"]:
+        return ""
+    errors = "; ".join(f"{count} x {error}" for error, count in figures["errors"].items())
+    return f" [failed over the rounds: {errors}]"
+
+
+def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
+        duration: float, rounds: int, turns_per_thread: int, window: int,
         log: Callable[[str], None] = print) -> dict[str, Any]:
-    levels = []
+    results = []
     started = time.monotonic()
-    agents = Agents(max(agent_counts), turns_per_thread)
-    try:
-        for count in agent_counts:
-            levels.append(_level(agents, count, service_url, service_pid, server, database, duration=duration,
-                                 rounds=rounds))
-            log(
-                f"  throughput {count:>2} agents: service {levels[-1]['service']['turns_per_s']:.1f} turns/s "
-                f"({levels[-1]['service']['connections_max']} conns), direct "
-                f"{levels[-1]['direct']['turns_per_s']:.1f} turns/s ({levels[-1]['direct']['connections_max']} "
-                f"conns) [{time.monotonic() - started:.0f} s]"
-            )
-    finally:
-        agents.close()
+    database_name = database.rsplit("/", 1)[1]
+    _setup_store(database)
+    _warm_service(service_url)
+    agents: Agents | None = None
+    with ConnectionSampler(server, database_name) as sampler:
+        monitor = Monitor(server, database_name, sampler)
+        try:
+            for count, processes in levels:
+                per_process = count // processes
+                if agents is None or agents.per_process != per_process or len(agents.processes) < processes:
+                    if agents is not None:
+                        agents.close()
+                    # As many processes as the largest level of this layout needs, spawned once.
+                    spawn = max(p for n, p in levels if n // p == per_process)
+                    agents = Agents(spawn, per_process, turns_per_thread, window)
+                level = _level(agents, (count, processes), service_url, service_pid, database, monitor,
+                               duration=duration, rounds=rounds)
+                results.append(level)
+                cells = ", ".join(
+                    f"{mode} {level[mode]['turns_per_s']:.1f} turns/s ({level[mode]['connections_max']} conns, "
+                    f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
+                    for mode in MODES
+                )
+                log(f"  throughput {_describe(level)}: {cells} [{time.monotonic() - started:.0f} s]")
+        finally:
+            if agents is not None:
+                agents.close()
+            monitor.conn.close()
     return {
         "duration_s_per_phase": duration,
         "rounds": rounds,
         "turns_per_thread": turns_per_thread,
-        "levels": levels,
+        "window": window,
+        "levels": results,
     }
 
 
@@ -209,28 +351,42 @@ def _us_per(seconds: float, turns: int) -> float:
     return round(seconds * 1e6 / turns, 1) if turns else 0.0
 
 
-def _level(agents: Agents, count: int, service_url: str, service_pid: int, server: str, database: str, *,
-           duration: float, rounds: int) -> dict[str, Any]:
-    database_name = database.rsplit("/", 1)[1]
+def _target(mode: str, service_url: str, database: str) -> str:
+    return service_url if mode == "service" else with_application_name(database, AGENT_APP)
+
+
+def _level(agents: Agents, level_spec: tuple[int, int], service_url: str, service_pid: int, database: str,
+           monitor: Monitor, *, duration: float, rounds: int) -> dict[str, Any]:
+    count, processes = level_spec
     phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_index in range(rounds):
         for mode in MODES if round_index % 2 == 0 else MODES[::-1]:
-            target = service_url if mode == "service" else with_application_name(database, AGENT_APP)
             phases[mode].append(
-                _phase(agents, count, mode, target, f"{count}-{mode}-{round_index}", duration, server,
-                       database_name, service_pid)
+                _phase(agents, level_spec, mode, _target(mode, service_url, database),
+                       f"{count}-{processes}-{mode}-{round_index}", duration, monitor, service_pid)
             )
-    level: dict[str, Any] = {"agents": count}
+    level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes}
     for mode, runs in phases.items():
         latencies = [value for run_ in runs for value in run_["latencies_ms"]]
         seconds = duration * len(runs)
         turns = len(latencies)
         figures = summary(latencies) if latencies else {"n": 0, "median_ms": 0.0, "p95_ms": 0.0, "mean_ms": 0.0}
+        errors: Counter[str] = Counter()
+        for run_ in runs:
+            errors += run_["errors"]
         level[mode] = {
             "turns": turns,
             "turns_per_s": round(turns / seconds, 2),
             "median_ms": figures["median_ms"],
             "p95_ms": figures["p95_ms"],
+            # The agents that ran (and finished) the phase, the smallest of the rounds; turns/s are theirs.
+            "agents_connected": min(r["agents_connected"] for r in runs),
+            "agents_completed": min(r["agents_completed"] for r in runs),
+            "connect_failures": max(r["connect_failures"] for r in runs),
+            "turn_failures": max(r["turn_failures"] for r in runs),
+            # Every failure of every round, by error: {error: agents}.
+            "errors": dict(errors.most_common()),
+            "leftover_agent_connections": max(r["leftover_agent_connections"] for r in runs),
             "connections_max": max(r["connections_max"] for r in runs),
             "active_connections_max": max(r["active_connections_max"] for r in runs),
             "connections_mean": round(sum(r["connections_mean"] for r in runs) / len(runs), 1),
@@ -258,11 +414,15 @@ def _level(agents: Agents, count: int, service_url: str, service_pid: int, serve
             + level[mode].get("service_cpu_us_per_turn", 0.0),
             1,
         )
-    level["ratios"] = {
-        "service_vs_direct_turns_per_s": ratio(level["service"]["turns_per_s"], level["direct"]["turns_per_s"]),
-        "service_vs_direct_p95": ratio(level["service"]["p95_ms"], level["direct"]["p95_ms"]),
-        "service_vs_direct_connections_max": ratio(
-            level["service"]["connections_max"], level["direct"]["connections_max"]
-        ),
-    }
+    service = level["service"]
+    level["ratios"] = {}
+    for mode in DIRECT_MODES:
+        level["ratios"].update({
+            f"service_vs_{mode}_turns_per_s": ratio(service["turns_per_s"], level[mode]["turns_per_s"]),
+            f"service_vs_{mode}_p95": ratio(service["p95_ms"], level[mode]["p95_ms"]),
+            f"service_vs_{mode}_connections_max": ratio(service["connections_max"], level[mode]["connections_max"]),
+            f"service_vs_{mode}_machine_cpu_per_turn": ratio(
+                service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
+            ),
+        })
     return level

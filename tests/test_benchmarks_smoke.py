@@ -83,9 +83,11 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
 
 def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
     levels = quick_run[1]["throughput"]["levels"]
-    assert [level["agents"] for level in levels] == [1, 2]
+    # --quick: 1 and 2 agents one per process, and 8 agents as asyncio tasks in 2 processes.
+    assert [(level["agents"], level["processes"]) for level in levels] == [(1, 1), (2, 2), (8, 2)]
+    assert levels[-1]["agents_per_process"] == 4
     for level in levels:
-        for mode in ("service", "direct"):
+        for mode in ("service", "inprocess", "plain"):
             figures = level[mode]
             for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max",
                         "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn", "machine_cpu_us_per_turn"):
@@ -95,8 +97,16 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
             service_cpu = figures.get("service_cpu_us_per_turn", 0.0)
             expected = figures["agent_cpu_us_per_turn"] + figures["postgres_cpu_us_per_turn"] + service_cpu
             assert abs(figures["cpu_us_per_turn"] - expected) < 1.0, (mode, figures)
-        assert positive(level["service"]["service_cpu_us_per_turn"])
-        assert positive(level["ratios"]["service_vs_direct_turns_per_s"])
+            # Agents that failed are counted, by error; none leaves a connection behind.
+            assert 0 <= figures["agents_completed"] <= figures["agents_connected"] <= level["agents"]
+            assert sum(figures["errors"].values()) >= figures["connect_failures"] + figures["turn_failures"]
+            assert figures["leftover_agent_connections"] == 0, (level["agents"], mode)
+        service = level["service"]
+        assert service["errors"] == {} and service["agents_completed"] == level["agents"], service["errors"]
+        assert positive(service["service_cpu_us_per_turn"])
+        for mode in ("inprocess", "plain"):
+            assert positive(level["ratios"][f"service_vs_{mode}_turns_per_s"]), mode
+            assert positive(level["ratios"][f"service_vs_{mode}_connections_max"]), mode
 
 
 def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
@@ -105,7 +115,18 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
         figures = cost["routes"][route]
         assert figures["requests_counted_by_service"] == figures["requests"], route
         assert positive(figures["cpu_us_per_request"]), route
+        # The bare exchange under the same server, loaded with the route's requests: CPU read from /proc in
+        # clock ticks, so a quick run's few requests may read 0.
+        assert figures["bare_cpu_us_per_request"] >= 0 and positive(figures["bare_requests_per_s"]), route
+        assert figures["own_cpu_us_per_request"] == round(
+            figures["cpu_us_per_request"] - figures["bare_cpu_us_per_request"], 1), route
+    for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
+        assert positive(cost["routes"][route]["request_bytes_mean"]), route
+    # The get answers a whole checkpoint; writes/put answers 204, with no body.
+    assert cost["routes"]["/v1/checkpoints/get"]["answer_bytes_mean"] > cost["routes"]["/v1/checkpoints/get"][
+        "request_bytes_mean"]
     assert positive(cost["cpu_us_per_turn_from_routes"])
+    assert cost["bare_cpu_us_per_turn"] >= 0 and positive(cost["own_cpu_us_per_turn"])
     profile = cost["profile"]
     assert "error" not in profile, profile.get("error")
     assert positive(profile["samples"])
@@ -115,10 +136,19 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
 
 def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
     out, results, stdout = quick_run
+    targets = results["targets"]
     for key in ("remote_vs_inprocess_median_sync", "remote_vs_inprocess_median_async",
-                "agents_service_vs_direct_turns_per_s", "agents_connections_service", "agents_connections_direct",
+                "agents_service_vs_inprocess_turns_per_s", "agents_service_vs_plain_turns_per_s",
+                "agents_connections_service", "agents_connections_inprocess", "agents_connections_plain",
+                "agents_connections_service_vs_inprocess", "many_agents_service_connections_max",
+                "service_own_cpu_us_per_turn",
                 "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
-        assert positive(results["targets"][key]), key
+        assert positive(targets[key]), key
+    assert targets["many_agents_level"] == "8 agents in 2 processes"
+    assert targets["many_agents_service_errors"] == 0
+    assert targets["many_agents_agents_completed"]["service"] == 8
+    for mode in ("service", "inprocess", "plain"):
+        assert positive(targets["many_agents_turns_per_s"][mode]) and positive(targets["many_agents_p95_ms"][mode])
     for name in ("storage.png", "performance.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
