@@ -57,7 +57,8 @@ def storage_chart(storage: dict[str, Any], machine: str, path: Path) -> None:
 def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machine: str, path: Path) -> None:
     figure, (latency_axis, throughput_axis) = plt.subplots(1, 2, figsize=(12, 4.6))
     kinds = ("remote", "inprocess", "plain")
-    names = {"remote": "RemoteReducingSaver", "inprocess": "ReducingSaver(PostgresSaver)", "plain": "PostgresSaver"}
+    names = {"remote": "RemoteReducingSaver", "inprocess": "ReducingSaver + on_prune → PostgresStore",
+             "plain": "PostgresSaver"}
     width = 0.26
     for offset, kind in enumerate(kinds):
         xs = [index + (offset - 1) * width for index in range(2)]

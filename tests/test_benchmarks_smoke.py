@@ -68,8 +68,10 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
             assert positive(figures["n"]) and positive(figures["median_ms"]) and positive(figures["p95_ms"])
             assert positive(figures["agent_cpu_ms_median"]), (mode, kind)
         for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median",
-                    "remote_vs_inprocess_agent_cpu"):
+                    "remote_vs_plain_p95", "inprocess_vs_plain_median", "remote_vs_inprocess_agent_cpu"):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
+        # The in-process baseline has the service's features: its on_prune hook stored the pruned messages.
+        assert positive(latency[mode]["inprocess_store_items"]), mode
     floor = latency["floor"]
     for key in ("median_us", "p95_us", "client_cpu_us", "server_cpu_us"):
         assert positive(floor["exchange"][key]), key
@@ -116,6 +118,8 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
 def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
     out, results, stdout = quick_run
     for key in ("remote_vs_inprocess_median_sync", "remote_vs_inprocess_median_async",
+                "remote_vs_inprocess_p95_sync", "remote_vs_inprocess_p95_async",
+                "remote_vs_plain_median_sync", "remote_vs_plain_median_async",
                 "agents_service_vs_direct_turns_per_s", "agents_connections_service", "agents_connections_direct",
                 "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
         assert positive(results["targets"][key]), key
