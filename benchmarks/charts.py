@@ -1,7 +1,9 @@
-"""The charts: storage per turn (service vs plain PostgresSaver) and latency / throughput."""
+"""The charts: storage per turn (service vs plain PostgresSaver), latency / throughput, and per-turn time
+along a long conversation."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,39 @@ def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machi
     throughput_axis.set_ylim(bottom=0)
     throughput_axis.legend(fontsize=8)
     figure.suptitle(machine, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _rolling_median(values: list[float], width: int) -> list[float]:
+    """The median of each value and its neighbours, ``width`` values in all (fewer at the ends)."""
+    half = width // 2
+    return [statistics.median(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
+
+
+def long_thread_chart(long_thread: dict[str, Any], machine: str, path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(12, 4.6))
+    turns = list(range(1, long_thread["turns"] + 1))
+    width = 5 if long_thread["turns"] >= 50 else 1
+    for kind in ("plain", "inprocess", "service"):
+        fig = long_thread[kind]
+        curve = fig["per_turn_ms"]
+        axis.plot(turns, curve, color=COLORS[kind], alpha=0.25, linewidth=0.8)
+        axis.plot(turns, _rolling_median(curve, width), color=COLORS[kind],
+                  label=f"{long_thread['labels'][kind]}: {fig['total_s']:.2f} s in all")
+    for first, last in long_thread["ranges"].values():
+        axis.axvspan(first, last, color="grey", alpha=0.08, linewidth=0)
+    axis.set_xlim(1, long_thread["turns"])
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("turn")
+    axis.set_ylabel("ms per turn (ainvoke)")
+    smoothing = f", rolling median of {width} turns (faint: each turn)" if width > 1 else ""
+    axis.set_title(f"per-turn time along a {long_thread['turns']}-turn conversation, window "
+                   f"{long_thread['window']} messages (median of {long_thread['rounds']} rounds{smoothing}; "
+                   "shaded: the reported ranges)", fontsize=10)
+    axis.legend(loc="upper left", fontsize=8)
+    figure.suptitle(f"~400-character messages, the three interleaved turn by turn\n{machine}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

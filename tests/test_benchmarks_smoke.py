@@ -83,6 +83,28 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
     assert floor["floor_ratio_async"] > 1
 
 
+def test_long_thread_section(quick_run: tuple[Path, dict, str]) -> None:
+    long_thread = quick_run[1]["long_thread"]
+    turns = long_thread["turns"]
+    assert positive(turns) and positive(long_thread["rounds"])
+    ranges = long_thread["ranges"]
+    assert set(ranges) == {"first", "middle", "last"}
+    assert all(1 <= first <= last <= turns for first, last in ranges.values())
+    for kind in ("service", "plain", "inprocess"):
+        figures = long_thread[kind]
+        assert len(figures["per_turn_ms"]) == turns, kind
+        assert all(positive(value) for value in figures["per_turn_ms"]), kind
+        for name in ranges:
+            assert positive(figures[f"{name}_median_ms"]), (kind, name)
+        assert positive(figures["total_s"]), kind
+        assert len(figures["round_totals_s"]) == long_thread["rounds"]
+        assert all(positive(value) for value in figures["round_totals_s"]), kind
+    for key in ("service_vs_plain_total", "service_vs_plain_last_median", "service_vs_inprocess_total",
+                "service_vs_inprocess_last_median"):
+        assert positive(long_thread["ratios"][key]), key
+    assert positive(long_thread["inprocess_store_items"])
+
+
 def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
     levels = quick_run[1]["throughput"]["levels"]
     assert [level["agents"] for level in levels] == [1, 2]
@@ -121,9 +143,10 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
                 "remote_vs_inprocess_p95_sync", "remote_vs_inprocess_p95_async",
                 "remote_vs_plain_median_sync", "remote_vs_plain_median_async",
                 "agents_service_vs_direct_turns_per_s", "agents_connections_service", "agents_connections_direct",
-                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
+                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint",
+                "long_thread_service_vs_plain_total", "long_thread_service_vs_plain_last_median"):
         assert positive(results["targets"][key]), key
-    for name in ("storage.png", "performance.png"):
+    for name in ("storage.png", "performance.png", "long_thread.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 10_000, (name, len(data))
