@@ -42,7 +42,7 @@ FULL = {
     "latency_turns": 20,
     "latency_rounds": 10,
     "long_thread_turns": 200,
-    "long_thread_rounds": 3,
+    "long_thread_rounds": 5,
     "agents": [1, 8, 32],
     "duration": 10.0,
     "throughput_rounds": 2,

@@ -107,7 +107,8 @@ def long_thread_chart(long_thread: dict[str, Any], machine: str, path: Path) -> 
     for kind in ("plain", "inprocess", "service"):
         fig = long_thread[kind]
         curve = fig["per_turn_ms"]
-        axis.plot(turns, curve, color=COLORS[kind], alpha=0.25, linewidth=0.8)
+        if width > 1:
+            axis.plot(turns, curve, color=COLORS[kind], alpha=0.25, linewidth=0.8)
         axis.plot(turns, _rolling_median(curve, width), color=COLORS[kind],
                   label=f"{long_thread['labels'][kind]}: {fig['total_s']:.2f} s in all")
     for first, last in long_thread["ranges"].values():
@@ -116,12 +117,14 @@ def long_thread_chart(long_thread: dict[str, Any], machine: str, path: Path) -> 
     axis.set_ylim(bottom=0)
     axis.set_xlabel("turn")
     axis.set_ylabel("ms per turn (ainvoke)")
-    smoothing = f", rolling median of {width} turns (faint: each turn)" if width > 1 else ""
     axis.set_title(f"per-turn time along a {long_thread['turns']}-turn conversation, window "
-                   f"{long_thread['window']} messages (median of {long_thread['rounds']} rounds{smoothing}; "
-                   "shaded: the reported ranges)", fontsize=10)
+                   f"{long_thread['window']} messages", fontsize=10)
     axis.legend(loc="upper left", fontsize=8)
-    figure.suptitle(f"~400-character messages, the three interleaved turn by turn\n{machine}", fontsize=9)
+    lines = f"lines: rolling median of {width} turns, faint: " if width > 1 else ""
+    figure.suptitle(
+        f"~400-character messages, the three interleaved turn by turn; {lines}each turn's median over "
+        f"{long_thread['rounds']} rounds; shaded: the reported ranges\n{machine}", fontsize=9,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
