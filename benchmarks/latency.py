@@ -40,8 +40,8 @@ from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
 KINDS = ("remote", "inprocess", "plain")
 LABELS = {
     "remote": "RemoteReducingSaver to the service",
-    "inprocess": "in-process ReducingSaver + on_prune → AsyncPostgresStore",
-    "plain": "plain AsyncPostgresSaver",
+    "inprocess": "in-process ReducingSaver + on_prune → AsyncPostgresStore (sync: PostgresSaver, PostgresStore)",
+    "plain": "plain AsyncPostgresSaver (sync: PostgresSaver)",
 }
 
 
