@@ -1,7 +1,9 @@
-"""The charts: storage per turn (service vs plain PostgresSaver) and latency / throughput."""
+"""The charts: storage per turn (service vs plain PostgresSaver), latency / throughput, and per-turn time
+along a long conversation."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,8 @@ def storage_chart(storage: dict[str, Any], machine: str, path: Path) -> None:
 def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machine: str, path: Path) -> None:
     figure, (latency_axis, throughput_axis) = plt.subplots(1, 2, figsize=(12, 4.6))
     kinds = ("remote", "inprocess", "plain")
-    names = {"remote": "RemoteReducingSaver", "inprocess": "ReducingSaver(PostgresSaver)", "plain": "PostgresSaver"}
+    names = {"remote": "RemoteReducingSaver", "inprocess": "ReducingSaver + on_prune → PostgresStore",
+             "plain": "PostgresSaver"}
     width = 0.26
     for offset, kind in enumerate(kinds):
         xs = [index + (offset - 1) * width for index in range(2)]
@@ -94,6 +97,42 @@ def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machi
     throughput_axis.set_ylim(bottom=0)
     throughput_axis.legend(fontsize=8)
     figure.suptitle(machine, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _rolling_median(values: list[float], width: int) -> list[float]:
+    """The median of each value and its neighbours, ``width`` values in all (fewer at the ends)."""
+    half = width // 2
+    return [statistics.median(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
+
+
+def long_thread_chart(long_thread: dict[str, Any], machine: str, path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(12, 4.6))
+    turns = list(range(1, long_thread["turns"] + 1))
+    width = 5 if long_thread["turns"] >= 50 else 1
+    for kind in ("plain", "inprocess", "service"):
+        fig = long_thread[kind]
+        curve = fig["per_turn_ms"]
+        if width > 1:
+            axis.plot(turns, curve, color=COLORS[kind], alpha=0.25, linewidth=0.8)
+        axis.plot(turns, _rolling_median(curve, width), color=COLORS[kind],
+                  label=f"{long_thread['labels'][kind]}: {fig['total_s']:.2f} s in all")
+    for first, last in long_thread["ranges"].values():
+        axis.axvspan(first, last, color="grey", alpha=0.08, linewidth=0)
+    axis.set_xlim(1, long_thread["turns"])
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("turn")
+    axis.set_ylabel("ms per turn (ainvoke)")
+    axis.set_title(f"per-turn time along a {long_thread['turns']}-turn conversation, window "
+                   f"{long_thread['window']} messages", fontsize=10)
+    axis.legend(loc="upper left", fontsize=8)
+    lines = f"lines: rolling median of {width} turns, faint: " if width > 1 else ""
+    figure.suptitle(
+        f"~400-character messages, the three interleaved turn by turn; {lines}each turn's median over "
+        f"{long_thread['rounds']} rounds; shaded: the reported ranges\n{machine}", fontsize=9,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,14 +1,19 @@
 """Latency: per-turn ``graph.invoke`` / ``ainvoke`` through three checkpointers on the same database.
 
 * ``remote``: ``RemoteReducingSaver`` to the service;
-* ``inprocess``: ``ReducingSaver(PostgresSaver)`` (async: ``ReducingSaver(AsyncPostgresSaver)``);
-* ``plain``: ``PostgresSaver`` (async: ``AsyncPostgresSaver``), no reducer.
+* ``inprocess``: what a user would run instead of the service with the same features, in-process
+  ``ReducingSaver + on_prune → AsyncPostgresStore``: ``ReducingSaver(AsyncPostgresSaver)`` (sync:
+  ``ReducingSaver(PostgresSaver)``) whose ``on_prune`` hook writes the pruned messages into LangGraph's
+  ``AsyncPostgresStore`` (sync: ``PostgresStore``), one item per message under the hook's namespace, as the
+  service's deliverer writes them into its store;
+* ``plain``: ``PostgresSaver`` (async: ``AsyncPostgresSaver``), no reducer and no long-term memory.
 
-Each round gives every checkpointer a fresh thread and runs ``turns`` turns on each, the checkpointers
-taking turns turn by turn (remote, in-process, plain, remote, ...; the order rotates every round), so
-all three see the same machine load. Besides each turn's time, the agent process's own CPU time over the
-turn is kept (``cpu`` samples): what a turn costs the agent's machine, the service's and PostgreSQL's
-work aside.
+Each round gives every checkpointer a fresh thread and runs ``turns`` turns on each (20 in a full run:
+the window of 20 messages fills at turn 10, so half the turns prune), the checkpointers taking turns turn
+by turn (remote, in-process, plain, remote, ...; the order rotates every round), so all three see the
+same machine load. Besides each turn's time, the agent process's own CPU time over the turn is kept
+(``cpu`` samples): what a turn costs the agent's machine, the service's and PostgreSQL's work aside. The
+store items the in-process hook wrote are counted afterwards, to show the baseline did its share.
 """
 
 from __future__ import annotations
@@ -17,18 +22,109 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from contextlib import AsyncExitStack, ExitStack
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import Any
 
+import psycopg
+from langchain_core.messages import BaseMessage, message_to_dict
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.store.base import PutOp
+from langgraph.store.postgres import AsyncPostgresStore, PostgresStore
 
 from benchmarks._common import chat_graph, ratio, summary, thread_config, user_input
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.reducer import MessageReducer, ReducingSaver
+from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
 
 KINDS = ("remote", "inprocess", "plain")
+LABELS = {
+    "remote": "RemoteReducingSaver to the service",
+    "inprocess": "in-process ReducingSaver + on_prune → AsyncPostgresStore (sync: PostgresSaver, PostgresStore)",
+    "plain": "plain AsyncPostgresSaver (sync: PostgresSaver)",
+}
+
+
+def _put_ops(messages: list[BaseMessage], namespace: tuple[str, ...]) -> list[PutOp]:
+    """One store item per pruned message: keyed by its id, valued as langchain_core serializes it."""
+    return [PutOp(namespace, message.id, message_to_dict(message)) for message in messages]
+
+
+class AsyncStorePruneHook:
+    """An ``on_prune`` hook writing pruned messages into an ``AsyncPostgresStore``.
+
+    Hooks are sync callables, called inside ``aput`` on the running loop, so this one cannot await: it
+    schedules ``store.abatch`` as a task and keeps it until :meth:`drain` awaits it (which raises the
+    first failed write).
+    """
+
+    def __init__(self, store: AsyncPostgresStore) -> None:
+        self.store = store
+        self.pending: list[asyncio.Task[Any]] = []
+
+    def __call__(self, messages: list[BaseMessage], namespace: tuple[str, ...]) -> None:
+        write = self.store.abatch(_put_ops(messages, namespace))
+        self.pending.append(asyncio.get_running_loop().create_task(write))
+
+    async def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        await asyncio.gather(*pending)
+
+
+@contextmanager
+def inprocess_saver(database: str, window: int) -> Iterator[ReducingSaver]:
+    """``ReducingSaver(PostgresSaver)`` whose ``on_prune`` hook puts the pruned messages into a
+    ``PostgresStore`` (``store.batch``, on the put's own path)."""
+    with PostgresStore.from_conn_string(database) as store, PostgresSaver.from_conn_string(database) as saver:
+        store.setup()
+        saver.setup()
+
+        def store_pruned(messages: list[BaseMessage], namespace: tuple[str, ...]) -> None:
+            store.batch(_put_ops(messages, namespace))
+
+        reducer = MessageReducer(ReducerConfig(max_messages=window, on_prune=[store_pruned]))
+        yield ReducingSaver(saver, reducer)
+
+
+@asynccontextmanager
+async def async_inprocess_saver(database: str, window: int) -> AsyncIterator[ReducingSaver]:
+    """``ReducingSaver(AsyncPostgresSaver)`` whose ``on_prune`` hook puts the pruned messages into an
+    ``AsyncPostgresStore`` (:class:`AsyncStorePruneHook`); the writes still pending are awaited on exit."""
+    async with (
+        AsyncPostgresStore.from_conn_string(database) as store,
+        AsyncPostgresSaver.from_conn_string(database) as saver,
+    ):
+        await store.setup()
+        await saver.setup()
+        hook = AsyncStorePruneHook(store)
+        try:
+            reducer = MessageReducer(ReducerConfig(max_messages=window, on_prune=[hook]))
+            yield ReducingSaver(saver, reducer)
+        finally:
+            await hook.drain()
+
+
+@contextmanager
+def plain_saver(database: str) -> Iterator[PostgresSaver]:
+    with PostgresSaver.from_conn_string(database) as saver:
+        saver.setup()
+        yield saver
+
+
+@asynccontextmanager
+async def async_plain_saver(database: str) -> AsyncIterator[AsyncPostgresSaver]:
+    async with AsyncPostgresSaver.from_conn_string(database) as saver:
+        await saver.setup()
+        yield saver
+
+
+def store_items(database: str, thread_prefix: str) -> int:
+    """Store items under the default memory namespaces (``("memories", thread id)``) of the threads whose
+    ids start with ``thread_prefix``."""
+    with psycopg.connect(database) as conn:
+        row = conn.execute("SELECT count(*) FROM store WHERE prefix LIKE %s",
+                           (f"memories.{thread_prefix}%",)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _turn_sync(graph: Any, config: dict[str, Any], turn: int) -> tuple[float, float]:
@@ -44,8 +140,8 @@ async def _turn_async(graph: Any, config: dict[str, Any], turn: int) -> tuple[fl
     return (time.perf_counter() - start) * 1000, (time.process_time() - cpu) * 1000
 
 
-def _new_threads(kinds: Iterable[str]) -> dict[str, dict[str, Any]]:
-    return {kind: thread_config(f"lat-{kind}-{uuid.uuid4().hex}") for kind in kinds}
+def _new_threads(kinds: Iterable[str], prefix: str) -> dict[str, dict[str, Any]]:
+    return {kind: thread_config(f"{prefix}-{kind}-{uuid.uuid4().hex}") for kind in kinds}
 
 
 def figures(samples: list[tuple[float, float]]) -> dict[str, float]:
@@ -56,13 +152,15 @@ def figures(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def _ratios(result: dict[str, dict[str, float]]) -> dict[str, float]:
+    remote, inprocess, plain = (result[kind] for kind in KINDS)
     return {
-        "remote_vs_inprocess_median": ratio(result["remote"]["median_ms"], result["inprocess"]["median_ms"]),
-        "remote_vs_inprocess_p95": ratio(result["remote"]["p95_ms"], result["inprocess"]["p95_ms"]),
-        "remote_vs_plain_median": ratio(result["remote"]["median_ms"], result["plain"]["median_ms"]),
-        "inprocess_vs_plain_median": ratio(result["inprocess"]["median_ms"], result["plain"]["median_ms"]),
+        "remote_vs_inprocess_median": ratio(remote["median_ms"], inprocess["median_ms"]),
+        "remote_vs_inprocess_p95": ratio(remote["p95_ms"], inprocess["p95_ms"]),
+        "remote_vs_plain_median": ratio(remote["median_ms"], plain["median_ms"]),
+        "remote_vs_plain_p95": ratio(remote["p95_ms"], plain["p95_ms"]),
+        "inprocess_vs_plain_median": ratio(inprocess["median_ms"], plain["median_ms"]),
         "remote_vs_inprocess_agent_cpu": ratio(
-            result["remote"]["agent_cpu_ms_median"], result["inprocess"]["agent_cpu_ms_median"]
+            remote["agent_cpu_ms_median"], inprocess["agent_cpu_ms_median"]
         ),
     }
 
@@ -73,7 +171,8 @@ def _rotated(round_index: int) -> list[str]:
 
 
 def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-             kinds: tuple[str, ...] = KINDS) -> dict[str, list[tuple[float, float]]]:
+             kinds: tuple[str, ...] = KINDS,
+             thread_prefix: str = "lat-sync") -> dict[str, list[tuple[float, float]]]:
     """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn."""
     samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     with ExitStack() as stack:
@@ -81,18 +180,15 @@ def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window
         if "remote" in kinds:
             graphs["remote"] = chat_graph(stack.enter_context(RemoteReducingSaver(service_url)))
         if "inprocess" in kinds:
-            inner = stack.enter_context(PostgresSaver.from_conn_string(database))
-            inner.setup()
-            graphs["inprocess"] = chat_graph(ReducingSaver(inner, MessageReducer(max_messages=window)))
+            graphs["inprocess"] = chat_graph(stack.enter_context(inprocess_saver(database, window)))
         if "plain" in kinds:
-            plain = stack.enter_context(PostgresSaver.from_conn_string(database))
-            plain.setup()
-            graphs["plain"] = chat_graph(plain)
-        for kind, config in _new_threads(graphs).items():  # warm up: connections, first-call caches
+            graphs["plain"] = chat_graph(stack.enter_context(plain_saver(database)))
+        # Warm up (connections, first-call caches) on threads of their own.
+        for kind, config in _new_threads(graphs, f"{thread_prefix}-warm").items():
             for turn in range(3):
                 _turn_sync(graphs[kind], config, turn)
         for round_index in range(rounds):
-            threads = _new_threads(graphs)
+            threads = _new_threads(graphs, thread_prefix)
             order = [kind for kind in _rotated(round_index) if kind in graphs]
             for turn in range(turns):
                 for kind in order:
@@ -101,7 +197,8 @@ def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window
 
 
 async def run_async(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-                    kinds: tuple[str, ...] = KINDS) -> dict[str, list[tuple[float, float]]]:
+                    kinds: tuple[str, ...] = KINDS,
+                    thread_prefix: str = "lat-async") -> dict[str, list[tuple[float, float]]]:
     """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn."""
     samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     async with AsyncExitStack() as stack:
@@ -109,18 +206,15 @@ async def run_async(service_url: str, database: str, *, turns: int, rounds: int,
         if "remote" in kinds:
             graphs["remote"] = chat_graph(await stack.enter_async_context(RemoteReducingSaver(service_url)))
         if "inprocess" in kinds:
-            inner = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(database))
-            await inner.setup()
-            graphs["inprocess"] = chat_graph(ReducingSaver(inner, MessageReducer(max_messages=window)))
+            inprocess = await stack.enter_async_context(async_inprocess_saver(database, window))
+            graphs["inprocess"] = chat_graph(inprocess)
         if "plain" in kinds:
-            plain = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(database))
-            await plain.setup()
-            graphs["plain"] = chat_graph(plain)
-        for kind, config in _new_threads(graphs).items():
+            graphs["plain"] = chat_graph(await stack.enter_async_context(async_plain_saver(database)))
+        for kind, config in _new_threads(graphs, f"{thread_prefix}-warm").items():
             for turn in range(3):
                 await _turn_async(graphs[kind], config, turn)
         for round_index in range(rounds):
-            threads = _new_threads(graphs)
+            threads = _new_threads(graphs, thread_prefix)
             order = [kind for kind in _rotated(round_index) if kind in graphs]
             for turn in range(turns):
                 for kind in order:
@@ -130,14 +224,20 @@ async def run_async(service_url: str, database: str, *, turns: int, rounds: int,
 
 def run(service_url: str, database: str, *, turns: int, rounds: int, window: int,
         log: Callable[[str], None] = print) -> dict[str, Any]:
-    result: dict[str, Any] = {"turns_per_thread": turns, "rounds": rounds, "window": window}
+    result: dict[str, Any] = {"turns_per_thread": turns, "rounds": rounds, "window": window, "labels": LABELS}
     for mode in ("sync", "async"):
+        prefix = f"lat-{mode}"
+        options = {"turns": turns, "rounds": rounds, "window": window, "thread_prefix": prefix}
         if mode == "sync":
-            samples = run_sync(service_url, database, turns=turns, rounds=rounds, window=window)
+            samples = run_sync(service_url, database, **options)
         else:
-            samples = asyncio.run(run_async(service_url, database, turns=turns, rounds=rounds, window=window))
+            samples = asyncio.run(run_async(service_url, database, **options))
         figures_by_kind = {kind: figures(values) for kind, values in samples.items()}
-        result[mode] = {**figures_by_kind, "ratios": _ratios(figures_by_kind)}
+        result[mode] = {
+            **figures_by_kind,
+            "ratios": _ratios(figures_by_kind),
+            "inprocess_store_items": store_items(database, f"{prefix}-inprocess-"),
+        }
         medians = ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in figures_by_kind.items())
         log(f"  latency {mode}: {medians}")
     return result

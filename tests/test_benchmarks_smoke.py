@@ -68,8 +68,10 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
             assert positive(figures["n"]) and positive(figures["median_ms"]) and positive(figures["p95_ms"])
             assert positive(figures["agent_cpu_ms_median"]), (mode, kind)
         for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median",
-                    "remote_vs_inprocess_agent_cpu"):
+                    "remote_vs_plain_p95", "inprocess_vs_plain_median", "remote_vs_inprocess_agent_cpu"):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
+        # The in-process baseline has the service's features: its on_prune hook stored the pruned messages.
+        assert positive(latency[mode]["inprocess_store_items"]), mode
     floor = latency["floor"]
     for key in ("median_us", "p95_us", "client_cpu_us", "server_cpu_us"):
         assert positive(floor["exchange"][key]), key
@@ -79,6 +81,28 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
     assert calls["sequential"] == calls["get_tuple"] + calls["put"] < calls["total"]
     assert positive(floor["idle_wake"]["back_to_back_us"]) and positive(floor["idle_wake"]["after_idle_us"])
     assert floor["floor_ratio_async"] > 1
+
+
+def test_long_thread_section(quick_run: tuple[Path, dict, str]) -> None:
+    long_thread = quick_run[1]["long_thread"]
+    turns = long_thread["turns"]
+    assert positive(turns) and positive(long_thread["rounds"])
+    ranges = long_thread["ranges"]
+    assert set(ranges) == {"first", "middle", "last"}
+    assert all(1 <= first <= last <= turns for first, last in ranges.values())
+    for kind in ("service", "plain", "inprocess"):
+        figures = long_thread[kind]
+        assert len(figures["per_turn_ms"]) == turns, kind
+        assert all(positive(value) for value in figures["per_turn_ms"]), kind
+        for name in ranges:
+            assert positive(figures[f"{name}_median_ms"]), (kind, name)
+        assert positive(figures["total_s"]), kind
+        assert len(figures["round_totals_s"]) == long_thread["rounds"]
+        assert all(positive(value) for value in figures["round_totals_s"]), kind
+    for key in ("service_vs_plain_total", "service_vs_plain_last_median", "service_vs_inprocess_total",
+                "service_vs_inprocess_last_median"):
+        assert positive(long_thread["ratios"][key]), key
+    assert positive(long_thread["inprocess_store_items"])
 
 
 def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
@@ -138,18 +162,21 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
     out, results, stdout = quick_run
     targets = results["targets"]
     for key in ("remote_vs_inprocess_median_sync", "remote_vs_inprocess_median_async",
+                "remote_vs_inprocess_p95_sync", "remote_vs_inprocess_p95_async",
+                "remote_vs_plain_median_sync", "remote_vs_plain_median_async",
                 "agents_service_vs_inprocess_turns_per_s", "agents_service_vs_plain_turns_per_s",
                 "agents_connections_service", "agents_connections_inprocess", "agents_connections_plain",
                 "agents_connections_service_vs_inprocess", "many_agents_service_connections_max",
                 "service_own_cpu_us_per_turn",
-                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint"):
+                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint",
+                "long_thread_service_vs_plain_total", "long_thread_service_vs_plain_last_median"):
         assert positive(targets[key]), key
     assert targets["many_agents_level"] == "8 agents in 2 processes"
     assert targets["many_agents_service_errors"] == 0
     assert targets["many_agents_agents_completed"]["service"] == 8
     for mode in ("service", "inprocess", "plain"):
         assert positive(targets["many_agents_turns_per_s"][mode]) and positive(targets["many_agents_p95_ms"][mode])
-    for name in ("storage.png", "performance.png"):
+    for name in ("storage.png", "performance.png", "long_thread.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 10_000, (name, len(data))
