@@ -42,6 +42,7 @@ from reducing_saver.client._errors import (
     error_from_response,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._stdlib_http import ConnectionPool
 from reducing_saver.wire import (
     API_PREFIX,
     JSON,
@@ -86,7 +87,8 @@ RETRY_UNAVAILABLE_FOR = 30.0
 #: The longest wait between two retries under that time budget, so a call goes through soon after the
 #: service can serve again.
 UNAVAILABLE_MAX_DELAY = 2.0
-#: Keep-alive connections per saver (sync and async each).
+#: Connections per saver: the sync pool keeps at most ``max_keepalive_connections`` idle ones, each for
+#: ``keepalive_expiry`` s; the async path's aiohttp session opens at most ``max_connections``.
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
@@ -347,10 +349,22 @@ class _Http:
         self._urls: dict[str, httpx.URL] = {}
         self._url_texts: dict[str, str] = {}
         self._extensions = {"timeout": self.timeout.as_dict()}
-        # Calls go straight to the transport: the service needs none of httpx.Client's per-request work
-        # (URL merging, cookies, redirects, auth flows), which costs more CPU than the request itself
-        # (benchmarks/http_clients.py).
-        self._transport = transport or httpx.HTTPTransport(limits=LIMITS)
+        # Sync calls go through the standard library's http.client, pooled by _stdlib_http: httpx's
+        # transport (httpcore and h11, pure Python) costs about three times its CPU per request, and
+        # httpx.Client's per-request work (URL merging, cookies, redirects, auth flows) more again
+        # (benchmarks/http_clients.py). A transport the caller passes is used as it is, through httpx.
+        self._transport = transport
+        self._pool: ConnectionPool | None = None
+        if transport is None:
+            self._pool = ConnectionPool(
+                parsed,
+                self.timeout,
+                max_idle=LIMITS.max_keepalive_connections,
+                keepalive_expiry=LIMITS.keepalive_expiry,
+            )
+        #: By ``_Call.msgpack``: the headers as http.client takes them.
+        self._header_dicts = (dict(json_headers.multi_items()), dict(msgpack_headers.multi_items()))
+        self._targets: dict[str, str] = {}
         self._async_transport = async_transport
         self._session: Any = None  # aiohttp.ClientSession of self._session_loop
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -375,9 +389,25 @@ class _Http:
             url = self._url_texts[path] = str(self._base.join(path))
         return url
 
+    def _target(self, path: str) -> str:
+        target = self._targets.get(path)
+        if target is None:
+            target = self._targets[path] = self._base.join(path).raw_path.decode("ascii")
+        return target
+
     def _exchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
             raise RuntimeError("this RemoteReducingSaver is closed")
+        if self._pool is not None:
+            try:
+                status, headers, content = self._pool.request(
+                    call.method, self._target(call.path), call.body, self._header_dicts[call.msgpack]
+                )
+            except httpx.TransportError as exc:
+                exc.request = self._request(call)  # as httpx's transport would have set it
+                raise
+            return _Answer(status, headers, content)
+        assert self._transport is not None
         response = self._transport.handle_request(self._request(call))
         try:
             content = response.read()
@@ -575,9 +605,15 @@ class _Http:
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
 
+    def _close_sync(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._transport is not None:
+            self._transport.close()
+
     def close(self) -> None:
         self._closed = True
-        self._transport.close()
+        self._close_sync()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -586,7 +622,7 @@ class _Http:
             await session.close()
         if self._async_transport is not None:
             await self._async_transport.aclose()
-        self._transport.close()
+        self._close_sync()
 
 
 async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
