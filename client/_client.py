@@ -265,9 +265,12 @@ async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
-#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 refuses anything else
-#: at send time with an error that quotes the value.
+#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 (under an httpx
+#: transport) refuses anything else at send time with an error that quotes the value.
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+#: What an HTTP header name may be (an RFC 9110 token). http.client sends some names that are not (one
+#: holding a space), which the server then refuses with a 400.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def _clean_api_key(api_key: str | None) -> str | None:
@@ -331,6 +334,8 @@ class _Http:
             **(headers or {}),
         }
         for name, value in (headers or {}).items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"headers[{name!r}]: not a valid HTTP header name")
             # Refused here, by name: at send time h11 (or aiohttp) would quote the value, maybe a secret.
             if value and not _HEADER_VALUE.fullmatch(value):
                 raise ValueError(

@@ -78,7 +78,9 @@ class ConnectionPool:
         """Send one request, return ``(status, headers, body)``; raises ``httpx.TransportError``s."""
         connection = self._take_idle() or self._connect()
         try:
-            status, answer_headers, content, reusable = self._exchange(connection, method, target, body, headers)
+            status, answer_headers, content, reusable = self._exchange(
+                connection, method, target, body, headers
+            )
         except BaseException:
             connection.close()
             raise
@@ -178,7 +180,8 @@ class ConnectionPool:
         except (OSError, http.client.HTTPException) as exc:
             if write_error is not None:
                 raise httpx.WriteError(str(write_error)) from write_error
-            if isinstance(exc, http.client.HTTPException):  # closed early, or not HTTP (RemoteDisconnected too)
+            # Closed before a whole answer (RemoteDisconnected, IncompleteRead), or an answer that is not HTTP.
+            if isinstance(exc, http.client.HTTPException):
                 raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}") from exc
             raise httpx.ReadError(str(exc)) from exc
         reusable = write_error is None and not response.will_close
