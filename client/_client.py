@@ -278,7 +278,7 @@ def _clean_api_key(api_key: str | None) -> str | None:
 
     A key read from a secret file usually ends with a newline, which is not part of the key; it is
     stripped. A key that still holds a character no header may carry is refused here, naming where it
-    came from but never the key (h11 would refuse it on the first request, quoting it).
+    came from but never the key (http.client or h11 would refuse it on the first request, quoting it).
     """
     source = "api_key"
     if api_key is None:
@@ -336,7 +336,8 @@ class _Http:
         for name, value in (headers or {}).items():
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"headers[{name!r}]: not a valid HTTP header name")
-            # Refused here, by name: at send time h11 (or aiohttp) would quote the value, maybe a secret.
+            # Refused here, by name: at send time http.client, h11 or aiohttp would quote the value, maybe a
+            # secret.
             if value and not _HEADER_VALUE.fullmatch(value):
                 raise ValueError(
                     f"headers[{name!r}] holds a character an HTTP header cannot carry (a control character, "
@@ -355,7 +356,7 @@ class _Http:
         self._url_texts: dict[str, str] = {}
         self._extensions = {"timeout": self.timeout.as_dict()}
         # Sync calls go through the standard library's http.client, pooled by _stdlib_http: httpx's
-        # transport (httpcore and h11, pure Python) costs about three times its CPU per request, and
+        # transport (httpcore and h11, pure Python) costs over twice its CPU per request, and
         # httpx.Client's per-request work (URL merging, cookies, redirects, auth flows) more again
         # (benchmarks/http_clients.py). A transport the caller passes is used as it is, through httpx.
         self._transport = transport
@@ -600,8 +601,8 @@ class _Http:
                 "the likely cause is a body over the service's request size limit (413)"
             )
         if isinstance(exc, httpx.LocalProtocolError):
-            # Not an outage: this side built a request HTTP cannot carry. h11's text quotes the offending
-            # header value, which may be a credential, so it stays out of the message.
+            # Not an outage: this side built a request HTTP cannot carry. The HTTP library's text quotes the
+            # offending header value, which may be a credential, so it stays out of the message.
             return ReducingSaverError(
                 f"{where}: the request to {self.url} is not valid HTTP ({type(exc).__name__}; a header "
                 "value holds a character HTTP forbids; values are not shown)"
@@ -655,9 +656,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
     ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
 
-    Sync calls share one keep-alive httpx transport; async calls one aiohttp session per event loop,
-    created on first use and closed when that loop shuts down (``benchmarks/http_clients.py`` shows why:
-    httpx's client layers cost more CPU than the request). Close with ``close()``/``aclose()`` or use
+    Sync calls share a thread-safe pool of kept-alive ``http.client`` connections (the standard
+    library's); async calls one aiohttp session per event loop, created on first use and closed when that
+    loop shuts down (``benchmarks/http_clients.py`` shows why: httpx's client layers, and for sync calls
+    its transport too, cost more CPU than the request). Close with ``close()``/``aclose()`` or use
     ``with``/``async with``.
 
     Args:
@@ -682,7 +684,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             attempt. ``0`` leaves only ``max_retries``. Past it the call raises
             ``ServerUnavailableError``.
         headers: Extra headers sent with every request.
-        transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
+        transport: httpx transport for sync calls instead of ``http.client`` (tests pass
+            ``httpx.MockTransport``; ``httpx.HTTPTransport(verify=...)`` trusts a CA of your own).
         async_transport: httpx transport for async calls instead of aiohttp.
         body_format: ``"msgpack"`` (default) sends the per-step calls (``get_tuple``, ``put``,
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
