@@ -88,7 +88,9 @@ def main() -> None:
 
         measure_sync("http.client.HTTPConnection", kept_alive)
         connection.close()
-        pool = ConnectionPool(request_url, httpx.Timeout(30.0), max_idle=20, keepalive_expiry=5.0)
+        pool = ConnectionPool(
+            request_url, httpx.Timeout(30.0), max_connections=100, max_idle=20, keepalive_expiry=5.0
+        )
         measure_sync("http.client pool (sync client)", lambda: pool.request("POST", target, BODY, HEADERS))
         pool.close()
         asyncio.run(async_clients(url))

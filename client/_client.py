@@ -87,8 +87,8 @@ RETRY_UNAVAILABLE_FOR = 30.0
 #: The longest wait between two retries under that time budget, so a call goes through soon after the
 #: service can serve again.
 UNAVAILABLE_MAX_DELAY = 2.0
-#: Connections per saver: the sync pool keeps at most ``max_keepalive_connections`` idle ones, each for
-#: ``keepalive_expiry`` s; the async path's aiohttp session opens at most ``max_connections``.
+#: Connections per saver (sync and async each): at most ``max_connections`` at once; the sync pool keeps
+#: at most ``max_keepalive_connections`` idle ones, each for ``keepalive_expiry`` s.
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
@@ -365,6 +365,7 @@ class _Http:
             self._pool = ConnectionPool(
                 parsed,
                 self.timeout,
+                max_connections=LIMITS.max_connections,
                 max_idle=LIMITS.max_keepalive_connections,
                 keepalive_expiry=LIMITS.keepalive_expiry,
             )

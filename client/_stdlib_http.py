@@ -12,6 +12,8 @@ The pool, shared by the threads that call the saver (LangGraph's sync loop calls
 
 * a request takes the most recently used idle connection, or opens one; a connection serves one request
   at a time and goes back to the pool once its answer has been read whole;
+* at most ``max_connections`` requests are in flight at once (a request past them waits for one to end,
+  for the pool timeout at most: then ``httpx.PoolTimeout``), as with httpx's transport;
 * at most ``max_idle`` connections stay idle (the oldest goes first); one the server asked to close
   (``Connection: close``, HTTP/1.0) or whose request broke is closed, never pooled;
 * before reuse, a connection idle for longer than ``keepalive_expiry``, or whose socket is readable
@@ -55,7 +57,13 @@ class ConnectionPool:
     """Kept-alive ``http.client`` connections to one origin (``http://`` or ``https://``), thread-safe."""
 
     def __init__(
-        self, url: httpx.URL, timeout: httpx.Timeout, *, max_idle: int, keepalive_expiry: float | None
+        self,
+        url: httpx.URL,
+        timeout: httpx.Timeout,
+        *,
+        max_connections: int | None = None,
+        max_idle: int,
+        keepalive_expiry: float | None,
     ) -> None:
         self._host = url.raw_host.decode("ascii")
         self._port = url.port
@@ -69,6 +77,7 @@ class ConnectionPool:
         self._max_idle = max_idle
         self._keepalive_expiry = keepalive_expiry
         self._lock = threading.Lock()
+        self._in_flight = threading.BoundedSemaphore(max_connections) if max_connections else None
         #: Idle connections and when each went idle, the most recently used last.
         self._idle: list[tuple[http.client.HTTPConnection, float]] = []
         self._closed = False
@@ -77,6 +86,18 @@ class ConnectionPool:
         self, method: str, target: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, httpx.Headers, bytes]:
         """Send one request, return ``(status, headers, body)``; raises ``httpx.TransportError``s."""
+        if self._in_flight is None:
+            return self._request(method, target, body, headers)
+        if not self._in_flight.acquire(timeout=self._timeout.pool):
+            raise httpx.PoolTimeout(f"no connection free within {self._timeout.pool} s")
+        try:
+            return self._request(method, target, body, headers)
+        finally:
+            self._in_flight.release()
+
+    def _request(
+        self, method: str, target: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, httpx.Headers, bytes]:
         connection = self._take_idle() or self._connect()
         try:
             status, answer_headers, content, reusable = self._exchange(

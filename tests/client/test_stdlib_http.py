@@ -21,6 +21,7 @@ import pytest
 
 from reducing_saver.client import RequestTimeoutError, ServerUnavailableError
 from reducing_saver.client._client import _Call, _Http
+from reducing_saver.client._stdlib_http import ConnectionPool
 from tests.support.http_app import run_app
 from tests.support.server import free_port
 
@@ -59,6 +60,26 @@ def test_threads_share_the_pool_and_never_a_connection(app_url):
     assert http._pool.idle_count() == 0
     with pytest.raises(RuntimeError, match="is closed"):
         http.send(_call())
+
+
+def test_requests_past_max_connections_wait_for_the_pool_timeout(app_url):
+    http = _http(app_url, timeout=httpx.Timeout(5, pool=0.2))
+    # A pool of two, as _Http builds its own of LIMITS.max_connections (100).
+    http._pool = ConnectionPool(
+        httpx.URL(app_url), http.timeout, max_connections=2, max_idle=2, keepalive_expiry=5
+    )
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(lambda _: _outcome(http, _call("/slow?1")), range(3)))
+    assert sorted(outcomes) == ["PoolTimeout", "ok", "ok"]
+    http.close()
+
+
+def _outcome(http: _Http, call: _Call) -> str:
+    try:
+        http._exchange(call)
+    except httpx.TransportError as exc:
+        return type(exc).__name__
+    return "ok"
 
 
 def test_a_connection_is_reused_and_one_the_server_closes_is_not(app_url):
