@@ -4,19 +4,25 @@
 
 Starts a bare ASGI app under uvicorn (so the server's cost is the same for every client) and sends the
 same 4 KB POST through each client, printing wall time and client CPU per request. The client uses the
-two cheapest that are not hand-written: httpx's transport directly (sync) and aiohttp (async).
+two cheapest that are not hand-written: the standard library's ``http.client`` over its own connection
+pool (sync, ``reducing_saver.client._stdlib_http``; a bare kept-alive ``HTTPConnection`` shows what the
+pool adds) and aiohttp (async). httpx's transport (what the sync client used before, and still uses for
+a ``transport`` passed to it) and a urllib3 pool are measured beside them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import time
 
 import aiohttp
 import httpx
 import httpx_aiohttp
+import urllib3
 
 from benchmarks.floors import BODY, HEADERS, bare_server
+from reducing_saver.client._stdlib_http import ConnectionPool
 
 N = 2000
 
@@ -69,8 +75,24 @@ def main() -> None:
             response.read()
             response.close()
 
-        measure_sync("httpx.HTTPTransport (sync client)", direct)
+        measure_sync("httpx.HTTPTransport", direct)
         transport.close()
+        with urllib3.PoolManager(headers=HEADERS) as manager:
+            measure_sync("urllib3.PoolManager", lambda: manager.request("POST", url, body=BODY).data)
+        target = request_url.raw_path.decode()
+        connection = http.client.HTTPConnection(request_url.host, request_url.port)
+
+        def kept_alive() -> None:
+            connection.request("POST", target, BODY, HEADERS)
+            connection.getresponse().read()
+
+        measure_sync("http.client.HTTPConnection", kept_alive)
+        connection.close()
+        pool = ConnectionPool(
+            request_url, httpx.Timeout(30.0), max_connections=100, max_idle=20, keepalive_expiry=5.0
+        )
+        measure_sync("http.client pool (sync client)", lambda: pool.request("POST", target, BODY, HEADERS))
+        pool.close()
         asyncio.run(async_clients(url))
 
 

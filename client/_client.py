@@ -42,6 +42,7 @@ from reducing_saver.client._errors import (
     error_from_response,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._stdlib_http import ConnectionPool
 from reducing_saver.wire import (
     API_PREFIX,
     JSON,
@@ -86,7 +87,8 @@ RETRY_UNAVAILABLE_FOR = 30.0
 #: The longest wait between two retries under that time budget, so a call goes through soon after the
 #: service can serve again.
 UNAVAILABLE_MAX_DELAY = 2.0
-#: Keep-alive connections per saver (sync and async each).
+#: Connections per saver (sync and async each): at most ``max_connections`` at once; the sync pool keeps
+#: at most ``max_keepalive_connections`` idle ones, each for ``keepalive_expiry`` s.
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
@@ -263,9 +265,12 @@ async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
         await session.close()
 
 
-#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 refuses anything else
-#: at send time with an error that quotes the value.
+#: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 (under an httpx
+#: transport) refuses anything else at send time with an error that quotes the value.
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+#: What an HTTP header name may be (an RFC 9110 token). http.client sends some names that are not (one
+#: holding a space), which the server then refuses with a 400.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def _clean_api_key(api_key: str | None) -> str | None:
@@ -273,7 +278,7 @@ def _clean_api_key(api_key: str | None) -> str | None:
 
     A key read from a secret file usually ends with a newline, which is not part of the key; it is
     stripped. A key that still holds a character no header may carry is refused here, naming where it
-    came from but never the key (h11 would refuse it on the first request, quoting it).
+    came from but never the key (http.client or h11 would refuse it on the first request, quoting it).
     """
     source = "api_key"
     if api_key is None:
@@ -329,7 +334,10 @@ class _Http:
             **(headers or {}),
         }
         for name, value in (headers or {}).items():
-            # Refused here, by name: at send time h11 (or aiohttp) would quote the value, maybe a secret.
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"headers[{name!r}]: not a valid HTTP header name")
+            # Refused here, by name: at send time http.client, h11 or aiohttp would quote the value, maybe a
+            # secret.
             if value and not _HEADER_VALUE.fullmatch(value):
                 raise ValueError(
                     f"headers[{name!r}] holds a character an HTTP header cannot carry (a control character, "
@@ -347,10 +355,23 @@ class _Http:
         self._urls: dict[str, httpx.URL] = {}
         self._url_texts: dict[str, str] = {}
         self._extensions = {"timeout": self.timeout.as_dict()}
-        # Calls go straight to the transport: the service needs none of httpx.Client's per-request work
-        # (URL merging, cookies, redirects, auth flows), which costs more CPU than the request itself
-        # (benchmarks/http_clients.py).
-        self._transport = transport or httpx.HTTPTransport(limits=LIMITS)
+        # Sync calls go through the standard library's http.client, pooled by _stdlib_http: httpx's
+        # transport (httpcore and h11, pure Python) costs over twice its CPU per request, and
+        # httpx.Client's per-request work (URL merging, cookies, redirects, auth flows) more again
+        # (benchmarks/http_clients.py). A transport the caller passes is used as it is, through httpx.
+        self._transport = transport
+        self._pool: ConnectionPool | None = None
+        if transport is None:
+            self._pool = ConnectionPool(
+                parsed,
+                self.timeout,
+                max_connections=LIMITS.max_connections,
+                max_idle=LIMITS.max_keepalive_connections,
+                keepalive_expiry=LIMITS.keepalive_expiry,
+            )
+        #: By ``_Call.msgpack``: the headers as http.client takes them.
+        self._header_dicts = (dict(json_headers.multi_items()), dict(msgpack_headers.multi_items()))
+        self._targets: dict[str, str] = {}
         self._async_transport = async_transport
         self._session: Any = None  # aiohttp.ClientSession of self._session_loop
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -375,9 +396,25 @@ class _Http:
             url = self._url_texts[path] = str(self._base.join(path))
         return url
 
+    def _target(self, path: str) -> str:
+        target = self._targets.get(path)
+        if target is None:
+            target = self._targets[path] = self._base.join(path).raw_path.decode("ascii")
+        return target
+
     def _exchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
             raise RuntimeError("this RemoteReducingSaver is closed")
+        if self._pool is not None:
+            try:
+                status, headers, content = self._pool.request(
+                    call.method, self._target(call.path), call.body, self._header_dicts[call.msgpack]
+                )
+            except httpx.TransportError as exc:
+                exc.request = self._request(call)  # as httpx's transport would have set it
+                raise
+            return _Answer(status, headers, content)
+        assert self._transport is not None
         response = self._transport.handle_request(self._request(call))
         try:
             content = response.read()
@@ -565,8 +602,8 @@ class _Http:
                 "the likely cause is a body over the service's request size limit (413)"
             )
         if isinstance(exc, httpx.LocalProtocolError):
-            # Not an outage: this side built a request HTTP cannot carry. h11's text quotes the offending
-            # header value, which may be a credential, so it stays out of the message.
+            # Not an outage: this side built a request HTTP cannot carry. The HTTP library's text quotes the
+            # offending header value, which may be a credential, so it stays out of the message.
             return ReducingSaverError(
                 f"{where}: the request to {self.url} is not valid HTTP ({type(exc).__name__}; a header "
                 "value holds a character HTTP forbids; values are not shown)"
@@ -575,9 +612,15 @@ class _Http:
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
 
+    def _close_sync(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._transport is not None:
+            self._transport.close()
+
     def close(self) -> None:
         self._closed = True
-        self._transport.close()
+        self._close_sync()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -586,7 +629,7 @@ class _Http:
             await session.close()
         if self._async_transport is not None:
             await self._async_transport.aclose()
-        self._transport.close()
+        self._close_sync()
 
 
 async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
@@ -614,9 +657,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
     ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
 
-    Sync calls share one keep-alive httpx transport; async calls one aiohttp session per event loop,
-    created on first use and closed when that loop shuts down (``benchmarks/http_clients.py`` shows why:
-    httpx's client layers cost more CPU than the request). Close with ``close()``/``aclose()`` or use
+    Sync calls share a thread-safe pool of kept-alive ``http.client`` connections (the standard
+    library's); async calls one aiohttp session per event loop, created on first use and closed when that
+    loop shuts down (``benchmarks/http_clients.py`` shows why: httpx's client layers, and for sync calls
+    its transport too, cost more CPU than the request). Close with ``close()``/``aclose()`` or use
     ``with``/``async with``.
 
     Args:
@@ -641,7 +685,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             attempt. ``0`` leaves only ``max_retries``. Past it the call raises
             ``ServerUnavailableError``.
         headers: Extra headers sent with every request.
-        transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
+        transport: httpx transport for sync calls instead of ``http.client`` (tests pass
+            ``httpx.MockTransport``; ``httpx.HTTPTransport(verify=...)`` trusts a CA of your own).
         async_transport: httpx transport for async calls instead of aiohttp.
         body_format: ``"msgpack"`` (default) sends the per-step calls (``get_tuple``, ``put``,
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``

@@ -7,8 +7,9 @@ method of ``BaseStore`` (``get``, ``put``, ``delete``, ``search``, ``list_namesp
 twins) goes through them. The transport, retries, errors and API key are those of
 ``RemoteReducingSaver`` (``_client._Http``).
 
-Construction sends no request, but it is not free of blocking work: the sync transport builds an SSL
-context (it reads the CA bundle), and the first async call imports aiohttp (which builds its own).
+Construction sends no request, but it is not free of blocking work: for an ``https://`` URL the sync
+client builds an SSL context (it reads the CA bundle), and the first async call imports aiohttp (which
+builds its own).
 ``RemoteStore.aopen`` does both in a worker thread, for code running on an event loop.
 """
 
@@ -123,8 +124,9 @@ class RemoteStore(BaseStore):
     ``--store-ttl``): embedding happens in the service. A put without ``ttl`` gets the service's default
     TTL, if any; ``ttl`` on a service without ``--store-ttl`` is refused (``BadRequestError``).
 
-    The constructor sends no request (a wrong URL or key shows on the first call), but it reads the CA
-    bundle for the sync transport's SSL context; from async code, open it with :meth:`aopen`.
+    The constructor sends no request (a wrong URL or key shows on the first call), but for an ``https://``
+    URL it reads the CA bundle for the sync client's SSL context; from async code, open it with
+    :meth:`aopen`.
 
     Args:
         url: The service's base URL, e.g. ``"http://reducing-saver:8000"``.
@@ -135,7 +137,8 @@ class RemoteStore(BaseStore):
         retry_unavailable_for: Past those retries, how long a 503 (the service or its database cannot
             serve now) is retried on, in seconds from the first attempt, as ``RemoteReducingSaver`` does.
         headers: Extra headers sent with every request.
-        transport: httpx transport for sync calls (tests pass ``httpx.MockTransport``).
+        transport: httpx transport for sync calls instead of ``http.client`` (tests pass
+            ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
 
     Raises:

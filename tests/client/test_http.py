@@ -1,10 +1,15 @@
-"""The client's real I/O (httpx transport for sync, aiohttp for async) against a real uvicorn process."""
+"""The client's real I/O (http.client for sync, aiohttp for async) against a real uvicorn process.
+
+tests/client/test_stdlib_http.py tests the sync path's connection pool on its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
@@ -15,6 +20,7 @@ from reducing_saver.client import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
+from tests.conftest import build_chat_graph, human
 from tests.support.server import free_port, run_service
 
 pytestmark = pytest.mark.e2e
@@ -144,3 +150,55 @@ def test_a_short_startup_timeout_fails_naming_the_url_and_the_time():
     with pytest.raises(ServerUnavailableError) as info:
         RemoteReducingSaver(url, startup_timeout=1.0)
     assert url in str(info.value) and "startup_timeout=1 s" in str(info.value)
+
+
+def test_a_sync_turn_goes_through_http_client_and_a_given_transport_through_httpx(service, monkeypatch):
+    calls = []
+    handle_request = httpx.HTTPTransport.handle_request
+
+    def counted(self, request):
+        calls.append(request.url.path)
+        return handle_request(self, request)
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", counted)
+    config = {"configurable": {"thread_id": "stdlib-turns"}}
+    with RemoteReducingSaver(service.url) as saver:
+        graph = build_chat_graph(saver, prefix="stdlib", with_tools=True)  # tools run in threads
+        for turn in range(3):
+            graph.invoke({"messages": [human(turn, "stdlib")]}, config)
+        assert graph.get_state(config).values["messages"][-1].id == "stdlib-ai-0002"
+    assert calls == []
+
+    with RemoteReducingSaver(service.url, transport=httpx.HTTPTransport()) as saver:
+        assert saver.get_tuple(config).checkpoint["id"]
+    assert calls == ["/v1/capabilities", "/v1/checkpoints/get"]
+
+
+def test_sync_calls_from_many_threads_at_once(service):
+    saver = RemoteReducingSaver(service.url, max_retries=0)
+
+    def work(worker: int) -> None:
+        config = {"configurable": {"thread_id": f"threads-{worker}", "checkpoint_ns": ""}}
+        for step in range(1, 16):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"blob": f"{worker}-{step}"}
+            checkpoint["channel_versions"] = {"blob": str(step)}
+            saver.put(config, checkpoint, {"step": step}, {"blob": str(step)})
+            stored = saver.get_tuple(config)
+            assert stored.checkpoint["channel_values"]["blob"] == f"{worker}-{step}"
+            assert stored.metadata["step"] == step
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))  # re-raises a worker's failure
+    saver.close()
+
+
+def test_a_restarted_service_does_not_fail_the_next_sync_call(tmp_path):
+    """The pooled connection dies with the first process; the next call must not find out the hard way."""
+    port = free_port()
+    with run_service(tmp_path, "--database", "memory://", port=port) as first:
+        saver = RemoteReducingSaver(first.url, max_retries=0)
+        assert saver.get_tuple(CONFIG) is None
+    with run_service(tmp_path, "--database", "memory://", port=port):
+        assert saver.get_tuple(CONFIG) is None
+    saver.close()
