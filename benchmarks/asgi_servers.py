@@ -78,23 +78,11 @@ def _environment() -> dict[str, str]:
 
 @contextmanager
 def _started(name: str, command: list[str], folder: Path, env: dict[str, str], port: int) -> Iterator[Server]:
-    from tests.support.server import wait_ready
+    from tests.support.server import run_ready
 
     url = f"http://127.0.0.1:{port}"
-    log = folder / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder)
-    try:
-        wait_ready(url, process, log)
+    with run_ready(command, url, folder / f"{name}.log", env=env, cwd=folder, stop_timeout=20) as process:
         yield Server(name, url, process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 @contextmanager

@@ -48,6 +48,28 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 
 
 
 @contextmanager
+def run_ready(
+    command: list[str], url: str, log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+    stop_timeout: float = 15.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` (its output into ``log``), wait until ``url``/readyz answers 200, stop it (SIGTERM,
+    then SIGKILL after ``stop_timeout`` seconds) afterwards."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    try:
+        wait_ready(url, process, log)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
 def run_service(
     log_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None
 ) -> Iterator[ServiceProcess]:
@@ -60,19 +82,6 @@ def run_service(
         "PYTHONPATH": str(ROOT),
         **(env or {}),
     }
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(CLI), "serve", "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT, env=full_env,
-            cwd=log_dir,
-        )
-    try:
-        wait_ready(url, process, log)
+    command = [str(CLI), "serve", "--port", str(port), *args]
+    with run_ready(command, url, log, env=full_env, cwd=log_dir) as process:
         yield ServiceProcess(process, url, log)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
