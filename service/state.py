@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver

@@ -29,8 +29,8 @@ from __future__ import annotations
 import base64
 import json
 from collections import deque
-from contextvars import ContextVar
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Protocol, TypeAlias

@@ -25,7 +25,7 @@ def test_a_call_after_the_client_sat_idle_needs_no_retry(tmp_path, caplog):
         async with RemoteReducingSaver(service.url) as saver:
             assert await saver.aget_tuple(CONFIG) is None
             # The loop busy (a node computing), so the client cannot notice a close until it sends.
-            time.sleep(IDLE_SECONDS)
+            time.sleep(IDLE_SECONDS)  # noqa: ASYNC251 - blocking the loop is the point
             assert await saver.aget_tuple(CONFIG) is None
 
     with run_service(tmp_path, "--database", "memory://") as service:
