@@ -17,7 +17,7 @@ The pool, shared by the threads that call the saver (LangGraph's sync loop calls
 * at most ``max_idle`` connections stay idle (the oldest goes first); one the server asked to close
   (``Connection: close``, HTTP/1.0) or whose request broke is closed, never pooled;
 * before reuse, a connection idle for longer than ``keepalive_expiry``, or whose socket is readable
-  while idle (the server closed it, as uvicorn does after 5 s of idleness, or sent something unasked),
+  while idle (the server closed it, as uvicorn does after its keep-alive timeout, or sent something unasked),
   is closed and the next one tried.
 
 Failures are raised as the httpx exceptions the client's retry and error code already knows, as httpx's
