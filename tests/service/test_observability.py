@@ -19,7 +19,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,6 +34,7 @@ from reducing_saver.service.observability import (
     url_secrets,
 )
 from reducing_saver.wire import blob_to_wire
+from tests.support.bodies import messages_put_body as _put_body
 from tests.support.server import run_service
 
 SERDE = JsonPlusSerializer()
@@ -49,19 +49,6 @@ def _messages(n: int) -> list:
         out.append(HumanMessage(f"q{i}", id=f"h{i}"))
         out.append(AIMessage(f"a{i}", id=f"a{i}"))
     return out
-
-
-def _put_body(messages_value: dict, thread_id: str = "t1") -> dict:
-    checkpoint = empty_checkpoint()
-    checkpoint.pop("channel_values")
-    checkpoint["channel_versions"] = {"messages": "1"}
-    return {
-        "config": {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
-        "checkpoint": checkpoint,
-        "values": {"messages": messages_value},
-        "metadata": {"source": "loop", "step": 1},
-        "new_versions": {"messages": "1"},
-    }
 
 
 def _metrics(client: TestClient) -> dict[tuple[str, tuple], float]:

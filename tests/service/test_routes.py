@@ -9,12 +9,12 @@ import ormsgpack
 import pytest
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.service.app import create_app
 from reducing_saver.service.config import Settings
 from reducing_saver.wire import blob_to_wire
+from tests.support.bodies import messages_put_body as _put_body
 
 SERDE = JsonPlusSerializer()
 
@@ -36,19 +36,6 @@ def client(pruned):
 
 def _config(thread_id: str = "t1", **extra) -> dict:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **extra}}
-
-
-def _put_body(messages_value: dict, thread_id: str = "t1", **configurable) -> dict:
-    checkpoint = empty_checkpoint()
-    checkpoint.pop("channel_values")
-    checkpoint["channel_versions"] = {"messages": "1"}
-    return {
-        "config": _config(thread_id, **configurable),
-        "checkpoint": checkpoint,
-        "values": {"messages": messages_value},
-        "metadata": {"source": "loop", "step": 1},
-        "new_versions": {"messages": "1"},
-    }
 
 
 def _messages(n: int) -> list:

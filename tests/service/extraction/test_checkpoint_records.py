@@ -10,13 +10,13 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.service.app import create_app
 from reducing_saver.service.config import Settings
 from reducing_saver.service.extraction.outbox import TABLE
 from reducing_saver.wire import blob_to_wire
+from tests.support.bodies import messages_put_body
 
 SERDE = JsonPlusSerializer()
 #: Of 4 turns (8 messages), a window of 4 cut to 2 keeps the last turn.
@@ -27,16 +27,7 @@ def _put_body(thread_id: str, turns: int) -> dict:
     messages = []
     for turn in range(turns):
         messages += [HumanMessage(f"q{turn}", id=f"h{turn}"), AIMessage(f"a{turn}", id=f"a{turn}")]
-    checkpoint = empty_checkpoint()
-    checkpoint.pop("channel_values")
-    checkpoint["channel_versions"] = {"messages": "1"}
-    return {
-        "config": {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
-        "checkpoint": checkpoint,
-        "values": {"messages": blob_to_wire(*SERDE.dumps_typed(messages))},
-        "metadata": {"source": "loop", "step": 1},
-        "new_versions": {"messages": "1"},
-    }
+    return messages_put_body(blob_to_wire(*SERDE.dumps_typed(messages)), thread_id)
 
 
 @pytest.fixture
