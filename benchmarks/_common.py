@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import random
@@ -56,6 +57,36 @@ def chat_graph(checkpointer: Any) -> Any:
     builder.add_node("bot", bot)
     builder.add_edge(START, "bot")
     return builder.compile(checkpointer=checkpointer)
+
+
+def store_put_ops(messages: list[Any], namespace: tuple[str, ...]) -> list[Any]:
+    """One store item per pruned message: keyed by its id, valued as langchain_core serializes it
+    (``message_to_dict``, as the service's store writer does)."""
+    from langchain_core.messages import message_to_dict
+    from langgraph.store.base import PutOp
+
+    return [PutOp(namespace, message.id, message_to_dict(message)) for message in messages]
+
+
+class AsyncStoreHook:
+    """The same-features baseline's ``on_prune`` hook: the pruned messages into an async LangGraph store.
+
+    Hooks are sync callables, called inside ``aput`` on the running loop, so this one cannot await: it
+    schedules ``store.abatch`` as a task and keeps it until :meth:`drain` awaits it (which raises the
+    first failed write).
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.pending: list[asyncio.Task[Any]] = []
+
+    def __call__(self, messages: list[Any], namespace: tuple[str, ...]) -> None:
+        write = self.store.abatch(store_put_ops(messages, namespace))
+        self.pending.append(asyncio.get_running_loop().create_task(write))
+
+    async def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        await asyncio.gather(*pending)
 
 
 def thread_config(thread_id: str) -> dict[str, Any]:

@@ -32,28 +32,6 @@ from typing import Any
 MODES = ("service", "inprocess", "plain")
 
 
-class StoreHook:
-    """An ``on_prune`` hook writing pruned messages into a LangGraph store, as a user of the in-process
-    reducer would: hooks are sync, so each call schedules one ``store.abatch`` of ``PutOp`` (key: the
-    message id, value: its ``model_dump()``) on the running loop; :meth:`drain` awaits the pending ones."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.pending: set[asyncio.Task[Any]] = set()
-
-    def __call__(self, messages: list[Any], namespace: tuple[str, ...]) -> None:
-        from langgraph.store.base import PutOp
-
-        ops = [PutOp(namespace, message.id, message.model_dump()) for message in messages]
-        task = asyncio.get_running_loop().create_task(self.store.abatch(ops))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
-
-    async def drain(self) -> None:
-        while self.pending:
-            await asyncio.gather(*self.pending)
-
-
 def error_text(exc: BaseException) -> str:
     """``Type: first line of the message``: the same failure reads the same in every agent."""
     lines = str(exc).strip().splitlines()
@@ -69,7 +47,7 @@ class Agent:
         self.graph: Any = None
 
     async def open(self, mode: str, target: str) -> None:
-        from benchmarks._common import chat_graph
+        from benchmarks._common import AsyncStoreHook, chat_graph
 
         if mode == "service":
             from reducing_saver.client import RemoteReducingSaver
@@ -84,7 +62,7 @@ class Agent:
             # The saver first: a store exists (with its background task) only once both have connected.
             inner = await self.stack.enter_async_context(AsyncPostgresSaver.from_conn_string(target))
             store = await self.stack.enter_async_context(AsyncPostgresStore.from_conn_string(target))
-            hook = StoreHook(store)
+            hook = AsyncStoreHook(store)
             self.stack.push_async_callback(hook.drain)  # runs before the store closes
             reducer = MessageReducer(ReducerConfig(max_messages=self.window, on_prune=[hook]))
             saver = ReducingSaver(inner, reducer)

@@ -27,13 +27,20 @@ from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextma
 from typing import Any
 
 import psycopg
-from langchain_core.messages import BaseMessage, message_to_dict
+from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from langgraph.store.base import PutOp
 from langgraph.store.postgres import AsyncPostgresStore, PostgresStore
 
-from benchmarks._common import chat_graph, ratio, summary, thread_config, user_input
+from benchmarks._common import (
+    AsyncStoreHook,
+    chat_graph,
+    ratio,
+    store_put_ops,
+    summary,
+    thread_config,
+    user_input,
+)
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
 
@@ -45,32 +52,6 @@ LABELS = {
 }
 
 
-def _put_ops(messages: list[BaseMessage], namespace: tuple[str, ...]) -> list[PutOp]:
-    """One store item per pruned message: keyed by its id, valued as langchain_core serializes it."""
-    return [PutOp(namespace, message.id, message_to_dict(message)) for message in messages]
-
-
-class AsyncStorePruneHook:
-    """An ``on_prune`` hook writing pruned messages into an ``AsyncPostgresStore``.
-
-    Hooks are sync callables, called inside ``aput`` on the running loop, so this one cannot await: it
-    schedules ``store.abatch`` as a task and keeps it until :meth:`drain` awaits it (which raises the
-    first failed write).
-    """
-
-    def __init__(self, store: AsyncPostgresStore) -> None:
-        self.store = store
-        self.pending: list[asyncio.Task[Any]] = []
-
-    def __call__(self, messages: list[BaseMessage], namespace: tuple[str, ...]) -> None:
-        write = self.store.abatch(_put_ops(messages, namespace))
-        self.pending.append(asyncio.get_running_loop().create_task(write))
-
-    async def drain(self) -> None:
-        pending, self.pending = self.pending, []
-        await asyncio.gather(*pending)
-
-
 @contextmanager
 def inprocess_saver(database: str, window: int) -> Iterator[ReducingSaver]:
     """``ReducingSaver(PostgresSaver)`` whose ``on_prune`` hook puts the pruned messages into a
@@ -80,7 +61,7 @@ def inprocess_saver(database: str, window: int) -> Iterator[ReducingSaver]:
         saver.setup()
 
         def store_pruned(messages: list[BaseMessage], namespace: tuple[str, ...]) -> None:
-            store.batch(_put_ops(messages, namespace))
+            store.batch(store_put_ops(messages, namespace))
 
         reducer = MessageReducer(ReducerConfig(max_messages=window, on_prune=[store_pruned]))
         yield ReducingSaver(saver, reducer)
@@ -89,14 +70,14 @@ def inprocess_saver(database: str, window: int) -> Iterator[ReducingSaver]:
 @asynccontextmanager
 async def async_inprocess_saver(database: str, window: int) -> AsyncIterator[ReducingSaver]:
     """``ReducingSaver(AsyncPostgresSaver)`` whose ``on_prune`` hook puts the pruned messages into an
-    ``AsyncPostgresStore`` (:class:`AsyncStorePruneHook`); the writes still pending are awaited on exit."""
+    ``AsyncPostgresStore`` (``_common.AsyncStoreHook``); the writes still pending are awaited on exit."""
     async with (
         AsyncPostgresStore.from_conn_string(database) as store,
         AsyncPostgresSaver.from_conn_string(database) as saver,
     ):
         await store.setup()
         await saver.setup()
-        hook = AsyncStorePruneHook(store)
+        hook = AsyncStoreHook(store)
         try:
             reducer = MessageReducer(ReducerConfig(max_messages=window, on_prune=[hook]))
             yield ReducingSaver(saver, reducer)
