@@ -1,0 +1,348 @@
+"""The code blocks of README.md and docs/*.md, run as written: the text and its test cannot drift.
+
+How a page is run (the convention a page's author writes to):
+
+* Every fenced block labelled ``python``, ``sh`` or ``bash`` runs, in page order, unless the line
+  ``<!-- not run: <reason> -->`` stands right above its fence (blank lines between are fine); the reason
+  must say why (Docker, Kubernetes, a cloud model, minutes of benchmarks...). Such blocks are listed as
+  skipped tests with their reason. Output examples are labelled ``text``; a fence with no label, or one
+  that looks runnable under another name (``py``, ``shell``, ``console``...), fails
+  :func:`test_every_block_is_labelled_and_says_why_it_does_not_run`.
+* All blocks of a page run in one fresh temporary folder (their working directory), with the project's
+  virtual environment first on ``PATH``, none of the test run's own ``REDUCING_SAVER_*`` variables, and
+  ``DATABASE_URL`` naming an empty PostgreSQL database of the page's own.
+* The ``python`` blocks of a page run one after another in one fresh Python process and one namespace,
+  so a page's blocks share state (a later block may use what an earlier one defined); top-level
+  ``await`` works, on one event loop per page. ``sh``/``bash`` blocks run with ``bash -e -o pipefail``.
+* A shell block with ``<!-- service -->`` right above its fence starts a long-running service (say
+  ``reducing-saver serve``): it runs in the background with ``REDUCING_SAVER_PORT=0``, so it listens on a
+  free port (the block must not give ``--port``); the test waits for its ``listening on http://...`` line
+  and for ``/readyz``. From then on, every later block of the page has ``127.0.0.1:8080`` (where the
+  service listens by default) replaced by the address it really listens on, and ``REDUCING_SAVER_URL``
+  set to its URL. The service is stopped (SIGTERM) when the page ends.
+
+A page that talks to a service must start one in a block of its own; nothing else is provided.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+RUN_LANGUAGES = {"python", "sh", "bash"}
+#: Labels that look runnable but are not run: write python or bash (or text, for output).
+LOOKS_RUNNABLE = {"", "py", "python3", "pycon", "shell", "console", "zsh", "shell-session", "ipython"}
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+BLOCK_TIMEOUT = 180.0
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<label>[^`\s]*)[^`]*$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
+_SERVICE = re.compile(r"^\s*<!--\s*service\s*-->\s*$")
+_LISTENING = re.compile(r"listening on (http://[0-9A-Za-z.\-\[\]:]+)")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository
+    line: int  # the first line of code, 1-based
+    label: str
+    source: str
+    not_run: str | None  # the reason, "" when the annotation gives none
+    service: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown page, with the annotation above each."""
+    lines = path.read_text().splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        match = _FENCE.match(lines[index])
+        if not match:
+            index += 1
+            continue
+        indent, fence, label = match["indent"], match["fence"], match["label"].lower()
+        start = index + 1
+        end = start
+        while end < len(lines) and not lines[end].strip().startswith(fence):
+            end += 1
+        body = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines[start:end]]
+        above = start - 2
+        while above >= 0 and not lines[above].strip():
+            above -= 1
+        annotation = lines[above] if above >= 0 else ""
+        not_run = _NOT_RUN.match(annotation)
+        found.append(
+            Block(
+                page=str(path.relative_to(ROOT)),
+                line=start + 1,
+                label=label,
+                source="\n".join(body) + "\n",
+                not_run=not_run["reason"].strip() if not_run else None,
+                service=bool(_SERVICE.match(annotation)),
+            )
+        )
+        index = end + 1
+    return found
+
+
+def all_blocks() -> list[Block]:
+    return [block for page in PAGES for block in blocks(page)]
+
+
+# -- the checks on the text itself -------------------------------------------------------------------
+
+
+def test_the_pages_are_found_and_hold_runnable_blocks():
+    assert (ROOT / "README.md") in PAGES
+    runnable = [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run is None]
+    assert any(b.page == "README.md" and b.label == "python" for b in runnable), "the quickstart does not run"
+    assert any(b.page == "README.md" and b.service for b in runnable), "the README starts no service"
+
+
+def test_every_block_is_labelled_and_says_why_it_does_not_run():
+    problems = []
+    for block in all_blocks():
+        if block.label in LOOKS_RUNNABLE:
+            problems.append(
+                f"{block.where}: a ```{block.label} block: label it python or bash (it runs), or text (output)"
+            )
+        if block.not_run == "":
+            problems.append(f"{block.where}: `<!-- not run: -->` needs a reason")
+        if block.not_run is not None and block.label not in RUN_LANGUAGES:
+            problems.append(f"{block.where}: a ```{block.label} block never runs; drop its `not run` line")
+        if block.service and (block.label not in {"sh", "bash"} or block.not_run is not None):
+            problems.append(f"{block.where}: `<!-- service -->` marks a shell block that runs")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "text\n\n<!-- not run: needs Docker -->\n\n```bash\ndocker compose up\n```\n\n"
+        "<!-- service -->\n```sh\nreducing-saver serve\n```\n\n- a list:\n\n  ```python\n  x = 1\n  ```\n"
+        "\n```text\noutput\n```\n\n<!-- not run: -->\n```python\npass\n```\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = blocks(page)
+    assert [(b.label, b.line, b.not_run, b.service) for b in found] == [
+        ("bash", 6, "needs Docker", False),
+        ("sh", 11, None, True),
+        ("python", 17, None, False),
+        ("text", 21, None, False),
+        ("python", 26, "", False),
+    ]
+    assert found[2].source == "x = 1\n"
+
+
+# -- running a page ----------------------------------------------------------------------------------
+
+#: Runs a page's Python blocks in one namespace: one JSON request per line on stdin, one JSON answer per
+#: line on the original stdout (the blocks' own output goes to stderr, into the page's log).
+_DRIVER = r"""
+import ast, asyncio, inspect, json, os, sys, traceback
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+namespace = {"__name__": "__main__"}
+loop = asyncio.new_event_loop()
+asyncio.set_event_loop(loop)
+for request in sys.stdin:
+    request = json.loads(request)
+    os.environ.update(request["env"])
+    try:
+        code = compile("\n" * (request["line"] - 1) + request["source"], request["page"], "exec",
+                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        if code.co_flags & inspect.CO_COROUTINE:
+            loop.run_until_complete(eval(code, namespace))
+        else:
+            exec(code, namespace)
+        answer = {"ok": True}
+    except BaseException:
+        answer = {"ok": False, "error": traceback.format_exc()}
+    sys.stderr.flush()
+    answers.write(json.dumps(answer) + "\n")
+    answers.flush()
+"""
+
+
+class PageRun:
+    """One page's run: its folder, its environment, its Python process and its services."""
+
+    def __init__(self, folder: Path, database_url: str) -> None:
+        self.folder = folder
+        self.log = folder.parent / f"{folder.name}.log"
+        venv_bin = str(Path(sys.executable).parent)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "DATABASE_URL": database_url,
+            "NO_PROXY": "*",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.address: str | None = None
+        self.python: subprocess.Popen[str] | None = None
+        self.services: list[subprocess.Popen[bytes]] = []
+
+    def source(self, block: Block) -> str:
+        if self.address is None:
+            return block.source
+        return block.source.replace(DEFAULT_ADDRESS, self.address).replace("localhost:8080", self.address)
+
+    def run(self, block: Block) -> None:
+        if block.service:
+            self.start_service(block)
+        elif block.label == "python":
+            self.run_python(block)
+        else:
+            self.run_shell(block)
+
+    def run_shell(self, block: Block) -> None:
+        try:
+            result = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", self.source(block)],
+                cwd=self.folder,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{block.where}: the shell block ran longer than {BLOCK_TIMEOUT:.0f} s")
+        if result.returncode != 0:
+            pytest.fail(
+                f"{block.where}: the shell block exited {result.returncode}\n"
+                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            )
+
+    def run_python(self, block: Block) -> None:
+        if self.python is None:
+            with self.log.open("a") as log:
+                self.python = subprocess.Popen(
+                    [sys.executable, "-c", _DRIVER],
+                    cwd=self.folder,
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
+        assert self.python.stdin and self.python.stdout
+        request = {"page": block.page, "line": block.line, "source": self.source(block), "env": self.env}
+        self.python.stdin.write(json.dumps(request) + "\n")
+        self.python.stdin.flush()
+        ready, _, _ = select.select([self.python.stdout], [], [], BLOCK_TIMEOUT)
+        line = self.python.stdout.readline() if ready else ""
+        if not line:
+            pytest.fail(f"{block.where}: no answer from the Python block within {BLOCK_TIMEOUT:.0f} s\n{self.output()}")
+        answer = json.loads(line)
+        if not answer["ok"]:
+            pytest.fail(f"{block.where}: the Python block failed\n{answer['error']}\noutput:\n{self.output()}")
+
+    def start_service(self, block: Block) -> None:
+        log = self.folder.parent / f"{self.folder.name}-service-{block.line}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                ["bash", "-e", "-o", "pipefail", "-c", block.source],
+                cwd=self.folder,
+                env={**self.env, "REDUCING_SAVER_PORT": "0"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.services.append(process)
+        deadline = time.monotonic() + 60
+        url = None
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace")
+            if process.poll() is not None:
+                pytest.fail(f"{block.where}: the service exited with {process.returncode}\n{text}")
+            if url is None and (match := _LISTENING.search(text)):
+                url = match[1]
+            if url is not None:
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"{block.where}: the service was not ready within 60 s\n{log.read_text(errors='replace')}")
+        self.address = url.removeprefix("http://")
+        self.env["REDUCING_SAVER_URL"] = url
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+    def close(self) -> None:
+        if self.python is not None:
+            assert self.python.stdin
+            self.python.stdin.close()
+            try:
+                self.python.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.python.kill()
+                self.python.wait()
+            if self.python.stdout:
+                self.python.stdout.close()
+        for process in self.services:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+@pytest.fixture
+def page_run(tmp_path, fresh_pg) -> Iterator[PageRun]:
+    folder = tmp_path / "page"
+    folder.mkdir()
+    run = PageRun(folder, fresh_pg)
+    try:
+        yield run
+    finally:
+        run.close()
+
+
+def _runnable_pages() -> list[str]:
+    return [
+        str(page.relative_to(ROOT))
+        for page in PAGES
+        if any(b.label in RUN_LANGUAGES and b.not_run is None for b in blocks(page))
+    ]
+
+
+@pytest.mark.parametrize("page", _runnable_pages())
+def test_page_runs_as_written(page, page_run):
+    for block in blocks(ROOT / page):
+        if block.label in RUN_LANGUAGES and block.not_run is None:
+            page_run.run(block)
+
+
+@pytest.mark.parametrize(
+    "block", [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run], ids=lambda b: b.where
+)
+def test_block_not_run(block):
+    pytest.skip(f"not run: {block.not_run}")
