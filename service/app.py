@@ -71,8 +71,8 @@ def _docs_assets_folder() -> str:
 
 def _add_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with every script, style and icon served by the service, and
-    nothing fetched from elsewhere: no CDN, no Google fonts, no swagger.io validator badge. With API keys
-    the pages and their assets need a key like every other route but the probes."""
+    nothing fetched from elsewhere: no CDN, no Google fonts, no swagger.io validator badge. They and
+    ``/openapi.json`` need no API key unless ``docs_public`` is off (``create_app`` decides)."""
     assets = DOCS_ASSETS_URL
     app.mount(assets, StaticFiles(directory=_docs_assets_folder()), name="docs-assets")
 
@@ -145,14 +145,15 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         redoc_url=None,
     )
     app.state.service = service
-    public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
+    docs = frozenset(DOCS_PATHS) | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)
+    public = (
+        security.PUBLIC_PATHS
+        | ({"/metrics"} if settings.metrics_public else set())
+        | (docs if settings.docs_public else set())
+    )
     limits = settings.limits
     routers = (health.router, checkpoints.router, threads.router, memory.router, store.router)
-    paths = (
-        frozenset(route.path for router in routers for route in router.routes)
-        | frozenset(DOCS_PATHS)
-        | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)
-    )
+    paths = frozenset(route.path for router in routers for route in router.routes) | docs
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.
         (ObservabilityMiddleware, {"metrics": service.metrics, "paths": paths}),

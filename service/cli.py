@@ -41,6 +41,7 @@ SERVE_FLAGS: dict[str, str] = {
     # No flag for api_keys: a key on a command line is visible to every user of the host (ps).
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
+    "--docs-public": "docs_public",
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",

@@ -121,6 +121,11 @@ class SecuritySettings(BaseModel):
         False, description="Allow listening on a non-loopback address with no API key configured."
     )
     metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
+    docs_public: bool = Field(
+        True,
+        description="Serve the API description (/docs, /redoc, /openapi.json and the pages' assets) without "
+        "an API key: it describes routes and bodies, never stored data. Off: it needs a key like other routes.",
+    )
     allowed_state_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: [ANY_CLASS],
         description="What msgpack extensions in stored channel values and pending writes may name, besides "

@@ -4,8 +4,9 @@
   ``REDUCING_SAVER_API_KEYS_FILE`` (``tenant sha256-hex`` lines, so the service never holds a plain key).
   The service keeps only SHA-256 digests and compares a presented key's digest with every configured one
   with ``hmac.compare_digest``, without stopping at a match. ``AuthMiddleware`` answers 401 to any request
-  without a valid ``Authorization: Bearer`` key, except on ``/healthz``, ``/readyz`` (and ``/metrics``
-  with ``metrics_public``), and makes the key's tenant the request's tenant (a contextvar the ops read).
+  without a valid ``Authorization: Bearer`` key, except on ``/healthz``, ``/readyz``, the API description
+  (``/docs``, ``/redoc``, ``/openapi.json`` with ``docs_public``, the default) and ``/metrics`` with
+  ``metrics_public``, and makes the key's tenant the request's tenant (a contextvar the ops read).
 * **Tenants.** With keys configured, every stored thread belongs to a tenant: the thread id stored is
   ``f"{tenant}:{thread_id}"`` (tenant names are ``[A-Za-z0-9_-]+``, so the first ``:`` always splits it
   back and no two tenants' ids can collide), and every memory namespace is stored under

@@ -197,10 +197,28 @@ def test_documentation_pages_load_nothing_from_elsewhere(page):
         assert "http://" not in html and "https://" not in html, html
 
 
-def test_documentation_assets_need_a_key_like_the_pages():
+DOCS_PAGES = ("/docs", "/redoc", "/openapi.json", "/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css")
+
+
+def test_the_api_description_opens_without_a_key_by_default():
+    """The API description is not a secret: a browser opens /docs on a keyed service; data still needs a key."""
     key = "docs-key-0123456789abcdef"
     settings = Settings(database="memory://", sweep=False, extract=False, api_keys=f"acme={key}")
     with TestClient(create_app(settings)) as http:
-        for path in ("/docs", "/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css"):
+        for path in DOCS_PAGES:
+            assert http.get(path).status_code == 200, path
+        assert http.get("/v1/capabilities").status_code == 401
+        assert http.get("/v1/capabilities", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        # The document still declares the key on every route that needs one.
+        assert "security" in http.get("/openapi.json").json()["paths"]["/v1/capabilities"]["get"]
+
+
+def test_the_api_description_needs_a_key_without_docs_public():
+    key = "docs-key-0123456789abcdef"
+    settings = Settings(
+        database="memory://", sweep=False, extract=False, api_keys=f"acme={key}", docs_public=False
+    )
+    with TestClient(create_app(settings)) as http:
+        for path in DOCS_PAGES:
             assert http.get(path).status_code == 401, path
             assert http.get(path, headers={"Authorization": f"Bearer {key}"}).status_code == 200, path
