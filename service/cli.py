@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
-from typing import Literal, get_args, get_origin
+from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -42,6 +42,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
     "--docs-public": "docs_public",
+    "--metrics-public": "metrics_public",
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
@@ -61,6 +62,34 @@ SERVE_FLAGS: dict[str, str] = {
     "--extract-on-delete": "extract_on_delete",
     "--store-index": "store_index",
     "--store-ttl": "store_ttl",
+}
+#: The settings with no flag, and why: each is an environment variable (or a ``.env`` line) only.
+_TUNING = (
+    "a tuning knob whose default suits nearly every deployment; kept off the command line so that --help "
+    "shows what deployments change"
+)
+_AGREED = (
+    "must agree with the agents' graphs (their state and config keys): a deployment's setting, not a "
+    "one-off run's"
+)
+ENV_ONLY: dict[str, str] = {
+    "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
+    "hashed keys",
+    "preserve_first": _AGREED,
+    "start_on_human": _AGREED,
+    "messages_key": _AGREED,
+    "namespace_key": _AGREED,
+    "max_writes_per_call": _TUNING,
+    "max_ids_per_call": _TUNING,
+    "max_list_limit": _TUNING,
+    "max_nesting_depth": _TUNING,
+    "max_thread_id_length": _TUNING,
+    "max_channels": _TUNING,
+    "max_messages_per_put": _TUNING,
+    "extraction_base_backoff": _TUNING,
+    "extraction_max_backoff": _TUNING,
+    "extraction_idle_seconds": _TUNING,
+    "sweep_batch_size": _TUNING,
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -113,8 +142,16 @@ def _help(field: str) -> str:
     return f"{info.description} [env {ENV_PREFIX}{field.upper()}; default: {shown}]"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error is one line saying where the help is (serve's usage alone is
+    thirty lines, which buried the one that matters)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="reducing-saver",
         description="A LangGraph checkpoint service that keeps every stored checkpoint to a window of messages.",
     )

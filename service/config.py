@@ -123,8 +123,9 @@ class SecuritySettings(BaseModel):
     metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
     docs_public: bool = Field(
         True,
-        description="Serve the API description (/docs, /redoc, /openapi.json and the pages' assets) without "
-        "an API key: it describes routes and bodies, never stored data. Off: it needs a key like other routes.",
+        description="Serve the API description (/docs, /redoc, /openapi.json and the pages' assets) "
+        "without an API key: it describes routes and bodies, never stored data. Off: it needs a key like "
+        "other routes.",
     )
     allowed_state_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: [ANY_CLASS],

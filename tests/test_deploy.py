@@ -626,8 +626,11 @@ def test_service_variables_are_real_settings(monkeypatch):
     # The values are valid too, the way the container gets them: image ENV under compose's environment.
     settings = settings_from_env(monkeypatch, {**dockerfile_env(), **compose_env})
     assert settings.backend == "postgres" and settings.host == "0.0.0.0"
-    settings = settings_from_env(monkeypatch, {k: v for k, v in example.items() if k.startswith(PREFIX)})
-    assert settings.backend == "postgres"
+    # .env.example lists every setting at its default ("NAME=" for one unset by default).
+    defaults = settings_from_env(monkeypatch, {}).model_dump()
+    settings = settings_from_env(monkeypatch, {k: v for k, v in example.items() if k.startswith(PREFIX) and v})
+    assert settings.model_dump() == defaults
+    assert SETTING_VARS <= set(example), f".env.example lacks {sorted(SETTING_VARS - set(example))}"
 
 
 def test_agent_variables_are_client_variables():

@@ -85,7 +85,9 @@ def blocks(path: Path) -> list[Block]:
         end = start
         while end < len(lines) and not lines[end].strip().startswith(fence):
             end += 1
-        body = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines[start:end]]
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in lines[start:end]
+        ]
         above = start - 2
         while above >= 0 and not lines[above].strip():
             above -= 1
@@ -124,7 +126,7 @@ def test_every_block_is_labelled_and_says_why_it_does_not_run():
     for block in all_blocks():
         if block.label in LOOKS_RUNNABLE:
             problems.append(
-                f"{block.where}: a ```{block.label} block: label it python or bash (it runs), or text (output)"
+                f"{block.where}: a ```{block.label} block: label it python or bash (it runs), or text"
             )
         if block.not_run == "":
             problems.append(f"{block.where}: `<!-- not run: -->` needs a reason")
@@ -254,10 +256,14 @@ class PageRun:
         ready, _, _ = select.select([self.python.stdout], [], [], BLOCK_TIMEOUT)
         line = self.python.stdout.readline() if ready else ""
         if not line:
-            pytest.fail(f"{block.where}: no answer from the Python block within {BLOCK_TIMEOUT:.0f} s\n{self.output()}")
+            pytest.fail(
+                f"{block.where}: no answer from the Python block in {BLOCK_TIMEOUT:.0f} s\n{self.output()}"
+            )
         answer = json.loads(line)
         if not answer["ok"]:
-            pytest.fail(f"{block.where}: the Python block failed\n{answer['error']}\noutput:\n{self.output()}")
+            pytest.fail(
+                f"{block.where}: the Python block failed\n{answer['error']}\noutput:\n{self.output()}"
+            )
 
     def start_service(self, block: Block) -> None:
         log = self.folder.parent / f"{self.folder.name}-service-{block.line}.log"
@@ -287,7 +293,9 @@ class PageRun:
                     pass
             time.sleep(0.1)
         else:
-            pytest.fail(f"{block.where}: the service was not ready within 60 s\n{log.read_text(errors='replace')}")
+            pytest.fail(
+                f"{block.where}: the service was not ready within 60 s\n{log.read_text(errors='replace')}"
+            )
         self.address = url.removeprefix("http://")
         self.env["REDUCING_SAVER_URL"] = url
 
@@ -334,6 +342,7 @@ def _runnable_pages() -> list[str]:
     ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("page", _runnable_pages())
 def test_page_runs_as_written(page, page_run):
     for block in blocks(ROOT / page):

@@ -197,11 +197,17 @@ def test_documentation_pages_load_nothing_from_elsewhere(page):
         assert "http://" not in html and "https://" not in html, html
 
 
-DOCS_PAGES = ("/docs", "/redoc", "/openapi.json", "/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css")
+DOCS_PAGES = (
+    "/docs",
+    "/redoc",
+    "/openapi.json",
+    "/docs/assets/swagger-ui-bundle.js",
+    "/docs/assets/swagger-ui.css",
+)
 
 
 def test_the_api_description_opens_without_a_key_by_default():
-    """The API description is not a secret: a browser opens /docs on a keyed service; data still needs a key."""
+    """The API description is not a secret: a browser opens /docs on a keyed service; data needs a key."""
     key = "docs-key-0123456789abcdef"
     settings = Settings(database="memory://", sweep=False, extract=False, api_keys=f"acme={key}")
     with TestClient(create_app(settings)) as http:
