@@ -3,7 +3,7 @@
 #   docker build -t reducing-saver .
 #   docker run -p 8080:8080 -e REDUCING_SAVER_DATABASE=postgresql://user:pass@host:5432/db reducing-saver
 #
-# Every setting is an environment variable REDUCING_SAVER_<FIELD> (see README.md, "Configuration");
+# Every setting is an environment variable REDUCING_SAVER_<FIELD> (see docs/configuration.md);
 # arguments after the image name are `reducing-saver serve` flags. Without REDUCING_SAVER_DATABASE the
 # service keeps a SQLite file in /data (mount a volume there to keep it).
 #

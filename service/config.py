@@ -111,8 +111,8 @@ class SecuritySettings(BaseModel):
     api_keys: SecretStr | None = Field(
         None,
         description="API keys as comma-separated tenant=key pairs (development; prefer api_keys_file). "
-        "With any key configured every route but /healthz and /readyz needs `Authorization: Bearer <key>`, "
-        "and each tenant sees only its own threads.",
+        "With any key configured every route but the probes and the API description (docs_public) needs "
+        "`Authorization: Bearer <key>`, and each tenant sees only its own threads.",
     )
     api_keys_file: str | None = Field(
         None, description="File of API keys: one `tenant sha256-hex-of-key` per line (# comments allowed)."

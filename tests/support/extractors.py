@@ -52,7 +52,7 @@ def slow(messages: list, namespace: tuple[str, ...], store) -> None:
         store.put(namespace, message.id if isinstance(message, BaseMessage) else message["id"], value)
 
 
-# -- an LLM-shaped extractor, as a user would write one (README, "Long-term memory") -----------------
+# -- an LLM-shaped extractor, as a user would write one (docs/memory.md, "A custom extractor") --------
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402

@@ -423,7 +423,7 @@ def test_isolation_matrix_on_postgres(tmp_path, fresh_pg):
 
         run_matrix(client, "postgres", namespaces)
 
-        # How tenant mode stores (README): thread ids "tenant:thread" in PostgresSaver's own tables.
+        # How tenant mode stores (docs/security.md): thread ids "tenant:thread" in PostgresSaver's own tables.
         with psycopg.connect(fresh_pg) as conn:
             stored = {r[0] for r in conn.execute("SELECT DISTINCT thread_id FROM checkpoints")}
         assert stored == {"acme:shared", "acme:solo", "rival:rivals-own"}
