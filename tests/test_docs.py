@@ -156,6 +156,18 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
     assert found[2].source == "x = 1\n"
 
 
+def test_the_http_api_page_lists_every_route():
+    from reducing_saver.service.app import create_app
+    from reducing_saver.service.config import Settings
+
+    document = create_app(Settings(database="memory://", sweep=False, extract=False, _env_file=None)).openapi()
+    page = (ROOT / "docs" / "http-api.md").read_text()
+    routes = [(method.upper(), path) for path, operations in document["paths"].items() for method in operations]
+    assert len(routes) >= 20
+    missing = [f"{method} {path}" for method, path in routes if f"`{method} {path}" not in page]
+    assert not missing, f"docs/http-api.md's table lacks {missing}"
+
+
 # -- running a page ----------------------------------------------------------------------------------
 
 #: Runs a page's Python blocks in one namespace: one JSON request per line on stdin, one JSON answer per
