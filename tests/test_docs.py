@@ -366,4 +366,4 @@ def test_page_runs_as_written(page, page_run):
     "block", [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run], ids=lambda b: b.where
 )
 def test_block_not_run(block):
-    pytest.skip(f"not run: {block.not_run}")
+    pytest.skip(f"{block.where}: not run: {block.not_run}")
