@@ -19,7 +19,8 @@ How a page is run (the convention a page's author writes to):
   free port (the block must not give ``--port``); the test waits for its ``listening on http://...`` line
   and for ``/readyz``. From then on, every later block of the page has ``127.0.0.1:8080`` (where the
   service listens by default) replaced by the address it really listens on, and ``REDUCING_SAVER_URL``
-  set to its URL. The service is stopped (SIGTERM) when the page ends.
+  set to its URL. The service is stopped (SIGTERM) when the page ends, as is anything a shell block left
+  running in the background (each block runs in a process group of its own).
 
 A page that talks to a service must start one in a block of its own; nothing else is provided.
 """
@@ -215,7 +216,8 @@ class PageRun:
         }
         self.address: str | None = None
         self.python: subprocess.Popen[str] | None = None
-        self.services: list[subprocess.Popen[bytes]] = []
+        #: The process groups its shell blocks and services started, stopped when the page ends.
+        self.groups: list[subprocess.Popen[bytes]] = []
 
     def source(self, block: Block) -> str:
         if self.address is None:
@@ -231,23 +233,27 @@ class PageRun:
             self.run_shell(block)
 
     def run_shell(self, block: Block) -> None:
-        try:
-            result = subprocess.run(
+        """Run a shell block to its end. Its output goes to a file, not a pipe, so that a process it leaves
+        in the background (``... &``) does not hold the block open; its process group is stopped when the
+        page ends."""
+        output = self.folder.parent / f"{self.folder.name}-shell-{block.line}.log"
+        with output.open("wb") as out:
+            process = subprocess.Popen(
                 ["bash", "-e", "-o", "pipefail", "-c", self.source(block)],
                 cwd=self.folder,
                 env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=BLOCK_TIMEOUT,
-                check=False,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
+        self.groups.append(process)
+        try:
+            code = process.wait(timeout=BLOCK_TIMEOUT)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{block.where}: the shell block ran longer than {BLOCK_TIMEOUT:.0f} s")
-        if result.returncode != 0:
-            pytest.fail(
-                f"{block.where}: the shell block exited {result.returncode}\n"
-                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-            )
+        if code != 0:
+            text = output.read_text(errors="replace")
+            pytest.fail(f"{block.where}: the shell block exited {code}\noutput:\n{text}")
 
     def run_python(self, block: Block) -> None:
         if self.python is None:
@@ -288,7 +294,7 @@ class PageRun:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.services.append(process)
+        self.groups.append(process)
         deadline = time.monotonic() + 60
         url = None
         while time.monotonic() < deadline:
@@ -325,14 +331,26 @@ class PageRun:
                 self.python.wait()
             if self.python.stdout:
                 self.python.stdout.close()
-        for process in self.services:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+        for group in self.groups:
+            _stop_group(group)
+
+
+def _stop_group(leader: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group a block started (a service, or what a shell block left running), then
+    SIGKILL whatever is left of it after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(leader.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            leader.poll()  # reap the leader: a zombie still counts as a member of its group
+            try:
+                os.killpg(leader.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
 
 @pytest.fixture
