@@ -46,6 +46,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
     "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
+    "--storage-refresh-seconds": "storage_refresh_seconds",
     "--extract": "extract",
     "--extractor": "extractor",
     "--extraction-batch-size": "extraction_batch_size",
