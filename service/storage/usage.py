@@ -9,20 +9,22 @@ the plain estimate.
 The plain estimate
 ------------------
 Plain ``add_messages`` stores the whole message history at every copy it writes: PostgreSQL and memory
-write the messages channel once per new version of it, SQLite writes the whole state in every checkpoint.
-With ``H`` the bytes of the history at the head, ``n`` the copies written and the history growing about
-linearly, copy ``i`` holds about ``H * i / n``, so the copies together hold
+write the messages channel once per new version of it (a node's step that adds messages), SQLite writes
+the whole state in every checkpoint. With ``H`` the bytes of the history at the head, ``n`` the copies
+written and the history growing about linearly, copy ``i`` holds about ``H * i / n``, so the copies
+together hold
 
     plain messages = H * (n + 1) / 2
 
 per checkpoint namespace, where
 
-* ``n`` = the versions the messages channel has had (the counter in the head's channel version,
-  ``f"{n:032}.{random}"``; it counts deleted checkpoints too) on PostgreSQL and memory, and the
-  checkpoints the namespace has had (head step + 2: steps start at -1) on SQLite;
 * ``H`` = ``w + c * w / k``: the head window's ``w`` bytes holding ``k`` messages, plus the ``c``
   messages cut from the thread, counted at that average size; ``c`` is the larger of the thread's outbox
-  rows and its store items (the root namespace only; a subgraph's namespace counts ``c = 0``).
+  rows and its store items (the root namespace only; a subgraph's namespace counts ``c = 0``);
+* ``n`` = ``k + c``, the messages the namespace has had, on PostgreSQL and memory (one new version per
+  message: a chat turn's human and AI messages come in steps of their own), and the checkpoints the
+  namespace has had on SQLite (head step + 2: steps start at -1). Both count checkpoints that were
+  deleted since: the figures come from the head, the outbox and the store.
 
 ``plain_estimate`` = the plain messages + every other byte the checkpoint tables hold now (checkpoint
 rows and writes without the messages values). A window whose message count cannot be read (another
@@ -101,12 +103,13 @@ class Head:
     """The head checkpoint of one namespace, as the plain estimate needs it.
 
     Attributes:
-        copies: How many copies of the messages a plain saver of this backend would have written.
+        copies: How many copies of the messages a plain saver of this backend would have written;
+            ``None``: one per message (``k + c``).
         window_bytes: Bytes of the messages value of the head (``w``).
         window_messages: Messages in it (``k``), ``None`` when unreadable.
     """
 
-    copies: int = 0
+    copies: int | None = None
     window_bytes: int = 0
     window_messages: int | None = None
 
@@ -169,7 +172,8 @@ def plain_messages(head: Head, cut: int) -> int:
     history = head.window_bytes
     if cut and head.window_messages:
         history += cut * head.window_bytes / head.window_messages
-    return round(history * (head.copies + 1) / 2)
+    copies = head.copies if head.copies is not None else (head.window_messages or 0) + cut
+    return round(history * (copies + 1) / 2)
 
 
 def finish(thread: ThreadStorage) -> ThreadStorage:
@@ -201,18 +205,6 @@ def assemble(
         thread.cut_messages = max(rows, items)
         finish(thread)
     return sorted(threads.values(), key=lambda t: (-t.total_bytes, t.thread_id))
-
-
-def version_count(version: Any) -> int:
-    """The counter of a channel version: ``f"{n:032}.{random}"`` -> ``n``; an int or float as it is."""
-    if version is None:
-        return 0
-    if isinstance(version, int | float):
-        return int(version)
-    try:
-        return int(str(version).split(".", 1)[0])
-    except ValueError:
-        return 0
 
 
 def msgpack_array_length(data: bytes | memoryview | None) -> int | None:
@@ -269,5 +261,4 @@ __all__ = [
     "stored_thread",
     "summarize",
     "tenant_of_namespace",
-    "version_count",
 ]

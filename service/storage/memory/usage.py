@@ -19,7 +19,6 @@ from reducing_saver.service.storage.usage import (
     assemble,
     msgpack_array_length,
     tenant_of_namespace,
-    version_count,
 )
 
 
@@ -55,7 +54,6 @@ def measure(saver: Any, outbox: Any, store: Any, selection: Selection, *, messag
                 version = (head.get("channel_versions") or {}).get(messages_key)
                 window = saver.blobs.get((thread_id, ns, messages_key, version), ("empty", b""))[1]
                 thread.heads[ns] = Head(
-                    copies=version_count(version),
                     window_bytes=len(window),
                     window_messages=msgpack_array_length(window),
                 )

@@ -14,7 +14,6 @@ from reducing_saver.service.storage.usage import (
     ThreadStorage,
     assemble,
     msgpack_array_length,
-    version_count,
 )
 
 _CHECKPOINTS = """
@@ -29,14 +28,15 @@ FROM checkpoint_blobs b WHERE {where} GROUP BY thread_id
 _WRITES = """
 SELECT thread_id, sum(pg_column_size(w.*)) AS bytes FROM checkpoint_writes w WHERE {where} GROUP BY thread_id
 """
-# Each namespace's head, its messages version and step, and the messages blob that version names (its size
-# as stored, compressed or not, as every figure here).
+# Each namespace's head, its messages version, and the messages blob that version names. Its size is
+# read uncompressed: a plain saver's long histories would be compressed (TOAST) at another ratio than
+# this short window, and prose compresses little.
 _HEADS = """
-SELECT h.thread_id, h.checkpoint_ns, h.version, h.step, pg_column_size(b.blob) AS window_bytes,
+SELECT h.thread_id, h.checkpoint_ns, length(b.blob) AS window_bytes,
        substring(b.blob FROM 1 FOR 5) AS header
 FROM (
     SELECT DISTINCT ON (thread_id, checkpoint_ns) thread_id, checkpoint_ns,
-           checkpoint -> 'channel_versions' ->> %(key)s AS version, metadata ->> 'step' AS step
+           checkpoint -> 'channel_versions' ->> %(key)s AS version
     FROM checkpoints WHERE {where} ORDER BY thread_id, checkpoint_ns, checkpoint_id DESC
 ) AS h
 LEFT JOIN checkpoint_blobs b ON b.thread_id = h.thread_id AND b.checkpoint_ns = h.checkpoint_ns
@@ -114,7 +114,6 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
         for row in conn.execute(_HEADS.format(where=where), params):
             if (thread := threads.get(row["thread_id"])) is not None:
                 thread.heads[row["checkpoint_ns"]] = Head(
-                    copies=version_count(row["version"]),
                     window_bytes=row["window_bytes"] or 0,
                     window_messages=msgpack_array_length(row["header"]),
                 )
