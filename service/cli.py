@@ -166,10 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_flags(report_parser, REPORT_FLAGS)
     report_parser.add_argument(
-        "--top", type=_positive, default=20, metavar="N", help="how many of the largest threads to show (default 20)"
+        "--top",
+        type=_positive,
+        default=20,
+        metavar="N",
+        help="how many of the largest threads to show (default 20)",
     )
     report_parser.add_argument(
-        "--png", metavar="PATH", help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)"
+        "--png",
+        metavar="PATH",
+        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
     )
     return parser
 
@@ -478,7 +484,10 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
     from reducing_saver.service.storage.usage import Selection
 
     if settings.backend == "memory":
-        print("reducing-saver: memory:// keeps its threads inside the service process: nothing to report", file=sys.stderr)
+        print(
+            "reducing-saver: memory:// keeps its threads inside the service process: nothing to report",
+            file=sys.stderr,
+        )
         return 2
     if png is not None:
         try:

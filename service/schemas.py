@@ -311,9 +311,13 @@ class ThreadStorageResponse(BaseModel):
     write_bytes: int = Field(description="Pending write rows.")
     outbox_bytes: int = Field(description="Outbox rows of the messages cut from the thread.")
     store_bytes: int = Field(description="Store items made of those messages (their value names the thread).")
-    messages_bytes: int = Field(description="The part of checkpoint and blob bytes that is the messages channel.")
+    messages_bytes: int = Field(
+        description="The part of checkpoint and blob bytes that is the messages channel."
+    )
     cut_messages: int = Field(description="Messages cut from the thread (its outbox rows or store items).")
-    plain_estimate: int = Field(description="Bytes a plain add_messages saver would hold in the checkpoint tables.")
+    plain_estimate: int = Field(
+        description="Bytes a plain add_messages saver would hold in the checkpoint tables."
+    )
     saver_bytes: int = Field(description="checkpoint_bytes + blob_bytes + write_bytes.")
     total_bytes: int = Field(description="saver_bytes + outbox_bytes + store_bytes.")
     saved_ratio: float | None = Field(description="plain_estimate / total_bytes; null for an empty thread.")
@@ -333,4 +337,6 @@ class StorageSummaryResponse(BaseModel):
     total_bytes: int
     plain_estimate: int
     saved_ratio: float | None = Field(description="plain_estimate / total_bytes; null without threads.")
-    largest: list[ThreadStorageResponse] = Field(description="The largest threads by total_bytes, at most `top`.")
+    largest: list[ThreadStorageResponse] = Field(
+        description="The largest threads by total_bytes, at most `top`."
+    )

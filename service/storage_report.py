@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from reducing_saver.service.storage.usage import ThreadStorage
 
 #: What ``report --png`` needs, and how to get it.
-NO_MATPLOTLIB = "--png needs matplotlib, which is not installed: pip install matplotlib (or reducing-saver[test])"
+NO_MATPLOTLIB = (
+    "--png needs matplotlib, which is not installed: pip install matplotlib (or reducing-saver[test])"
+)
 COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved")
 
 
@@ -33,7 +35,14 @@ def agent_thread(thread: ThreadStorage) -> str:
 def rows(threads: Sequence[ThreadStorage], top: int) -> list[tuple[str, ...]]:
     """The table's rows: the ``top`` largest threads (``threads`` come largest first)."""
     return [
-        (agent_thread(t), t.tenant or "-", str(t.checkpoints), human_bytes(t.total_bytes), human_bytes(t.plain_estimate), ratio(t))
+        (
+            agent_thread(t),
+            t.tenant or "-",
+            str(t.checkpoints),
+            human_bytes(t.total_bytes),
+            human_bytes(t.plain_estimate),
+            ratio(t),
+        )
         for t in threads[:top]
     ]
 
@@ -45,12 +54,12 @@ def table(threads: Sequence[ThreadStorage], top: int) -> str:
     plain = sum(t.plain_estimate for t in threads)
     widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *body, strict=False)]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in (COLUMNS, *body)
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (COLUMNS, *body)
     ]
     saved = f"{plain / total:.1f}x" if total else "-"
-    lines.append(
-        f"{len(threads)} thread(s): {human_bytes(total)} now, {human_bytes(plain)} with a plain saver ({saved})"
-    )
+    now, plain_text = human_bytes(total), human_bytes(plain)
+    lines.append(f"{len(threads)} thread(s): {now} now, {plain_text} with a plain saver ({saved})")
     return "\n".join(lines)
 
 
@@ -66,8 +75,20 @@ def chart(threads: Sequence[ThreadStorage], path: str) -> None:
     names = [t.thread_id if len(t.thread_id) <= 32 else t.thread_id[:31] + "…" for t in threads]
     figure, axes = plt.subplots(figsize=(9, 1.2 + 0.45 * max(len(threads), 1)))
     positions = range(len(threads))
-    axes.barh([p + 0.2 for p in positions], [t.plain_estimate for t in threads], height=0.4, label="plain add_messages (estimate)", color="#c44e52")
-    axes.barh([p - 0.2 for p in positions], [t.total_bytes for t in threads], height=0.4, label="reducing-saver now", color="#4c72b0")
+    axes.barh(
+        [p + 0.2 for p in positions],
+        [t.plain_estimate for t in threads],
+        height=0.4,
+        label="plain add_messages (estimate)",
+        color="#c44e52",
+    )
+    axes.barh(
+        [p - 0.2 for p in positions],
+        [t.total_bytes for t in threads],
+        height=0.4,
+        label="reducing-saver now",
+        color="#4c72b0",
+    )
     axes.set_yticks(list(positions), names)
     axes.invert_yaxis()
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_bytes(value)))

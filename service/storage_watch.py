@@ -95,7 +95,9 @@ class StorageWatch:
         tenants: The configured tenants, or ``None`` in single-tenant mode.
     """
 
-    def __init__(self, backend: Any, *, interval: float, messages_key: str, tenants: frozenset[str] | None) -> None:
+    def __init__(
+        self, backend: Any, *, interval: float, messages_key: str, tenants: frozenset[str] | None
+    ) -> None:
         self.backend = backend
         self.interval = interval
         self.messages_key = messages_key

@@ -23,7 +23,9 @@ _NOT_FOUND = {404: {"model": schemas.ErrorResponse, "description": "The caller h
     summary="What one thread holds: bytes in checkpoints, blobs, writes, outbox and store, checkpoints "
     "kept, and the bytes a plain add_messages saver would hold (with API keys: the caller's threads only).",
 )
-async def thread_storage(thread_id: Annotated[str, Path(description="The thread id.")], service: ServiceDep) -> Any:
+async def thread_storage(
+    thread_id: Annotated[str, Path(description="The thread id.")], service: ServiceDep
+) -> Any:
     return await service.blocking(ops.thread_storage, service, thread_id)
 
 
@@ -36,6 +38,8 @@ async def thread_storage(thread_id: Annotated[str, Path(description="The thread 
 )
 async def storage_summary(
     service: ServiceDep,
-    top: Annotated[int, Query(ge=1, le=schemas.MAX_STORAGE_TOP, description="How many of the largest threads to list.")] = 10,
+    top: Annotated[
+        int, Query(ge=1, le=schemas.MAX_STORAGE_TOP, description="How many of the largest threads to list.")
+    ] = 10,
 ) -> Any:
     return await service.blocking(ops.storage_summary, service, top)

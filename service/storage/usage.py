@@ -164,7 +164,12 @@ class ThreadStorage:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         del data["heads"]
-        return {**data, "saver_bytes": self.saver_bytes, "total_bytes": self.total_bytes, "saved_ratio": self.saved_ratio}
+        return {
+            **data,
+            "saver_bytes": self.saver_bytes,
+            "total_bytes": self.total_bytes,
+            "saved_ratio": self.saved_ratio,
+        }
 
 
 def plain_messages(head: Head, cut: int) -> int:
@@ -178,7 +183,9 @@ def plain_messages(head: Head, cut: int) -> int:
 
 def finish(thread: ThreadStorage) -> ThreadStorage:
     """Fill in ``plain_estimate`` from the heads, the cut count and the bytes held now."""
-    plain = sum(plain_messages(head, thread.cut_messages if ns == "" else 0) for ns, head in thread.heads.items())
+    plain = sum(
+        plain_messages(head, thread.cut_messages if ns == "" else 0) for ns, head in thread.heads.items()
+    )
     thread.plain_estimate = plain + max(thread.saver_bytes - thread.messages_bytes, 0)
     return thread
 

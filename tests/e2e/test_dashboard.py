@@ -27,7 +27,19 @@ pytestmark = pytest.mark.e2e
 
 DASHBOARD = ROOT / "deploy" / "grafana-dashboard.json"
 _IDENT = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+}
 
 
 def queries(dashboard: dict[str, Any]) -> Iterator[str]:
@@ -59,8 +71,10 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
     ]
     text = re.sub(r"\{[^}]*\}", " ", text)
     text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery durations
-    text = re.sub(rf"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    bare = re.findall(rf"(?<![\w.:])({_IDENT})(?![\w:]|\s*\()", text)  # identifiers that are not function calls
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    bare = re.findall(
+        rf"(?<![\w.:])({_IDENT})(?![\w:]|\s*\()", text
+    )  # identifiers that are not function calls
     named = {name for name, _ in found}
     found += [(name, set()) for name in bare if name not in _KEYWORDS and name not in named]
     return found
@@ -101,7 +115,16 @@ def storage_figures(text: str) -> dict[tuple[str, str], float]:
 
 def test_every_dashboard_query_names_exposed_metrics(fresh_pg: str, tmp_path: Path) -> None:
     api_keys = ",".join(f"{tenant}={key}" for tenant, key in KEYS.items())
-    args = ["--database", fresh_pg, "--max-messages", "6", "--min-messages", "4", "--storage-refresh-seconds", "0.5"]
+    args = [
+        "--database",
+        fresh_pg,
+        "--max-messages",
+        "6",
+        "--min-messages",
+        "4",
+        "--storage-refresh-seconds",
+        "0.5",
+    ]
     with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": api_keys}) as service:
         for tenant, turns in (("a", 8), ("b", 2)):
             with RemoteReducingSaver(service.url, api_key=KEYS[tenant]) as saver:
@@ -126,7 +149,9 @@ def test_every_dashboard_query_names_exposed_metrics(fresh_pg: str, tmp_path: Pa
     # A misspelt metric and a label the metric lacks are both caught.
     broken = copy.deepcopy(dashboard)
     target = next(p for p in broken["panels"] if p.get("targets"))["targets"][0]
-    target["expr"] = 'sum(reducing_saver_storage_byte{tenant=~"$tenant"}) + sum(reducing_saver_storage_threads{kind="x"})'
+    target["expr"] = (
+        'sum(reducing_saver_storage_byte{tenant=~"$tenant"}) + sum(reducing_saver_storage_threads{kind="x"})'
+    )
     assert problems(broken, exposed) == [
         f"{target['expr']!r}: metric reducing_saver_storage_byte is not exposed",
         f"{target['expr']!r}: metric reducing_saver_storage_threads has no label ['kind']",

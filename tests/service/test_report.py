@@ -33,7 +33,16 @@ def test_report_prints_the_largest_threads_and_writes_a_png(database: str, tmp_p
     capsys.readouterr()
     assert main(["report", "--database", database, "--top", "2", "--png", str(png)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["thread", "tenant", "checkpoints", "bytes", "now", "plain", "estimate", "saved"]
+    assert lines[0].split() == [
+        "thread",
+        "tenant",
+        "checkpoints",
+        "bytes",
+        "now",
+        "plain",
+        "estimate",
+        "saved",
+    ]
     backend = open_backend(database, create=False)
     try:
         threads = backend.storage(Selection(), messages_key="messages")

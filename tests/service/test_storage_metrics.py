@@ -21,7 +21,11 @@ def gauges(text: str) -> dict[tuple[str, ...], float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("reducing_saver_storage_") and "tenant" in sample.labels:
-                key = (sample.name, sample.labels["tenant"], *([sample.labels["kind"]] if "kind" in sample.labels else []))
+                key = (
+                    sample.name,
+                    sample.labels["tenant"],
+                    *([sample.labels["kind"]] if "kind" in sample.labels else []),
+                )
                 out[key] = sample.value
     return out
 
@@ -47,9 +51,13 @@ def test_gauges_add_up_each_tenants_threads_and_scrapes_never_measure(database: 
         measured = []
         backend = run.service.open_backend()
         original = backend.storage
-        backend.storage = lambda *args, **kwargs: measured.append(threading.current_thread().name) or original(*args, **kwargs)
+        backend.storage = lambda *args, **kwargs: (
+            measured.append(threading.current_thread().name) or original(*args, **kwargs)
+        )
         before = gauges(run.http.get("/metrics", headers=headers).text)
-        assert not any(key[0] == "reducing_saver_storage_bytes" for key in before)  # no thread yet at that pass
+        assert not any(
+            key[0] == "reducing_saver_storage_bytes" for key in before
+        )  # no thread yet at that pass
         assert measured == []
         run.service.storage_watch.refresh()
         after = gauges(run.http.get("/metrics", headers=headers).text)
@@ -68,11 +76,15 @@ def test_the_background_pass_runs_off_the_event_loop_and_repeats(database: str) 
         backend = run.service.open_backend()
         threads = []
         original = backend.storage
-        backend.storage = lambda *args, **kwargs: threads.append(threading.current_thread().name) or original(*args, **kwargs)
+        backend.storage = lambda *args, **kwargs: (
+            threads.append(threading.current_thread().name) or original(*args, **kwargs)
+        )
         with run.saver() as saver:
             converse(saver, "t", 2)
         deadline = time.monotonic() + 10
-        while (figures := gauges(run.http.get("/metrics").text)).get(("reducing_saver_storage_threads", "default")) != 1:
+        while (figures := gauges(run.http.get("/metrics").text)).get(
+            ("reducing_saver_storage_threads", "default")
+        ) != 1:
             assert time.monotonic() < deadline, figures
             time.sleep(0.05)
         assert threads and set(threads) == {"storage-watch"}
@@ -81,7 +93,9 @@ def test_the_background_pass_runs_off_the_event_loop_and_repeats(database: str) 
 
 def test_tenants_without_a_key_and_past_the_cap_count_as_other(monkeypatch: pytest.MonkeyPatch) -> None:
     def thread(tenant: str, size: int) -> ThreadStorage:
-        return ThreadStorage(f"{tenant}:t", tenant=tenant, checkpoints=1, checkpoint_bytes=size, plain_estimate=2 * size)
+        return ThreadStorage(
+            f"{tenant}:t", tenant=tenant, checkpoints=1, checkpoint_bytes=size, plain_estimate=2 * size
+        )
 
     threads = [thread("a", 10), thread("b", 30), thread("c", 20), thread("gone", 5)]
     monkeypatch.setattr(storage_watch, "MAX_TENANT_LABELS", 2)

@@ -150,7 +150,9 @@ class MemoryOutbox:
     def sizes(self) -> list[tuple[tuple[str, ...], str, int]]:
         """``(namespace, thread id, bytes of the message's JSON)`` of every row (storage figures)."""
         with self._lock:
-            return [(ident[0], row.entry.thread_id, len(json_text(row.entry.message))) for ident, row in self._rows.items()]
+            return [
+                (ident[0], row.entry.thread_id, len(json_text(row.entry.message))) for ident, row in self._rows.items()
+            ]
 
     def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
         """See :meth:`PostgresOutbox.status`."""

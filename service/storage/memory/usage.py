@@ -28,7 +28,9 @@ def _selected(selection: Selection, thread_id: str) -> bool:
     return thread_id.startswith(selection.thread_prefix)
 
 
-def measure(saver: Any, outbox: Any, store: Any, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
+def measure(
+    saver: Any, outbox: Any, store: Any, selection: Selection, *, messages_key: str
+) -> list[ThreadStorage]:
     """Every thread of ``selection`` with its figures, largest first.
 
     Args:
@@ -86,7 +88,12 @@ def measure(saver: Any, outbox: Any, store: Any, selection: Selection, *, messag
         # The default extractor's items name their thread in the value (``StoreExtractor.value``).
         for namespace, items in list(store._data.items()):
             for item in list(items.values()):
-                add(store_figures, namespace, item.value.get("thread_id"), len(orjson.dumps(item.value, default=str, option=orjson.OPT_NON_STR_KEYS)))
+                add(
+                    store_figures,
+                    namespace,
+                    item.value.get("thread_id"),
+                    len(orjson.dumps(item.value, default=str, option=orjson.OPT_NON_STR_KEYS)),
+                )
     return assemble(
         threads,
         {key: (n, size) for key, (n, size) in outbox_figures.items()},

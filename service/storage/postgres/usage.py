@@ -48,7 +48,8 @@ FROM {OUTBOX_TABLE} o WHERE {{where}} GROUP BY 1, 2
 """
 # The default extractor's items name their thread in the value (``StoreExtractor.value``).
 _STORE = """
-SELECT {tenant} AS tenant, value ->> 'thread_id' AS thread_id, count(*) AS n, sum(pg_column_size(s.*)) AS bytes
+SELECT {tenant} AS tenant, value ->> 'thread_id' AS thread_id, count(*) AS n,
+       sum(pg_column_size(s.*)) AS bytes
 FROM store s WHERE jsonb_typeof(value -> 'thread_id') = 'string' AND {where} GROUP BY 1, 2
 """
 
@@ -104,7 +105,9 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
     with pool.connection() as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         for row in conn.execute(_CHECKPOINTS.format(where=where), params):
-            threads[row["thread_id"]] = ThreadStorage(row["thread_id"], checkpoints=row["n"], checkpoint_bytes=int(row["bytes"]))
+            threads[row["thread_id"]] = ThreadStorage(
+                row["thread_id"], checkpoints=row["n"], checkpoint_bytes=int(row["bytes"])
+            )
         for row in conn.execute(_BLOBS.format(where=where), params):
             if (thread := threads.get(row["thread_id"])) is not None:
                 thread.blob_bytes, thread.messages_bytes = int(row["bytes"]), int(row["messages"])
@@ -122,7 +125,9 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
     return assemble(threads, outbox, store, selection.tenant_mode)
 
 
-def _grouped(conn: Any, sql: str, parts: tuple[str, str], params: dict[str, Any], table: str) -> dict[Any, tuple[int, int]]:
+def _grouped(
+    conn: Any, sql: str, parts: tuple[str, str], params: dict[str, Any], table: str
+) -> dict[Any, tuple[int, int]]:
     """``(tenant, agent thread id) -> (rows, bytes)``; empty when ``table`` does not exist (yet)."""
     if conn.execute("SELECT to_regclass(%s) AS t", (table,)).fetchone()["t"] is None:
         return {}

@@ -32,10 +32,30 @@ def _size(*columns: str) -> str:
     return " + ".join(f"COALESCE(length(CAST({c} AS BLOB)), 0)" for c in columns)
 
 
-_CHECKPOINT_ROW = _size("thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "type", "checkpoint", "metadata")
-_WRITE_ROW = _size("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "task_path", "CAST(idx AS TEXT)", "channel", "type", "value")
+_CHECKPOINT_ROW = _size(
+    "thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "type", "checkpoint", "metadata"
+)
+_WRITE_ROW = _size(
+    "thread_id",
+    "checkpoint_ns",
+    "checkpoint_id",
+    "task_id",
+    "task_path",
+    "CAST(idx AS TEXT)",
+    "channel",
+    "type",
+    "value",
+)
 _OUTBOX_ROW = _size(
-    "namespace", "key", "thread_id", "checkpoint_id", "message", "message_class", "status", "claimed_by", "last_error"
+    "namespace",
+    "key",
+    "thread_id",
+    "checkpoint_id",
+    "message",
+    "message_class",
+    "status",
+    "claimed_by",
+    "last_error",
 )
 _STORE_ROW = _size("prefix", "key", "value")
 
@@ -74,7 +94,11 @@ def measure(path: str, selection: Selection, *, messages_key: str) -> list[Threa
         selection: Which threads.
         messages_key: The messages channel.
     """
-    params = {"thread": selection.thread, "prefix": selection.thread_prefix, "agent": selection.agent_thread()}
+    params = {
+        "thread": selection.thread,
+        "prefix": selection.thread_prefix,
+        "agent": selection.agent_thread(),
+    }
     where = _thread_where(selection)
     threads: dict[str, ThreadStorage] = {}
     with closing(connect(path, create=False)) as conn:
@@ -109,7 +133,9 @@ def _head(row: dict[str, Any], messages_key: str) -> Head:
     step = row["step"] if isinstance(row["step"], int) else -1
     if not isinstance(value, Blob):
         return Head(copies=step + 2)
-    return Head(copies=step + 2, window_bytes=len(value.data), window_messages=msgpack_array_length(value.data))
+    return Head(
+        copies=step + 2, window_bytes=len(value.data), window_messages=msgpack_array_length(value.data)
+    )
 
 
 def _outbox_tenant(row: dict[str, Any], tenant_mode: bool) -> str | None:
@@ -124,7 +150,9 @@ def _grouped(
     conn: Any, sql: str, where: str, params: dict[str, Any], table: str, selection: Selection, tenant_of: Any
 ) -> dict[tuple[str | None, str], tuple[int, int]]:
     """``(tenant, agent thread id) -> (rows, bytes)`` of the selection's tenant; empty without ``table``."""
-    exists = conn.execute("SELECT 1 AS found FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+    exists = conn.execute(
+        "SELECT 1 AS found FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
     if exists is None:
         return {}
     wanted = selection.thread_tenant()

@@ -28,7 +28,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from reducing_saver.client import NotFoundError, RemoteReducingSaver
 from reducing_saver.service.app import Service, create_app
 from reducing_saver.service.config import Settings
-from reducing_saver.service.storage.usage import msgpack_array_length, plain_messages, Head
+from reducing_saver.service.storage.usage import Head, msgpack_array_length, plain_messages
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}
 _LETTERS = random.Random(0)
@@ -47,7 +47,9 @@ def words(rng: random.Random, length: int = 400) -> str:
 def chat_graph(checkpointer: Any, seed: int) -> Any:
     """One AI answer of ~400 word-like characters a turn, the same answers for the same seed."""
     rng = random.Random(seed)
-    model = GenericFakeChatModel(messages=iter([AIMessage(words(rng), id=f"ai-{seed}-{n}") for n in range(10_000)]))
+    model = GenericFakeChatModel(
+        messages=iter([AIMessage(words(rng), id=f"ai-{seed}-{n}") for n in range(10_000)])
+    )
 
     def chat(state: MessagesState) -> dict:
         return {"messages": [model.invoke(state["messages"])]}
@@ -83,7 +85,9 @@ class Running:
     app: Any
 
     def saver(self, api_key: str | None = None) -> RemoteReducingSaver:
-        return RemoteReducingSaver("http://testserver", transport=self.http._transport, max_retries=0, api_key=api_key)
+        return RemoteReducingSaver(
+            "http://testserver", transport=self.http._transport, max_retries=0, api_key=api_key
+        )
 
     def delivered(self, rows: int, timeout: float = 30.0) -> None:
         """Wait until ``rows`` outbox rows are delivered to the store."""
@@ -120,11 +124,21 @@ def direct_figures(service: Service, thread_id: str) -> dict[str, int]:
             one = lambda sql: conn.execute(sql, (thread_id,)).fetchone()[0] or 0  # noqa: E731
             return {
                 "checkpoints": one("SELECT count(*) FROM checkpoints WHERE thread_id = %s"),
-                "checkpoint_bytes": one("SELECT sum(pg_column_size(t.*)) FROM checkpoints t WHERE thread_id = %s"),
-                "blob_bytes": one("SELECT sum(pg_column_size(t.*)) FROM checkpoint_blobs t WHERE thread_id = %s"),
-                "write_bytes": one("SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t WHERE thread_id = %s"),
-                "outbox_bytes": one("SELECT sum(pg_column_size(t.*)) FROM reducing_saver_outbox t WHERE thread_id = %s"),
-                "store_bytes": one("SELECT sum(pg_column_size(t.*)) FROM store t WHERE value->>'thread_id' = %s"),
+                "checkpoint_bytes": one(
+                    "SELECT sum(pg_column_size(t.*)) FROM checkpoints t WHERE thread_id = %s"
+                ),
+                "blob_bytes": one(
+                    "SELECT sum(pg_column_size(t.*)) FROM checkpoint_blobs t WHERE thread_id = %s"
+                ),
+                "write_bytes": one(
+                    "SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t WHERE thread_id = %s"
+                ),
+                "outbox_bytes": one(
+                    "SELECT sum(pg_column_size(t.*)) FROM reducing_saver_outbox t WHERE thread_id = %s"
+                ),
+                "store_bytes": one(
+                    "SELECT sum(pg_column_size(t.*)) FROM store t WHERE value->>'thread_id' = %s"
+                ),
             }
     if kind == "sqlite":
         path = url.split("sqlite:///", 1)[1]
@@ -135,15 +149,27 @@ def direct_figures(service: Service, thread_id: str) -> dict[str, int]:
                 total = 0
                 for row in conn.execute(f"SELECT * FROM {table} WHERE {where}", (thread_id,)):
                     for column, value in zip(columns, row, strict=True):
-                        if column in ("pruned_at", "attempts", "available_at", "lease_until", "failed_at",
-                                      "delivered_at", "created_at", "updated_at", "expires_at", "ttl_minutes"):
+                        if column in (
+                            "pruned_at",
+                            "attempts",
+                            "available_at",
+                            "lease_until",
+                            "failed_at",
+                            "delivered_at",
+                            "created_at",
+                            "updated_at",
+                            "expires_at",
+                            "ttl_minutes",
+                        ):
                             continue  # numbers and times: not counted
                         if value is not None:
                             total += len(value if isinstance(value, bytes) else str(value).encode())
                 return total
 
             return {
-                "checkpoints": conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (thread_id,)).fetchone()[0],
+                "checkpoints": conn.execute(
+                    "SELECT count(*) FROM checkpoints WHERE thread_id = ?", (thread_id,)
+                ).fetchone()[0],
                 "checkpoint_bytes": size("checkpoints", "thread_id = ?"),
                 "blob_bytes": 0,
                 "write_bytes": size("writes", "thread_id = ?"),
@@ -159,14 +185,18 @@ def direct_figures(service: Service, thread_id: str) -> dict[str, int]:
         "checkpoints": len(checkpoints),
         "checkpoint_bytes": sum(len(c[1]) + len(m[1]) for c, m, _ in checkpoints),
         "blob_bytes": sum(len(v[1]) for k, v in saver.blobs.items() if k[0] == thread_id),
-        "write_bytes": sum(len(w[2][1]) for k, ws in saver.writes.items() if k[0] == thread_id for w in ws.values()),
+        "write_bytes": sum(
+            len(w[2][1]) for k, ws in saver.writes.items() if k[0] == thread_id for w in ws.values()
+        ),
         "outbox_bytes": sum(
             len(json.dumps(e.message, separators=(",", ":"), ensure_ascii=False).encode())
-            for e in _outbox_entries(backend.outbox()) if e.thread_id == thread_id
+            for e in _outbox_entries(backend.outbox())
+            if e.thread_id == thread_id
         ),
         "store_bytes": sum(
             len(json.dumps(i.value, separators=(",", ":"), ensure_ascii=False).encode())
-            for i in items if i.value.get("thread_id") == thread_id
+            for i in items
+            if i.value.get("thread_id") == thread_id
         ),
     }
 
@@ -180,15 +210,23 @@ def test_thread_figures_match_the_database_measured_directly(database: str) -> N
         converse(saver, "t1", 12, seed=1)
         converse(saver, "t2", 3, seed=2)
         cut = 12 * 2 - 6  # 12 turns of two messages, a window of at most 6 (4 to 6 kept)
-        window = len(saver.get_tuple({"configurable": {"thread_id": "t1"}}).checkpoint["channel_values"]["messages"])
+        window = len(
+            saver.get_tuple({"configurable": {"thread_id": "t1"}}).checkpoint["channel_values"]["messages"]
+        )
         run.delivered(12 * 2 - window)
         figures = run.http.get("/v1/threads/t1/storage").json()
         direct = direct_figures(run.service, "t1")
         assert {k: figures[k] for k in direct} == direct
         assert figures["checkpoints"] == len(list(saver.list({"configurable": {"thread_id": "t1"}})))
         assert figures["cut_messages"] == 12 * 2 - window >= cut
-        assert figures["saver_bytes"] == figures["checkpoint_bytes"] + figures["blob_bytes"] + figures["write_bytes"]
-        assert figures["total_bytes"] == figures["saver_bytes"] + figures["outbox_bytes"] + figures["store_bytes"]
+        assert (
+            figures["saver_bytes"]
+            == figures["checkpoint_bytes"] + figures["blob_bytes"] + figures["write_bytes"]
+        )
+        assert (
+            figures["total_bytes"]
+            == figures["saver_bytes"] + figures["outbox_bytes"] + figures["store_bytes"]
+        )
         assert figures["plain_estimate"] > figures["saver_bytes"]
         assert figures["saved_ratio"] == pytest.approx(figures["plain_estimate"] / figures["total_bytes"])
         # The summary adds the two threads up, largest first.
@@ -204,7 +242,10 @@ def test_thread_figures_match_the_database_measured_directly(database: str) -> N
         with pytest.raises(NotFoundError):
             saver.storage("nope")
         aclient = RemoteReducingSaver(
-            "http://testserver", transport=run.http._transport, async_transport=httpx.ASGITransport(run.app), max_retries=0
+            "http://testserver",
+            transport=run.http._transport,
+            async_transport=httpx.ASGITransport(run.app),
+            max_retries=0,
         )
         with aclient:
             assert asyncio.run(aclient.astorage("t1")) == figures
@@ -224,8 +265,8 @@ def plain_bytes(kind: str, url: str, turns: int) -> tuple[int, int]:
             converse(saver, "t1", turns, seed=1)
         with psycopg.connect(url) as conn:
             return conn.execute(
-                "SELECT (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) + (SELECT sum(pg_column_size(t.*)) "
-                "FROM checkpoint_writes t) + b.stored, (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
+                "SELECT (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
+                "+ (SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t) + b.stored, (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
                 "+ (SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t) + b.uncompressed FROM (SELECT "
                 "sum(pg_column_size(t.*)) AS stored, "
                 "sum(pg_column_size(t.*) - pg_column_size(t.blob) + length(t.blob)) AS uncompressed "
@@ -235,9 +276,35 @@ def plain_bytes(kind: str, url: str, turns: int) -> tuple[int, int]:
         with SqliteSaver.from_conn_string(url) as saver:
             converse(saver, "t1", turns, seed=1)
             conn = saver.conn
-            row = "+".join(f"coalesce(length(CAST({c} AS BLOB)),0)" for c in ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "type", "checkpoint", "metadata"))
-            writes = "+".join(f"coalesce(length(CAST({c} AS BLOB)),0)" for c in ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "task_path", "CAST(idx AS TEXT)", "channel", "type", "value"))
-            size = conn.execute(f"SELECT (SELECT sum({row}) FROM checkpoints) + (SELECT sum({writes}) FROM writes)").fetchone()[0]
+            row = "+".join(
+                f"coalesce(length(CAST({c} AS BLOB)),0)"
+                for c in (
+                    "thread_id",
+                    "checkpoint_ns",
+                    "checkpoint_id",
+                    "parent_checkpoint_id",
+                    "type",
+                    "checkpoint",
+                    "metadata",
+                )
+            )
+            writes = "+".join(
+                f"coalesce(length(CAST({c} AS BLOB)),0)"
+                for c in (
+                    "thread_id",
+                    "checkpoint_ns",
+                    "checkpoint_id",
+                    "task_id",
+                    "task_path",
+                    "CAST(idx AS TEXT)",
+                    "channel",
+                    "type",
+                    "value",
+                )
+            )
+            size = conn.execute(
+                f"SELECT (SELECT sum({row}) FROM checkpoints) + (SELECT sum({writes}) FROM writes)"
+            ).fetchone()[0]
             return size, size
     saver = InMemorySaver()
     converse(saver, "t1", turns, seed=1)
@@ -249,13 +316,19 @@ def plain_bytes(kind: str, url: str, turns: int) -> tuple[int, int]:
     return size, size
 
 
-def test_the_plain_estimate_is_close_to_what_a_plain_saver_holds(database: str, make_database, tmp_path, record_property) -> None:
+def test_the_plain_estimate_is_close_to_what_a_plain_saver_holds(
+    database: str, make_database, tmp_path, record_property
+) -> None:
     turns = 40
     with running(database, extract=False) as run, run.saver() as saver:
         converse(saver, "t1", turns, seed=1)
         figures = run.http.get("/v1/threads/t1/storage").json()
     kind = run.service.backend_kind
-    plain_url = {"postgres": make_database, "sqlite": lambda: str(tmp_path / "plain.sqlite"), "memory": lambda: ""}[kind]()
+    plain_url = {
+        "postgres": make_database,
+        "sqlite": lambda: str(tmp_path / "plain.sqlite"),
+        "memory": lambda: "",
+    }[kind]()
     plain, uncompressed = plain_bytes(kind, plain_url, turns)
     record_property(
         "storage figures",
