@@ -5,6 +5,8 @@ A pass measures every thread (``Backend.storage``) and adds the figures up per t
 label takes bounded values: the tenants of the configured API keys (at most :data:`MAX_TENANT_LABELS`,
 the largest first), ``"other"`` for the rest (stored ids of a tenant whose key is gone, the smaller
 tenants past the cap), and ``"default"`` in single-tenant mode. Thread ids never become labels.
+
+Every process measures the whole database: replicas report the same figures (aggregate with ``max``).
 """
 
 from __future__ import annotations

@@ -86,6 +86,8 @@ def measure(
     store_figures: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
     if store is not None:
         # The default extractor's items name their thread in the value (``StoreExtractor.value``).
+        # InMemoryStore keeps them in ``_data`` (namespace -> key -> Item): read as they are, without
+        # paging every namespace through search.
         for namespace, items in list(store._data.items()):
             for item in list(items.values()):
                 add(
