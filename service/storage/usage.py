@@ -27,8 +27,9 @@ per checkpoint namespace, where
   deleted since: the figures come from the head, the outbox and the store.
 
 ``plain_estimate`` = the plain messages + every other byte the checkpoint tables hold now (checkpoint
-rows and writes without the messages values). A window whose message count cannot be read (another
-serde, an encrypted value) counts ``c = 0``.
+rows and writes without the messages values), scaled by the checkpoints the thread has had (head step +
+2, summed over its namespaces) over the checkpoints it keeps. A window whose message count cannot be
+read (another serde, an encrypted value) counts ``c = 0``.
 """
 
 from __future__ import annotations
@@ -107,11 +108,19 @@ class Head:
             ``None``: one per message (``k + c``).
         window_bytes: Bytes of the messages value of the head (``w``).
         window_messages: Messages in it (``k``), ``None`` when unreadable.
+        checkpoints_had: Checkpoints the namespace has had, deleted ones included (head step + 2), or
+            ``None`` when the head has no step.
     """
 
     copies: int | None = None
     window_bytes: int = 0
     window_messages: int | None = None
+    checkpoints_had: int | None = None
+
+
+def checkpoints_had(step: Any) -> int | None:
+    """Checkpoints a namespace whose head has ``step`` has had: steps start at -1."""
+    return step + 2 if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 @dataclass
@@ -186,7 +195,11 @@ def finish(thread: ThreadStorage) -> ThreadStorage:
     plain = sum(
         plain_messages(head, thread.cut_messages if ns == "" else 0) for ns, head in thread.heads.items()
     )
-    thread.plain_estimate = plain + max(thread.saver_bytes - thread.messages_bytes, 0)
+    other = max(thread.saver_bytes - thread.messages_bytes, 0)
+    had = [head.checkpoints_had for head in thread.heads.values()]
+    if thread.checkpoints and had and all(count is not None for count in had):
+        other = round(other * max(sum(had) / thread.checkpoints, 1.0))  # type: ignore[arg-type]
+    thread.plain_estimate = plain + other
     return thread
 
 
@@ -261,6 +274,7 @@ __all__ = [
     "Selection",
     "ThreadStorage",
     "assemble",
+    "checkpoints_had",
     "finish",
     "msgpack_array_length",
     "plain_messages",

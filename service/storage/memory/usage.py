@@ -17,6 +17,7 @@ from reducing_saver.service.storage.usage import (
     Selection,
     ThreadStorage,
     assemble,
+    checkpoints_had,
     msgpack_array_length,
     tenant_of_namespace,
 )
@@ -52,12 +53,14 @@ def measure(
                 for checkpoint, metadata, _ in checkpoints.values():
                     thread.checkpoints += 1
                     thread.checkpoint_bytes += len(checkpoint[1]) + len(metadata[1])
-                head = saver.serde.loads_typed(checkpoints[max(checkpoints)][0])
+                checkpoint, metadata, _ = checkpoints[max(checkpoints)]
+                head = saver.serde.loads_typed(checkpoint)
                 version = (head.get("channel_versions") or {}).get(messages_key)
                 window = saver.blobs.get((thread_id, ns, messages_key, version), ("empty", b""))[1]
                 thread.heads[ns] = Head(
                     window_bytes=len(window),
                     window_messages=msgpack_array_length(window),
+                    checkpoints_had=checkpoints_had(saver.serde.loads_typed(metadata).get("step")),
                 )
         for (thread_id, _, channel, _), value in saver.blobs.items():
             if (thread := threads.get(thread_id)) is not None:

@@ -13,6 +13,7 @@ from reducing_saver.service.storage.usage import (
     Selection,
     ThreadStorage,
     assemble,
+    checkpoints_had,
     msgpack_array_length,
 )
 
@@ -28,15 +29,15 @@ FROM checkpoint_blobs b WHERE {where} GROUP BY thread_id
 _WRITES = """
 SELECT thread_id, sum(pg_column_size(w.*)) AS bytes FROM checkpoint_writes w WHERE {where} GROUP BY thread_id
 """
-# Each namespace's head, its messages version, and the messages blob that version names. Its size is
+# Each namespace's head, its messages version and step, and the messages blob that version names. Its size is
 # read uncompressed: a plain saver's long histories would be compressed (TOAST) at another ratio than
 # this short window, and prose compresses little.
 _HEADS = """
-SELECT h.thread_id, h.checkpoint_ns, length(b.blob) AS window_bytes,
+SELECT h.thread_id, h.checkpoint_ns, h.step, length(b.blob) AS window_bytes,
        substring(b.blob FROM 1 FOR 5) AS header
 FROM (
     SELECT DISTINCT ON (thread_id, checkpoint_ns) thread_id, checkpoint_ns,
-           checkpoint -> 'channel_versions' ->> %(key)s AS version
+           checkpoint -> 'channel_versions' ->> %(key)s AS version, metadata -> 'step' AS step
     FROM checkpoints WHERE {where} ORDER BY thread_id, checkpoint_ns, checkpoint_id DESC
 ) AS h
 LEFT JOIN checkpoint_blobs b ON b.thread_id = h.thread_id AND b.checkpoint_ns = h.checkpoint_ns
@@ -119,6 +120,7 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
                 thread.heads[row["checkpoint_ns"]] = Head(
                     window_bytes=row["window_bytes"] or 0,
                     window_messages=msgpack_array_length(row["header"]),
+                    checkpoints_had=checkpoints_had(row["step"]),
                 )
         outbox = _grouped(conn, _OUTBOX, _outbox_where(selection), params, OUTBOX_TABLE)
         store = _grouped(conn, _STORE, _store_where(selection), params, "store")

@@ -21,6 +21,7 @@ from reducing_saver.service.storage.usage import (
     Selection,
     ThreadStorage,
     assemble,
+    checkpoints_had,
     msgpack_array_length,
     tenant_of_namespace,
 )
@@ -127,15 +128,14 @@ def measure(path: str, selection: Selection, *, messages_key: str) -> list[Threa
 
 
 def _head(row: dict[str, Any], messages_key: str) -> Head:
-    """The messages of one checkpoint row, as :class:`Head` (copies: checkpoints so far, step + 2)."""
+    """The messages of one checkpoint row, as :class:`Head` (copies: every checkpoint so far, step + 2)."""
     checkpoint = _SERDE.loads_typed((row["type"], row["checkpoint"]))
     value = (checkpoint.get("channel_values") or {}).get(messages_key)
-    step = row["step"] if isinstance(row["step"], int) else -1
-    if not isinstance(value, Blob):
-        return Head(copies=step + 2)
-    return Head(
-        copies=step + 2, window_bytes=len(value.data), window_messages=msgpack_array_length(value.data)
-    )
+    had = checkpoints_had(row["step"])
+    head = Head(copies=had if had is not None else 1, checkpoints_had=had)
+    if isinstance(value, Blob):
+        head.window_bytes, head.window_messages = len(value.data), msgpack_array_length(value.data)
+    return head
 
 
 def _outbox_tenant(row: dict[str, Any], tenant_mode: bool) -> str | None:

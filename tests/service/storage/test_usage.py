@@ -265,12 +265,12 @@ def plain_bytes(kind: str, url: str, turns: int) -> tuple[int, int]:
             converse(saver, "t1", turns, seed=1)
         with psycopg.connect(url) as conn:
             return conn.execute(
-                "SELECT (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
-                "+ (SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t) + b.stored, (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
-                "+ (SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t) + b.uncompressed FROM (SELECT "
-                "sum(pg_column_size(t.*)) AS stored, "
+                "WITH o AS (SELECT (SELECT sum(pg_column_size(t.*)) FROM checkpoints t) "
+                "+ (SELECT sum(pg_column_size(t.*)) FROM checkpoint_writes t) AS rows), "
+                "b AS (SELECT sum(pg_column_size(t.*)) AS stored, "
                 "sum(pg_column_size(t.*) - pg_column_size(t.blob) + length(t.blob)) AS uncompressed "
-                "FROM checkpoint_blobs t) AS b"
+                "FROM checkpoint_blobs t) "
+                "SELECT o.rows + b.stored, o.rows + b.uncompressed FROM o, b"
             ).fetchone()
     if kind == "sqlite":
         with SqliteSaver.from_conn_string(url) as saver:
@@ -391,3 +391,28 @@ def test_plain_messages_is_the_triangle_of_the_history() -> None:
     assert plain_messages(Head(copies=10, window_bytes=400, window_messages=4), 6) == 5500
     assert plain_messages(Head(window_bytes=400, window_messages=4), 6) == 5500
     assert plain_messages(Head(copies=10, window_bytes=400, window_messages=None), 6) == 2200
+
+
+def test_the_estimate_survives_deleted_checkpoints(database: str) -> None:
+    with running(database, extract=False) as run, run.saver() as saver:
+        converse(saver, "t1", 20, seed=5)
+        before = saver.storage("t1")
+        saver.prune(["t1"], strategy="keep_latest")
+        after = saver.storage("t1")
+    assert after["checkpoints"] == 1 < before["checkpoints"]
+    assert after["saver_bytes"] < before["saver_bytes"] / 5
+    # Every input comes from the head, the outbox and the step count: deleted checkpoints still count.
+    assert after["plain_estimate"] == pytest.approx(before["plain_estimate"], rel=0.1)
+
+
+def test_the_openapi_document_describes_both_routes() -> None:
+    with running("memory://") as run:
+        paths = run.http.get("/openapi.json").json()["paths"]
+    thread = paths["/v1/threads/{thread_id}/storage"]["get"]["responses"]
+    assert thread["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ThreadStorageResponse")
+    assert "404" in thread
+    summary = paths["/v1/storage"]["get"]
+    assert summary["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/StorageSummaryResponse"
+    )
+    assert [p["name"] for p in summary["parameters"]] == ["top"]
