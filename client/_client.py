@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import metadata as importlib_metadata
 from typing import Any, Generic, NamedTuple, Self, TypeVar
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -47,6 +48,8 @@ from reducing_saver.wire import (
     API_PREFIX,
     JSON,
     MSGPACK,
+    STORAGE_PATH,
+    THREAD_STORAGE_PATH,
     Blob,
     WireError,
     channel_value_from_wire,
@@ -174,6 +177,10 @@ class _Call(Generic[T]):
 
 def _no_content(body: Any) -> None:
     return None
+
+
+def _as_given(body: Any) -> Any:
+    return body
 
 
 def _post(
@@ -1132,6 +1139,43 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     async def adelete_thread(self, thread_id: str) -> None:
         """Async ``delete_thread``."""
         await self._http.asend(self._delete_thread_call(thread_id))
+
+    # -- storage you can see ------------------------------------------------------------------------
+
+    @staticmethod
+    def _storage_call(thread_id: str) -> _Call[dict[str, Any]]:
+        path = THREAD_STORAGE_PATH.format(thread_id=quote(str(thread_id), safe=""))
+        return _Call("GET", path, None, True, _as_given)
+
+    @staticmethod
+    def _storage_summary_call(top: int) -> _Call[dict[str, Any]]:
+        return _Call("GET", f"{STORAGE_PATH}?top={int(top)}", None, True, _as_given)
+
+    def storage(self, thread_id: str) -> dict[str, Any]:
+        """What a thread holds: bytes in checkpoints, blobs, writes, outbox and store, checkpoints kept, and
+        the bytes a plain ``add_messages`` saver would hold (``plain_estimate``); see docs/storage.md.
+
+        Raises:
+            NotFoundError: If the service has no checkpoint of the thread (with API keys: of the caller's).
+            ReducingSaverError: A subclass naming what else failed.
+        """
+        return self._http.send(self._storage_call(thread_id))
+
+    def storage_summary(self, *, top: int = 10) -> dict[str, Any]:
+        """The caller's threads added up (with API keys: the tenant's), and the ``top`` largest (1 to 100).
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
+        return self._http.send(self._storage_summary_call(top))
+
+    async def astorage(self, thread_id: str) -> dict[str, Any]:
+        """Async ``storage``."""
+        return await self._http.asend(self._storage_call(thread_id))
+
+    async def astorage_summary(self, *, top: int = 10) -> dict[str, Any]:
+        """Async ``storage_summary``."""
+        return await self._http.asend(self._storage_summary_call(top))
 
 
 # -- optional capabilities: mixed in only when the service's backend has them ----------------------

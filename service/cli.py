@@ -48,6 +48,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
     "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
+    "--storage-refresh-seconds": "storage_refresh_seconds",
     "--extract": "extract",
     "--extractor": "extractor",
     "--extraction-batch-size": "extraction_batch_size",
@@ -120,7 +121,9 @@ SWEEP_FLAGS: dict[str, str] = {
         "--log-format",
     )
 }
-ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
+#: The flags of ``report`` besides its own (``--top``, ``--png``).
+REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
+ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS, **REPORT_FLAGS}
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -190,7 +193,39 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
     )
+    report_parser = commands.add_parser(
+        "report",
+        help="print the largest threads' storage, saved against a plain saver; optionally a PNG chart",
+        description="Measure every thread's storage in the database (checkpoints, blobs, writes, outbox and "
+        "store) and print a table of the largest: thread, tenant, checkpoints kept, bytes now, the bytes a "
+        "plain add_messages saver would hold (estimate; see docs/storage.md) and the ratio. Reads the "
+        "database directly; safe while services use it. With API keys configured (REDUCING_SAVER_API_KEYS "
+        "or --api-keys-file), threads are shown with their tenant.",
+    )
+    _add_flags(report_parser, REPORT_FLAGS)
+    report_parser.add_argument(
+        "--top",
+        type=_positive,
+        default=20,
+        metavar="N",
+        help="how many of the largest threads to show (default 20)",
+    )
+    report_parser.add_argument(
+        "--png",
+        metavar="PATH",
+        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
+    )
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 thread, got {value}")
+    return value
 
 
 def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
@@ -480,6 +515,36 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
     return 1 if report.errors else 0
 
 
+def report(settings: Settings, *, top: int, png: str | None) -> int:
+    """Print the largest threads' storage; with ``png``, write the chart too."""
+    from reducing_saver.service import storage_report
+    from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage.usage import Selection
+
+    if settings.backend == "memory":
+        print(
+            "reducing-saver: memory:// keeps its threads inside the service process: nothing to report",
+            file=sys.stderr,
+        )
+        return 2
+    if png is not None:
+        try:
+            import matplotlib  # noqa: F401  (an optional dependency: checked before any work)
+        except ImportError:
+            raise CommandError(storage_report.NO_MATPLOTLIB) from None
+    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    try:
+        selection = Selection(tenant_mode=settings.api_key_set is not None)
+        threads = backend.storage(selection, messages_key=settings.messages_key)
+    finally:
+        backend.close()
+    print(storage_report.table(threads, top))
+    if png is not None:
+        storage_report.chart(threads[:top], png)
+        print(f"chart written to {png}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -494,6 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker(settings)
         elif args.command == "sweep":
             return sweep(settings, dry_run=args.dry_run)
+        elif args.command == "report":
+            return report(settings, top=args.top, png=args.png)
         else:
             extraction(settings, args.action)
     except CommandError as error:

@@ -76,6 +76,13 @@ class ServerSettings(BaseModel):
         "one connection attempt may take (at least 2 s) and how long closing the database may take on "
         "shutdown.",
     )
+    storage_refresh_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="How often a background thread measures every thread's storage for the "
+        "reducing_saver_storage_* metrics (one pass over the checkpoint, outbox and store tables; /metrics "
+        "answers from the last pass); 0 turns the measuring and those metrics off.",
+    )
 
 
 class ReducerSettings(BaseModel):

@@ -61,6 +61,12 @@ class Unauthorized(ServiceError):
     status = 401
 
 
+class NotFound(ServiceError):
+    """What the request names does not exist (or belongs to another tenant, which looks the same)."""
+
+    status = 404
+
+
 class Conflict(ServiceError):
     """The request conflicts with what is stored."""
 

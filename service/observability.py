@@ -2,7 +2,8 @@
 
 * ``ServiceMetrics`` owns one Prometheus registry per app: HTTP requests by route template, the bytes of
   the messages channel received and stored, messages pruned, unreadable messages channels, and (read at
-  scrape time) the backend's savers and the PostgreSQL pool.
+  scrape time) the backend's savers, the PostgreSQL pool, and the storage figures per tenant
+  (``storage_watch``: measured in a thread of their own, never during a scrape).
 * ``ObservabilityMiddleware`` is pure ASGI: it accepts or makes the request id, echoes it in
   ``X-Request-ID``, exposes it to log records, counts and times the request, and writes one access log
   line.
@@ -188,6 +189,7 @@ class ServiceMetrics:
         self._backend: Any = None
         self._pool: Any = None
         self._outbox: Any = None
+        self._storage: Any = None
         self.registry.register(_StateCollector(self))
 
     def measuring(self) -> MeasuringCodec:
@@ -198,12 +200,13 @@ class ServiceMetrics:
         """An ``on_prune`` hook: counts the messages the reducer delivers."""
         self.delivered.inc(len(messages))
 
-    def watch(self, savers: Any, pool: Any = None, outbox: Any = None) -> None:
-        """Read the savers, the connection pool (PostgreSQL) and the extraction outbox at scrape time.
+    def watch(self, savers: Any, pool: Any = None, outbox: Any = None, storage: Any = None) -> None:
+        """Read the savers, the connection pool (PostgreSQL), the extraction outbox and the storage
+        figures (``storage_watch.StorageWatch``, measured apart, read from memory) at scrape time.
 
         ``None`` stops watching.
         """
-        self._backend, self._pool, self._outbox = savers, pool, outbox
+        self._backend, self._pool, self._outbox, self._storage = savers, pool, outbox, storage
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method if method in _METHODS else "other", route, str(status))
@@ -254,6 +257,8 @@ class _StateCollector(Collector):
             value=backend.borrowed,
         )
         yield from _outbox_metrics(metrics._outbox)
+        if metrics._storage is not None:
+            yield from metrics._storage.collect()
         if metrics._pool is None:
             return
         stats = metrics._pool.get_stats()

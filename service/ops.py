@@ -18,9 +18,10 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
-from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
+from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import (
@@ -380,3 +381,31 @@ def sweeps_status(service: Service) -> dict[str, Any]:
         raise Unavailable("the service is starting or stopping")
     # A tenant sees its own threads' figures; the database-wide view is for single-tenant mode only.
     return service.sweeper.status(thread_prefix=_scope(service).prefix)
+
+
+def thread_storage(service: Service, thread_id: str) -> dict[str, Any]:
+    """What one of the caller's threads holds (``schemas.ThreadStorageResponse``).
+
+    Raises:
+        NotFound: If the thread has no checkpoint (another tenant's thread looks the same).
+    """
+    scope = _scope(service)
+    selection = Selection(thread=scope.thread(thread_id), tenant_mode=service.tenant_mode)
+    found = service.open_backend().storage(selection, messages_key=service.settings.messages_key)
+    if not found:
+        raise NotFound(f"thread {thread_id!r} has no checkpoints")
+    return _thread_storage_out(found[0], scope)
+
+
+def storage_summary(service: Service, top: int) -> dict[str, Any]:
+    """The caller's threads added up, and the ``top`` largest (``schemas.StorageSummaryResponse``)."""
+    scope = _scope(service)
+    selection = Selection(tenant=scope.tenant, tenant_mode=service.tenant_mode)
+    threads = service.open_backend().storage(selection, messages_key=service.settings.messages_key)
+    summary = summarize(threads, top)
+    summary["largest"] = [_thread_storage_out(thread, scope) for thread in threads[:top]]
+    return summary
+
+
+def _thread_storage_out(thread: ThreadStorage, scope: security.TenantScope) -> dict[str, Any]:
+    return {**thread.as_dict(), "thread_id": scope.unthread(thread.thread_id)}

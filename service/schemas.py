@@ -292,3 +292,51 @@ class DeadLettersResponse(BaseModel):
 
 class RetryDeadResponse(BaseModel):
     requeued: int
+
+
+# -- storage you can see (service/storage/usage.py; docs/storage.md) -------------------------------
+
+#: The most threads a storage summary lists.
+MAX_STORAGE_TOP = 100
+
+
+class ThreadStorageResponse(BaseModel):
+    """What one thread holds now, and what a plain ``add_messages`` saver would hold."""
+
+    thread_id: str = Field(description="The thread id, as the agent names it.")
+    tenant: str = Field(description="The thread's tenant ('' without API keys).")
+    checkpoints: int = Field(description="Checkpoints kept, every namespace.")
+    checkpoint_bytes: int = Field(description="Checkpoint rows (SQLite: the whole state, messages included).")
+    blob_bytes: int = Field(description="Channel value rows (PostgreSQL, memory; 0 on SQLite).")
+    write_bytes: int = Field(description="Pending write rows.")
+    outbox_bytes: int = Field(description="Outbox rows of the messages cut from the thread.")
+    store_bytes: int = Field(description="Store items made of those messages (their value names the thread).")
+    messages_bytes: int = Field(
+        description="The part of checkpoint and blob bytes that is the messages channel."
+    )
+    cut_messages: int = Field(description="Messages cut from the thread (its outbox rows or store items).")
+    plain_estimate: int = Field(
+        description="Bytes a plain add_messages saver would hold in the checkpoint tables."
+    )
+    saver_bytes: int = Field(description="checkpoint_bytes + blob_bytes + write_bytes.")
+    total_bytes: int = Field(description="saver_bytes + outbox_bytes + store_bytes.")
+    saved_ratio: float | None = Field(description="plain_estimate / total_bytes; null for an empty thread.")
+
+
+class StorageSummaryResponse(BaseModel):
+    """The caller's threads added up (with API keys: the tenant's; without: every thread), and the largest."""
+
+    threads: int = Field(description="Threads with checkpoints.")
+    checkpoints: int
+    checkpoint_bytes: int
+    blob_bytes: int
+    write_bytes: int
+    outbox_bytes: int
+    store_bytes: int
+    saver_bytes: int
+    total_bytes: int
+    plain_estimate: int
+    saved_ratio: float | None = Field(description="plain_estimate / total_bytes; null without threads.")
+    largest: list[ThreadStorageResponse] = Field(
+        description="The largest threads by total_bytes, at most `top`."
+    )

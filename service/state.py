@@ -28,6 +28,7 @@ from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
+from reducing_saver.service.storage_watch import StorageWatch
 from reducing_saver.service.store_config import store_options
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
@@ -113,6 +114,7 @@ class Service:
         self.savers: SaverPool | None = None
         self.memory: Memory | None = None
         self.sweeper: Sweeper | None = None
+        self.storage_watch: StorageWatch | None = None
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
 
     # -- opening and closing ----------------------------------------------------------------------
@@ -151,12 +153,20 @@ class Service:
             )
             if settings.sweep:
                 self.sweeper.start()
+            if settings.storage_refresh_seconds > 0:
+                self.storage_watch = StorageWatch(
+                    backend,
+                    interval=settings.storage_refresh_seconds,
+                    messages_key=settings.messages_key,
+                    tenants=self.api_keys.tenants if self.api_keys is not None else None,
+                )
+                self.storage_watch.start()
         except BaseException:
             self.close()
             backend.close()
             raise
         self.backend, self.savers = backend, savers
-        self.metrics.watch(savers, backend.pool, memory.outbox)
+        self.metrics.watch(savers, backend.pool, memory.outbox, self.storage_watch)
         logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
 
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
@@ -181,6 +191,9 @@ class Service:
         savers, self.savers = self.savers, None
         sweeper, self.sweeper = self.sweeper, None
         memory, self.memory = self.memory, None
+        watch, self.storage_watch = self.storage_watch, None
+        if watch is not None:
+            finish_within(deadline, "stopping the storage figures", lambda: watch.close(_left(deadline)))
         if sweeper is not None:
             finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
         if memory is not None:
@@ -200,6 +213,12 @@ class Service:
         if self.savers is None:
             raise Unavailable(_STOPPED)
         return self.savers
+
+    def open_backend(self) -> Backend:
+        """The open backend, or 503 while the service starts or stops."""
+        if self.backend is None:
+            raise Unavailable(_STOPPED)
+        return self.backend
 
     def open_memory(self) -> Memory:
         """The outbox and deliverer, or 503 while the service starts or stops."""

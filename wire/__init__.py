@@ -50,6 +50,9 @@ WRITES_PATH = API_PREFIX + "/writes/put"
 PER_STEP_PATHS = (GET_PATH, PUT_PATH, WRITES_PATH)
 CAPABILITIES_PATH = API_PREFIX + "/capabilities"
 LIST_PATH = API_PREFIX + "/checkpoints/list"
+#: What one thread holds (``{thread_id}`` percent-encoded), and the caller's threads added up.
+THREAD_STORAGE_PATH = API_PREFIX + "/threads/{thread_id}/storage"
+STORAGE_PATH = API_PREFIX + "/storage"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 #: The content types the per-step routes accept and answer in.
@@ -298,6 +301,8 @@ __all__ = [
     "PER_STEP_PATHS",
     "PUT_PATH",
     "RESERVED_TYPE_PREFIX",
+    "STORAGE_PATH",
+    "THREAD_STORAGE_PATH",
     "WRITES_PATH",
     "BODY_FORMATS",
     "JSON",

@@ -95,6 +95,11 @@ class Backend(Protocol):
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> Any:
         """The TTL ledger (``ttl.ledger``), set up."""
 
+    def storage(self, selection: Any, *, messages_key: str) -> list[Any]:
+        """What each thread of ``selection`` (``usage.Selection``) holds, largest first: bytes in
+        checkpoints, blobs, writes, outbox and store, checkpoints kept, and the plain estimate
+        (``usage.ThreadStorage``). Reads in a snapshot of its own; never blocks the savers."""
+
     def ready(self, timeout: float) -> None:
         """Raise unless the checkpoint tables answer within ``timeout`` seconds."""
 

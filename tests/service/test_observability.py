@@ -228,8 +228,8 @@ def test_openapi_lists_metrics(client):
 
 
 def test_postgres_pool_and_savers_show_as_gauges(fresh_pg):
-    # No deliverer or sweeper: their background claims would take pool connections at any moment.
-    app = create_app(Settings(database=fresh_pg, pool_size=3, extract=False, sweep=False))
+    # No deliverer, sweeper or storage pass: their background work would take pool connections at any moment.
+    app = create_app(Settings(database=fresh_pg, pool_size=3, extract=False, sweep=False, storage_refresh_seconds=0))
     with TestClient(app) as client:
         samples = _metrics(client)
         assert _value(samples, "reducing_saver_db_pool_size") == 3

@@ -7,10 +7,12 @@ from typing import Any
 
 from langgraph.store.memory import InMemoryStore
 
+from reducing_saver.service.storage.memory import usage
 from reducing_saver.service.storage.memory.ledger import MemoryLedger
 from reducing_saver.service.storage.memory.outbox import MemoryOutbox
 from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 
 class MemoryBackend:
@@ -44,6 +46,9 @@ class MemoryBackend:
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> MemoryLedger:
         return MemoryLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
+
+    def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
+        return usage.measure(self.saver, self._outbox, self._store, selection, messages_key=messages_key)
 
     def ready(self, timeout: float) -> None:
         if not self.saver.lock.acquire(timeout=timeout):

@@ -17,6 +17,7 @@ from reducing_saver.service.extraction.outbox import (
     check_fail_args,
     claim_order,
     error_text,
+    json_text,
     sorted_unique,
 )
 
@@ -145,6 +146,13 @@ class MemoryOutbox:
                 row.claimed_by = row.lease_until = None
                 row.attempts = max(row.attempts - 1, 0)
             return len(rows)
+
+    def sizes(self) -> list[tuple[tuple[str, ...], str, int]]:
+        """``(namespace, thread id, bytes of the message's JSON)`` of every row (storage figures)."""
+        with self._lock:
+            return [
+                (ident[0], row.entry.thread_id, len(json_text(row.entry.message))) for ident, row in self._rows.items()
+            ]
 
     def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
         """See :meth:`PostgresOutbox.status`."""

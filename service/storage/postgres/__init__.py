@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from langgraph.store.postgres import PostgresStore
 
+from reducing_saver.service.storage.postgres import usage
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
@@ -22,6 +23,7 @@ from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 
 class PostgresBackend:
@@ -66,6 +68,9 @@ class PostgresBackend:
         ledger = PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
         ledger.setup()
         return ledger
+
+    def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
+        return usage.measure(self.pool, selection, messages_key=messages_key)
 
     def ready(self, timeout: float) -> None:
         # Reads the checkpoint table under a lock timeout: a table another session locked (a sweep, a

@@ -11,10 +11,12 @@ from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.sqlite import usage
 from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -70,6 +72,9 @@ class SqliteBackend:
         ledger = SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
         ledger.setup()
         return ledger
+
+    def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
+        return usage.measure(self.path, selection, messages_key=messages_key)
 
     def ready(self, timeout: float) -> None:
         if not self.saver.lock.acquire(timeout=timeout):
