@@ -118,10 +118,14 @@ class Service:
     # -- opening and closing ----------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the backend, create its tables, start delivery and sweeps (blocking; the lifespan's)."""
+        """Open the backend, migrate its tables (or check them: ``--no-migrate``), start delivery and sweeps
+        (blocking; the lifespan's)."""
         settings = self.settings
         backend = open_backend(
-            settings.database, pool_size=settings.pool_size, timeout=settings.db_timeout_seconds
+            settings.database,
+            pool_size=settings.pool_size,
+            timeout=settings.db_timeout_seconds,
+            migrate=settings.migrate,
         )
         try:
             backend.store_options = store_options(settings)

@@ -40,6 +40,7 @@ class PostgresBackend:
         self.store_options: dict[str, Any] = {}
         self.migrates = migrate
         self._schema_checked = False
+        self._store_set_up = False
 
     def setup(self) -> None:
         if self.migrates:
@@ -94,11 +95,12 @@ class PostgresBackend:
     def _setup_store(self, store: PostgresStore) -> None:
         with locked_setup(self.url, STORE_LOCK_KEY):
             store.setup()
+        self._store_set_up = True
 
     def store(self) -> PostgresStore:
         if self._store is None:
             store = self._new_store()
-            if self.migrates:
+            if self.migrates and not self._store_set_up:
                 self._setup_store(store)
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()

@@ -37,6 +37,7 @@ class SqliteBackend:
         self.path = path
         self.migrates = migrate
         self._schema_checked = False
+        self._store_set_up = False
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
@@ -63,6 +64,7 @@ class SqliteBackend:
         else:
             with closing(connect(self.path)) as conn:
                 self._new_store(conn).setup()
+        self._store_set_up = True
         with closing(connect(self.path)) as conn:
             after = migrations.langgraph_versions(conn.cursor())
         return applied + langgraph_changes(before, after)
@@ -104,7 +106,7 @@ class SqliteBackend:
             conn = connect(self.path)
             self._closers.append(conn.close)
             store = self._new_store(conn)
-            if self.migrates:
+            if self.migrates and not self._store_set_up:
                 store.setup()
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
