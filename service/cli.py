@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
-from typing import Literal, get_args, get_origin
+from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -118,8 +118,16 @@ def _help(field: str) -> str:
     return f"{info.description} [env {ENV_PREFIX}{field.upper()}; default: {shown}]"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors (a wrong choice, an unknown flag) are one line on stderr, naming
+    the command and where its help is, with exit code 2: not the whole usage (dozens of lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="reducing-saver",
         description="A LangGraph checkpoint service that keeps every stored checkpoint to a window of messages.",
     )
