@@ -14,7 +14,7 @@ import importlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -53,6 +53,18 @@ class StorageError(Exception):
     """The database a URL names cannot be opened or is unfit for the service (unreachable, missing, an
     encoding other than UTF-8). The message is one line for an operator, naming the database (without
     its password) and the problem; the command line prints it as it is."""
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot serve now: unreachable, a connection broken or not free in time, a statement
+    cancelled, a file locked. The same call may succeed later (a 503); the message names the cause.
+
+    Each backend raises it for its driver's errors (``<backend>/errors.py``: ``wrap_exceptions``)."""
+
+
+class ValueRefused(Exception):
+    """The database refused a value of the request (PostgreSQL's text and JSONB cannot hold U+0000, say):
+    the same call fails again (a 422); the message names what was refused."""
 
 
 def redact_url(url: str) -> str:
@@ -114,6 +126,10 @@ class Backend(Protocol):
     def ready(self, timeout: float) -> None:
         """Raise unless the checkpoint tables answer within ``timeout`` seconds."""
 
+    def wrap_exceptions(self) -> AbstractContextManager[None]:
+        """A context in which the driver's errors become :class:`DatabaseUnavailable` or
+        :class:`ValueRefused` (others pass unchanged): every request's database work runs in one."""
+
     def close(self, timeout: float = 5.0) -> None:
         """Close every connection the backend opened (PostgreSQL: waiting at most ``timeout`` seconds for
         the pool's threads)."""
@@ -159,11 +175,19 @@ class SaverPool:
     answers, and calls that find no saver in time get :class:`SaversBusy`.
 
     PostgresSaver serializes every call on one lock per instance, so the PostgreSQL backend gets one
-    saver per pooled connection; SQLite and memory have one saver.
+    saver per pooled connection; SQLite and memory have one saver. Calls run inside
+    ``wrap_exceptions()`` (the backend's: driver errors become the storage errors of this module).
     """
 
-    def __init__(self, savers: list[ReducingSaver], *, timeout: float) -> None:
+    def __init__(
+        self,
+        savers: list[ReducingSaver],
+        *,
+        timeout: float,
+        wrap_exceptions: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
         self._savers = savers
+        self._wrap_exceptions = wrap_exceptions
         self._idle: queue.SimpleQueue[ReducingSaver] = queue.SimpleQueue()
         for saver in savers:
             self._idle.put(saver)
@@ -220,7 +244,7 @@ class SaverPool:
         while (job := self._jobs.get()) is not None:
             loop, future, fn, context = job
             try:
-                with self.borrow() as saver:
+                with self.borrow() as saver, self._wrap_exceptions():
                     result = context.run(fn, saver)
             except BaseException as exc:  # handed to the awaiting request, which maps it to a status
                 loop.call_soon_threadsafe(_settle, future, None, exc)
@@ -268,8 +292,10 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 __all__ = [
     "BACKEND_SCHEMES",
     "Backend",
+    "DatabaseUnavailable",
     "SaverPool",
     "SaversBusy",
+    "ValueRefused",
     "backend_kind",
     "open_backend",
     "sqlite_path",

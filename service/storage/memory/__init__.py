@@ -3,6 +3,7 @@ TTL ledger and InMemoryStore, all inside the service process."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from langgraph.store.memory import InMemoryStore
@@ -57,6 +58,10 @@ class MemoryBackend:
         if not self.saver.lock.acquire(timeout=timeout):
             raise TimeoutError(f"the in-memory saver stayed busy for {timeout:g} s")
         self.saver.lock.release()
+
+    def wrap_exceptions(self) -> Any:
+        """No driver: nothing to map."""
+        return nullcontext()
 
     def close(self, timeout: float = 5.0) -> None:
         """Nothing to close."""

@@ -10,6 +10,7 @@ from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.postgres import migrations
+from reducing_saver.service.storage.postgres.errors import wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
@@ -118,6 +119,9 @@ class PostgresBackend:
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
+
+    def wrap_exceptions(self) -> Any:
+        return wrap_exceptions()
 
     def close(self, timeout: float = 5.0) -> None:
         if self._store is not None:

@@ -13,6 +13,7 @@ from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations
+from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
 from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
@@ -125,6 +126,9 @@ class SqliteBackend:
             self._conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
         finally:
             self.saver.lock.release()
+
+    def wrap_exceptions(self) -> Any:
+        return wrap_exceptions()
 
     def close(self, timeout: float = 5.0) -> None:
         for close in reversed(self._closers):
