@@ -133,7 +133,8 @@ def _threads(url: str, threads: list[str]) -> dict:
 
 
 def _store(url: str, namespace: list[str], items: dict[str, dict]) -> dict:
-    """Put ``items`` under ``namespace`` with the old ``RemoteStore``, then read them back, search and list."""
+    """Put ``items`` under ``namespace`` with the old ``RemoteStore``, read them back, search, list the
+    namespaces, and delete the item ``gone`` if there is one."""
     from reducing_saver.client import RemoteStore
 
     ns = tuple(namespace)
@@ -143,9 +144,10 @@ def _store(url: str, namespace: list[str], items: dict[str, dict]) -> dict:
         got = {key: store.get(ns, key).value for key in items}
         searched = sorted(item.key for item in store.search(ns, limit=100))
         namespaces = [list(found) for found in store.list_namespaces(prefix=ns[:1])]
-        store.delete(ns, "gone") if "gone" in items else None
-        after_delete = store.get(ns, "gone") if "gone" in items else None
-    return {"got": got, "searched": searched, "namespaces": namespaces, "deleted": after_delete is None}
+        if "gone" in items:  # the item named "gone" is deleted again
+            store.delete(ns, "gone")
+        deleted = store.get(ns, "gone") is None
+    return {"got": got, "searched": searched, "namespaces": namespaces, "deleted": deleted}
 
 
 def refuses_doomed(messages: list, namespace: tuple[str, ...], store) -> None:
