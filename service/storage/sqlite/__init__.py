@@ -14,7 +14,7 @@ from reducing_saver.service.storage.migrations import check_langgraph, check_ver
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
-from reducing_saver.service.storage.sqlite.connections import connect
+from reducing_saver.service.storage.sqlite.connections import connect, setup_lock
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
@@ -51,7 +51,8 @@ class SqliteBackend:
             self.migrate()
         else:
             self.check_schema()
-        self.saver.setup()  # SqliteSaver creates its tables on first use anyway
+        with setup_lock(self.path):
+            self.saver.setup()  # SqliteSaver creates its tables on first use anyway
 
     def migrate(self) -> list[str]:
         # The service's tables first: a file of a later release is refused before anything changes.
@@ -59,12 +60,13 @@ class SqliteBackend:
             applied = [str(done) for done in migrations.migrate(conn)]
             before = migrations.langgraph_versions(conn.cursor())
         self._schema_checked = True
-        self.saver.setup()
-        if self._store is not None:
-            self._store.setup()
-        else:
-            with closing(connect(self.path)) as conn:
-                self._new_store(conn).setup()
+        with setup_lock(self.path):
+            self.saver.setup()
+            if self._store is not None:
+                self._store.setup()
+            else:
+                with closing(connect(self.path)) as conn:
+                    self._new_store(conn).setup()
         self._store_set_up = True
         with closing(connect(self.path)) as conn:
             after = migrations.langgraph_versions(conn.cursor())
@@ -108,7 +110,8 @@ class SqliteBackend:
             self._closers.append(conn.close)
             store = self._new_store(conn)
             if self.migrates and not self._store_set_up:
-                store.setup()
+                with setup_lock(self.path):
+                    store.setup()
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
                 self._closers.append(store.stop_ttl_sweeper)

@@ -174,3 +174,26 @@ def test_the_version_of_a_database_without_a_version_table(fresh_pg, tmp_path):
         assert pg_migrations.version(conn) == NO_VERSION
     with closing(sqlite3.connect(tmp_path / "x.sqlite")) as conn:
         assert sqlite_migrations.version(conn.cursor()) == NO_VERSION
+
+
+def test_sqlite_processes_take_turns_at_langgraphs_setup(tmp_path):
+    """langgraph's SqliteStore set-up reads a version, then alters tables: two at once fail ("duplicate
+    column name"). The backend runs it under the file's set-up lock, as PostgreSQL runs it under an
+    advisory lock."""
+    from reducing_saver.service.storage.sqlite.connections import setup_lock
+
+    path = tmp_path / "service.sqlite"
+    backend = open_backend(f"sqlite:///{path}")
+    done = threading.Event()
+    try:
+        with setup_lock(path):  # another process setting up
+            thread = threading.Thread(target=lambda: (backend.migrate(), done.set()), daemon=True)
+            thread.start()
+            assert not done.wait(0.5)  # waits for the lock, with the store's tables not yet set up
+            with closing(sqlite3.connect(path)) as conn:
+                assert sqlite_migrations.langgraph_versions(conn.cursor()) == {"store_migrations": NO_VERSION}
+        assert done.wait(30)
+    finally:
+        backend.close()
+    with closing(sqlite3.connect(path)) as conn:
+        assert sqlite_migrations.langgraph_versions(conn.cursor()) == sqlite_migrations.LANGGRAPH_TABLES
