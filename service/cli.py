@@ -49,6 +49,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
     "--storage-refresh-seconds": "storage_refresh_seconds",
+    "--migrate": "migrate",
     "--extract": "extract",
     "--extractor": "extractor",
     "--extraction-batch-size": "extraction_batch_size",
@@ -103,9 +104,14 @@ WORKER_FLAGS: dict[str, str] = {
         "--extraction-lease-seconds",
         "--store-index",
         "--store-ttl",
+        "--migrate",
         "--log-level",
         "--log-format",
     )
+}
+#: The flags of ``migrate``: the database, and the store's settings (vector search adds tables).
+MIGRATE_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--store-index", "--db-timeout-seconds", "--log-level")
 }
 EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
 #: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
@@ -123,7 +129,7 @@ SWEEP_FLAGS: dict[str, str] = {
 }
 #: The flags of ``report`` besides its own (``--top``, ``--png``).
 REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
-ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS, **REPORT_FLAGS}
+ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **MIGRATE_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS, **REPORT_FLAGS}
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -175,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve with --no-extract when only workers should deliver.",
     )
     _add_flags(worker, WORKER_FLAGS)
+    migrate_parser = commands.add_parser(
+        "migrate",
+        help="bring the database's tables up to date, then exit",
+        description="Apply the migrations the database lacks (the service's own tables, then langgraph's "
+        "checkpoint and store tables), each once, and print each one applied, or that the schema is "
+        "current. Safe while services start or run on the same database. Serve and worker do the same "
+        "at start unless given --no-migrate. A database migrated by a later reducing-saver is refused.",
+    )
+    _add_flags(migrate_parser, MIGRATE_FLAGS)
     extraction = commands.add_parser("extraction", help="inspect or re-drive the extraction outbox")
     actions = extraction.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
@@ -357,11 +372,25 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _check_backend(settings: Settings) -> None:
-    """Open the backend once and close it, so a database that is unreachable, missing or not UTF-8 ends
-    ``serve`` with one line (``StorageError``) instead of a traceback from the app's start-up."""
+    """Open the backend once, migrate it (or, with ``--no-migrate``, check that it needs no migration)
+    and close it, so a database that is unreachable, missing, not UTF-8, behind or too new ends ``serve``
+    with one line (``StorageError``) instead of a traceback from the app's start-up, and worker processes
+    find the tables current."""
+    from reducing_saver.service import store_config
     from reducing_saver.service.storage import open_backend
 
-    open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds).close()
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+    )
+    try:
+        backend.store_options = store_config.store_options(settings)
+        if settings.migrate:
+            for line in backend.migrate():
+                logger.info("%s", line)
+        else:
+            backend.check_schema()
+    finally:
+        backend.close()
 
 
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
@@ -450,8 +479,15 @@ def worker(settings: Settings) -> None:
         raise CommandError(refusal)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
-    backend = open_backend(settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds)
+    backend = open_backend(
+        settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+    )
     backend.store_options = store_config.store_options(settings)
+    try:
+        backend.setup()
+    except BaseException:
+        backend.close()
+        raise
     memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -474,10 +510,34 @@ def worker(settings: Settings) -> None:
     _leave_threads_stuck_on_the_database()
 
 
+def migrate(settings: Settings) -> None:
+    """Apply the migrations the database lacks; print each one applied, or that the schema is current."""
+    from reducing_saver.service import store_config
+    from reducing_saver.service.storage import open_backend
+
+    if settings.backend == "memory":
+        print("reducing-saver: memory:// keeps its tables inside the service process: nothing to migrate")
+        return
+    if refusal := store_config.refusal(settings):
+        raise CommandError(refusal)
+    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds)
+    try:
+        backend.store_options = store_config.store_options(settings)
+        applied = backend.migrate()
+    finally:
+        backend.close()
+    for line in applied:
+        print(line)
+    if not applied:
+        print(f"the schema of {settings.database_for_display()} is current")
+
+
 def extraction(settings: Settings, action: str) -> None:
     from reducing_saver.service.storage import open_backend
 
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+    )
     try:
         outbox = backend.outbox()
         if action == "status":
@@ -498,7 +558,9 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
     if settings.backend == "memory":
         print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
         return 2
-    backend = open_backend(settings.database, pool_size=2, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=2, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+    )
     try:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
         # service or a worker delivers them.
@@ -561,6 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sweep(settings, dry_run=args.dry_run)
         elif args.command == "report":
             return report(settings, top=args.top, png=args.png)
+        elif args.command == "migrate":
+            migrate(settings)
         else:
             extraction(settings, args.action)
     except CommandError as error:

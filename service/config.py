@@ -68,6 +68,13 @@ class ServerSettings(BaseModel):
         "so that the client, not the service, closes an idle connection and no call goes out on a "
         "connection the service has just closed.",
     )
+    migrate: bool = Field(
+        True,
+        description="At start, apply the migrations the database lacks (the service's own tables, then "
+        "langgraph's checkpoint and store tables), each once, under a lock replicas share. With "
+        "--no-migrate the process changes no table and refuses to start on a database that is behind: "
+        "run `reducing-saver migrate` first (a deploy job, say).",
+    )
     db_timeout_seconds: float = Field(
         5.0,
         gt=0,

@@ -2,7 +2,8 @@
 
 Operations raise domain errors (:class:`ServiceError` subclasses) or let the errors of the layers they
 call propagate (a refused messages value, a database refusing a value or not answering, a busy saver
-pool). :func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the
+pool: each backend turns its driver's errors into the storage errors ``ValueRefused`` and
+``DatabaseUnavailable`` where they leave it, ``storage/<backend>/errors.py``). :func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the
 FastAPI exception handler both use it, and :func:`send_error` is the one raw-ASGI JSON error writer.
 
 =========================================  ======  ===============================================
@@ -23,19 +24,15 @@ anything else                               500     "internal server error" (log
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
-import psycopg
-from psycopg_pool import PoolTimeout
 from starlette.types import Send
 
 from reducing_saver.service.messages_codec import UnsafeMessagesError
-from reducing_saver.service.storage import SaversBusy
+from reducing_saver.service.storage import DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
-from reducing_saver.service.storage.postgres.connections import refused_value, unavailable
 from reducing_saver.wire import WireError
 
 
@@ -95,18 +92,14 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
         return exc.status, exc.detail
     if isinstance(exc, (UnsafeMessagesError, WireError)):
         return 422, str(exc)
-    if isinstance(exc, psycopg.DataError):
-        return 422, refused_value(exc)
+    if isinstance(exc, ValueRefused):
+        return 422, str(exc)
     if isinstance(exc, ThreadNotEmptyError):
         return 409, str(exc)
     if isinstance(exc, NotImplementedError):
         return 409, str(exc) or "not supported by this backend"
-    if isinstance(exc, SaversBusy):
+    if isinstance(exc, (SaversBusy, DatabaseUnavailable)):
         return 503, str(exc)
-    if (reason := unavailable(exc)) is not None:
-        return 503, reason
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-        return 503, f"the database is unavailable: SQLite: {exc}"
     return None
 
 
@@ -115,12 +108,11 @@ ANSWERED: tuple[type[BaseException], ...] = (
     ServiceError,
     UnsafeMessagesError,
     WireError,
-    psycopg.Error,
-    PoolTimeout,
+    ValueRefused,
     ThreadNotEmptyError,
     NotImplementedError,
     SaversBusy,
-    sqlite3.OperationalError,
+    DatabaseUnavailable,
 )
 
 

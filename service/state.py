@@ -120,14 +120,18 @@ class Service:
     # -- opening and closing ----------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the backend, create its tables, start delivery and sweeps (blocking; the lifespan's)."""
+        """Open the backend, migrate its tables (or check them: ``--no-migrate``), start delivery and sweeps
+        (blocking; the lifespan's)."""
         settings = self.settings
         backend = open_backend(
-            settings.database, pool_size=settings.pool_size, timeout=settings.db_timeout_seconds
+            settings.database,
+            pool_size=settings.pool_size,
+            timeout=settings.db_timeout_seconds,
+            migrate=settings.migrate,
         )
         try:
-            backend.setup()
             backend.store_options = store_options(settings)
+            backend.setup()
             # Opened here, once, before any request or deliverer can ask for it concurrently; a backend
             # that cannot serve the store's settings refuses to start.
             backend.store()
@@ -138,7 +142,11 @@ class Service:
                     inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
                 )
 
-            savers = SaverPool([wrap(inner) for inner in backend.savers(settings.pool_size)], timeout=settings.db_timeout_seconds)
+            savers = SaverPool(
+                [wrap(inner) for inner in backend.savers(settings.pool_size)],
+                timeout=settings.db_timeout_seconds,
+                wrap_exceptions=backend.wrap_exceptions,
+            )
             memory = Memory(settings, backend, tenant_mode=self.tenant_mode)
             self.memory = memory
             if settings.extract:
@@ -236,7 +244,13 @@ class Service:
         (default ``db_timeout_seconds``). The request's context (tenant, caps) goes with it."""
         limit = self.settings.db_timeout_seconds if timeout is None else timeout
         context = contextvars.copy_context()
-        future = asyncio.get_running_loop().run_in_executor(self._blocking, context.run, fn, *args)
+        wrap_exceptions = self.backend.wrap_exceptions if self.backend is not None else nullcontext
+
+        def run() -> T:
+            with wrap_exceptions():  # the backend's driver errors, as storage errors
+                return fn(*args)
+
+        future = asyncio.get_running_loop().run_in_executor(self._blocking, context.run, run)
         try:
             return await asyncio.wait_for(future, limit)
         except TimeoutError:

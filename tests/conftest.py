@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -12,6 +13,22 @@ import pytest
 PG_HOST = os.environ.get("REDUCING_SAVER_TEST_PGHOST", "127.0.0.1")
 PG_PORT = os.environ.get("REDUCING_SAVER_TEST_PGPORT", "5432")
 PG_USER = os.environ.get("REDUCING_SAVER_TEST_PGUSER", "postgres")
+
+
+#: The test lanes, by where a test lives: ``tests/e2e/`` starts real processes (the service under uvicorn,
+#: the command line, agents, ``langgraph dev``) and is left out of the fast lane (``scripts/test``);
+#: the compose tests also need a Docker engine. Everything else runs in-process.
+LANES = {"e2e": ("tests/e2e/",), "compose": ("tests/e2e/test_compose.py",)}
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the lanes its path puts it in (``-m "not e2e"`` is the fast lane)."""
+    for item in items:
+        where = "tests/" + item.path.resolve().relative_to(TESTS).as_posix()
+        for marker, prefixes in LANES.items():
+            if where.startswith(prefixes):
+                item.add_marker(marker)
 
 
 def pg_url(database: str) -> str:

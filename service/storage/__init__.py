@@ -14,7 +14,7 @@ import importlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -55,6 +55,18 @@ class StorageError(Exception):
     its password) and the problem; the command line prints it as it is."""
 
 
+class DatabaseUnavailable(Exception):
+    """The database cannot serve now: unreachable, a connection broken or not free in time, a statement
+    cancelled, a file locked. The same call may succeed later (a 503); the message names the cause.
+
+    Each backend raises it for its driver's errors (``<backend>/errors.py``: ``wrap_exceptions``)."""
+
+
+class ValueRefused(Exception):
+    """The database refused a value of the request (PostgreSQL's text and JSONB cannot hold U+0000, say):
+    the same call fails again (a 422); the message names what was refused."""
+
+
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***``."""
     parts = urlsplit(url)
@@ -80,8 +92,24 @@ class Backend(Protocol):
     #: The store's ``index`` and ``ttl`` keyword arguments, set before the first :meth:`store` call.
     store_options: dict[str, Any]
 
+    #: Whether the backend migrates its tables when it sets them up (``False``: ``--no-migrate``).
+    migrates: bool
+
     def setup(self) -> None:
-        """Create the checkpoint tables (idempotent; safe when replicas start together)."""
+        """Bring every table up to date (:meth:`migrate`), or, when the backend may not migrate, check
+        that they are (:meth:`check_schema`)."""
+
+    def migrate(self) -> list[str]:
+        """Apply what the database lacks: the service's own migrations (``<backend>/migrations.py``), then
+        langgraph's (the checkpointer's and the store's ``setup()``); safe when replicas start together.
+        Returns one line per migration applied.
+
+        Raises:
+            SchemaError: If the database has the service's tables at a version newer than the code knows.
+        """
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless every table is at the version the code uses."""
 
     def savers(self, count: int) -> list[BaseCheckpointSaver]:
         """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim."""
@@ -103,12 +131,18 @@ class Backend(Protocol):
     def ready(self, timeout: float) -> None:
         """Raise unless the checkpoint tables answer within ``timeout`` seconds."""
 
+    def wrap_exceptions(self) -> AbstractContextManager[None]:
+        """A context in which the driver's errors become :class:`DatabaseUnavailable` or
+        :class:`ValueRefused` (others pass unchanged): every request's database work runs in one."""
+
     def close(self, timeout: float = 5.0) -> None:
         """Close every connection the backend opened (PostgreSQL: waiting at most ``timeout`` seconds for
         the pool's threads)."""
 
 
-def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True) -> Backend:
+def open_backend(
+    url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True, migrate: bool = True
+) -> Backend:
     """Open the backend a database URL names.
 
     Args:
@@ -118,12 +152,14 @@ def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: 
             unavailable); SQLite: ignored (its busy timeout is fixed).
         create: SQLite: create the file (and its folder) when missing (``serve``, ``worker``); read-only
             commands pass ``False``, so a mistyped path or another working folder creates nothing.
+        migrate: Apply the migrations the database lacks when the backend sets up its tables; ``False``
+            (``--no-migrate``): change no table, refuse (``SchemaError``) a database that is behind.
 
     Raises:
         StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
             PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
-    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create)
+    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create, migrate=migrate)
 
 
 def backend_module(url: str) -> Any:
@@ -144,11 +180,19 @@ class SaverPool:
     answers, and calls that find no saver in time get :class:`SaversBusy`.
 
     PostgresSaver serializes every call on one lock per instance, so the PostgreSQL backend gets one
-    saver per pooled connection; SQLite and memory have one saver.
+    saver per pooled connection; SQLite and memory have one saver. Calls run inside
+    ``wrap_exceptions()`` (the backend's: driver errors become the storage errors of this module).
     """
 
-    def __init__(self, savers: list[ReducingSaver], *, timeout: float) -> None:
+    def __init__(
+        self,
+        savers: list[ReducingSaver],
+        *,
+        timeout: float,
+        wrap_exceptions: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
         self._savers = savers
+        self._wrap_exceptions = wrap_exceptions
         self._idle: queue.SimpleQueue[ReducingSaver] = queue.SimpleQueue()
         for saver in savers:
             self._idle.put(saver)
@@ -205,7 +249,7 @@ class SaverPool:
         while (job := self._jobs.get()) is not None:
             loop, future, fn, context = job
             try:
-                with self.borrow() as saver:
+                with self.borrow() as saver, self._wrap_exceptions():
                     result = context.run(fn, saver)
             except BaseException as exc:  # handed to the awaiting request, which maps it to a status
                 loop.call_soon_threadsafe(_settle, future, None, exc)
@@ -253,8 +297,10 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 __all__ = [
     "BACKEND_SCHEMES",
     "Backend",
+    "DatabaseUnavailable",
     "SaverPool",
     "SaversBusy",
+    "ValueRefused",
     "backend_kind",
     "open_backend",
     "sqlite_path",

@@ -365,7 +365,6 @@ class _ServiceStore:
         self._context.__exit__(None, None, None)
 
 
-@pytest.mark.e2e
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("isolated_loops", "backend", "api_key"),

@@ -32,7 +32,7 @@ from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import ROOT, free_port
 from tests.test_deploy import AGENT, COMPOSE_FILE, POSTGRES, SERVICE, compose, dockerfile_uid, environment
 
-pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 
 #: Turns each worker makes before the restart, and after it.
 TURNS_BEFORE_RESTART = 8

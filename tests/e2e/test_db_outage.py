@@ -28,7 +28,6 @@ from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
 from tests.support.proxy import tcp_proxy
 from tests.support.server import CLI, ROOT, run_service
 
-pytestmark = pytest.mark.e2e
 
 DB_TIMEOUT = 2.0
 OUTAGE_SECONDS = 8.0

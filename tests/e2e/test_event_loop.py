@@ -19,7 +19,6 @@ import pytest
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
 
-pytestmark = pytest.mark.e2e
 
 POOL_SIZE = 2
 DB_TIMEOUT = 2.0

@@ -31,7 +31,6 @@ from reducing_saver.reducer import namespace_for
 from tests.support.agent_worker import thread_config
 from tests.support.server import CLI, ROOT, free_port, run_service, wait_ready
 
-pytestmark = pytest.mark.e2e
 
 WORKERS, THREADS_PER_WORKER, TURNS = 4, 2, 30
 SERVICE_ARGS = ["--max-messages", "6", "--min-messages", "4", "--extractor", "tests.support.extractors:counting"]

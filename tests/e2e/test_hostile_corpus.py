@@ -29,7 +29,6 @@ from tests.hostile import corpus
 from tests.hostile.corpus import CASES, SNAPSHOT_CASE, Case, Context
 from tests.support.server import ROOT, ServiceProcess, run_service
 
-pytestmark = pytest.mark.e2e
 
 KEY = "hostile-corpus-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -6,12 +6,10 @@ import asyncio
 import logging
 import time
 
-import pytest
 
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
 
-pytestmark = pytest.mark.e2e
 
 CONFIG = {"configurable": {"thread_id": "keep-alive", "checkpoint_ns": ""}}
 #: Longer than uvicorn's own default keep-alive (5 s), shorter than the async client's (15 s).

@@ -11,7 +11,6 @@ import itertools
 import time
 
 import httpx
-import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, messages_from_dict
 from langchain_core.tools import tool
@@ -22,7 +21,6 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.client import RemoteReducingSaver, decode_memory_value
 from tests.support.server import run_service
 
-pytestmark = pytest.mark.e2e
 
 BINARY = "PK\x03\x04\x00\x00 header \\0 and a backslash, then \x00\x00 again"
 

@@ -22,11 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.support.server import run_service
 
-pytestmark = pytest.mark.e2e
 
 KEY = "schemathesis-fuzzing-key-0123456789"
 #: Examples per operation and phase; with 16 operations this generates well over 1,000 cases.

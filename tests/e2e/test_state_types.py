@@ -35,7 +35,6 @@ from reducing_saver.client import BadRequestError, RemoteReducingSaver
 from tests.hostile.corpus import attack
 from tests.support.server import ROOT, run_service
 
-pytestmark = pytest.mark.e2e
 
 
 class Priority(enum.Enum):

@@ -27,7 +27,6 @@ from reducing_saver.client import AuthenticationError, BadRequestError, RemoteRe
 from tests.conftest import pg_url
 from tests.support.server import ServiceProcess, run_service
 
-pytestmark = pytest.mark.e2e
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 KEY = "store-tests-key-0123456789abcdef"

@@ -27,7 +27,6 @@ from tests.support.embeddings import DIMS
 from tests.support.server import CLI, ROOT, run_service
 from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 
-pytestmark = pytest.mark.e2e
 
 INDEX = json.dumps(
     {"dims": DIMS, "embed": "tests.support.embeddings:embed", "fields": ["text", "data.content"]}

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import psycopg
-import pytest
 from fastapi.testclient import TestClient
 
 from reducing_saver.service.app import create_app
@@ -180,7 +179,6 @@ def test_store_isolation_matrix_in_process(tmp_path) -> None:
         assert len(outcome) == 23
 
 
-@pytest.mark.e2e
 def test_store_isolation_matrix_on_postgres(tmp_path, fresh_pg) -> None:
     env = {"REDUCING_SAVER_API_KEYS": key_pairs()}
     args = ["--database", fresh_pg, "--max-messages", "4", "--min-messages", "2"]

@@ -13,13 +13,11 @@ from contextlib import ExitStack
 
 import httpx
 import psycopg
-import pytest
 
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.agents import build_agent, user_line
 from tests.support.server import CLI, ROOT, run_service
 
-pytestmark = pytest.mark.e2e
 
 THREAD_BYTES = """
 SELECT (SELECT COALESCE(sum(pg_column_size(c.*)), 0) FROM checkpoints c WHERE c.thread_id = %(t)s)

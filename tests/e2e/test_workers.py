@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import psycopg
-import pytest
 from langchain_core.messages import messages_to_dict
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -24,7 +23,6 @@ from tests.support.agent_worker import thread_config
 from tests.support.server import ROOT, run_service
 from tests.support.windows import assert_valid_window
 
-pytestmark = pytest.mark.e2e
 
 WORKERS = 4
 THREADS_PER_WORKER = 2

@@ -3,6 +3,7 @@ TTL ledger and InMemoryStore, all inside the service process."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from langgraph.store.memory import InMemoryStore
@@ -20,6 +21,7 @@ class MemoryBackend:
 
     kind = "memory"
     pool = None
+    migrates = True
 
     def __init__(self) -> None:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
@@ -30,6 +32,13 @@ class MemoryBackend:
 
     def setup(self) -> None:
         """Nothing to create."""
+
+    def migrate(self) -> list[str]:
+        """Nothing to migrate: the process holds everything."""
+        return []
+
+    def check_schema(self) -> None:
+        """Nothing to check."""
 
     def savers(self, count: int) -> list[InMemoryLifecycleSaver]:
         return [self.saver]
@@ -55,6 +64,10 @@ class MemoryBackend:
             raise TimeoutError(f"the in-memory saver stayed busy for {timeout:g} s")
         self.saver.lock.release()
 
+    def wrap_exceptions(self) -> Any:
+        """No driver: nothing to map."""
+        return nullcontext()
+
     def close(self, timeout: float = 5.0) -> None:
         """Nothing to close."""
 
@@ -64,5 +77,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL" if ttl else None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> MemoryBackend:  # noqa: A001
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> MemoryBackend:
     return MemoryBackend()

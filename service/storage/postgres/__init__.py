@@ -8,7 +8,9 @@ from typing import Any
 import psycopg
 from langgraph.store.postgres import PostgresStore
 
-from reducing_saver.service.storage.postgres import usage
+from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.postgres import migrations, usage
+from reducing_saver.service.storage.postgres.errors import wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
@@ -31,43 +33,85 @@ class PostgresBackend:
 
     kind = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int, timeout: float) -> None:
+    def __init__(self, url: str, *, pool_size: int, timeout: float, migrate: bool = True) -> None:
         self.url = url
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
         self._store: PostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
+        self.migrates = migrate
+        self._schema_checked = False
+        self._store_set_up = False
 
     def setup(self) -> None:
-        # Replicas that start together must not run the migrations at the same time.
+        if self.migrates:
+            self.migrate()
+        else:
+            self.check_schema()
+
+    def migrate(self) -> list[str]:
+        # The service's tables first: a database of a later release is refused before anything changes.
+        with self.pool.connection() as conn:
+            applied = [str(done) for done in migrations.migrate(conn)]
+            before = migrations.langgraph_versions(conn)
+        self._schema_checked = True
+        # Replicas that start together must not run langgraph's migrations at the same time.
         with locked_setup(self.url, SAVER_LOCK_KEY):
             PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
+        self._setup_store(self._store or self._new_store())
+        with self.pool.connection() as conn:
+            after = migrations.langgraph_versions(conn)
+        return applied + langgraph_changes(before, after)
+
+    def check_schema(self) -> None:
+        with self.pool.connection() as conn:
+            where = migrations.where(conn)
+            check_version(migrations.version(conn), migrations.LATEST, where)
+            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where)
+        self._schema_checked = True
+
+    def _own_schema(self) -> None:
+        """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
+        if self._schema_checked:
+            return
+        with self.pool.connection() as conn:
+            if self.migrates:
+                migrations.migrate(conn)
+            else:
+                check_version(migrations.version(conn), migrations.LATEST, migrations.where(conn))
+        self._schema_checked = True
 
     def savers(self, count: int) -> list[PostgresLifecycleSaver]:
         return [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
 
     def outbox(self) -> PostgresOutbox:
-        outbox = PostgresOutbox(self.pool)
-        outbox.setup()
-        return outbox
+        self._own_schema()
+        return PostgresOutbox(self.pool)
+
+    def _new_store(self) -> PostgresStore:
+        if "index" in self.store_options:
+            require_pgvector(self.pool)
+        return PostgresStore(self.pool, **self.store_options)
+
+    def _setup_store(self, store: PostgresStore) -> None:
+        with locked_setup(self.url, STORE_LOCK_KEY):
+            store.setup()
+        self._store_set_up = True
 
     def store(self) -> PostgresStore:
         if self._store is None:
-            if "index" in self.store_options:
-                require_pgvector(self.pool)
-            store = PostgresStore(self.pool, **self.store_options)
-            with locked_setup(self.url, STORE_LOCK_KEY):
-                store.setup()
+            store = self._new_store()
+            if self.migrates and not self._store_set_up:
+                self._setup_store(store)
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
             self._store = store
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> PostgresLedger:
-        ledger = PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
-        ledger.setup()
-        return ledger
+        self._own_schema()
+        return PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
         return usage.measure(self.pool, selection, messages_key=messages_key)
@@ -79,6 +123,9 @@ class PostgresBackend:
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
+
+    def wrap_exceptions(self) -> Any:
+        return wrap_exceptions()
 
     def close(self, timeout: float = 5.0) -> None:
         if self._store is not None:
@@ -99,5 +146,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> PostgresBackend:  # noqa: A001
-    return PostgresBackend(url, pool_size=pool_size, timeout=timeout)
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> PostgresBackend:
+    return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate)

@@ -1,10 +1,10 @@
-"""PostgreSQL connections: the one pool of a process, single connections, set-up locks, and what the
-database's errors mean to a caller.
+"""PostgreSQL connections: the one pool of a process, single connections, set-up locks (what the
+database's errors mean to a caller is ``errors.py``).
 
 Every part of a service process (saver calls, recording pruned messages, delivery, the store, TTL
 touches) borrows from the one pool :func:`open_pool` makes, so a process never holds more than
 ``pool_size`` connections. Borrowing waits at most ``timeout`` seconds: past that the pool raises
-``PoolTimeout``, which :func:`unavailable` reads as "the database is unavailable" (a 503), instead of
+``PoolTimeout``, which ``errors.wrap_exceptions`` reads as "the database is unavailable" (a 503), instead of
 psycopg_pool's default of 30 s.
 
 When the database goes away, every connection in use fails (``OperationalError``, a 503) and the pool
@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
 from reducing_saver.service.storage import StorageError, redact_url
@@ -31,8 +31,9 @@ from reducing_saver.service.storage import StorageError, redact_url
 #: Advisory lock keys, one per set-up that replicas starting together must not run at once. Two-key
 #: locks (``copy_thread``'s) live apart from these one-key ones.
 SAVER_LOCK_KEY = 0x7265647563696E67  # "reducing": PostgresSaver's migrations
-OUTBOX_LOCK_KEY = 0x72732D6F7574626F  # "rs-outbo"
-LEDGER_LOCK_KEY = 0x72732D7377656570  # "rs-sweep"
+#: The service's own migrations (``migrations.py``). The first release created the outbox under this
+#: key, so one of its processes starting during an upgrade waits for the migrations to finish.
+SCHEMA_LOCK_KEY = 0x72732D6F7574626F  # "rs-outbo"
 STORE_LOCK_KEY = 0x72732D73746F7265  # "rs-store": PostgresStore's migrations
 COPY_LOCK_CLASS = 0x72736374  # "rsct"
 
@@ -186,34 +187,6 @@ def locked_setup(url: str, key: int) -> Iterator[None]:
     """:func:`setup_lock` on a connection of its own: the set-up inside may take pool connections."""
     with psycopg.connect(url, autocommit=True) as conn, setup_lock(conn, key):
         yield
-
-
-def refused_value(exc: Exception) -> str:
-    """The 422 detail for a value the database refused to store or compare (SQLSTATE class 22, a
-    ``psycopg.DataError``: PostgreSQL's text and JSONB cannot hold U+0000, say)."""
-    diag = getattr(exc, "diag", None)
-    reason = (getattr(diag, "message_primary", None) or str(exc).splitlines()[0]).rstrip(".")
-    detail = getattr(diag, "message_detail", None)
-    text = f"PostgreSQL refused a value of this request: {reason}"
-    if detail:
-        text += f" ({detail.rstrip('.')})"
-    if "\\u0000" in text:
-        text += "; PostgreSQL JSON cannot hold the NUL character (U+0000) in keys or strings"
-    return text
-
-
-def unavailable(exc: BaseException) -> str | None:
-    """Why the database cannot serve right now, for a 503; ``None`` when ``exc`` is not that.
-
-    No connection within the pool's timeout, a connection refused or broken, the server shutting down,
-    a statement cancelled by a timeout: the call may succeed later, unchanged.
-    """
-    if isinstance(exc, PoolTimeout):
-        return f"the database is unavailable: no connection within the timeout ({exc})"
-    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return f"the database is unavailable: {type(exc).__name__}: {first}"
-    return None
 
 
 #: Why semantic search cannot start on a PostgreSQL server without pgvector (one line).

@@ -10,9 +10,11 @@ from typing import Any
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
+from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.serde import VerbatimSerde
-from reducing_saver.service.storage.sqlite import usage
-from reducing_saver.service.storage.sqlite.connections import connect
+from reducing_saver.service.storage.sqlite import migrations, usage
+from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
+from reducing_saver.service.storage.sqlite.connections import connect, setup_lock
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
@@ -33,8 +35,11 @@ class SqliteBackend:
     kind = "sqlite"
     pool = None
 
-    def __init__(self, path: str, *, create: bool) -> None:
+    def __init__(self, path: str, *, create: bool, migrate: bool = True) -> None:
         self.path = path
+        self.migrates = migrate
+        self._schema_checked = False
+        self._store_set_up = False
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
@@ -43,25 +48,71 @@ class SqliteBackend:
         self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:
-        self.saver.setup()
+        if self.migrates:
+            self.migrate()
+        else:
+            self.check_schema()
+        with setup_lock(self.path):
+            self.saver.setup()  # SqliteSaver creates its tables on first use anyway
+
+    def migrate(self) -> list[str]:
+        # The service's tables first: a file of a later release is refused before anything changes.
+        with closing(connect(self.path)) as conn:
+            applied = [str(done) for done in migrations.migrate(conn)]
+            before = migrations.langgraph_versions(conn.cursor())
+        self._schema_checked = True
+        with setup_lock(self.path):
+            self.saver.setup()
+            if self._store is not None:
+                self._store.setup()
+            else:
+                with closing(connect(self.path)) as conn:
+                    self._new_store(conn).setup()
+        self._store_set_up = True
+        with closing(connect(self.path)) as conn:
+            after = migrations.langgraph_versions(conn.cursor())
+        return applied + langgraph_changes(before, after)
+
+    def check_schema(self) -> None:
+        with closing(connect(self.path)) as conn:
+            cur = conn.cursor()
+            check_version(migrations.version(cur), migrations.LATEST, self.path)
+            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path)
+        self._schema_checked = True
+
+    def _own_schema(self) -> None:
+        """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
+        if self._schema_checked:
+            return
+        with closing(connect(self.path)) as conn:
+            if self.migrates:
+                migrations.migrate(conn)
+            else:
+                check_version(migrations.version(conn.cursor()), migrations.LATEST, self.path)
+        self._schema_checked = True
 
     def savers(self, count: int) -> list[SqliteLifecycleSaver]:
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
+        self._own_schema()
         outbox = SqliteOutbox(self.path)
-        outbox.setup()
         self._closers.append(outbox.close)
         return outbox
+
+    def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
+        if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
+            raise RuntimeError(NO_LOADABLE_EXTENSIONS)
+        return SqliteStore(conn, **self.store_options)
 
     def store(self) -> SqliteStore:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
-            if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
-                raise RuntimeError(NO_LOADABLE_EXTENSIONS)
-            store = SqliteStore(conn, **self.store_options)
-            store.setup()
+            store = self._new_store(conn)
+            if self.migrates and not self._store_set_up:
+                with setup_lock(self.path):
+                    store.setup()
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
                 self._closers.append(store.stop_ttl_sweeper)
@@ -69,9 +120,8 @@ class SqliteBackend:
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
-        ledger = SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
-        ledger.setup()
-        return ledger
+        self._own_schema()
+        return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
         return usage.measure(self.path, selection, messages_key=messages_key)
@@ -83,6 +133,9 @@ class SqliteBackend:
             self._conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
         finally:
             self.saver.lock.release()
+
+    def wrap_exceptions(self) -> Any:
+        return wrap_exceptions()
 
     def close(self, timeout: float = 5.0) -> None:
         for close in reversed(self._closers):
@@ -99,5 +152,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> SqliteBackend:  # noqa: A001
-    return SqliteBackend(sqlite_path(url), create=create)
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> SqliteBackend:
+    return SqliteBackend(sqlite_path(url), create=create, migrate=migrate)

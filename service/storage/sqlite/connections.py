@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from reducing_saver.service.storage import StorageError
@@ -45,3 +48,21 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open the SQLite database {where}: {exc}") from None
     return conn
+
+
+@contextmanager
+def setup_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``<path>.lock`` (created when missing) for the block.
+
+    Processes setting up the same SQLite file take turns, as PostgreSQL's set-up locks make them:
+    langgraph's ``SqliteSaver`` and ``SqliteStore`` set-ups (``ALTER TABLE ... ADD COLUMN`` after reading
+    a version) fail when two run at once. The service's own migrations need no such lock (one
+    ``BEGIN IMMEDIATE`` transaction); the lock is a file of its own because closing any descriptor of
+    the database file would drop the locks SQLite holds on it in this process.
+    """
+    with open(f"{path}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

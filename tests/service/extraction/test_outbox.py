@@ -423,6 +423,7 @@ def _deliver_in_process(url: str, worker_id: str, ready, go, stop) -> None:
     conn.close()
 
 
+@pytest.mark.e2e  # starts processes
 def test_two_processes_deliver_500_entries_exactly_once(fresh_pg):
     with PostgresOutbox(fresh_pg) as outbox:
         outbox.setup()

@@ -129,6 +129,7 @@ def test_exposure_rules():
     assert check(host="10.1.2.3") and check(host="example.internal")
 
 
+@pytest.mark.e2e  # starts processes
 def test_serve_refuses_a_public_address_without_keys_and_says_why(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     result = subprocess.run(

@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.agents import build_agent, user_line
 from tests.support.server import run_service
 
-pytestmark = pytest.mark.e2e
 
 
 def test_a_chat_model_extractor_writes_facts_into_the_store(tmp_path, fresh_pg):

@@ -200,7 +200,7 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize(
     "command",
-    [["serve"], ["worker"], ["extraction", "status"], ["extraction", "retry-dead"], ["sweep"]],
+    [["serve", "--port", "0"], ["worker"], ["extraction", "status"], ["extraction", "retry-dead"], ["sweep"]],
 )
 def test_an_unreachable_database_ends_every_command_at_once_with_one_line(tmp_path, command):
     result, seconds = _timed(*command, "--database", CLOSED_PORT_DB, cwd=tmp_path)
@@ -290,3 +290,20 @@ def test_a_postgres_database_that_is_not_utf8_is_refused_at_start(tmp_path, pg_d
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--ttl-strategy", "foo"], "reducing-saver serve: argument --ttl-strategy: invalid choice: 'foo'"),
+        (["serve", "--no-such-flag"], "reducing-saver: unrecognized arguments: --no-such-flag"),
+        (["sweep", "--dry-run", "--port", "1"], "reducing-saver: unrecognized arguments: --port 1"),
+        (["frobnicate"], "reducing-saver: argument COMMAND: invalid choice: 'frobnicate'"),
+    ],
+)
+def test_a_wrong_flag_is_one_line_not_a_usage_dump(args, needle):
+    result = _run(*args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(needle), result.stderr
+    assert "--help" in result.stderr and "usage:" not in result.stderr

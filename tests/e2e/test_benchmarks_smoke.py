@@ -15,9 +15,8 @@ import pytest
 
 from tests.conftest import PG_HOST, PG_PORT, PG_USER
 
-pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
