@@ -156,7 +156,7 @@ class _Parser(argparse.ArgumentParser):
     thirty lines, which buried the one that matters)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

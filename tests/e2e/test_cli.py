@@ -63,7 +63,7 @@ def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
     assert f"argument {flag}: invalid choice: 'loud'" in result.stderr
     # One line that says where the choices are, not serve's thirty lines of usage.
     assert result.stderr.strip().splitlines() == [
-        f"reducing-saver serve: error: argument {flag}: invalid choice: 'loud' (choose from "
+        f"reducing-saver serve: argument {flag}: invalid choice: 'loud' (choose from "
         + ", ".join(repr(c) for c in choices.strip("{}").split(","))
         + "); see reducing-saver serve --help"
     ]
@@ -72,7 +72,7 @@ def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
 def test_a_usage_error_is_one_line_naming_help():
     result = _run("serve", "--no-such-flag")
     assert result.returncode == 2
-    assert result.stderr == "reducing-saver: error: unrecognized arguments: --no-such-flag; see reducing-saver --help\n"
+    assert result.stderr == "reducing-saver: unrecognized arguments: --no-such-flag; see reducing-saver --help\n"
     assert _run("bogus").stderr.count("\n") == 1
 
 
