@@ -27,6 +27,7 @@ from reducing_saver.wire import (
     BODY_FORMATS,
     INT_TYPE,
     RESERVED_TYPE_PREFIX,
+    STOCK_TYPES,
     Blob,
     WireError,
     base64_from_wire,
@@ -36,6 +37,7 @@ from reducing_saver.wire import (
     ints_to_wire,
     is_inline,
     is_reserved_type,
+    is_stock_type,
     json_default,
 )
 
@@ -76,7 +78,8 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
     Raises:
         BadRequest: Naming ``field``, for bad base64, a malformed int, or a serde type reserved for the
             service's own storage (a client value under that type would be decoded as the service's
-            structure when read back).
+            structure when read back), or a serde type no stock reader reads (stored, it would break
+            every read of the thread, and every list).
     """
     if not isinstance(value, schemas.TypedValue):
         return value
@@ -84,6 +87,12 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
         raise BadRequest(
             f"{field}.type: {value.type!r} is reserved for the service's own storage; "
             f"serde types starting with {RESERVED_TYPE_PREFIX!r} other than {INT_TYPE!r} are refused"
+        )
+    if value.type != INT_TYPE and not is_stock_type(value.type):
+        raise BadRequest(
+            f"{field}.type: {value.type!r} is not a serde type a stock reader reads, so every reader of "
+            f"the thread would fail on it; use one of {sorted(STOCK_TYPES)} (or <type>+<cipher>, as "
+            "LangGraph's EncryptedSerializer writes)"
         )
     try:
         if isinstance(value.data, bytes):  # a msgpack body's bin

@@ -18,6 +18,12 @@ needs to understand them:
   as the int 100000000000000000000: with this form it reaches the client as that int, as a stock
   PostgresSaver returns it. Both sides turn it into an ``int`` without any serde.
 
+A client's serde type must be one a stock reader reads: LangGraph's ``JsonPlusSerializer`` reads
+``null``, ``bytes``, ``bytearray``, ``json`` and ``msgpack`` (:data:`STOCK_TYPES`), and its
+``EncryptedSerializer`` writes ``<one of those>+<cipher>``. Anything else (``pickle`` included: a stock
+reader refuses it unless told to unpickle) would break every reader of the thread, so the service
+refuses it (:func:`is_stock_type`).
+
 Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
 the others name the service's own storage formats, and the service refuses them from a client.
 
@@ -60,6 +66,8 @@ JSON_INLINE_TYPES = (str, bool, int, float)
 _INT64 = (-(2**63), 2**64 - 1)
 #: Serde types a client may not use for its own values: the service's (see the module docstring).
 RESERVED_TYPE_PREFIX = "reducing-saver/"
+#: The serde types LangGraph's ``JsonPlusSerializer`` reads (``loads_typed``), pickle aside.
+STOCK_TYPES = frozenset({"null", "bytes", "bytearray", "json", "msgpack"})
 #: The typed-value form of an int beyond 64 bits: its decimal digits.
 INT_TYPE = RESERVED_TYPE_PREFIX + "int"
 #: The most digits an int on the wire may have: Python's own limit for ``int(str)`` and ``str(int)``.
@@ -186,6 +194,13 @@ def is_reserved_type(type_: str) -> bool:
     return type_.startswith(RESERVED_TYPE_PREFIX) and type_ != INT_TYPE
 
 
+def is_stock_type(type_: str) -> bool:
+    """True for serde types a stock reader reads: :data:`STOCK_TYPES`, alone or as
+    ``EncryptedSerializer`` writes them (``"msgpack+aes"``: the type, ``+``, a cipher name)."""
+    base, plus, cipher = type_.partition("+")
+    return base in STOCK_TYPES and (not plus or bool(cipher))
+
+
 def blob_to_wire(type_: str, data: bytes) -> dict[str, str]:
     """A blob in a JSON body: ``{"type", "data": base64}``."""
     return {"type": type_, "data": base64.b64encode(data).decode("ascii")}
@@ -298,6 +313,7 @@ __all__ = [
     "PER_STEP_PATHS",
     "PUT_PATH",
     "RESERVED_TYPE_PREFIX",
+    "STOCK_TYPES",
     "WRITES_PATH",
     "BODY_FORMATS",
     "JSON",
@@ -317,6 +333,7 @@ __all__ = [
     "ints_to_wire",
     "is_inline",
     "is_reserved_type",
+    "is_stock_type",
     "json_default",
     "msgpack_default",
     "saver_capabilities",

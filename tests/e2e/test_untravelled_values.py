@@ -337,3 +337,38 @@ def test_big_ints_travel_on_the_other_backends(backend, body_format, tmp_path):
             assert item.checkpoint["channel_values"] == {"score": BIG, "small": 1}
             assert item.metadata == {"big": [-(10**25)], "n": 1}
             assert item.pending_writes == [("task", "score", -BIG)]
+
+
+@pytest.mark.parametrize("msgpack", [False, True], ids=["json", "msgpack"])
+def test_a_serde_type_no_stock_reader_reads_is_refused_naming_the_channel(msgpack, tmp_path, fresh_pg):
+    """Stored, such a value broke every later read of the thread and every list, a stock saver's too."""
+    data = ormsgpack.packb({"a": 1})
+    with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", "--no-extract") as service:
+        good = _put_body({"notes": _typed("msgpack", data, msgpack)})
+        config = {"configurable": {"thread_id": "reserved", "checkpoint_id": good["checkpoint"]["id"]}}
+        for type_ in ("foo", "", "pickle", "msgpack+", "pickle+aes"):
+            put = _post(service.url + PUT_PATH, _put_body({"notes": _typed(type_, data, msgpack)}), msgpack)
+            assert put.status_code == 422, put.text
+            assert "values.notes.type" in put.text, put.text
+            if type_:
+                assert repr(type_) in put.text
+                assert _post(service.url + PUT_PATH, good, msgpack).status_code == 200
+                writes = {"config": config, "writes": [["notes", _typed(type_, data, msgpack)]], "task_id": "t"}
+                refused = _post(service.url + WRITES_PATH, writes, msgpack)
+                assert refused.status_code == 422 and "writes[0].type" in refused.text, refused.text
+        # What a stock reader reads is still stored as sent: null, bytes, json.
+        for index, stock_type in enumerate(("null", "bytes", "bytearray", "json")):
+            value = _typed(stock_type, b"{}" if stock_type == "json" else b"", msgpack)
+            writes = {"config": config, "writes": [["notes", value]], "task_id": f"task-{index}"}
+            assert _post(service.url + WRITES_PATH, writes, msgpack).status_code == 204
+        # So is what EncryptedSerializer writes (its reader decrypts, then reads a stock type).
+        encrypted = _put_body({"notes": _typed("msgpack+aes", b"ciphertext", msgpack)})
+        encrypted["config"]["configurable"]["thread_id"] = "encrypted"
+        assert _post(service.url + PUT_PATH, encrypted, msgpack).status_code == 200
+        with RemoteReducingSaver(service.url) as saver:  # a stock reader without its key cannot read it
+            saver.delete_thread("encrypted")
+
+    with PostgresSaver.from_conn_string(fresh_pg) as stock:
+        stored = list(stock.list(None))
+    assert [item.checkpoint["channel_values"] for item in stored] == [{"notes": {"a": 1}}]
+    assert [value for _, _, value in stored[0].pending_writes] == [None, b"", bytearray(), {}]
