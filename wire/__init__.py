@@ -27,6 +27,12 @@ refuses it (:func:`is_stock_type`).
 Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
 the others name the service's own storage formats, and the service refuses them from a client.
 
+The store routes (``/store/...``) carry store values as plain JSON, numbers beyond 64 bits included:
+PostgreSQL's JSONB keeps any number exactly (a float such as ``1e20`` reads back as the int
+100000000000000000000), and a stock ``PostgresStore`` hands that int back. :func:`json_dumps` writes such
+ints as exact JSON numbers (orjson cannot), and :func:`json_loads` reads them back as ints (orjson would
+read them as floats). JSON has no NaN or infinity: they are never written as anything else.
+
 Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
 form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
 on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
@@ -38,10 +44,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
@@ -73,6 +82,7 @@ INT_TYPE = RESERVED_TYPE_PREFIX + "int"
 #: The most digits an int on the wire may have: Python's own limit for ``int(str)`` and ``str(int)``.
 MAX_INT_DIGITS = 4300
 _DIGITS = frozenset(b"0123456789")
+_TOO_LONG = 10**MAX_INT_DIGITS
 
 
 class Blob:
@@ -213,6 +223,66 @@ def json_default(obj: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
 
 
+#: A run of digits as long as the shortest int orjson reads inexactly (below -2**63: 19 digits).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def json_dumps(value: Any) -> bytes:
+    """``value`` as compact JSON, :class:`Blob` values as ``{"type", "data": base64}``: orjson's bytes, or
+    (for a value holding an int beyond 64 bits, which orjson cannot write) the same JSON written by Python's
+    ``json``, those ints as exact numbers.
+
+    Raises:
+        TypeError: For a value JSON has no form for.
+        ValueError: For NaN or an infinity (JSON has none; orjson would write ``null``) when the value also
+            holds an int beyond 64 bits, or for an int of more than ``MAX_INT_DIGITS`` digits.
+    """
+    try:
+        return orjson.dumps(value, default=json_default)
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+    return json.dumps(
+        value, default=json_default, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def json_loads(data: bytes) -> Any:
+    """Parse JSON as orjson does, except that an int beyond 64 bits is read exactly, as an ``int``.
+
+    orjson reads such an int as the nearest float; only text with a run of 19 digits can hold one, and only
+    then is the text parsed again with Python's ``json``.
+
+    Raises:
+        orjson.JSONDecodeError: If ``data`` is not JSON.
+    """
+    value = orjson.loads(data)
+    if _LONG_DIGITS.search(data) is None:
+        return value
+    return json.loads(data)
+
+
+def unwritable(value: Any, field: str) -> tuple[str, str] | None:
+    """Where a JSON-like value holds a number JSON cannot carry unchanged, and why, or ``None``.
+
+    NaN and infinities have no JSON form (orjson writes them as ``null``, silently), and Python writes no
+    int of more than ``MAX_INT_DIGITS`` digits. ``where`` is ``field`` extended with keys and indexes.
+    """
+    stack = [(value, field)]
+    while stack:
+        item, where = stack.pop()
+        kind = type(item)
+        if kind is float and not math.isfinite(item):
+            return where, f"{item} has no JSON form"
+        if kind is int and not -_TOO_LONG < item < _TOO_LONG:
+            return where, f"an int of more than {MAX_INT_DIGITS} digits cannot travel"
+        if isinstance(item, Mapping):
+            stack += [(child, f"{where}.{key}") for key, child in reversed(list(item.items()))]
+        elif isinstance(item, (list, tuple)):
+            stack += [(child, f"{where}[{index}]") for index, child in reversed(list(enumerate(item)))]
+    return None
+
+
 def msgpack_default(obj: Any) -> Any:
     """ormsgpack's ``default``: a :class:`Blob` in a msgpack body, its bytes a ``bin``."""
     if isinstance(obj, Blob):
@@ -334,6 +404,9 @@ __all__ = [
     "is_inline",
     "is_reserved_type",
     "is_stock_type",
+    "json_dumps",
+    "json_loads",
+    "unwritable",
     "json_default",
     "msgpack_default",
     "saver_capabilities",
