@@ -35,7 +35,11 @@ read them as floats). JSON has no NaN or infinity: they are never written as any
 
 Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
 form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
-on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+on arrival. So that a user's object of that shape never changes meaning, every metadata object whose keys
+are exactly ``type`` and ``data`` with a ``type`` starting with ``reducing-saver/`` travels escaped, as
+``{"type": "reducing-saver/literal", "data": <the object>}``: its own keys are taken as they are (its
+values are encoded the same way). A typed int from a client of the previous release, which escaped
+nothing, still reads as its int. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -79,6 +83,8 @@ RESERVED_TYPE_PREFIX = "reducing-saver/"
 STOCK_TYPES = frozenset({"null", "bytes", "bytearray", "json", "msgpack"})
 #: The typed-value form of an int beyond 64 bits: its decimal digits.
 INT_TYPE = RESERVED_TYPE_PREFIX + "int"
+#: The escape of a user's metadata object shaped like a typed value: the object under ``"data"``.
+LITERAL_TYPE = RESERVED_TYPE_PREFIX + "literal"
 #: The most digits an int on the wire may have: Python's own limit for ``int(str)`` and ``str(int)``.
 MAX_INT_DIGITS = 4300
 _DIGITS = frozenset(b"0123456789")
@@ -164,15 +170,26 @@ def int_from_wire(blob: Blob, field: str) -> int:
     return -int(digits) if negative else int(digits)
 
 
-def ints_to_wire(value: Any) -> Any:
-    """A JSON-like structure (checkpoint metadata) with every int beyond 64 bits in its typed form.
+def _looks_typed(value: dict[Any, Any]) -> bool:
+    """An object the wire would read as one of its own typed values: ``{"type": "reducing-saver/...", "data"}``."""
+    if len(value) != 2 or "type" not in value or "data" not in value:
+        return False
+    type_ = value["type"]
+    return type(type_) is str and type_.startswith(RESERVED_TYPE_PREFIX)
 
-    Returns ``value`` itself when it holds none, so the common case copies nothing.
+
+def ints_to_wire(value: Any) -> Any:
+    """A JSON-like structure (checkpoint metadata) as it travels: every int beyond 64 bits in its typed
+    form, every object shaped like a typed value escaped (``LITERAL_TYPE``).
+
+    Returns ``value`` itself when it holds neither, so the common case copies nothing.
     """
     if type(value) is int:
         return int_to_wire(value) or value
     if type(value) is dict:
         converted = {key: ints_to_wire(item) for key, item in value.items()}
+        if _looks_typed(value):
+            return {"type": LITERAL_TYPE, "data": converted}
         return value if all(converted[key] is item for key, item in value.items()) else converted
     if type(value) is list:
         items = [ints_to_wire(item) for item in value]
@@ -181,16 +198,24 @@ def ints_to_wire(value: Any) -> Any:
 
 
 def ints_from_wire(value: Any, field: str) -> Any:
-    """A JSON-like structure with every typed int (``{"type": INT_TYPE, "data": ...}``) turned into the int.
+    """A JSON-like structure as :func:`ints_to_wire` sent it: typed ints turned into ints, escaped objects
+    (``LITERAL_TYPE``) into the objects they carry.
 
-    Returns ``value`` itself when it holds none.
+    Returns ``value`` itself when it holds neither.
 
     Raises:
-        WireError: Naming where, for a typed int whose data is not decimal digits.
+        WireError: Naming where, for a typed int whose data is not decimal digits, or an escape whose
+            data is not an object.
     """
     if type(value) is dict:
-        if value.get("type") == INT_TYPE and value.keys() == {"type", "data"}:
-            return int_from_wire(blob_from_wire(value, field), field)
+        if _looks_typed(value):
+            if value["type"] == INT_TYPE:
+                return int_from_wire(blob_from_wire(value, field), field)
+            if value["type"] == LITERAL_TYPE:
+                data = value["data"]
+                if type(data) is not dict:
+                    raise WireError(f"{field}.data", f"must be an object (type {LITERAL_TYPE!r})")
+                return {key: ints_from_wire(item, f"{field}.data.{key}") for key, item in data.items()}
         converted = {key: ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
         return value if all(converted[key] is item for key, item in value.items()) else converted
     if type(value) is list:
@@ -378,6 +403,7 @@ __all__ = [
     "GET_PATH",
     "INT_TYPE",
     "LIST_PATH",
+    "LITERAL_TYPE",
     "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",
