@@ -451,7 +451,9 @@ def test_a_number_beyond_64_bits_reads_back_as_the_stock_store_keeps_it(
 
 
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
-def test_nan_and_infinities_are_refused_before_they_change(store: RemoteStore, root: str, number: float) -> None:
+def test_nan_and_infinities_are_refused_before_they_change(
+    store: RemoteStore, root: str, number: float
+) -> None:
     """JSON has neither: orjson wrote them as null, silently (PostgresStore refuses them)."""
     with pytest.raises(BadRequestError, match="ops\\[0\\].value.x.deep\\[1\\]"):
         store.put((root,), "k", {"x": {"deep": [1, number]}})
@@ -467,10 +469,12 @@ def test_an_extracted_memory_holding_1e20_reads_back(service: ServiceProcess, ro
     """A pruned message with ``additional_kwargs={"score": 1e20}`` made its thread's memory namespace, and
     every search of the tenant's store, answer 500 on PostgreSQL."""
     builder = StateGraph(State)
-    builder.add_node(
-        "chat",
-        lambda state: {"messages": [AIMessage("scored", id=f"ai-{len(state['messages'])}", additional_kwargs={"score": 1e20})]},
-    )
+
+    def chat(state: State) -> dict:
+        scored = AIMessage("scored", id=f"ai-{len(state['messages'])}", additional_kwargs={"score": 1e20})
+        return {"messages": [scored]}
+
+    builder.add_node("chat", chat)
     builder.add_edge(START, "chat")
     thread = f"{root}-scored"
     config = {"configurable": {"thread_id": thread}}
@@ -482,7 +486,10 @@ def test_an_extracted_memory_holding_1e20_reads_back(service: ServiceProcess, ro
         for i in range(4):
             graph.invoke({"messages": [HumanMessage(f"turn {i}", id=f"h{i}")]}, config)
         deadline = time.monotonic() + 60
-        while not {"ai-1", "h0"} <= (memories := {i.key: i.value for i in store.search(("memories", thread), limit=100)}).keys():
+        while True:
+            memories = {item.key: item.value for item in store.search(("memories", thread), limit=100)}
+            if {"ai-1", "h0"} <= memories.keys():
+                break
             assert time.monotonic() < deadline, "the pruned messages never reached the store"
             time.sleep(0.1)
         scored = memories["ai-1"]

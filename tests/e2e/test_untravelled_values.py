@@ -353,7 +353,8 @@ def test_a_serde_type_no_stock_reader_reads_is_refused_naming_the_channel(msgpac
             if type_:
                 assert repr(type_) in put.text
                 assert _post(service.url + PUT_PATH, good, msgpack).status_code == 200
-                writes = {"config": config, "writes": [["notes", _typed(type_, data, msgpack)]], "task_id": "t"}
+                value = _typed(type_, data, msgpack)
+                writes = {"config": config, "writes": [["notes", value]], "task_id": "t"}
                 refused = _post(service.url + WRITES_PATH, writes, msgpack)
                 assert refused.status_code == 422 and "writes[0].type" in refused.text, refused.text
         # What a stock reader reads is still stored as sent: null, bytes, json.
@@ -384,7 +385,9 @@ LOOKALIKES = {
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 @pytest.mark.parametrize("body_format", ["msgpack", "json"])
-def test_metadata_shaped_like_the_wire_s_typed_values_reads_back_unchanged(body_format, backend, tmp_path, fresh_pg):
+def test_metadata_shaped_like_the_wire_s_typed_values_reads_back_unchanged(
+    body_format, backend, tmp_path, fresh_pg
+):
     """``{"type": "reducing-saver/int", "data": "MTIz"}`` in metadata read back as 123; a stock PostgresSaver
     returns the dict."""
     config = {"configurable": {"thread_id": "lookalike", "checkpoint_ns": ""}}
@@ -409,7 +412,10 @@ def test_the_previous_release_s_typed_ints_still_read_as_ints(msgpack, tmp_path,
     """A client of the previous release sends big ints in metadata typed, as it always did."""
     body = _put_body({})
     body["config"]["configurable"]["thread_id"] = "old-client"
-    body["metadata"] = {"big": _typed(INT_TYPE, str(BIG).encode(), msgpack), "n": [_typed(INT_TYPE, b"-7", msgpack)]}
+    body["metadata"] = {
+        "big": _typed(INT_TYPE, str(BIG).encode(), msgpack),
+        "n": [_typed(INT_TYPE, b"-7", msgpack)],
+    }
     with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", "--no-extract") as service:
         assert _post(service.url + PUT_PATH, body, msgpack).status_code == 200
     with PostgresSaver.from_conn_string(fresh_pg) as stock:
