@@ -60,6 +60,7 @@ from reducing_saver.wire import (
     ints_to_wire,
     is_inline,
     json_default,
+    json_loads,
     msgpack_default,
 )
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, with_capabilities
@@ -217,7 +218,7 @@ def _loads(answer: _Answer) -> Any:
         return None
     if answer.headers.get("content-type", "").startswith(MSGPACK):
         return ormsgpack.unpackb(answer.content)
-    return orjson.loads(answer.content)
+    return json_loads(answer.content)  # ints beyond 64 bits exactly: store values PostgreSQL keeps
 
 
 # -- I/O --------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Every error the client raises on purpose derives from one root::
 
     ReducingSaverError            any failure talking to the service
-    ├── BadRequestError           400, 422: the service refused the request's content
+    ├── BadRequestError           400, 422: the service refused the request's content (or, with no
+    │                             status, the client refused to send it: a store value JSON cannot carry)
     ├── AuthenticationError       401, 403: missing, wrong or insufficient API key
     ├── NotFoundError             404
     ├── ConflictError             409
@@ -46,7 +47,11 @@ class ReducingSaverError(Exception):
 
 
 class BadRequestError(ReducingSaverError):
-    """The service refused the request's content (400 or 422); the message carries its reasons."""
+    """The service refused the request's content (400 or 422); the message carries its reasons.
+
+    ``status_code`` is ``None`` when the client refused it before sending (``RemoteStore``: NaN, an
+    infinity, or an int too long to write, in a value).
+    """
 
 
 class AuthenticationError(ReducingSaverError):

@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any, Self
 
 import httpx
-import orjson
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -35,7 +34,8 @@ from langgraph.store.base import (
 )
 
 from reducing_saver.client._client import DEFAULT_TIMEOUT, RETRY_UNAVAILABLE_FOR, _Call, _Http, off_the_loop
-from reducing_saver.wire import json_default
+from reducing_saver.client._errors import BadRequestError
+from reducing_saver.wire import json_dumps, unwritable
 
 #: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
 BATCH_PATH = "/store/batch"
@@ -100,6 +100,29 @@ def _result(op: Op, body: Any) -> Result:
     return None
 
 
+def _batch_body(ops: list[Op]) -> bytes:
+    """The batch's JSON: values as they are, ints beyond 64 bits included (``wire.json_dumps``).
+
+    Raises:
+        BadRequestError: Naming the field, for NaN or an infinity (JSON has neither; a JSON writer would
+            change them to null, silently) or an int too long to write. Nothing is sent.
+    """
+    for index, op in enumerate(ops):
+        if isinstance(op, PutOp) and op.value is not None:
+            problem = unwritable(op.value, f"ops[{index}].value")
+        elif isinstance(op, SearchOp) and op.filter:
+            problem = unwritable(op.filter, f"ops[{index}].filter")
+        else:
+            continue
+        if problem is not None:
+            where, why = problem
+            raise BadRequestError(
+                f"{where}: {why}, so it cannot be stored unchanged (PostgresStore refuses NaN and infinities "
+                "too); store it as a string"
+            )
+    return json_dumps({"ops": [_op_json(op) for op in ops]})
+
+
 def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
     def parse(body: Any) -> list[Result]:
         results = body["results"]
@@ -107,7 +130,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
             raise KeyError(f"{len(results)} results for {len(ops)} operations")
         return [_result(op, result) for op, result in zip(ops, results, strict=True)]
 
-    content = orjson.dumps({"ops": [_op_json(op) for op in ops]}, default=json_default)
+    content = _batch_body(ops)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
     return _Call("POST", BATCH_PATH, content, True, parse)
 
@@ -123,6 +146,12 @@ class RemoteStore(BaseStore):
     Semantic search (``search(..., query=...)``) and TTLs are the service's settings (``--store-index``,
     ``--store-ttl``): embedding happens in the service. A put without ``ttl`` gets the service's default
     TTL, if any; ``ttl`` on a service without ``--store-ttl`` is refused (``BadRequestError``).
+
+    Values travel as JSON, numbers included as they are: an int beyond 64 bits travels exactly and reads
+    back as an int (PostgreSQL's JSONB also reads a float such as ``1e20`` back as the int
+    100000000000000000000, as a stock ``PostgresStore`` gives it). NaN and infinities, which JSON cannot
+    carry, raise ``BadRequestError`` before anything is sent; so does an int beyond 64 bits when the
+    service's store cannot keep it (SQLite).
 
     The constructor sends no request (a wrong URL or key shows on the first call), but for an ``https://``
     URL it reads the CA bundle for the sync client's SSL context; from async code, open it with

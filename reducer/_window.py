@@ -173,11 +173,16 @@ def _tool_call_ids(message: MessageLike) -> list[str]:
 def message_key(message: MessageLike, namespace: Sequence[str]) -> str:
     """A stable key for a message: its id, or a digest of its namespace, type and content.
 
-    LangGraph's ``add_messages`` gives every message an id; the digest covers lists built by hand.
+    LangGraph's ``add_messages`` gives every message an id; the digest covers lists built by hand. An id
+    holding U+0000, which PostgreSQL's text (the outbox's and the store's key columns) cannot hold, is
+    keyed by its digest instead (``"id-sha256:"``); the message itself keeps its id.
     """
     message_id = message_field(message, "id")
     if message_id:
-        return str(message_id)
+        message_id = str(message_id)
+        if "\x00" in message_id:
+            return "id-sha256:" + hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+        return message_id
     payload = orjson.dumps(
         [list(namespace), message_type(message), message_field(message, "content")],
         option=orjson.OPT_SORT_KEYS,

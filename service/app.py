@@ -162,7 +162,10 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         (security.BodySizeLimit, {"limit": settings.max_body_bytes}),
         # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422; msgpack bodies go to the
         # per-step routes only (which check them as they decode), elsewhere 415.
-        (security.BodyGuard, {"limits": limits, "msgpack_paths": frozenset(ROUTES)}),
+        (
+            security.BodyGuard,
+            {"limits": limits, "msgpack_paths": frozenset(ROUTES), "big_int_paths": store.BIG_INT_PATHS},
+        ),
         # The per-step routes, without FastAPI's routing (their FastAPI twins document them).
         (HotPath, {"service": service}),
     ]

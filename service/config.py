@@ -145,8 +145,9 @@ class SecuritySettings(BaseModel):
         default_factory=lambda: [ANY_CLASS],
         description="What msgpack extensions in stored channel values and pending writes may name, besides "
         "LangGraph's safe types and the accepted message classes, as comma-separated entries: module:Class, "
-        "module (and its submodules), or * for any class-named type outside the standard library (refuse "
-        "everything else: only a list without * keeps every stock reader safe from third-party classes).",
+        "module (and its submodules), or * for any class-named type outside the standard library that its "
+        "module defines (read from its source, never imported; a module the service lacks cannot be read, "
+        "so * accepts its class names: only a list without * keeps every stock reader safe from them).",
     )
 
 

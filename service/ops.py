@@ -28,6 +28,7 @@ from reducing_saver.wire import (
     BODY_FORMATS,
     INT_TYPE,
     RESERVED_TYPE_PREFIX,
+    STOCK_TYPES,
     Blob,
     WireError,
     base64_from_wire,
@@ -37,6 +38,7 @@ from reducing_saver.wire import (
     ints_to_wire,
     is_inline,
     is_reserved_type,
+    is_stock_type,
     json_default,
 )
 
@@ -77,7 +79,8 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
     Raises:
         BadRequest: Naming ``field``, for bad base64, a malformed int, or a serde type reserved for the
             service's own storage (a client value under that type would be decoded as the service's
-            structure when read back).
+            structure when read back), or a serde type no stock reader reads (stored, it would break
+            every read of the thread, and every list).
     """
     if not isinstance(value, schemas.TypedValue):
         return value
@@ -85,6 +88,12 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
         raise BadRequest(
             f"{field}.type: {value.type!r} is reserved for the service's own storage; "
             f"serde types starting with {RESERVED_TYPE_PREFIX!r} other than {INT_TYPE!r} are refused"
+        )
+    if value.type != INT_TYPE and not is_stock_type(value.type):
+        raise BadRequest(
+            f"{field}.type: {value.type!r} is not a serde type a stock reader reads, so every reader of "
+            f"the thread would fail on it; use one of {sorted(STOCK_TYPES)} (or <type>+<cipher>, as "
+            "LangGraph's EncryptedSerializer writes)"
         )
     try:
         if isinstance(value.data, bytes):  # a msgpack body's bin
@@ -99,22 +108,32 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
     return blob
 
 
-def _wire_metadata(metadata: Any) -> Any:
-    """Stored metadata as it travels: JSONB reads a float such as 1e20 back as an int beyond 64 bits."""
+def _stores_wire_metadata(saver: ReducingSaver) -> bool:
+    """The backend keeps metadata in its wire form (SQLite's JSON and the memory backend's msgpack cannot
+    hold ints beyond 64 bits); PostgreSQL keeps it as it is."""
+    return not getattr(saver.inner, "keeps_big_ints_inline", False)
+
+
+def _wire_metadata(metadata: Any, stored_as_wire: bool) -> Any:
+    """Stored metadata as it travels: JSONB reads a float such as 1e20 back as an int beyond 64 bits, and
+    a user's object may look like a typed value (``wire.ints_to_wire``). Metadata stored in its wire form
+    travels as it is."""
+    if stored_as_wire:
+        return metadata
     try:
         return ints_to_wire(metadata)
     except WireError as exc:
         raise Untransportable(f"metadata: {exc.message}") from None
 
 
-def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
+def _tuple_out(item: CheckpointTuple, stored_as_wire: bool = False) -> dict[str, Any]:
     checkpoint = dict(item.checkpoint)
     values = checkpoint.pop("channel_values", None) or {}
     return {
         "config": item.config,
         "checkpoint": checkpoint,
         "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
-        "metadata": _wire_metadata(item.metadata),
+        "metadata": _wire_metadata(item.metadata, stored_as_wire),
         "parent_config": item.parent_config,
         "pending_writes": [
             [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
@@ -177,7 +196,7 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     scope = _scope(service)
     config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     item = saver.get_tuple(config)
-    return {"checkpoint": scope.tuple_out(_tuple_out(item)) if item else None}
+    return {"checkpoint": scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None}
 
 
 def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
@@ -185,7 +204,7 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
-    inline_ints = getattr(saver.inner, "keeps_big_ints_inline", False)
+    inline_ints = not _stores_wire_metadata(saver)
     values = {
         channel: _from_wire(value, f"values.{channel}", inline_ints=inline_ints)
         for channel, value in body.values.items()
@@ -219,7 +238,8 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         raise BadRequest(str(exc)) from None
     if not inline_ints and metadata is not body.metadata:
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
-        # cannot, so they store the typed form as its JSON object, which the client turns into the int.
+        # cannot, so they store the wire form (typed ints, escaped look-alikes) as JSON objects, which
+        # travel back as they are and the client decodes.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     with service.recording_with_checkpoint():
         next_config = saver.put(config, checkpoint, metadata, body.new_versions)
@@ -257,7 +277,8 @@ def list_checkpoints(
     )
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
-        items = [scope.tuple_out(_tuple_out(item)) for item in found]
+        stored_as_wire = _stores_wire_metadata(saver)
+        items = [scope.tuple_out(_tuple_out(item, stored_as_wire)) for item in found]
     return {"checkpoints": items}
 
 

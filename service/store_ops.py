@@ -36,6 +36,7 @@ from langgraph.store.base import (
 from reducing_saver.reducer import validate_namespace
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest, Unavailable
+from reducing_saver.wire import json_dumps
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -116,6 +117,10 @@ def _check_filter(filter: Any, field: str) -> None:
         return
     if not isinstance(filter, dict):
         raise BadRequest(f"{field}.filter: must be an object, got {type(filter).__name__}")
+    try:
+        orjson.dumps(filter)
+    except TypeError as exc:  # PostgresStore writes filter values with orjson
+        raise BadRequest(f"{field}.filter: not JSON a store can compare ({exc})") from None
     for key, condition in filter.items():
         if not _FILTER_KEY.match(key) or len(key) > MAX_LABEL_LENGTH:
             raise BadRequest(f"{field}.filter: key {key!r} is refused; use letters, digits, '_', '-' and '.'")
@@ -127,8 +132,12 @@ def _check_filter(filter: Any, field: str) -> None:
                 )
 
 
-def check_op(op: Op, field: str) -> None:
-    """Raise 422 (naming ``field``) for an operation over a cap or one the store would refuse."""
+def check_op(op: Op, field: str, *, big_ints: bool = True) -> None:
+    """Raise 422 (naming ``field``) for an operation over a cap or one the store would refuse.
+
+    ``big_ints``: the store keeps ints beyond 64 bits in values (PostgresStore's JSONB and InMemoryStore
+    do; SqliteStore writes with orjson, which cannot). No store compares them in a filter.
+    """
     if isinstance(op, GetOp):
         check_labels(op.namespace, f"{field}.namespace", store_rules=False)
         _check_key(op.key, f"{field}.key")
@@ -141,7 +150,17 @@ def check_op(op: Op, field: str) -> None:
             try:
                 dumped = orjson.dumps(op.value)
             except TypeError as exc:
-                raise BadRequest(f"{field}.value: not JSON ({exc})") from None
+                if "64-bit" not in str(exc):
+                    raise BadRequest(f"{field}.value: not JSON ({exc})") from None
+                if not big_ints:
+                    raise BadRequest(
+                        f"{field}.value: holds an int beyond 64 bits, which this backend's store cannot "
+                        "keep (PostgreSQL's and the in-memory store can)"
+                    ) from None
+                try:
+                    dumped = json_dumps(op.value)
+                except ValueError as err:  # more digits than Python writes
+                    raise BadRequest(f"{field}.value: {err}") from None
             if len(dumped) > MAX_VALUE_BYTES:
                 raise BadRequest(
                     f"{field}.value: {len(dumped)} bytes of JSON is more than the limit of {MAX_VALUE_BYTES}"
@@ -247,13 +266,14 @@ def store_scope(service: Service) -> StoreScope:
     return StoreScope(security.TenantScope.for_request(service.tenant_mode))
 
 
-def check_ops(ops: Sequence[Op], field: str, ttl_config: Any) -> None:
-    """422 for the first operation over a cap or refused by the service's store configuration."""
+def check_ops(ops: Sequence[Op], field: str, ttl_config: Any, *, big_ints: bool = True) -> None:
+    """422 for the first operation over a cap or refused by the service's store configuration
+    (``big_ints``: see :func:`check_op`)."""
     if len(ops) > MAX_BATCH_OPS:
         raise BadRequest(f"{field}: {len(ops)} operations is more than the limit of {MAX_BATCH_OPS}")
     for index, op in enumerate(ops):
         name = field if len(ops) == 1 and field != "ops" else f"{field}[{index}]"
-        check_op(op, name)
+        check_op(op, name, big_ints=big_ints)
         if isinstance(op, PutOp) and op.ttl is not None and not ttl_config:
             raise BadRequest(
                 f"{name}.ttl: this service's store keeps items forever (start it with --store-ttl)"
@@ -285,7 +305,7 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
         raise Unavailable("the service is starting or stopping")
     store = backend.store()
     ttl_config = getattr(store, "ttl_config", None)
-    check_ops(ops, field, ttl_config)
+    check_ops(ops, field, ttl_config, big_ints=service.backend_kind != "sqlite")
     ops = with_ttl_defaults(ops, ttl_config)
     scoped = [scope.op_in(op) for op in ops]
     try:

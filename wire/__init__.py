@@ -18,12 +18,28 @@ needs to understand them:
   as the int 100000000000000000000: with this form it reaches the client as that int, as a stock
   PostgresSaver returns it. Both sides turn it into an ``int`` without any serde.
 
+A client's serde type must be one a stock reader reads: LangGraph's ``JsonPlusSerializer`` reads
+``null``, ``bytes``, ``bytearray``, ``json`` and ``msgpack`` (:data:`STOCK_TYPES`), and its
+``EncryptedSerializer`` writes ``<one of those>+<cipher>``. Anything else (``pickle`` included: a stock
+reader refuses it unless told to unpickle) would break every reader of the thread, so the service
+refuses it (:func:`is_stock_type`).
+
 Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
 the others name the service's own storage formats, and the service refuses them from a client.
 
+The store routes (``/store/...``) carry store values as plain JSON, numbers beyond 64 bits included:
+PostgreSQL's JSONB keeps any number exactly (a float such as ``1e20`` reads back as the int
+100000000000000000000), and a stock ``PostgresStore`` hands that int back. :func:`json_dumps` writes such
+ints as exact JSON numbers (orjson cannot), and :func:`json_loads` reads them back as ints (orjson would
+read them as floats). JSON has no NaN or infinity: they are never written as anything else.
+
 Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
 form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
-on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+on arrival. So that a user's object of that shape never changes meaning, every metadata object whose keys
+are exactly ``type`` and ``data`` with a ``type`` starting with ``reducing-saver/`` travels escaped, as
+``{"type": "reducing-saver/literal", "data": <the object>}``: its own keys are taken as they are (its
+values are encoded the same way). A typed int from a client of the previous release, which escaped
+nothing, still reads as its int. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -32,10 +48,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
@@ -63,11 +82,16 @@ JSON_INLINE_TYPES = (str, bool, int, float)
 _INT64 = (-(2**63), 2**64 - 1)
 #: Serde types a client may not use for its own values: the service's (see the module docstring).
 RESERVED_TYPE_PREFIX = "reducing-saver/"
+#: The serde types LangGraph's ``JsonPlusSerializer`` reads (``loads_typed``), pickle aside.
+STOCK_TYPES = frozenset({"null", "bytes", "bytearray", "json", "msgpack"})
 #: The typed-value form of an int beyond 64 bits: its decimal digits.
 INT_TYPE = RESERVED_TYPE_PREFIX + "int"
+#: The escape of a user's metadata object shaped like a typed value: the object under ``"data"``.
+LITERAL_TYPE = RESERVED_TYPE_PREFIX + "literal"
 #: The most digits an int on the wire may have: Python's own limit for ``int(str)`` and ``str(int)``.
 MAX_INT_DIGITS = 4300
 _DIGITS = frozenset(b"0123456789")
+_TOO_LONG = 10**MAX_INT_DIGITS
 
 
 class Blob:
@@ -149,15 +173,26 @@ def int_from_wire(blob: Blob, field: str) -> int:
     return -int(digits) if negative else int(digits)
 
 
-def ints_to_wire(value: Any) -> Any:
-    """A JSON-like structure (checkpoint metadata) with every int beyond 64 bits in its typed form.
+def _looks_typed(value: dict[Any, Any]) -> bool:
+    """An object the wire would read as one of its own typed values: ``{"type": "reducing-saver/...", "data"}``."""
+    if len(value) != 2 or "type" not in value or "data" not in value:
+        return False
+    type_ = value["type"]
+    return type(type_) is str and type_.startswith(RESERVED_TYPE_PREFIX)
 
-    Returns ``value`` itself when it holds none, so the common case copies nothing.
+
+def ints_to_wire(value: Any) -> Any:
+    """A JSON-like structure (checkpoint metadata) as it travels: every int beyond 64 bits in its typed
+    form, every object shaped like a typed value escaped (``LITERAL_TYPE``).
+
+    Returns ``value`` itself when it holds neither, so the common case copies nothing.
     """
     if type(value) is int:
         return int_to_wire(value) or value
     if type(value) is dict:
         converted = {key: ints_to_wire(item) for key, item in value.items()}
+        if _looks_typed(value):
+            return {"type": LITERAL_TYPE, "data": converted}
         return value if all(converted[key] is item for key, item in value.items()) else converted
     if type(value) is list:
         items = [ints_to_wire(item) for item in value]
@@ -166,16 +201,24 @@ def ints_to_wire(value: Any) -> Any:
 
 
 def ints_from_wire(value: Any, field: str) -> Any:
-    """A JSON-like structure with every typed int (``{"type": INT_TYPE, "data": ...}``) turned into the int.
+    """A JSON-like structure as :func:`ints_to_wire` sent it: typed ints turned into ints, escaped objects
+    (``LITERAL_TYPE``) into the objects they carry.
 
-    Returns ``value`` itself when it holds none.
+    Returns ``value`` itself when it holds neither.
 
     Raises:
-        WireError: Naming where, for a typed int whose data is not decimal digits.
+        WireError: Naming where, for a typed int whose data is not decimal digits, or an escape whose
+            data is not an object.
     """
     if type(value) is dict:
-        if value.get("type") == INT_TYPE and value.keys() == {"type", "data"}:
-            return int_from_wire(blob_from_wire(value, field), field)
+        if _looks_typed(value):
+            if value["type"] == INT_TYPE:
+                return int_from_wire(blob_from_wire(value, field), field)
+            if value["type"] == LITERAL_TYPE:
+                data = value["data"]
+                if type(data) is not dict:
+                    raise WireError(f"{field}.data", f"must be an object (type {LITERAL_TYPE!r})")
+                return {key: ints_from_wire(item, f"{field}.data.{key}") for key, item in data.items()}
         converted = {key: ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
         return value if all(converted[key] is item for key, item in value.items()) else converted
     if type(value) is list:
@@ -189,6 +232,13 @@ def is_reserved_type(type_: str) -> bool:
     return type_.startswith(RESERVED_TYPE_PREFIX) and type_ != INT_TYPE
 
 
+def is_stock_type(type_: str) -> bool:
+    """True for serde types a stock reader reads: :data:`STOCK_TYPES`, alone or as
+    ``EncryptedSerializer`` writes them (``"msgpack+aes"``: the type, ``+``, a cipher name)."""
+    base, plus, cipher = type_.partition("+")
+    return base in STOCK_TYPES and (not plus or bool(cipher))
+
+
 def blob_to_wire(type_: str, data: bytes) -> dict[str, str]:
     """A blob in a JSON body: ``{"type", "data": base64}``."""
     return {"type": type_, "data": base64.b64encode(data).decode("ascii")}
@@ -199,6 +249,66 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, Blob):
         return blob_to_wire(obj.type, obj.data)
     raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+#: A run of digits as long as the shortest int orjson reads inexactly (below -2**63: 19 digits).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def json_dumps(value: Any) -> bytes:
+    """``value`` as compact JSON, :class:`Blob` values as ``{"type", "data": base64}``: orjson's bytes, or
+    (for a value holding an int beyond 64 bits, which orjson cannot write) the same JSON written by Python's
+    ``json``, those ints as exact numbers.
+
+    Raises:
+        TypeError: For a value JSON has no form for.
+        ValueError: For NaN or an infinity (JSON has none; orjson would write ``null``) when the value also
+            holds an int beyond 64 bits, or for an int of more than ``MAX_INT_DIGITS`` digits.
+    """
+    try:
+        return orjson.dumps(value, default=json_default)
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+    return json.dumps(
+        value, default=json_default, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def json_loads(data: bytes) -> Any:
+    """Parse JSON as orjson does, except that an int beyond 64 bits is read exactly, as an ``int``.
+
+    orjson reads such an int as the nearest float; only text with a run of 19 digits can hold one, and only
+    then is the text parsed again with Python's ``json``.
+
+    Raises:
+        orjson.JSONDecodeError: If ``data`` is not JSON.
+    """
+    value = orjson.loads(data)
+    if _LONG_DIGITS.search(data) is None:
+        return value
+    return json.loads(data)
+
+
+def unwritable(value: Any, field: str) -> tuple[str, str] | None:
+    """Where a JSON-like value holds a number JSON cannot carry unchanged, and why, or ``None``.
+
+    NaN and infinities have no JSON form (orjson writes them as ``null``, silently), and Python writes no
+    int of more than ``MAX_INT_DIGITS`` digits. ``where`` is ``field`` extended with keys and indexes.
+    """
+    stack = [(value, field)]
+    while stack:
+        item, where = stack.pop()
+        kind = type(item)
+        if kind is float and not math.isfinite(item):
+            return where, f"{item} has no JSON form"
+        if kind is int and not -_TOO_LONG < item < _TOO_LONG:
+            return where, f"an int of more than {MAX_INT_DIGITS} digits cannot travel"
+        if isinstance(item, Mapping):
+            stack += [(child, f"{where}.{key}") for key, child in reversed(list(item.items()))]
+        elif isinstance(item, (list, tuple)):
+            stack += [(child, f"{where}[{index}]") for index, child in reversed(list(enumerate(item)))]
+    return None
 
 
 def msgpack_default(obj: Any) -> Any:
@@ -296,12 +406,14 @@ __all__ = [
     "GET_PATH",
     "INT_TYPE",
     "LIST_PATH",
+    "LITERAL_TYPE",
     "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",
     "PUT_PATH",
     "RESERVED_TYPE_PREFIX",
     "STORAGE_PATH",
+    "STOCK_TYPES",
     "THREAD_STORAGE_PATH",
     "WRITES_PATH",
     "BODY_FORMATS",
@@ -322,6 +434,10 @@ __all__ = [
     "ints_to_wire",
     "is_inline",
     "is_reserved_type",
+    "is_stock_type",
+    "json_dumps",
+    "json_loads",
+    "unwritable",
     "json_default",
     "msgpack_default",
     "saver_capabilities",

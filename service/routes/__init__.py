@@ -8,25 +8,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from reducing_saver.service import schemas
 from reducing_saver.service.errors import Untransportable
 from reducing_saver.service.state import Service
-from reducing_saver.wire import MSGPACK, json_default
+from reducing_saver.wire import MSGPACK, json_dumps
 
 
 class ORJSONResponse(JSONResponse):
-    """JSON by orjson; :class:`~reducing_saver.wire.Blob` values become ``{"type", "data": base64}``."""
+    """JSON by orjson; :class:`~reducing_saver.wire.Blob` values become ``{"type", "data": base64}``, and
+    ints beyond 64 bits (store values PostgreSQL's JSONB reads back) exact numbers (``wire.json_dumps``)."""
 
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
         try:
-            return orjson.dumps(content, default=json_default)
-        except TypeError as exc:  # the operations give every value a wire form; this call fails alone
+            return json_dumps(content)
+        except (TypeError, ValueError) as exc:  # the operations give every value a wire form: it fails alone
             raise Untransportable(f"the answer holds a value that cannot travel ({exc})") from exc
 
 

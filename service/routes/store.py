@@ -21,6 +21,8 @@ from reducing_saver.service.routes import ERRORS, ServiceDep
 from reducing_saver.service.state import Service
 
 router = APIRouter(tags=["store"])
+#: The routes that put values, which may hold ints beyond 64 bits (``store_ops`` decides per backend).
+BIG_INT_PATHS = frozenset({"/store/items", "/store/batch"})
 
 Labels = list[str]
 

@@ -16,15 +16,27 @@ What a target may be (the policy's ``allowed`` entries, setting ``allowed_state_
   accepted here) and the message classes the service accepts in the messages channel;
 * ``module:Class`` or ``module`` (that module and its submodules) entries: exactly those;
 * ``*`` (the default): also any class-shaped name (a first letter in upper case, as pydantic models,
-  dataclasses, Enums and namedtuples are named) in a module outside Python's standard library. A graph's
-  own state types live in its own modules, so they need no configuration; every standard-library
-  target outside the safe types (``os.system``, ``subprocess.Popen``, ``builtins.eval``,
-  ``importlib.import_module``, ``pickle.loads``…) and every function-shaped name anywhere
-  (``yaml.unsafe_load``…) is refused, and so is ``Popen`` wherever a module re-exports it.
+  dataclasses, Enums and namedtuples are named) in a module outside Python's standard library, when that
+  module defines the class itself (:func:`defined_classes`). A graph's own state types live in its own
+  modules, so they need no configuration; every standard-library target outside the safe types
+  (``os.system``, ``subprocess.Popen``, ``builtins.eval``, ``importlib.import_module``,
+  ``pickle.loads``…) and every function-shaped name anywhere (``yaml.unsafe_load``…) is refused, and so
+  is a standard-library class under the name of a module that re-exports it
+  (``pip._internal.utils.wheel.ZipFile``, ``sqlite_vec.Connection``, ``psycopg_pool``'s ``Thread``…).
+
+How a module is read: the service finds its source the way the import system would (every finder of
+``sys.meta_path``, one package level at a time, so no parent package's ``__init__`` runs), parses it
+with ``ast`` and never executes it. A name is a class the module defines when every binding of it at
+the module's top level is a ``class`` statement or a call of a class factory (``namedtuple``,
+``NamedTuple``, ``make_dataclass``, ``Enum``…); a name bound by an import, a function or any other
+assignment is refused, and so is any name of a module whose source cannot be read (compiled code). A
+module the service does not have at all (a graph's own module, installed with the agents only) cannot
+be read: its class-shaped names are accepted, which is the default mode's limit, since a stock reader
+that has such a module imports and calls whatever it names. Only a list without ``*`` closes it.
 
 Without importing, the service cannot tell a third-party class whose constructor acts on its arguments
 from a data class, nor a module whose import has effects from a harmless one: only a list without ``*``
-closes that. ``RemoteReducingSaver``'s default serializer checks what it finds in the reading process
+closes that too. ``RemoteReducingSaver``'s default serializer checks what it finds in the reading process
 instead (``reducing_saver.client.SafeJsonPlusSerializer``).
 
 Nested extensions (inside a model's fields, a numpy payload or a DeltaChannel snapshot, code 7, whose
@@ -36,9 +48,13 @@ into ``None`` without reading them.
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 import ormsgpack
@@ -64,6 +80,15 @@ _GADGET_NAMES = frozenset({"Popen"})
 #: and is passed without decoding: most non-message channels are small primitives or plain structures.
 _EXT_START = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")
 _OPTIONS = ormsgpack.OPT_NON_STR_KEYS
+#: Callables whose call at a module's top level makes a class of the name it is assigned to.
+_CLASS_FACTORIES = frozenset(
+    {"namedtuple", "NamedTuple", "TypedDict", "make_dataclass", "Enum", "IntEnum", "StrEnum", "Flag",
+     "IntFlag", "create_model"}
+)
+#: Finders whose ``find_spec`` acts (setuptools' distutils shim imports and unloads modules for ``pip``).
+_SKIPPED_FINDERS = frozenset({"_distutils_hack"})
+#: Modules read for :func:`defined_classes`, at most (each parse is kept).
+_MODULES_KEPT = 512
 
 
 class UnsafeValueError(ValueError):
@@ -142,7 +167,136 @@ class ExtensionPolicy:
             return "a process-starting class"
         if not name[0].isupper():
             return "a function name, not a class name"
+        classes = defined_classes(module)
+        if classes is None:  # not in this environment: the default mode's stated limit
+            return None
+        if name not in classes:
+            return (
+                f"not a class {module} defines (the name is bound there by an import or an assignment, "
+                "as a re-exported standard-library callable is, or the module's source cannot be read)"
+            )
         return None
+
+
+@functools.lru_cache(maxsize=_MODULES_KEPT)
+def defined_classes(module: str) -> frozenset[str] | None:
+    """The class names ``module`` defines at its top level, read from its source without running it.
+
+    Returns:
+        ``None`` when this environment has no such module; an empty set when its source cannot be read
+        (compiled code, a namespace package) or parsed; else every name whose top-level bindings are all
+        ``class`` statements or class-factory calls (see the module docstring).
+    """
+    try:
+        spec = _find_spec(module)
+    except Exception:  # noqa: BLE001 - a finder failing on a client's name: treat as not found
+        return None
+    if spec is None:
+        return None
+    origin = spec.origin
+    if not spec.has_location or origin is None or not origin.endswith(".py"):
+        return frozenset()
+    try:
+        with open(origin, "rb") as file:
+            tree = ast.parse(importlib.util.decode_source(file.read()), origin)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return frozenset()
+    kinds: dict[str, bool] = {}
+    for name, is_class in _top_level_bindings(tree.body):
+        kinds[name] = kinds.get(name, True) and is_class
+    return frozenset(name for name, is_class in kinds.items() if is_class)
+
+
+def _find_spec(module: str) -> ModuleSpec | None:
+    """``module``'s spec as the import system would find it, without importing its parent packages."""
+    path: list[str] | None = None
+    spec = None
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        spec = next(
+            (
+                found
+                for finder in sys.meta_path
+                if hasattr(finder, "find_spec")
+                and type(finder).__module__ not in _SKIPPED_FINDERS
+                and (found := finder.find_spec(name, path)) is not None
+            ),
+            None,
+        )
+        if spec is None:
+            return None
+        if depth < len(parts):
+            if spec.submodule_search_locations is None:  # not a package: no submodules to find
+                return None
+            path = list(spec.submodule_search_locations)
+    return spec
+
+
+def _top_level_bindings(body: list[ast.stmt]) -> Iterator[tuple[str, bool]]:
+    """``(name, binds a class)`` for each name a module's top level binds (conditional blocks included)."""
+    for node in body:
+        if isinstance(node, ast.ClassDef):
+            yield node.name, True
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, False
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield (alias.asname or alias.name.partition(".")[0]), False
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            is_class = (
+                not isinstance(node, ast.AugAssign)
+                and isinstance(node.value, ast.Call)
+                and _callee_name(node.value.func) in _CLASS_FACTORIES
+            )
+            for target in targets:
+                for name in _names(target):
+                    yield name, is_class and isinstance(target, ast.Name)
+        else:
+            yield from _block_bindings(node)
+
+
+def _block_bindings(node: ast.stmt) -> Iterator[tuple[str, bool]]:
+    """What a compound statement at a module's top level binds: its blocks' bindings, and its own targets
+    (a loop's, a with's, an except's, a walrus), which are never classes."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.NamedExpr):
+            yield child.target.id, False
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        yield from ((name, False) for name in _names(node.target))
+    elif isinstance(node, (ast.With, ast.AsyncWith)):
+        for item in node.items:
+            if item.optional_vars is not None:
+                yield from ((name, False) for name in _names(item.optional_vars))
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(node, field, None)
+        if isinstance(block, list):
+            yield from _top_level_bindings(block)
+    for handler in getattr(node, "handlers", None) or ():
+        if handler.name:
+            yield handler.name, False
+        yield from _top_level_bindings(handler.body)
+    for case in getattr(node, "cases", None) or ():
+        for pattern in ast.walk(case.pattern):
+            if isinstance(pattern, (ast.MatchAs, ast.MatchStar)) and pattern.name:
+                yield pattern.name, False
+        yield from _top_level_bindings(case.body)
+
+
+def _callee_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _names(target: ast.AST) -> Iterator[str]:
+    """Every name ``target`` (an assignment target, a loop's or a with's) binds."""
+    for node in ast.walk(target):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            yield node.id
 
 
 def check_extensions(values: Mapping[str, Any] | Iterable[tuple[str, Any]], policy: ExtensionPolicy) -> None:

@@ -68,15 +68,25 @@ class BodyGuard:
     ``":`` in the raw bytes: in compact JSON every key has one, so equal counts prove there is no
     duplicate; only when they differ does an exact check run. The body is then replayed unchanged.
 
+    Ints beyond 64 bits are refused, except on the paths in ``big_int_paths`` (the store's puts, whose values
+    PostgreSQL keeps exactly).
+
     An ``application/msgpack`` body passes untouched to the paths in ``msgpack_paths`` (whose handler
     checks it as it decodes: ``service/msgpack_body.py``); any other path answers it 415.
     """
 
 
-    def __init__(self, app: ASGIApp, limits: Limits, msgpack_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Limits,
+        msgpack_paths: frozenset[str] = frozenset(),
+        big_int_paths: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self.limits = limits
         self.msgpack_paths = msgpack_paths
+        self.big_int_paths = big_int_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
@@ -94,7 +104,7 @@ class BodyGuard:
         body = await read_body(receive)
         if body is None:
             return
-        problem = self.problem(body) if body else None
+        problem = self.problem(body, big_ints=scope["path"] in self.big_int_paths) if body else None
         if problem is not None:
             await send_error(send, 422, [{"type": "body_refused", "loc": ["body"], "msg": problem}])
             return
@@ -109,8 +119,8 @@ class BodyGuard:
 
         await self.app(scope, replay, send)
 
-    def problem(self, body: bytes) -> str | None:
-        """Why ``body`` is refused, or ``None``."""
+    def problem(self, body: bytes, *, big_ints: bool = False) -> str | None:
+        """Why ``body`` is refused, or ``None`` (``big_ints``: the route takes ints beyond 64 bits)."""
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -134,7 +144,7 @@ class BodyGuard:
                 return f"the body repeats the key {duplicate[:100]!r} in one object; send each key once"
         # orjson reads an integer beyond 64 bits as a float, pydantic as an exact int that msgpack and
         # orjson then fail to write (a 500): only a float that large can be one, so only then look exactly.
-        if huge and (number := _out_of_range_int(body)) is not None:
+        if huge and not big_ints and (number := _out_of_range_int(body)) is not None:
             return f"the body holds the integer {number[:40]}, outside the 64-bit range"
         return None
 

@@ -203,6 +203,8 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
         ormsgpack.Ext(7, ormsgpack.packb([corpus.attack(0, ("os", "system"), live.marker("in-snapshot"))])),
         # Third-party functions are gadgets as well.
         corpus.ext(0, "yaml", "unsafe_load", f"!!python/object/apply:os.system ['touch {live.marker('yaml')}']"),
+        # So are standard-library classes re-exported by the service's own packages.
+        *(build(live, f"reexport-{module}.{name}") for module, name, build in corpus.REEXPORTS[:3]),
     ]
     data = ormsgpack.packb(values)
     script = (
@@ -220,6 +222,10 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
     assert live.tripwire.exists(), "code 0 naming importlib.import_module imported the tripwire"
     assert live.marker("in-snapshot").exists(), "code 0 inside a snapshot ran"
     assert live.marker("yaml").exists(), "code 0 naming yaml.unsafe_load ran"
+    made = {path.name for path in tmp_path.iterdir()}
+    assert "reexport-pip._internal.utils.wheel.ZipFile.marker" in made, "pip's ZipFile truncated a file"
+    assert any(made_name.startswith("reexport-pip._internal.utils.filesystem") for made_name in made)
+    assert "reexport-sqlite_vec.Connection.marker" in made, "sqlite_vec's Connection created a database"
     assert markers(context) == [], "the proof ran in its own folder"
 
 
@@ -256,4 +262,7 @@ def test_the_corpus_covers_what_the_issue_lists():
         "checkpoint-id-not-uuid",
     ):
         assert needed in names
+    for module, name, _ in corpus.REEXPORTS:
+        for place in corpus.REEXPORT_PLACES:
+            assert f"reexport-{module}.{name}-{place}" in names
     assert len(CASES) >= 150

@@ -85,3 +85,37 @@ def test_a_tool_output_with_nul_reaches_the_store_and_reads_back_unchanged(fresh
         assert message.content in {f"f{turn}.zip: {BINARY}" for turn in range(3)}
     # Messages without NUL are stored as they are.
     assert all("nul_escaped" not in value for key, value in items.items() if value["type"] != "tool")
+
+
+def test_a_message_id_with_nul_leaves_the_window_and_reaches_memory(fresh_pg, tmp_path):
+    """Cut from the window, the message used to make every later put of the thread a 422 (its id was the
+    outbox's text key); a stock saver stores such ids, and so must the thread."""
+    args = ("--database", fresh_pg, "--max-messages", "4", "--min-messages", "2")
+    args += ("--extraction-linger-seconds", "0")
+    odd_id = "h\x00nul-0"
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", lambda state: {"messages": [AIMessage(f"answer {len(state['messages'])}")]})
+    builder.add_edge(START, "chat")
+    with run_service(tmp_path, *args) as service:
+        config = {"configurable": {"thread_id": "nul-ids"}}
+        with RemoteReducingSaver(service.url) as saver:
+            graph = builder.compile(checkpointer=saver)
+            for turn in range(4):
+                message_id = odd_id if turn == 0 else f"h-{turn}"
+                graph.invoke({"messages": [HumanMessage(f"turn {turn}", id=message_id)]}, config)
+            window = graph.get_state(config).values["messages"]
+            assert odd_id not in {message.id for message in window}
+            assert window[-1].content.startswith("answer")
+        deadline = time.monotonic() + 30
+        while True:
+            status = httpx.get(f"{service.url}/v1/extraction/status").json()
+            if status["pending"] == status["in_flight"] == 0 and status["delivered"] >= 4:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+        assert status["dead"] == 0, httpx.get(f"{service.url}/v1/extraction/dead-letters").json()
+
+    with PostgresStore.from_conn_string(fresh_pg) as store:
+        items = [decode_memory_value(item.value) for item in store.search(("memories", "nul-ids"), limit=100)]
+    (odd,) = [value for value in items if value["data"]["id"] == odd_id]
+    assert messages_from_dict([odd])[0] == HumanMessage("turn 0", id=odd_id)

@@ -8,20 +8,27 @@ seeing each other's items.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Annotated, TypedDict
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
 
 import httpx
+import orjson
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.config import get_store
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
+from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
+from langgraph.store.memory import InMemoryStore
+from langgraph.store.postgres import PostgresStore
+from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import AuthenticationError, BadRequestError, RemoteReducingSaver, RemoteStore
 from tests.conftest import pg_url
@@ -368,3 +375,129 @@ def test_graph_nodes_use_the_remote_store(service: ServiceProcess, root: str) ->
             time.sleep(0.1)
         assert all(item.value["thread_id"] == thread for item in pruned)
         assert "h0" in {item.key for item in pruned}, "the first message left the window and is a memory"
+
+
+# -- numbers JSON writers differ on: beyond 64 bits, NaN and infinities ------------------------------
+
+
+def _backend(service: ServiceProcess) -> str:
+    answer = httpx.get(f"{service.url}/v1/capabilities", headers={"Authorization": f"Bearer {KEY}"})
+    return answer.raise_for_status().json()["backend"]
+
+
+@contextlib.contextmanager
+def _stock_store(backend: str, make_database: Any, tmp_path: Path) -> Iterator[BaseStore]:
+    """The store the service's backend runs, used directly: what each value must read back as."""
+    if backend == "memory":
+        yield InMemoryStore()
+    elif backend == "sqlite":
+        with SqliteStore.from_conn_string(str(tmp_path / "stock.sqlite")) as stock:
+            stock.setup()
+            yield stock
+    else:
+        with PostgresStore.from_conn_string(make_database()) as stock:
+            stock.setup()
+            yield stock
+
+
+def _stock_result(stock: BaseStore, value: dict[str, Any]) -> Any:
+    """What ``stock`` gives back for ``value`` (its value), or the exception class it raises."""
+    try:
+        stock.put(("stock",), "k", value)
+    except Exception as exc:  # noqa: BLE001 - compared with the service's answer
+        return type(exc)
+    return stock.get(("stock",), "k").value
+
+
+BIG_VALUES = {
+    "float-1e20": {"x": 1e20, "nested": [{"score": -3.5e25}]},
+    "ints-beyond-64-bits": {"x": 10**20, "y": -(2**70), "z": 2**64 - 1},
+}
+
+
+@pytest.mark.parametrize("name", sorted(BIG_VALUES))
+def test_a_number_beyond_64_bits_reads_back_as_the_stock_store_keeps_it(
+    service: ServiceProcess, store: RemoteStore, root: str, name: str, make_database: Any, tmp_path: Path
+) -> None:
+    """PostgreSQL's JSONB reads 1e20 back as the int 100000000000000000000; every get and search of its
+    namespace, and of the tenant's whole store, answered 500 with it."""
+    value = BIG_VALUES[name]
+    with _stock_store(_backend(service), make_database, tmp_path) as stock:
+        expected = _stock_result(stock, value)
+    ns = (root, "numbers")
+    if isinstance(expected, type):  # the stock store refuses it: the service says so, and stores nothing
+        with pytest.raises(BadRequestError, match="ops\\[0\\].value"):
+            store.put(ns, "k", value)
+        assert store.get(ns, "k") is None
+        return
+    store.put(ns, "k", value)
+    store.put(ns, "plain", {"x": 1})
+    item = store.get(ns, "k")
+    assert item is not None and item.value == expected
+    assert repr(item.value) == repr(expected), "the same types as the stock store's"
+    assert {i.key: i.value for i in store.search(ns)} == {"k": expected, "plain": {"x": 1}}
+    assert "k" in {i.key for i in store.search((), limit=1000)}, "the tenant's whole store searches"
+    store.put(ns, "again", item.value)  # what was read can be written back
+    assert repr(store.get(ns, "again").value) == repr(expected)
+
+    from langgraph_sdk import get_sync_client
+
+    with get_sync_client(url=service.url, api_key=KEY) as client:
+        # langgraph_sdk parses JSON with orjson, which reads an int beyond 64 bits as the nearest float.
+        read = client.store.get_item(list(ns), key="k")["value"]
+        assert read == orjson.loads(json.dumps(expected))
+        assert {i["key"] for i in client.store.search_items(list(ns))["items"]} == {"k", "plain", "again"}
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinities_are_refused_before_they_change(
+    store: RemoteStore, root: str, number: float
+) -> None:
+    """JSON has neither: orjson wrote them as null, silently (PostgresStore refuses them)."""
+    with pytest.raises(BadRequestError, match="ops\\[0\\].value.x.deep\\[1\\]"):
+        store.put((root,), "k", {"x": {"deep": [1, number]}})
+    assert store.get((root,), "k") is None
+
+
+def test_an_int_too_long_to_write_is_the_client_s_error(store: RemoteStore, root: str) -> None:
+    with pytest.raises(BadRequestError, match="ops\\[0\\].value.x"):
+        store.put((root,), "k", {"x": 10**5000})
+
+
+def test_an_extracted_memory_holding_1e20_reads_back(service: ServiceProcess, root: str) -> None:
+    """A pruned message with ``additional_kwargs={"score": 1e20}`` made its thread's memory namespace, and
+    every search of the tenant's store, answer 500 on PostgreSQL."""
+    builder = StateGraph(State)
+
+    def chat(state: State) -> dict:
+        scored = AIMessage("scored", id=f"ai-{len(state['messages'])}", additional_kwargs={"score": 1e20})
+        return {"messages": [scored]}
+
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    thread = f"{root}-scored"
+    config = {"configurable": {"thread_id": thread}}
+    with (
+        RemoteReducingSaver(service.url, api_key=KEY) as saver,
+        RemoteStore(service.url, api_key=KEY) as store,
+    ):
+        graph = builder.compile(checkpointer=saver)
+        for i in range(4):
+            graph.invoke({"messages": [HumanMessage(f"turn {i}", id=f"h{i}")]}, config)
+        deadline = time.monotonic() + 60
+        while True:
+            memories = {item.key: item.value for item in store.search(("memories", thread), limit=100)}
+            if {"ai-1", "h0"} <= memories.keys():
+                break
+            assert time.monotonic() < deadline, "the pruned messages never reached the store"
+            time.sleep(0.1)
+        scored = memories["ai-1"]
+        assert scored["data"]["additional_kwargs"]["score"] == 1e20
+        everything = store.search((), limit=1000)
+        assert "ai-1" in {item.key for item in everything}
+    from langgraph_sdk import get_sync_client
+
+    with get_sync_client(url=service.url, api_key=KEY) as client:
+        found = client.store.search_items(["memories", thread], limit=100)["items"]
+        assert {"ai-1", "h0"} <= {item["key"] for item in found}
+        assert client.store.search_items([], limit=1000)["items"]

@@ -291,7 +291,7 @@ def test_an_answer_that_cannot_be_encoded_fails_that_call_only(body_format, monk
         ) as saver,
     ):
         counter(saver).invoke({"value": 1}, {"configurable": {"thread_id": "t"}})
-        monkeypatch.setattr(ops, "_wire_metadata", lambda metadata: {**metadata, "raw": BIG})
+        monkeypatch.setattr(ops, "_wire_metadata", lambda metadata, *_: {**metadata, "raw": object()})
         for call in (
             lambda: saver.get_tuple({"configurable": {"thread_id": "t"}}),
             lambda: list(saver.list({"configurable": {"thread_id": "t"}})),
@@ -337,3 +337,87 @@ def test_big_ints_travel_on_the_other_backends(backend, body_format, tmp_path):
             assert item.checkpoint["channel_values"] == {"score": BIG, "small": 1}
             assert item.metadata == {"big": [-(10**25)], "n": 1}
             assert item.pending_writes == [("task", "score", -BIG)]
+
+
+@pytest.mark.parametrize("msgpack", [False, True], ids=["json", "msgpack"])
+def test_a_serde_type_no_stock_reader_reads_is_refused_naming_the_channel(msgpack, tmp_path, fresh_pg):
+    """Stored, such a value broke every later read of the thread and every list, a stock saver's too."""
+    data = ormsgpack.packb({"a": 1})
+    with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", "--no-extract") as service:
+        good = _put_body({"notes": _typed("msgpack", data, msgpack)})
+        config = {"configurable": {"thread_id": "reserved", "checkpoint_id": good["checkpoint"]["id"]}}
+        for type_ in ("foo", "", "pickle", "msgpack+", "pickle+aes"):
+            put = _post(service.url + PUT_PATH, _put_body({"notes": _typed(type_, data, msgpack)}), msgpack)
+            assert put.status_code == 422, put.text
+            assert "values.notes.type" in put.text, put.text
+            if type_:
+                assert repr(type_) in put.text
+                assert _post(service.url + PUT_PATH, good, msgpack).status_code == 200
+                value = _typed(type_, data, msgpack)
+                writes = {"config": config, "writes": [["notes", value]], "task_id": "t"}
+                refused = _post(service.url + WRITES_PATH, writes, msgpack)
+                assert refused.status_code == 422 and "writes[0].type" in refused.text, refused.text
+        # What a stock reader reads is still stored as sent: null, bytes, json.
+        for index, stock_type in enumerate(("null", "bytes", "bytearray", "json")):
+            value = _typed(stock_type, b"{}" if stock_type == "json" else b"", msgpack)
+            writes = {"config": config, "writes": [["notes", value]], "task_id": f"task-{index}"}
+            assert _post(service.url + WRITES_PATH, writes, msgpack).status_code == 204
+        # So is what EncryptedSerializer writes (its reader decrypts, then reads a stock type).
+        encrypted = _put_body({"notes": _typed("msgpack+aes", b"ciphertext", msgpack)})
+        encrypted["config"]["configurable"]["thread_id"] = "encrypted"
+        assert _post(service.url + PUT_PATH, encrypted, msgpack).status_code == 200
+        with RemoteReducingSaver(service.url) as saver:  # a stock reader without its key cannot read it
+            saver.delete_thread("encrypted")
+
+    with PostgresSaver.from_conn_string(fresh_pg) as stock:
+        stored = list(stock.list(None))
+    assert [item.checkpoint["channel_values"] for item in stored] == [{"notes": {"a": 1}}]
+    assert [value for _, _, value in stored[0].pending_writes] == [None, b"", bytearray(), {}]
+
+
+LOOKALIKES = {
+    "payload": {"type": INT_TYPE, "data": "MTIz"},  # base64 of "123": the wire's own form of an int
+    "as_bytes": [{"type": INT_TYPE, "data": "123"}, {"type": "reducing-saver/literal", "data": {"a": 1}}],
+    "other": {"type": "reducing-saver/msgpack", "data": {"type": INT_TYPE, "data": "MTIz"}},
+    "big": [10**20, {"type": "msgpack", "data": "x"}],
+}
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+@pytest.mark.parametrize("body_format", ["msgpack", "json"])
+def test_metadata_shaped_like_the_wire_s_typed_values_reads_back_unchanged(
+    body_format, backend, tmp_path, fresh_pg
+):
+    """``{"type": "reducing-saver/int", "data": "MTIz"}`` in metadata read back as 123; a stock PostgresSaver
+    returns the dict."""
+    config = {"configurable": {"thread_id": "lookalike", "checkpoint_ns": ""}}
+    with PostgresSaver.from_conn_string(fresh_pg) as stock:
+        stock.setup()
+        stock_config = stock.put(config, empty_checkpoint(), LOOKALIKES, {})
+        assert stock.get_tuple(stock_config).metadata == LOOKALIKES
+        stock.delete_thread("lookalike")
+    database = fresh_pg if backend == "postgres" else f"sqlite:///{tmp_path}/db.sqlite"
+    with run_service(tmp_path, "--database", database, "--no-sweep", "--no-extract") as service:
+        with RemoteReducingSaver(service.url, body_format=body_format, max_retries=0) as saver:
+            put = saver.put(config, empty_checkpoint(), LOOKALIKES, {})
+            assert saver.get_tuple(put).metadata == LOOKALIKES
+            assert [item.metadata for item in saver.list(None)] == [LOOKALIKES]
+    if backend == "postgres":
+        with PostgresSaver.from_conn_string(fresh_pg) as stock:
+            assert stock.get_tuple(put).metadata == LOOKALIKES
+
+
+@pytest.mark.parametrize("msgpack", [False, True], ids=["json", "msgpack"])
+def test_the_previous_release_s_typed_ints_still_read_as_ints(msgpack, tmp_path, fresh_pg):
+    """A client of the previous release sends big ints in metadata typed, as it always did."""
+    body = _put_body({})
+    body["config"]["configurable"]["thread_id"] = "old-client"
+    body["metadata"] = {
+        "big": _typed(INT_TYPE, str(BIG).encode(), msgpack),
+        "n": [_typed(INT_TYPE, b"-7", msgpack)],
+    }
+    with run_service(tmp_path, "--database", fresh_pg, "--no-sweep", "--no-extract") as service:
+        assert _post(service.url + PUT_PATH, body, msgpack).status_code == 200
+    with PostgresSaver.from_conn_string(fresh_pg) as stock:
+        (stored,) = stock.list({"configurable": {"thread_id": "old-client"}})
+    assert stored.metadata == {"big": BIG, "n": [-7]}

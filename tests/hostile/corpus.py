@@ -306,6 +306,46 @@ STATE_VALUE_CASES: list[tuple[str, Callable[[Context], Any], tuple[str, ...], st
 ]
 
 
+#: Standard-library callables that third-party modules of the service's own environment re-export under
+#: their own names: ``(module, name, extension builder)``. The first three act on files when a stock
+#: reader decodes them (``test_the_attacks_are_live``); the others start threads or make directories.
+REEXPORTS: list[tuple[str, str, Callable[[Context, str], ormsgpack.Ext]]] = [
+    ("pip._internal.utils.wheel", "ZipFile", lambda ctx, case: ext(1, "pip._internal.utils.wheel", "ZipFile", [str(ctx.marker(case)), "w"])),
+    (
+        "pip._internal.utils.filesystem",
+        "NamedTemporaryFile",
+        lambda ctx, case: ext(2, "pip._internal.utils.filesystem", "NamedTemporaryFile", {"dir": str(ctx.markers), "prefix": case, "delete": False}),
+    ),
+    ("sqlite_vec", "Connection", lambda ctx, case: ext(0, "sqlite_vec", "Connection", str(ctx.marker(case)))),
+    ("aiosqlite.core", "Thread", lambda ctx, case: ext(2, "aiosqlite.core", "Thread", {"name": case})),
+    ("anyio.from_thread", "Thread", lambda ctx, case: ext(2, "anyio.from_thread", "Thread", {"name": case})),
+    ("psycopg_pool._acompat", "Worker", lambda ctx, case: ext(2, "psycopg_pool._acompat", "Worker", {"name": case})),
+    ("langchain_core.runnables.config", "ThreadPoolExecutor", lambda ctx, case: ext(2, "langchain_core.runnables.config", "ThreadPoolExecutor", {"max_workers": 1})),
+    ("setuptools.command.editable_wheel", "TemporaryDirectory", lambda ctx, case: ext(2, "setuptools.command.editable_wheel", "TemporaryDirectory", {"dir": str(ctx.markers)})),
+]
+#: Where the re-export cases put their value: another channel, a pending write, the messages channel
+#: (inside a message) and a pending write to it.
+REEXPORT_PLACES = ("other-channel", "pending-write", "in-message", "pending-write-messages")
+
+
+def _reexport_case(module: str, name: str, build: Callable[[Context, str], ormsgpack.Ext], place: str) -> Case:
+    case = f"reexport-{module}.{name}-{place}"
+    field = {"other-channel": "values.notes", "in-message": "messages"}.get(place, "writes[0]")
+
+    def body(ctx: Context) -> bytes:
+        value = build(ctx, case)
+        if place == "in-message":
+            return orjson.dumps(put_body(msgpack_value(ormsgpack.packb([human_with(value)])), thread_id=case))
+        if place == "pending-write-messages":
+            built = state_body("pending-write", ormsgpack.packb([human_with(value)]), thread_id=case)
+            built["writes"][0][0] = "messages"
+            return orjson.dumps(built)
+        return orjson.dumps(state_body(place, ormsgpack.packb({"note": value}), thread_id=case))
+
+    path = "/v1/writes/put" if place.startswith("pending-write") else "/v1/checkpoints/put"
+    return Case(case, path, body, names=(field, f"{module}.{name}"))
+
+
 def nested_exts(depth: int) -> ormsgpack.Ext:
     value: Any = 1
     for _ in range(depth):
@@ -416,6 +456,8 @@ def _cases() -> list[Case]:
                 cases.append(_state_case(code, target, place, msgpack=False))
                 cases.append(_state_case(code, target, place, msgpack=True))
     cases += [_state_value_case(*spec) for spec in STATE_VALUE_CASES]
+    # -- standard-library callables under a third-party module's name ------------------------------------
+    cases += [_reexport_case(*reexport, place) for reexport in REEXPORTS for place in REEXPORT_PLACES]
     # -- structure ---------------------------------------------------------------------------------
     cases += [
         Case("deep-metadata-40", put, lambda ctx: _replace_metadata(orjson.dumps(put_body(msgpack_value(ormsgpack.packb([])), thread_id="deep")), orjson.dumps(nested(40))), names=("max_nesting_depth",)),

@@ -710,3 +710,15 @@ def test_config_defaults() -> None:
     )
     assert ReducerConfig(max_tokens=100).token_target == 100
     assert MessageReducer(ReducerConfig(max_messages=6, min_messages=4)).config.count_target == 4
+
+
+def test_a_message_id_holding_nul_is_keyed_by_its_digest():
+    """PostgreSQL's text (the outbox's and the store's keys) cannot hold U+0000; the message keeps its id."""
+    from langchain_core.messages import HumanMessage as Human
+
+    from reducing_saver.reducer import message_key
+
+    odd, plain = Human("x", id="a\x00b"), Human("x", id="a\\0b")
+    assert "\x00" not in message_key(odd, ("ns",)) and message_key(odd, ("ns",)).startswith("id-sha256:")
+    assert message_key(odd, ("ns",)) == message_key(odd.model_dump(), ("other",))  # the id's, namespace aside
+    assert message_key(plain, ("ns",)) == "a\\0b" and odd.id == "a\x00b"

@@ -190,3 +190,30 @@ def test_a_refused_msgpack_body_stores_nothing_and_is_answered_in_json(client: T
     assert "extension (code 0)" in answer.json()["detail"][0]["msg"]
     got = client.post("/v1/checkpoints/get", json={"config": body["config"]}).json()
     assert got == {"checkpoint": None}
+
+
+# -- metadata: the wire's own typed values, and user objects shaped like them -------------------------
+
+_SHAPES = [
+    {"type": "reducing-saver/int", "data": "MTIz"},
+    {"type": "reducing-saver/literal", "data": {"type": "reducing-saver/int", "data": "MTIz"}},
+    {"type": "reducing-saver/literal", "data": 5},
+    {"type": "reducing-saver/whatever", "data": [1, {"type": "reducing-saver/int", "data": "12"}]},
+    {"type": "msgpack", "data": "MTIz"},
+    {"type": "reducing-saver/int", "data": "MTIz", "more": 1},
+]
+
+
+@pytest.mark.parametrize("shape", _SHAPES, ids=range(len(_SHAPES)))
+@pytest.mark.parametrize("body", ["json", "msgpack"])
+def test_metadata_of_any_shape_travels_unchanged(shape, body):
+    from reducing_saver.wire import ints_from_wire, ints_to_wire, json_default, msgpack_default
+
+    value = {"user": shape, "list": [shape, 10**20, -(2**70), 3], "big": 10**25}
+    wire = ints_to_wire(value)
+    if body == "json":
+        arrived = orjson.loads(orjson.dumps(wire, default=json_default))
+    else:
+        arrived = ormsgpack.unpackb(ormsgpack.packb(wire, default=msgpack_default))
+    assert ints_from_wire(arrived, "metadata") == value
+    assert ints_to_wire({"plain": [1, "x"]}) == {"plain": [1, "x"]}

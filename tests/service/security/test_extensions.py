@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -135,6 +136,91 @@ def test_a_datetime_subclass_from_another_package_is_accepted():
 
 
 # -- gadgets are refused, wherever they sit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("pip._internal.utils.wheel", "ZipFile"),
+        ("pip._internal.utils.filesystem", "NamedTemporaryFile"),
+        ("sqlite_vec", "Connection"),
+        ("aiosqlite.core", "Thread"),
+        ("anyio.from_thread", "Thread"),
+        ("psycopg_pool._acompat", "Worker"),
+        ("langchain_core.runnables.config", "ThreadPoolExecutor"),
+        ("setuptools.command.editable_wheel", "TemporaryDirectory"),
+    ],
+)
+def test_standard_library_callables_under_a_third_party_name_are_refused(module: str, name: str):
+    with pytest.raises(UnsafeValueError, match=f"{module}.{name}.*not a class {module} defines"):
+        check_value(ormsgpack.packb(ext(1, module, name, ["x"])), "values.notes", DEFAULT)
+
+
+STATE_MODULE = """
+import collections, enum, threading, typing, pathlib
+from dataclasses import make_dataclass
+from zipfile import ZipFile
+pathlib.Path(__file__).with_suffix(".ran").touch()
+
+class Task:
+    pass
+
+Pair = collections.namedtuple("Pair", "a b")
+Mood = enum.Enum("Mood", "HAPPY SAD")
+Box = make_dataclass("Box", ["size"])
+class Coords(typing.NamedTuple):
+    x: int
+Runner = threading.Thread
+Later = Task
+class Twice:
+    pass
+Twice = threading.Thread
+try:
+    from fastjson import Parser
+except ImportError:
+    class Parser:
+        pass
+if True:
+    class Kept:
+        pass
+"""
+
+
+def test_a_name_is_accepted_only_where_its_module_defines_the_class(tmp_path: Path, monkeypatch):
+    """The module is read, never run: its top-level statement that touches a file does not run."""
+    package = tmp_path / "graphstate_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import pathlib\npathlib.Path(__file__).with_suffix('.ran').touch()\n")
+    (package / "state.py").write_text(STATE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extensions.defined_classes.cache_clear()
+    for name in ("Task", "Pair", "Mood", "Box", "Coords", "Kept"):
+        check_value(ormsgpack.packb(ext(1, "graphstate_pkg.state", name, [1])), "f", DEFAULT)
+    for name in ("ZipFile", "Runner", "Later", "Twice", "Parser", "Missing"):
+        with pytest.raises(UnsafeValueError, match="not a class graphstate_pkg.state defines"):
+            check_value(ormsgpack.packb(ext(1, "graphstate_pkg.state", name, [1])), "f", DEFAULT)
+    assert sorted(path.name for path in package.iterdir()) == ["__init__.py", "state.py"], "nothing ran"
+    assert "graphstate_pkg" not in sys.modules and "graphstate_pkg.state" not in sys.modules
+    # A module this environment lacks cannot be read: the default mode's limit (a list without * closes it).
+    check_value(ormsgpack.packb(ext(1, "graphstate_pkg.elsewhere", "Anything", [1])), "f", DEFAULT)
+    with pytest.raises(UnsafeValueError, match="not an allowed state type"):
+        check_value(
+            ormsgpack.packb(ext(1, "graphstate_pkg.elsewhere", "Anything", [1])), "f", ExtensionPolicy([])
+        )
+
+
+def test_resolving_a_name_imports_nothing():
+    assert "pip._internal.utils.wheel" not in sys.modules
+    extensions.defined_classes.cache_clear()
+    with pytest.raises(UnsafeValueError):
+        check_value(ormsgpack.packb(ext(1, "pip._internal.utils.wheel", "ZipFile", ["x"])), "f", DEFAULT)
+    assert not any(module == "pip" or module.startswith("pip.") for module in sys.modules)
+
+
+def test_a_class_in_compiled_code_is_refused():
+    pytest.importorskip("pydantic_core")
+    with pytest.raises(UnsafeValueError, match="not a class pydantic_core._pydantic_core defines"):
+        check_value(ormsgpack.packb(ext(1, "pydantic_core._pydantic_core", "SchemaValidator", [1])), "f", DEFAULT)
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 4, 5])
