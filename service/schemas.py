@@ -133,7 +133,13 @@ class ListCheckpointsRequest(Strict):
         description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
         "(subgraphs included, as the stock savers do); null lists all threads.",
     )
-    filter: dict[str, Any] | None = Field(None, description="Metadata containment filter (types kept).")
+    filter: Annotated[dict[str, Any] | None, AfterValidator(_refusing(security.check_filter_keys, "filter"))] = (
+        Field(
+            None,
+            description="Metadata containment filter (types kept). Keys: 1 to 256 ASCII letters, digits, "
+            "'_', '.' and '-', on every backend.",
+        )
+    )
     before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
     limit: (
         Annotated[
