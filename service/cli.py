@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import Literal, get_args, get_origin
@@ -226,6 +227,10 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+#: How long an idle worker thread may take to end at exit before it counts as stuck on the database.
+THREAD_END_SECONDS = 1.0
+
+
 def _leave_threads_stuck_on_the_database() -> None:
     """Exit now if threads still wait on a database that stopped answering.
 
@@ -236,6 +241,11 @@ def _leave_threads_stuck_on_the_database() -> None:
     """
     me = threading.current_thread()
     stuck = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    # Idle pool threads told to stop are ending right now: only one still alive after a moment waits.
+    deadline = time.monotonic() + THREAD_END_SECONDS
+    for thread in stuck:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    stuck = [t for t in stuck if t.is_alive()]
     if not stuck:
         return
     error = sys.exc_info()[1]
@@ -364,8 +374,6 @@ def worker(settings: Settings) -> None:
     database get ``db_timeout_seconds``. A database that does not answer is left behind; the rows come
     back when their lease ends.
     """
-    import time
-
     from reducing_saver.service import store_config
     from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging

@@ -188,6 +188,8 @@ class Service:
         self.metrics.watch(None)
         if savers is not None:
             savers.close()
+        # Idle threads end now; one still waiting on the database is left to the command's exit.
+        self._blocking.shutdown(wait=False, cancel_futures=True)
         if backend is not None and finish_within(
             deadline, "closing the database", lambda: _close_backend(backend, deadline)
         ):
