@@ -58,3 +58,53 @@ def test_a_clean_shutdown_reports_no_stuck_thread(
     assert service.process.returncode == 0, output[-3000:]
     assert "shutdown complete" in output, output[-3000:]
     assert STUCK_WARNING not in output, output[-3000:]
+
+
+GRACE = 2.0
+DB_TIMEOUT = 2.0
+
+
+def test_sigterm_ends_two_workers_within_the_grace_while_the_database_hangs(fresh_pg: str, tmp_path: Path) -> None:
+    """Each worker has calls stuck on a silent database; the whole service still exits in bounded time."""
+    with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
+        args = (
+            "--database", proxy.url(fresh_pg),
+            "--workers", "2",
+            "--pool-size", "2",
+            "--db-timeout-seconds", str(DB_TIMEOUT),
+            "--shutdown-grace-seconds", str(GRACE),
+            "--no-sweep",
+            "--no-extract",
+        )  # fmt: skip
+        with run_service(tmp_path, *args) as service:
+            proxy.hang()
+
+            def call(path: str, body: dict | None) -> None:
+                try:
+                    if body is None:
+                        httpx.get(f"{service.url}{path}", timeout=120)
+                    else:
+                        httpx.post(f"{service.url}{path}", json=body, timeout=120)
+                except httpx.HTTPError:
+                    pass
+
+            # Enough probes that both workers hold some: each takes a pooled connection and waits on it in
+            # a worker thread of the service for good (the probe answers 503 after its own budget).
+            calls = [("/readyz", None)] * 8
+            threads = [threading.Thread(target=call, args=c, daemon=True) for c in calls]
+            for thread in threads:
+                thread.start()
+            time.sleep(3.0)  # past the probes' own budget: their threads stay stuck in the database
+            started = time.monotonic()
+            service.process.terminate()
+            try:
+                service.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            took = time.monotonic() - started
+            output = service.output()
+            assert service.process.returncode is not None, f"still running {took:.0f} s after SIGTERM"
+            budget = GRACE + DB_TIMEOUT + 5
+            assert took <= budget, f"SIGTERM took {took:.1f} s\n{output[-3000:]}"
+            assert service.process.returncode == 0, output[-3000:]
+            assert STUCK_WARNING in output, "a thread really was stuck: the log says so"
