@@ -16,6 +16,7 @@ scrape the workers apart, when the numbers must add up.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -33,6 +34,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reducing_saver.service.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.wire import Blob
 
@@ -48,6 +50,12 @@ MAX_REQUEST_ID_LENGTH = 128
 QUIET_ROUTES = frozenset(
     {"/healthz", "/readyz", "/metrics", "/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}
 )
+
+#: The status counted and logged for a request whose client closed the connection before its answer began
+#: (nginx's "client closed request"): the client's doing, not a server error. Nothing is sent.
+CLIENT_CLOSED = 499
+#: The detail of the 503 sent to requests still running when the shutdown grace ends.
+SHUTTING_DOWN = "the service is shutting down; retry (another replica, or this one once it is back)"
 
 #: Latency buckets in seconds: a put is ~1 ms on loopback, so the default buckets (from 5 ms) are too coarse.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -339,6 +347,7 @@ class ObservabilityMiddleware:
         id_header = (b"x-request-id", request_id.encode("ascii"))
         measure = _PutMeasure()
         status = 0
+        disconnected = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -347,13 +356,31 @@ class ObservabilityMiddleware:
                 message = {**message, "headers": [*message.get("headers", ()), id_header]}
             await send(message)
 
+        async def receive_noting_disconnect() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+            return message
+
         id_token = _request_id.set(request_id)
         measure_token = _put_measure.set(measure)
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_noting_disconnect, send_with_id)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when the shutdown grace ends: the database work
+            # they wait for is moot, the client may retry elsewhere. A 503, never a 500 with a traceback.
+            if not status:
+                await send_error(send_with_id, 503, SHUTTING_DOWN, [(b"retry-after", b"1")])
+        except Exception:
+            if status or not disconnected:
+                raise
+            # The client went away before its answer began: what failed after that is moot.
         finally:
             if not status:
-                status = 500  # raised before answering; Starlette's error middleware sends the 500
+                # No answer at all: the client closed the request (nginx's 499), or the app raised before
+                # answering (Starlette's error middleware sends the 500).
+                status = CLIENT_CLOSED if disconnected else 500
             seconds = time.perf_counter() - started
             route = _route_template(scope, self.paths)
             self.metrics.observe_request(scope["method"], route, status, seconds)

@@ -11,7 +11,9 @@ import httpx
 import psycopg
 import pytest
 
+from reducing_saver.wire import blob_to_wire
 from tests.conftest import PG_HOST, PG_PORT
+from tests.support.bodies import messages_put_body
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service
 
@@ -108,3 +110,47 @@ def test_sigterm_ends_two_workers_within_the_grace_while_the_database_hangs(fres
             assert took <= budget, f"SIGTERM took {took:.1f} s\n{output[-3000:]}"
             assert service.process.returncode == 0, output[-3000:]
             assert STUCK_WARNING in output, "a thread really was stuck: the log says so"
+
+
+def test_requests_in_flight_when_the_grace_ends_answer_503_never_500(fresh_pg: str, tmp_path: Path) -> None:
+    """Two workers, the checkpoint tables locked by another session, six puts waiting on the lock: at the
+    end of the grace each put answers 503 (which the client retries), and the log holds no traceback."""
+    grace = 3.0
+    args = (
+        "--database", fresh_pg,
+        "--workers", "2",
+        "--shutdown-grace-seconds", str(grace),
+        "--db-timeout-seconds", "30",  # the grace ends first
+        "--no-sweep",
+        "--no-extract",
+    )  # fmt: skip
+    with run_service(tmp_path, *args) as service:
+        statuses: list[int] = []
+        details: list[str] = []
+
+        def put(index: int) -> None:
+            body = messages_put_body(blob_to_wire("msgpack", b"\x90"), thread_id=f"grace-{index}")
+            try:
+                response = httpx.post(f"{service.url}/v1/checkpoints/put", json=body, timeout=60)
+            except httpx.HTTPError as exc:  # a connection cut without an answer
+                details.append(repr(exc))
+                return
+            statuses.append(response.status_code)
+            details.append(response.text)
+
+        with psycopg.connect(fresh_pg) as locker:
+            locker.execute("LOCK TABLE checkpoints, checkpoint_blobs, checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+            threads = [threading.Thread(target=put, args=(i,)) for i in range(6)]
+            for thread in threads:
+                thread.start()
+            time.sleep(1.5)  # every put waits on the lock
+            took = _stop(service.process, timeout=60)
+            for thread in threads:
+                thread.join(30)
+            locker.rollback()
+        output = service.output()
+    assert statuses == [503] * 6, (statuses, details, output[-3000:])
+    assert all("shutting down" in detail for detail in details), details
+    assert "Traceback" not in output and "CancelledError" not in output, output[-4000:]
+    assert "Exception in ASGI application" not in output and " 500 " not in output
+    assert service.process.returncode == 0 and took <= grace + 30 + 5, (took, output[-3000:])
