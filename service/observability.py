@@ -1,37 +1,39 @@
 """What the service tells its operators: Prometheus metrics, request ids and structured logs.
 
 * ``ServiceMetrics`` owns one Prometheus registry per app: HTTP requests by route template, the bytes of
-  the messages channel received and stored, messages pruned, unreadable messages channels, and (read at
-  scrape time) the backend's savers and the PostgreSQL pool.
+  the messages channel received and stored, messages pruned, unreadable messages channels, the backend's
+  savers and the PostgreSQL pool, and the extraction outbox's figures with their age.
 * ``ObservabilityMiddleware`` is pure ASGI: it accepts or makes the request id, echoes it in
   ``X-Request-ID``, exposes it to log records, counts and times the request, and writes one access log
   line.
 * ``configure_logging`` installs one handler on the root logger: JSON lines (or text), with the request
   id on every record and the database password redacted from every line.
 
-Metrics are per process: with several uvicorn workers, each worker answers ``/metrics`` with its own
-numbers (``PROMETHEUS_MULTIPROC_DIR`` is not supported). Scale with replicas of one worker each, or
-scrape the workers apart, when the numbers must add up.
+With several uvicorn workers (``serve --workers N``), every worker answers ``/metrics`` with the figures
+of all of them added up (prometheus_client's multiprocess mode, in a folder ``serve`` creates and
+removes). ``/metrics`` never waits on the database: its figures are read in the background and carry
+their age.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service.errors import send_error
@@ -146,16 +148,29 @@ class MeasuringCodec:
 class ServiceMetrics:
     """The service's Prometheus metrics, in a registry of their own (one per app).
 
+    Figures the process holds (requests, bytes, savers, the PostgreSQL pool) are always current. The
+    extraction outbox's figures come from the database: a scrape starts a read in a worker thread and
+    waits for it at most :data:`OUTBOX_WAIT_SECONDS`, so ``/metrics`` answers at once whatever the
+    database does; ``reducing_saver_outbox_status_age_seconds`` says how old the outbox figures are (they
+    are absent until a first read succeeded).
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (``serve --workers N`` sets it for its workers), every worker
+    writes its figures there and a scrape of any worker adds up all of them: counters and histograms are
+    summed, the saver and pool gauges are summed over the live workers, and the outbox figures are the
+    most recently read ones.
+
     Args:
         codec: The service's codec; its ``unreadable`` count is read at scrape time.
 
     Attributes:
-        registry: The registry ``/metrics`` renders.
+        registry: The registry of this process's metrics.
+        multiprocess_dir: Where the workers' figures are (``None``: one process).
     """
 
     def __init__(self, codec: SafeMessagesCodec) -> None:
         self.codec = codec
         self.registry = CollectorRegistry()
+        self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
         labels = ("method", "route", "status")
         self.requests = Counter(
             "reducing_saver_http_requests",
@@ -193,10 +208,20 @@ class ServiceMetrics:
             "while the reducer remembers it).",
             registry=self.registry,
         )
+        self.unreadable = Counter(
+            "reducing_saver_messages_unreadable",
+            "Messages channel values the service could not read (another serde, not a list of messages) "
+            "and stored unreduced.",
+            registry=self.registry,
+        )
+        self._unreadable_counted = 0
+        self._gauges: dict[str, Gauge] = {}
         self._backend: Any = None
         self._pool: Any = None
         self._outbox: Any = None
-        self.registry.register(_StateCollector(self))
+        self._outbox_read_at: float | None = None
+        self._outbox_reading: asyncio.Future[None] | None = None
+        self._lock = threading.Lock()
 
     def measuring(self) -> MeasuringCodec:
         """The codec to hand the backend: the service's codec, with the put measurements."""
@@ -207,11 +232,13 @@ class ServiceMetrics:
         self.delivered.inc(len(messages))
 
     def watch(self, savers: Any, pool: Any = None, outbox: Any = None) -> None:
-        """Read the savers, the connection pool (PostgreSQL) and the extraction outbox at scrape time.
+        """Report the savers, the connection pool (PostgreSQL) and the extraction outbox.
 
         ``None`` stops watching.
         """
         self._backend, self._pool, self._outbox = savers, pool, outbox
+        if savers is not None:
+            self.update()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method if method in _METHODS else "other", route, str(status))
@@ -224,81 +251,126 @@ class ServiceMetrics:
         if measure.kept is not None:
             self.pruned.inc(measure.decoded - measure.kept)
 
+    def _gauge(self, name: str, help_text: str, mode: str) -> Gauge:
+        """The gauge ``name``, registered on first use (absent from scrapes until then)."""
+        gauge = self._gauges.get(name)
+        if gauge is None:
+            gauge = self._gauges[name] = Gauge(name, help_text, multiprocess_mode=mode, registry=self.registry)
+        return gauge
+
+    def update(self) -> None:
+        """Copy what the process holds (savers, pool, unreadable count) into the metrics; no I/O.
+
+        Run at every scrape, and every :data:`UPDATE_SECONDS` by each worker when several share the
+        figures (:meth:`start_updating`), so a scrape of one worker sees the others' current figures.
+        """
+        with self._lock:
+            unreadable = self.codec.unreadable
+            if unreadable > self._unreadable_counted:
+                self.unreadable.inc(unreadable - self._unreadable_counted)
+                self._unreadable_counted = unreadable
+            backend, pool = self._backend, self._pool
+            if backend is not None:
+                self._gauge(
+                    "reducing_saver_backend_savers", "Saver instances of the backend (parallel saver calls).", "livesum"
+                ).set(backend.size)
+                self._gauge(
+                    "reducing_saver_backend_savers_borrowed", "Saver instances lent to a call right now.", "livesum"
+                ).set(backend.borrowed)
+            if pool is not None:
+                stats = pool.get_stats()
+                size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
+                for name, help_text, value in (
+                    ("size", "PostgreSQL connections open in the pool.", size),
+                    ("available", "PostgreSQL connections idle in the pool.", available),
+                    ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
+                    ("requests_waiting", "Callers waiting for a PostgreSQL connection.", stats.get("requests_waiting", 0)),
+                ):
+                    self._gauge(f"reducing_saver_db_pool_{name}", help_text, "livesum").set(value)
+            if self._outbox_read_at is not None:
+                self._gauge(
+                    "reducing_saver_outbox_status_age_seconds",
+                    "Seconds since the outbox figures (reducing_saver_outbox_*) were read from the database: "
+                    "they grow while the database does not answer.",
+                    "livemostrecent",
+                ).set(time.monotonic() - self._outbox_read_at)
+
+    def start_updating(self, stop: threading.Event) -> None:
+        """With several workers: :meth:`update` every :data:`UPDATE_SECONDS` in a daemon thread until
+        ``stop`` is set."""
+        if self.multiprocess_dir is None:
+            return
+
+        def run() -> None:
+            while not stop.wait(UPDATE_SECONDS):
+                try:
+                    self.update()
+                except Exception:
+                    logger.exception("updating the metrics failed")
+
+        threading.Thread(target=run, name="metrics", daemon=True).start()
+
+    def read_outbox(self) -> None:
+        """Read the outbox's figures from the database into the metrics (blocking)."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        status = outbox.status()
+        for name, help_text in _OUTBOX_FIGURES:
+            self._gauge(f"reducing_saver_outbox_{name}", help_text, "livemostrecent").set(status[name])
+        self._gauge(
+            "reducing_saver_outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending message (0 when none is pending), when the figures were read.",
+            "livemostrecent",
+        ).set(status["oldest_pending_age_seconds"] or 0)
+        self._outbox_read_at = time.monotonic()
+
+    async def refresh(self, start: Callable[[Callable[[], None]], asyncio.Future[None]]) -> None:
+        """Before a scrape: read the outbox's figures (``start`` runs a function in a worker thread), waiting
+        at most :data:`OUTBOX_WAIT_SECONDS`. One read at a time: a read the database holds up is not
+        repeated until it ends, and the scrape answers with the figures it has."""
+        if self._outbox is None:
+            return
+        reading = self._outbox_reading
+        if reading is None or reading.done():
+            reading = self._outbox_reading = start(self.read_outbox)
+            reading.add_done_callback(_log_failed_read)
+        await asyncio.wait({reading}, timeout=OUTBOX_WAIT_SECONDS)
+
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The registry in the exposition format ``accept`` asks for (Prometheus text by default).
+        """The metrics in the exposition format ``accept`` asks for (Prometheus text by default): this
+        process's, or with several workers, all of theirs added up.
 
         Returns:
             ``(body, content_type)``.
         """
+        self.update()
+        registry = self.registry
+        if self.multiprocess_dir is not None:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        return encoder(registry), content_type
 
 
-class _StateCollector(Collector):
-    """Values read at scrape time: the codec's unreadable count, the savers and the pool."""
+#: How long a scrape waits for the outbox's figures before answering with the ones it has.
+OUTBOX_WAIT_SECONDS = 0.5
+#: With several workers, how often each copies its own figures to where the others' scrapes read them.
+UPDATE_SECONDS = 1.0
+#: The environment variable that names the workers' shared metrics folder (prometheus_client's).
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        metrics = self._metrics
-        yield CounterMetricFamily(
-            "reducing_saver_messages_unreadable",
-            "Messages channel values the service could not read (another serde, not a list of messages) "
-            "and stored unreduced.",
-            value=metrics.codec.unreadable,
-        )
-        backend = metrics._backend
-        if backend is None:
-            return
-        yield GaugeMetricFamily(
-            "reducing_saver_backend_savers",
-            "Saver instances of the backend (parallel saver calls).",
-            value=backend.size,
-        )
-        yield GaugeMetricFamily(
-            "reducing_saver_backend_savers_borrowed",
-            "Saver instances lent to a call right now.",
-            value=backend.borrowed,
-        )
-        yield from _outbox_metrics(metrics._outbox)
-        if metrics._pool is None:
-            return
-        stats = metrics._pool.get_stats()
-        size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
-        for name, help_text, value in (
-            ("size", "PostgreSQL connections open in the pool.", size),
-            ("available", "PostgreSQL connections idle in the pool.", available),
-            ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
-            (
-                "requests_waiting",
-                "Callers waiting for a PostgreSQL connection.",
-                stats.get("requests_waiting", 0),
-            ),
-        ):
-            yield GaugeMetricFamily(f"reducing_saver_db_pool_{name}", help_text, value=value)
+_OUTBOX_FIGURES = (
+    ("pending", "Pruned messages waiting for extraction (retries included)."),
+    ("in_flight", "Pruned messages claimed by a deliverer right now."),
+    ("delivered", "Pruned messages delivered to long-term memory."),
+    ("dead", "Pruned messages whose extraction failed every attempt (dead letters)."),
+)
 
 
-def _outbox_metrics(outbox: Any) -> Iterator[Metric]:
-    if outbox is None:
-        return
-    try:
-        status = outbox.status()
-    except Exception:
-        logger.exception("reading the extraction outbox for /metrics failed")
-        return
-    for name, help_text in (
-        ("pending", "Pruned messages waiting for extraction (retries included)."),
-        ("in_flight", "Pruned messages claimed by a deliverer right now."),
-        ("delivered", "Pruned messages delivered to long-term memory."),
-        ("dead", "Pruned messages whose extraction failed every attempt (dead letters)."),
-    ):
-        yield GaugeMetricFamily(f"reducing_saver_outbox_{name}", help_text, value=status[name])
-    yield GaugeMetricFamily(
-        "reducing_saver_outbox_oldest_pending_age_seconds",
-        "Age of the oldest pending message (0 when none is pending).",
-        value=status["oldest_pending_age_seconds"] or 0,
-    )
+def _log_failed_read(reading: asyncio.Future[None]) -> None:
+    if not reading.cancelled() and (error := reading.exception()) is not None:
+        logger.warning("reading the extraction outbox for /metrics failed: %s", error)
 
 
 # -- the middleware -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """``reducing-saver serve --workers N``: uvicorn's worker processes, each ending as the one-worker service does.
 
 uvicorn's supervisor starts the workers (``spawn``), forwards SIGTERM to them and waits for them. Two things
-differ from its defaults:
+differ from its defaults, and one is added:
 
 * A worker ends like ``serve`` with one worker: after uvicorn's graceful shutdown it exits with code 0,
   and threads still waiting on a database that stopped answering are reported and left behind
@@ -9,6 +9,8 @@ differ from its defaults:
   take as long as the database keeps silent.
 * The supervisor waits for its workers at most ``shutdown_grace_seconds + db_timeout_seconds`` plus a
   margin, then kills the ones left: a worker's shutdown is bounded like the one-worker service's.
+* The workers' metrics are added up at every scrape (prometheus_client's multiprocess mode), in a folder
+  made for the run and removed after it.
 
 Imported only by ``serve`` with several workers (it imports uvicorn).
 """
@@ -17,16 +19,21 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from socket import socket
 from typing import Any
 
 import uvicorn
+from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.supervisors import Multiprocess
 
 from reducing_saver.service.cli import THREAD_END_SECONDS, exit_now_if_threads_stuck
+from reducing_saver.service.observability import MULTIPROCESS_ENV
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -74,6 +81,14 @@ class Supervisor(Multiprocess):
         super().__init__(config, sockets)
         self.stop_seconds = stop_seconds
 
+    def keep_subprocess_alive(self) -> None:
+        before = {process.pid for process in self.processes}
+        super().keep_subprocess_alive()
+        # A worker replaced: its gauges leave the sums (its counters stay, so totals never go backwards).
+        for pid in before - {process.pid for process in self.processes}:
+            if pid is not None:
+                mark_process_dead(pid)
+
     def join_all(self) -> None:
         deadline = time.monotonic() + self.stop_seconds
         for process in self.processes:
@@ -88,7 +103,21 @@ class Supervisor(Multiprocess):
 
 
 def run_workers(settings: Any, common: dict[str, Any], sockets: list[socket]) -> None:
-    """Run ``settings.workers`` worker processes of the app ``app_from_env`` builds, until SIGTERM/SIGINT."""
+    """Run ``settings.workers`` worker processes of the app ``app_from_env`` builds, until SIGTERM/SIGINT.
+
+    The workers share their metrics through a folder made for this run (``PROMETHEUS_MULTIPROC_DIR`` in
+    their environment, before they import prometheus_client), removed when they have stopped.
+    """
+    folder = tempfile.mkdtemp(prefix="reducing-saver-metrics-")
+    os.environ[MULTIPROCESS_ENV] = folder
+    try:
+        _supervise(settings, common, sockets)
+    finally:
+        os.environ.pop(MULTIPROCESS_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise(settings: Any, common: dict[str, Any], sockets: list[socket]) -> None:
     config = WorkerConfig(
         "reducing_saver.service.app:app_from_env",
         factory=True,
