@@ -140,7 +140,13 @@ class ListCheckpointsRequest(Strict):
             "'_', '.' and '-', on every backend.",
         )
     )
-    before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
+    before: RunConfig | None = Field(
+        None,
+        description="Only checkpoints older than this checkpoint_id. Across threads (config null), a before "
+        "naming a thread too (the last checkpoint of the previous page) is a cursor: the list goes on right "
+        "after it, newest id first, then thread id and namespace descending, so copies sharing an id are "
+        "never skipped.",
+    )
     limit: (
         Annotated[
             StrictInt,

@@ -117,3 +117,105 @@ def test_a_fractional_default_ttl_is_refused_at_start_on_postgresql(fresh_pg: st
     sqlite = Settings(database=f"sqlite:///{tmp_path / 'x.sqlite'}", store_ttl='{"default_ttl": 0.4}')
     assert store_config.refusal(sqlite) is None
     assert store_config.refusal(Settings(database=fresh_pg, store_ttl='{"default_ttl": 2}')) is None
+
+
+# -- paging across copied threads ----------------------------------------------------------------------
+
+
+def _put_checkpoints(client: TestClient, thread_id: str, count: int) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    parent = None
+    for step in range(count):
+        checkpoint = empty_checkpoint()
+        checkpoint.pop("channel_values")
+        checkpoint["channel_versions"] = {"n": str(step + 1)}
+        configurable = {"thread_id": thread_id, "checkpoint_ns": ""}
+        if parent:
+            configurable["checkpoint_id"] = parent
+        body = {
+            "config": {"configurable": configurable},
+            "checkpoint": checkpoint,
+            "values": {"n": step},
+            "metadata": {"step": step},
+            "new_versions": {"n": str(step + 1)},
+        }
+        response = client.post("/v1/checkpoints/put", json=body)
+        assert response.status_code == 200, response.text
+        parent = response.json()["config"]["configurable"]["checkpoint_id"]
+
+
+def _key(item: dict) -> tuple[str, str, str]:
+    configurable = item["config"]["configurable"]
+    return configurable["thread_id"], configurable["checkpoint_ns"], configurable["checkpoint_id"]
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 3, 4])
+def test_paging_across_copied_threads_is_complete_on_every_backend(client, page_size: int) -> None:
+    _put_checkpoints(client, "original", 3)
+    for copy in ("copy-a", "copy-b", "copy-c"):  # the copies share every checkpoint id with the original
+        response = client.post("/v1/threads/copy", json={"source_thread_id": "original", "target_thread_id": copy})
+        assert response.status_code == 204, response.text
+    _put_checkpoints(client, "other", 2)
+    everything = client.post("/v1/checkpoints/list", json={"limit": 1000}).json()["checkpoints"]
+    assert len(everything) == 14
+
+    pages, before = [], None
+    while True:
+        body = {"limit": page_size, **({"before": before} if before else {})}
+        page = client.post("/v1/checkpoints/list", json=body).json()["checkpoints"]
+        assert len(page) <= page_size
+        pages.append(page)
+        if len(page) < page_size:
+            break
+        before = page[-1]["config"]
+    paged = [_key(item) for page in pages for item in page]
+    assert len(paged) == len(set(paged)), "a checkpoint came twice"
+    assert sorted(paged) == sorted(_key(item) for item in everything), "a page skipped checkpoints"
+    ids = [key[2] for key in paged]
+    assert ids == sorted(ids, reverse=True), "newest first across pages"
+
+
+def test_a_before_without_a_thread_keeps_its_meaning(client) -> None:
+    """``before`` naming only a checkpoint id (as a stock saver's caller writes it): strictly older ids."""
+    _put_checkpoints(client, "original", 3)
+    client.post("/v1/threads/copy", json={"source_thread_id": "original", "target_thread_id": "copy"})
+    everything = client.post("/v1/checkpoints/list", json={"limit": 1000}).json()["checkpoints"]
+    middle = sorted({_key(item)[2] for item in everything})[1]
+    body = {"before": {"configurable": {"checkpoint_id": middle}}}
+    older = client.post("/v1/checkpoints/list", json=body).json()["checkpoints"]
+    assert sorted(_key(item) for item in older) == sorted(
+        _key(item) for item in everything if _key(item)[2] < middle
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paging_across_copied_threads_is_complete_for_each_tenant(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    keys = {"acme": "acme-key-0123456789abcdef", "beta": "beta-key-0123456789abcdef"}
+    settings = Settings(
+        database=_database(backend, tmp_path, request),
+        sweep=False,
+        extract=False,
+        api_keys=",".join(f"{tenant}={key}" for tenant, key in keys.items()),
+    )
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        for tenant, key in keys.items():
+            client.headers["Authorization"] = f"Bearer {key}"
+            _put_checkpoints(client, "original", 3)
+            for copy in ("copy-a", "copy-b"):
+                body = {"source_thread_id": "original", "target_thread_id": copy}
+                assert client.post("/v1/threads/copy", json=body).status_code == 204
+        client.headers["Authorization"] = f"Bearer {keys['acme']}"
+        everything = client.post("/v1/checkpoints/list", json={"limit": 1000}).json()["checkpoints"]
+        assert len(everything) == 9
+        paged, before = [], None
+        while True:
+            body = {"limit": 2, **({"before": before} if before else {})}
+            page = client.post("/v1/checkpoints/list", json=body).json()["checkpoints"]
+            paged += [_key(item) for item in page]
+            if len(page) < 2:
+                break
+            before = page[-1]["config"]
+    assert sorted(paged) == sorted(_key(item) for item in everything) and len(paged) == len(set(paged))
