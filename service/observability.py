@@ -255,7 +255,8 @@ class ServiceMetrics:
         """The gauge ``name``, registered on first use (absent from scrapes until then)."""
         gauge = self._gauges.get(name)
         if gauge is None:
-            gauge = self._gauges[name] = Gauge(name, help_text, multiprocess_mode=mode, registry=self.registry)
+            gauge = Gauge(name, help_text, multiprocess_mode=mode, registry=self.registry)
+            self._gauges[name] = gauge
         return gauge
 
     def update(self) -> None:
@@ -272,10 +273,14 @@ class ServiceMetrics:
             backend, pool = self._backend, self._pool
             if backend is not None:
                 self._gauge(
-                    "reducing_saver_backend_savers", "Saver instances of the backend (parallel saver calls).", "livesum"
+                    "reducing_saver_backend_savers",
+                    "Saver instances of the backend (parallel saver calls).",
+                    "livesum",
                 ).set(backend.size)
                 self._gauge(
-                    "reducing_saver_backend_savers_borrowed", "Saver instances lent to a call right now.", "livesum"
+                    "reducing_saver_backend_savers_borrowed",
+                    "Saver instances lent to a call right now.",
+                    "livesum",
                 ).set(backend.borrowed)
             if pool is not None:
                 stats = pool.get_stats()
@@ -284,7 +289,11 @@ class ServiceMetrics:
                     ("size", "PostgreSQL connections open in the pool.", size),
                     ("available", "PostgreSQL connections idle in the pool.", available),
                     ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
-                    ("requests_waiting", "Callers waiting for a PostgreSQL connection.", stats.get("requests_waiting", 0)),
+                    (
+                        "requests_waiting",
+                        "Callers waiting for a PostgreSQL connection.",
+                        stats.get("requests_waiting", 0),
+                    ),
                 ):
                     self._gauge(f"reducing_saver_db_pool_{name}", help_text, "livesum").set(value)
             if self._outbox_read_at is not None:

@@ -1,4 +1,4 @@
-"""``reducing-saver serve --workers N``: uvicorn's worker processes, each ending as the one-worker service does.
+"""``reducing-saver serve --workers N``: uvicorn's workers, each ending as the one-worker service does.
 
 uvicorn's supervisor starts the workers (``spawn``), forwards SIGTERM to them and waits for them. Two things
 differ from its defaults, and one is added:

@@ -133,12 +133,12 @@ class ListCheckpointsRequest(Strict):
         description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
         "(subgraphs included, as the stock savers do); null lists all threads.",
     )
-    filter: Annotated[dict[str, Any] | None, AfterValidator(_refusing(security.check_filter_keys, "filter"))] = (
-        Field(
-            None,
-            description="Metadata containment filter (types kept). Keys: 1 to 256 ASCII letters, digits, "
-            "'_', '.' and '-', on every backend.",
-        )
+    filter: Annotated[
+        dict[str, Any] | None, AfterValidator(_refusing(security.check_filter_keys, "filter"))
+    ] = Field(
+        None,
+        description="Metadata containment filter (types kept). Keys: 1 to 256 ASCII letters, digits, "
+        "'_', '.' and '-', on every backend.",
     )
     before: RunConfig | None = Field(
         None,

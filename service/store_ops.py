@@ -137,7 +137,8 @@ def _check_backend_rules(op: Op, field: str, rules: Any) -> None:
                     f"{field}.filter.{key}: nested objects are not supported as filter values by this "
                     f"backend's store, which reads an object's keys as operators ({sorted(_FILTER_OPS)})"
                 )
-    if isinstance(op, PutOp) and rules.STORE_TTL_WHOLE_MINUTES and op.ttl is not None and op.ttl != int(op.ttl):
+    whole_minutes = rules.STORE_TTL_WHOLE_MINUTES
+    if isinstance(op, PutOp) and whole_minutes and op.ttl is not None and op.ttl != int(op.ttl):
         raise BadRequest(
             f"{field}.ttl: {op.ttl:g} minutes; this backend's store keeps TTLs in whole minutes (a "
             "refreshing read would round it), so give a whole number of minutes"

@@ -184,7 +184,12 @@ def _same_id(saver: Any, scope: TenantScope, filter: dict[str, Any] | None, chec
 
 
 def _across(
-    saver: Any, scope: TenantScope, *, filter: dict[str, Any] | None, before: dict[str, Any] | None, limit: int | None
+    saver: Any,
+    scope: TenantScope,
+    *,
+    filter: dict[str, Any] | None,
+    before: dict[str, Any] | None,
+    limit: int | None,
 ) -> Iterator[Any]:
     """The tenant's checkpoints across threads, newest id first: a saver that ``lists_by_thread_prefix``
     (PostgreSQL's) filters in the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and

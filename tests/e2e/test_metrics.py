@@ -83,7 +83,7 @@ def test_metrics_answer_from_memory_at_once_while_the_database_hangs(fresh_pg: s
             for _ in range(3):
                 assert http.post("/v1/checkpoints/get", json=GET_BODY).status_code == 200
             healthy = http.get("/metrics").text
-            assert samples(healthy, "reducing_saver_outbox_pending"), "the outbox figures show while it answers"
+            assert samples(healthy, "reducing_saver_outbox_pending"), "outbox figures show while it answers"
             assert samples(healthy, "reducing_saver_outbox_status_age_seconds")[0][1] < 5
 
             proxy.hang()

@@ -66,7 +66,9 @@ GRACE = 2.0
 DB_TIMEOUT = 2.0
 
 
-def test_sigterm_ends_two_workers_within_the_grace_while_the_database_hangs(fresh_pg: str, tmp_path: Path) -> None:
+def test_sigterm_ends_two_workers_within_the_grace_while_the_database_hangs(
+    fresh_pg: str, tmp_path: Path
+) -> None:
     """Each worker has calls stuck on a silent database; the whole service still exits in bounded time."""
     with tcp_proxy((PG_HOST, int(PG_PORT))) as proxy:
         args = (
@@ -139,7 +141,9 @@ def test_requests_in_flight_when_the_grace_ends_answer_503_never_500(fresh_pg: s
             details.append(response.text)
 
         with psycopg.connect(fresh_pg) as locker:
-            locker.execute("LOCK TABLE checkpoints, checkpoint_blobs, checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+            locker.execute(
+                "LOCK TABLE checkpoints, checkpoint_blobs, checkpoint_writes IN ACCESS EXCLUSIVE MODE"
+            )
             threads = [threading.Thread(target=put, args=(i,)) for i in range(6)]
             for thread in threads:
                 thread.start()

@@ -154,7 +154,8 @@ def _key(item: dict) -> tuple[str, str, str]:
 def test_paging_across_copied_threads_is_complete_on_every_backend(client, page_size: int) -> None:
     _put_checkpoints(client, "original", 3)
     for copy in ("copy-a", "copy-b", "copy-c"):  # the copies share every checkpoint id with the original
-        response = client.post("/v1/threads/copy", json={"source_thread_id": "original", "target_thread_id": copy})
+        body = {"source_thread_id": "original", "target_thread_id": copy}
+        response = client.post("/v1/threads/copy", json=body)
         assert response.status_code == 204, response.text
     _put_checkpoints(client, "other", 2)
     everything = client.post("/v1/checkpoints/list", json={"limit": 1000}).json()["checkpoints"]
