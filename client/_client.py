@@ -256,14 +256,27 @@ def _finish(call: _Call[T], answer: _Answer) -> T:
         body = _loads(answer)
         if body is None and call.parse is not _no_content:
             raise WireError("body", "the answer is empty")
+    except (orjson.JSONDecodeError, ormsgpack.MsgpackDecodeError, WireError) as exc:
+        raise _not_the_api(call, answer, exc) from exc
+    try:
         return call.parse(body)
-    except (orjson.JSONDecodeError, ormsgpack.MsgpackDecodeError, WireError, KeyError) as exc:
+    except KeyError as exc:
+        raise _not_the_api(call, answer, exc) from exc
+    except WireError as exc:  # the answer has the API's shape; a value in it is not readable here
         raise ReducingSaverError(
-            f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
-            f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
+            f"{call.method} {call.path}: the answer holds a value this client cannot read ({exc})",
             status_code=answer.status,
             request_id=answer.headers.get("x-request-id"),
         ) from exc
+
+
+def _not_the_api(call: _Call[Any], answer: _Answer, exc: Exception) -> ReducingSaverError:
+    return ReducingSaverError(
+        f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
+        f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
+        status_code=answer.status,
+        request_id=answer.headers.get("x-request-id"),
+    )
 
 
 async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:

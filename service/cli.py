@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from typing import Literal, NoReturn, get_args, get_origin
@@ -314,6 +315,29 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+#: How long an idle worker thread may take to end at exit before it counts as stuck on the database.
+THREAD_END_SECONDS = 1.0
+
+
+def _stuck_threads() -> list[threading.Thread]:
+    """Threads that would keep the process alive at exit, after a moment for idle pool threads (told to
+    stop with the service) to end."""
+    me = threading.current_thread()
+    alive = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    deadline = time.monotonic() + THREAD_END_SECONDS
+    for thread in alive:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return [t for t in alive if t.is_alive()]
+
+
+def _exit_without(stuck: list[threading.Thread], code: int) -> None:
+    logger.warning("%d thread(s) still wait on the database; exiting without them", len(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _leave_threads_stuck_on_the_database() -> None:
     """Exit now if threads still wait on a database that stopped answering.
 
@@ -322,8 +346,7 @@ def _leave_threads_stuck_on_the_database() -> None:
     exit: the process would live on for as long as the database keeps silent. Their work is moot; exit
     with the code the process was about to exit with.
     """
-    me = threading.current_thread()
-    stuck = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    stuck = _stuck_threads()
     if not stuck:
         return
     error = sys.exc_info()[1]
@@ -333,11 +356,14 @@ def _leave_threads_stuck_on_the_database() -> None:
         code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
     else:
         code = 1
-    logger.warning("%d thread(s) still wait on the database; exiting without them", len(stuck))
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _exit_without(stuck, code)
+
+
+def exit_now_if_threads_stuck(code: int) -> None:
+    """Exit with ``code`` at once (logged) when threads still wait on the database; else return."""
+    stuck = _stuck_threads()
+    if stuck:
+        _exit_without(stuck, code)
 
 
 class CommandError(Exception):
@@ -402,7 +428,6 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     """
     # The commands import what they run only when they run: `--help` stays quick and light.
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
 
     from reducing_saver.service import store_config
     from reducing_saver.service.app import create_app
@@ -451,11 +476,10 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment.
+    from reducing_saver.service.processes import run_workers
+
     os.environ[FLAGS_ENV] = json.dumps(flags)
-    config = uvicorn.Config(
-        "reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common
-    )
-    Multiprocess(config, sockets=[sock]).run()
+    run_workers(settings, common, [sock])
 
 
 def worker(settings: Settings) -> None:
@@ -466,8 +490,6 @@ def worker(settings: Settings) -> None:
     database get ``db_timeout_seconds``. A database that does not answer is left behind; the rows come
     back when their lease ends.
     """
-    import time
-
     from reducing_saver.service import store_config
     from reducing_saver.service.extraction.memory import Memory
     from reducing_saver.service.observability import configure_logging

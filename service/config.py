@@ -42,7 +42,9 @@ class ServerSettings(BaseModel):
     )
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
-    workers: int = Field(1, ge=1, description="uvicorn worker processes.")
+    workers: int = Field(
+        1, ge=1, description="uvicorn worker processes (every scrape of /metrics adds up all of them)."
+    )
     pool_size: int = Field(
         4,
         ge=1,

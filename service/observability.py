@@ -1,39 +1,45 @@
 """What the service tells its operators: Prometheus metrics, request ids and structured logs.
 
 * ``ServiceMetrics`` owns one Prometheus registry per app: HTTP requests by route template, the bytes of
-  the messages channel received and stored, messages pruned, unreadable messages channels, and (read at
-  scrape time) the backend's savers, the PostgreSQL pool, and the storage figures per tenant
-  (``storage_watch``: measured in a thread of their own, never during a scrape).
+  the messages channel received and stored, messages pruned, unreadable messages channels, the backend's
+  savers and the PostgreSQL pool, the extraction outbox's figures with their age, and the storage figures
+  per tenant (``storage_watch``: measured in a thread of their own, never during a scrape).
 * ``ObservabilityMiddleware`` is pure ASGI: it accepts or makes the request id, echoes it in
   ``X-Request-ID``, exposes it to log records, counts and times the request, and writes one access log
   line.
 * ``configure_logging`` installs one handler on the root logger: JSON lines (or text), with the request
   id on every record and the database password redacted from every line.
 
-Metrics are per process: with several uvicorn workers, each worker answers ``/metrics`` with its own
-numbers (``PROMETHEUS_MULTIPROC_DIR`` is not supported). Scale with replicas of one worker each, or
-scrape the workers apart, when the numbers must add up.
+With several uvicorn workers (``serve --workers N``), every worker answers ``/metrics`` with the figures
+of all of them added up (prometheus_client's multiprocess mode, in a folder ``serve`` creates and
+removes). ``/metrics`` never waits on the database: its figures are read in the background and carry
+their age.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reducing_saver.service.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.wire import Blob
 
@@ -49,6 +55,12 @@ MAX_REQUEST_ID_LENGTH = 128
 QUIET_ROUTES = frozenset(
     {"/healthz", "/readyz", "/metrics", "/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}
 )
+
+#: The status counted and logged for a request whose client closed the connection before its answer began
+#: (nginx's "client closed request"): the client's doing, not a server error. Nothing is sent.
+CLIENT_CLOSED = 499
+#: The detail of the 503 sent to requests still running when the shutdown grace ends.
+SHUTTING_DOWN = "the service is shutting down; retry (another replica, or this one once it is back)"
 
 #: Latency buckets in seconds: a put is ~1 ms on loopback, so the default buckets (from 5 ms) are too coarse.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -139,16 +151,29 @@ class MeasuringCodec:
 class ServiceMetrics:
     """The service's Prometheus metrics, in a registry of their own (one per app).
 
+    Figures the process holds (requests, bytes, savers, the PostgreSQL pool) are always current. The
+    extraction outbox's figures come from the database: a scrape starts a read in a worker thread and
+    waits for it at most :data:`OUTBOX_WAIT_SECONDS`, so ``/metrics`` answers at once whatever the
+    database does; ``reducing_saver_outbox_status_age_seconds`` says how old the outbox figures are (they
+    are absent until a first read succeeded).
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (``serve --workers N`` sets it for its workers), every worker
+    writes its figures there and a scrape of any worker adds up all of them: counters and histograms are
+    summed, the saver and pool gauges are summed over the live workers, and the outbox figures are the
+    most recently read ones.
+
     Args:
         codec: The service's codec; its ``unreadable`` count is read at scrape time.
 
     Attributes:
-        registry: The registry ``/metrics`` renders.
+        registry: The registry of this process's metrics.
+        multiprocess_dir: Where the workers' figures are (``None``: one process).
     """
 
     def __init__(self, codec: SafeMessagesCodec) -> None:
         self.codec = codec
         self.registry = CollectorRegistry()
+        self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
         labels = ("method", "route", "status")
         self.requests = Counter(
             "reducing_saver_http_requests",
@@ -186,11 +211,22 @@ class ServiceMetrics:
             "while the reducer remembers it).",
             registry=self.registry,
         )
+        self.unreadable = Counter(
+            "reducing_saver_messages_unreadable",
+            "Messages channel values the service could not read (another serde, not a list of messages) "
+            "and stored unreduced.",
+            registry=self.registry,
+        )
+        self._unreadable_counted = 0
+        self._gauges: dict[str, Gauge] = {}
         self._backend: Any = None
         self._pool: Any = None
         self._outbox: Any = None
         self._storage: Any = None
-        self.registry.register(_StateCollector(self))
+        self._outbox_read_at: float | None = None
+        self._outbox_reading: asyncio.Future[None] | None = None
+        self._lock = threading.Lock()
+        self.registry.register(_StorageCollector(self))
 
     def measuring(self) -> MeasuringCodec:
         """The codec to hand the backend: the service's codec, with the put measurements."""
@@ -201,12 +237,14 @@ class ServiceMetrics:
         self.delivered.inc(len(messages))
 
     def watch(self, savers: Any, pool: Any = None, outbox: Any = None, storage: Any = None) -> None:
-        """Read the savers, the connection pool (PostgreSQL), the extraction outbox and the storage
-        figures (``storage_watch.StorageWatch``, measured apart, read from memory) at scrape time.
+        """Report the savers, the connection pool (PostgreSQL), the extraction outbox and the storage
+        figures (``storage_watch.StorageWatch``, measured apart, read from memory).
 
         ``None`` stops watching.
         """
         self._backend, self._pool, self._outbox, self._storage = savers, pool, outbox, storage
+        if savers is not None:
+            self.update()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         labels = (method if method in _METHODS else "other", route, str(status))
@@ -219,83 +257,148 @@ class ServiceMetrics:
         if measure.kept is not None:
             self.pruned.inc(measure.decoded - measure.kept)
 
+    def _gauge(self, name: str, help_text: str, mode: str) -> Gauge:
+        """The gauge ``name``, registered on first use (absent from scrapes until then)."""
+        gauge = self._gauges.get(name)
+        if gauge is None:
+            gauge = Gauge(name, help_text, multiprocess_mode=mode, registry=self.registry)
+            self._gauges[name] = gauge
+        return gauge
+
+    def update(self) -> None:
+        """Copy what the process holds (savers, pool, unreadable count) into the metrics; no I/O.
+
+        Run at every scrape, and every :data:`UPDATE_SECONDS` by each worker when several share the
+        figures (:meth:`start_updating`), so a scrape of one worker sees the others' current figures.
+        """
+        with self._lock:
+            unreadable = self.codec.unreadable
+            if unreadable > self._unreadable_counted:
+                self.unreadable.inc(unreadable - self._unreadable_counted)
+                self._unreadable_counted = unreadable
+            backend, pool = self._backend, self._pool
+            if backend is not None:
+                self._gauge(
+                    "reducing_saver_backend_savers",
+                    "Saver instances of the backend (parallel saver calls).",
+                    "livesum",
+                ).set(backend.size)
+                self._gauge(
+                    "reducing_saver_backend_savers_borrowed",
+                    "Saver instances lent to a call right now.",
+                    "livesum",
+                ).set(backend.borrowed)
+            if pool is not None:
+                stats = pool.get_stats()
+                size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
+                for name, help_text, value in (
+                    ("size", "PostgreSQL connections open in the pool.", size),
+                    ("available", "PostgreSQL connections idle in the pool.", available),
+                    ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
+                    (
+                        "requests_waiting",
+                        "Callers waiting for a PostgreSQL connection.",
+                        stats.get("requests_waiting", 0),
+                    ),
+                ):
+                    self._gauge(f"reducing_saver_db_pool_{name}", help_text, "livesum").set(value)
+            if self._outbox_read_at is not None:
+                self._gauge(
+                    "reducing_saver_outbox_status_age_seconds",
+                    "Seconds since the outbox figures (reducing_saver_outbox_*) were read from the database: "
+                    "they grow while the database does not answer.",
+                    "livemostrecent",
+                ).set(time.monotonic() - self._outbox_read_at)
+
+    def start_updating(self, stop: threading.Event) -> None:
+        """With several workers: :meth:`update` every :data:`UPDATE_SECONDS` in a daemon thread until
+        ``stop`` is set."""
+        if self.multiprocess_dir is None:
+            return
+
+        def run() -> None:
+            while not stop.wait(UPDATE_SECONDS):
+                try:
+                    self.update()
+                except Exception:
+                    logger.exception("updating the metrics failed")
+
+        threading.Thread(target=run, name="metrics", daemon=True).start()
+
+    def read_outbox(self) -> None:
+        """Read the outbox's figures from the database into the metrics (blocking)."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        status = outbox.status()
+        for name, help_text in _OUTBOX_FIGURES:
+            self._gauge(f"reducing_saver_outbox_{name}", help_text, "livemostrecent").set(status[name])
+        self._gauge(
+            "reducing_saver_outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending message (0 when none is pending), when the figures were read.",
+            "livemostrecent",
+        ).set(status["oldest_pending_age_seconds"] or 0)
+        self._outbox_read_at = time.monotonic()
+
+    async def refresh(self, start: Callable[[Callable[[], None]], asyncio.Future[None]]) -> None:
+        """Before a scrape: read the outbox's figures (``start`` runs a function in a worker thread), waiting
+        at most :data:`OUTBOX_WAIT_SECONDS`. One read at a time: a read the database holds up is not
+        repeated until it ends, and the scrape answers with the figures it has."""
+        if self._outbox is None:
+            return
+        reading = self._outbox_reading
+        if reading is None or reading.done():
+            reading = self._outbox_reading = start(self.read_outbox)
+            reading.add_done_callback(_log_failed_read)
+        await asyncio.wait({reading}, timeout=OUTBOX_WAIT_SECONDS)
+
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The registry in the exposition format ``accept`` asks for (Prometheus text by default).
+        """The metrics in the exposition format ``accept`` asks for (Prometheus text by default): this
+        process's, or with several workers, all of theirs added up.
 
         Returns:
             ``(body, content_type)``.
         """
+        self.update()
+        registry = self.registry
+        if self.multiprocess_dir is not None:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.multiprocess_dir)
+            # Every worker measures the whole database: its own storage figures are everyone's.
+            registry.register(_StorageCollector(self))
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        return encoder(registry), content_type
 
 
-class _StateCollector(Collector):
-    """Values read at scrape time: the codec's unreadable count, the savers and the pool."""
+#: How long a scrape waits for the outbox's figures before answering with the ones it has.
+OUTBOX_WAIT_SECONDS = 0.5
+#: With several workers, how often each copies its own figures to where the others' scrapes read them.
+UPDATE_SECONDS = 1.0
+#: The environment variable that names the workers' shared metrics folder (prometheus_client's).
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_OUTBOX_FIGURES = (
+    ("pending", "Pruned messages waiting for extraction (retries included)."),
+    ("in_flight", "Pruned messages claimed by a deliverer right now."),
+    ("delivered", "Pruned messages delivered to long-term memory."),
+    ("dead", "Pruned messages whose extraction failed every attempt (dead letters)."),
+)
+
+
+class _StorageCollector(Collector):
+    """The storage figures per tenant, as the storage watch last measured them (no I/O)."""
 
     def __init__(self, metrics: ServiceMetrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        metrics = self._metrics
-        yield CounterMetricFamily(
-            "reducing_saver_messages_unreadable",
-            "Messages channel values the service could not read (another serde, not a list of messages) "
-            "and stored unreduced.",
-            value=metrics.codec.unreadable,
-        )
-        backend = metrics._backend
-        if backend is None:
-            return
-        yield GaugeMetricFamily(
-            "reducing_saver_backend_savers",
-            "Saver instances of the backend (parallel saver calls).",
-            value=backend.size,
-        )
-        yield GaugeMetricFamily(
-            "reducing_saver_backend_savers_borrowed",
-            "Saver instances lent to a call right now.",
-            value=backend.borrowed,
-        )
-        yield from _outbox_metrics(metrics._outbox)
-        if metrics._storage is not None:
-            yield from metrics._storage.collect()
-        if metrics._pool is None:
-            return
-        stats = metrics._pool.get_stats()
-        size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
-        for name, help_text, value in (
-            ("size", "PostgreSQL connections open in the pool.", size),
-            ("available", "PostgreSQL connections idle in the pool.", available),
-            ("in_use", "PostgreSQL connections lent out by the pool.", size - available),
-            (
-                "requests_waiting",
-                "Callers waiting for a PostgreSQL connection.",
-                stats.get("requests_waiting", 0),
-            ),
-        ):
-            yield GaugeMetricFamily(f"reducing_saver_db_pool_{name}", help_text, value=value)
+        if self._metrics._storage is not None:
+            yield from self._metrics._storage.collect()
 
 
-def _outbox_metrics(outbox: Any) -> Iterator[Metric]:
-    if outbox is None:
-        return
-    try:
-        status = outbox.status()
-    except Exception:
-        logger.exception("reading the extraction outbox for /metrics failed")
-        return
-    for name, help_text in (
-        ("pending", "Pruned messages waiting for extraction (retries included)."),
-        ("in_flight", "Pruned messages claimed by a deliverer right now."),
-        ("delivered", "Pruned messages delivered to long-term memory."),
-        ("dead", "Pruned messages whose extraction failed every attempt (dead letters)."),
-    ):
-        yield GaugeMetricFamily(f"reducing_saver_outbox_{name}", help_text, value=status[name])
-    yield GaugeMetricFamily(
-        "reducing_saver_outbox_oldest_pending_age_seconds",
-        "Age of the oldest pending message (0 when none is pending).",
-        value=status["oldest_pending_age_seconds"] or 0,
-    )
+def _log_failed_read(reading: asyncio.Future[None]) -> None:
+    if not reading.cancelled() and (error := reading.exception()) is not None:
+        logger.warning("reading the extraction outbox for /metrics failed: %s", error)
 
 
 # -- the middleware -------------------------------------------------------------------------------
@@ -344,6 +447,7 @@ class ObservabilityMiddleware:
         id_header = (b"x-request-id", request_id.encode("ascii"))
         measure = _PutMeasure()
         status = 0
+        disconnected = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -352,13 +456,31 @@ class ObservabilityMiddleware:
                 message = {**message, "headers": [*message.get("headers", ()), id_header]}
             await send(message)
 
+        async def receive_noting_disconnect() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+            return message
+
         id_token = _request_id.set(request_id)
         measure_token = _put_measure.set(measure)
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_noting_disconnect, send_with_id)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when the shutdown grace ends: the database work
+            # they wait for is moot, the client may retry elsewhere. A 503, never a 500 with a traceback.
+            if not status:
+                await send_error(send_with_id, 503, SHUTTING_DOWN, [(b"retry-after", b"1")])
+        except Exception:
+            if status or not disconnected:
+                raise
+            # The client went away before its answer began: what failed after that is moot.
         finally:
             if not status:
-                status = 500  # raised before answering; Starlette's error middleware sends the 500
+                # No answer at all: the client closed the request (nginx's 499), or the app raised before
+                # answering (Starlette's error middleware sends the 500).
+                status = CLIENT_CLOSED if disconnected else 500
             seconds = time.perf_counter() - started
             route = _route_template(scope, self.paths)
             self.metrics.observe_request(scope["method"], route, status, seconds)

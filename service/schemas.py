@@ -133,8 +133,20 @@ class ListCheckpointsRequest(Strict):
         description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
         "(subgraphs included, as the stock savers do); null lists all threads.",
     )
-    filter: dict[str, Any] | None = Field(None, description="Metadata containment filter (types kept).")
-    before: RunConfig | None = Field(None, description="Only checkpoints older than this checkpoint_id.")
+    filter: Annotated[
+        dict[str, Any] | None, AfterValidator(_refusing(security.check_filter_keys, "filter"))
+    ] = Field(
+        None,
+        description="Metadata containment filter (types kept). Keys: 1 to 256 ASCII letters, digits, "
+        "'_', '.' and '-', on every backend.",
+    )
+    before: RunConfig | None = Field(
+        None,
+        description="Only checkpoints older than this checkpoint_id. Across threads (config null), a before "
+        "naming a thread too (the last checkpoint of the previous page) is a cursor: the list goes on right "
+        "after it, newest id first, then thread id and namespace descending, so copies sharing an id are "
+        "never skipped.",
+    )
     limit: (
         Annotated[
             StrictInt,

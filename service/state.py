@@ -116,6 +116,7 @@ class Service:
         self.sweeper: Sweeper | None = None
         self.storage_watch: StorageWatch | None = None
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
+        self._metrics_stop = threading.Event()
 
     # -- opening and closing ----------------------------------------------------------------------
 
@@ -175,6 +176,8 @@ class Service:
             raise
         self.backend, self.savers = backend, savers
         self.metrics.watch(savers, backend.pool, memory.outbox, self.storage_watch)
+        self._metrics_stop = threading.Event()
+        self.metrics.start_updating(self._metrics_stop)
         logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
 
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
@@ -206,9 +209,12 @@ class Service:
             finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
         if memory is not None:
             finish_within(deadline, "stopping extraction delivery", lambda: memory.close(_left(deadline)))
+        self._metrics_stop.set()
         self.metrics.watch(None)
         if savers is not None:
             savers.close()
+        # Idle threads end now; one still waiting on the database is left to the command's exit.
+        self._blocking.shutdown(wait=False, cancel_futures=True)
         if backend is not None and finish_within(
             deadline, "closing the database", lambda: _close_backend(backend, deadline)
         ):
@@ -238,6 +244,12 @@ class Service:
         """``op(self, saver, body)`` in a worker thread with a saver of its own (503 if none frees up in
         ``db_timeout_seconds``)."""
         return await self.open_savers().call(lambda saver: op(self, saver, body))
+
+    def background(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """``fn()`` in a worker thread, with the request's context; the future ends when ``fn`` does (no
+        timeout: for work the caller waits for only as long as it chooses)."""
+        context = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(self._blocking, context.run, fn)
 
     async def blocking(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """``fn(*args)`` in a worker thread; 503 when it has not finished within ``timeout`` seconds

@@ -153,6 +153,13 @@ def refusal(settings: Any) -> str | None:
             _embedder(index["embed"])
         except StoreConfigError as exc:
             return str(exc)
-    return backend_module(settings.database).store_refusal(
+    rules = backend_module(settings.database)
+    default = (ttl or {}).get("default_ttl")
+    if default is not None and rules.STORE_TTL_WHOLE_MINUTES and default != int(default):
+        return (
+            f"--store-ttl: default_ttl {default:g} is not a whole number of minutes, and this backend's "
+            "store keeps TTLs in whole minutes (a refreshing read would round it): give whole minutes"
+        )
+    return rules.store_refusal(
         settings.database, index=index is not None, ttl=ttl is not None
     )

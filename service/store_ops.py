@@ -16,7 +16,6 @@ the suffix keeps it off the tenant labels); ``max_depth`` counts the tenant's ow
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from reducing_saver.reducer import validate_namespace
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest, Unavailable
 from reducing_saver.wire import json_dumps
+from reducing_saver.service.storage import backend_module
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -55,8 +55,6 @@ MAX_STORE_OFFSET = 100_000
 MAX_BATCH_OPS = 1000
 #: Longest semantic search query, in characters.
 MAX_QUERY_LENGTH = 10_000
-#: Filter keys the SQL stores accept (SqliteStore's rule, applied on every backend).
-_FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
 _FILTER_OPS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -121,15 +119,35 @@ def _check_filter(filter: Any, field: str) -> None:
         orjson.dumps(filter)
     except TypeError as exc:  # PostgresStore writes filter values with orjson
         raise BadRequest(f"{field}.filter: not JSON a store can compare ({exc})") from None
+    try:
+        security.check_filter_keys(filter, f"{field}.filter")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     for key, condition in filter.items():
-        if not _FILTER_KEY.match(key) or len(key) > MAX_LABEL_LENGTH:
-            raise BadRequest(f"{field}.filter: key {key!r} is refused; use letters, digits, '_', '-' and '.'")
         if isinstance(condition, dict) and any(name.startswith("$") for name in condition):
             unknown = sorted(set(condition) - _FILTER_OPS)
             if unknown:
                 raise BadRequest(
                     f"{field}.filter.{key}: unsupported operator(s) {unknown}; use {sorted(_FILTER_OPS)}"
                 )
+
+
+def _check_backend_rules(op: Op, field: str, rules: Any) -> None:
+    """422 for what this backend's store would misread: a nested object in a search filter (read as
+    operators), a TTL that is not whole minutes where the store keeps whole minutes."""
+    if isinstance(op, SearchOp) and op.filter and not rules.STORE_NESTED_FILTERS:
+        for key, condition in op.filter.items():
+            if isinstance(condition, dict) and not all(name.startswith("$") for name in condition):
+                raise BadRequest(
+                    f"{field}.filter.{key}: nested objects are not supported as filter values by this "
+                    f"backend's store, which reads an object's keys as operators ({sorted(_FILTER_OPS)})"
+                )
+    whole_minutes = rules.STORE_TTL_WHOLE_MINUTES
+    if isinstance(op, PutOp) and whole_minutes and op.ttl is not None and op.ttl != int(op.ttl):
+        raise BadRequest(
+            f"{field}.ttl: {op.ttl:g} minutes; this backend's store keeps TTLs in whole minutes (a "
+            "refreshing read would round it), so give a whole number of minutes"
+        )
 
 
 def check_op(op: Op, field: str, *, big_ints: bool = True) -> None:
@@ -266,14 +284,21 @@ def store_scope(service: Service) -> StoreScope:
     return StoreScope(security.TenantScope.for_request(service.tenant_mode))
 
 
-def check_ops(ops: Sequence[Op], field: str, ttl_config: Any, *, big_ints: bool = True) -> None:
-    """422 for the first operation over a cap or refused by the service's store configuration
-    (``big_ints``: see :func:`check_op`)."""
+def check_ops(
+    ops: Sequence[Op], field: str, ttl_config: Any, rules: Any = None, *, big_ints: bool = True
+) -> None:
+    """422 for the first operation over a cap or refused by the service's store configuration.
+
+    ``rules``: the backend's package (``STORE_NESTED_FILTERS``, ``STORE_TTL_WHOLE_MINUTES``);
+    ``big_ints``: see :func:`check_op`.
+    """
     if len(ops) > MAX_BATCH_OPS:
         raise BadRequest(f"{field}: {len(ops)} operations is more than the limit of {MAX_BATCH_OPS}")
     for index, op in enumerate(ops):
         name = field if len(ops) == 1 and field != "ops" else f"{field}[{index}]"
         check_op(op, name, big_ints=big_ints)
+        if rules is not None:
+            _check_backend_rules(op, name, rules)
         if isinstance(op, PutOp) and op.ttl is not None and not ttl_config:
             raise BadRequest(
                 f"{name}.ttl: this service's store keeps items forever (start it with --store-ttl)"
@@ -305,7 +330,9 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
         raise Unavailable("the service is starting or stopping")
     store = backend.store()
     ttl_config = getattr(store, "ttl_config", None)
-    check_ops(ops, field, ttl_config, big_ints=service.backend_kind != "sqlite")
+    check_ops(
+        ops, field, ttl_config, backend_module(service.settings.database), big_ints=service.backend_kind != "sqlite"
+    )
     ops = with_ttl_defaults(ops, ttl_config)
     scoped = [scope.op_in(op) for op in ops]
     try:

@@ -40,11 +40,13 @@ async def readyz(service: ServiceDep) -> dict[str, str]:
 
 @router.get(
     "/metrics",
-    summary="Prometheus metrics of this worker process.",
+    summary="Prometheus metrics (of every worker, added up, with --workers N). Answers at once: the "
+    "outbox figures read from the database carry their age (reducing_saver_outbox_status_age_seconds).",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format."}},
 )
 async def metrics(request: Request, service: ServiceDep) -> Response:
-    # Outbox figures are read from the database: off the event loop, bounded like any database call.
-    body, content_type = await service.blocking(service.metrics.render, request.headers.get("accept"))
+    # The outbox figures come from the database: read in a worker thread, waited for only briefly.
+    await service.metrics.refresh(service.background)
+    body, content_type = service.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=content_type)

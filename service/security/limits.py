@@ -23,6 +23,12 @@ _BAD_THREAD_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
 THREAD_ID_SCHEMA_PATTERN = r"^[^\x00-\x1f\x7f-\x9f/\\]+$"
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 UUID_SCHEMA_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+#: Filter keys (checkpoint metadata filters and store search filters), on every backend: the rule
+#: langgraph's SQLite saver and store apply since CVE-2025-67644, so one backend never refuses what
+#: another serves.
+_FILTER_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+#: Longest filter key, in characters.
+MAX_FILTER_KEY_LENGTH = 256
 
 
 # -- limits -----------------------------------------------------------------------------------------
@@ -114,6 +120,19 @@ def check_configurable(configurable: dict[str, Any]) -> dict[str, Any]:
             raise ValueError("configurable.checkpoint_id: must be a string (a UUID)")
         check_checkpoint_id(checkpoint_id, "configurable.checkpoint_id")
     return configurable
+
+
+def check_filter_keys(filter: dict[str, Any] | None, field: str) -> dict[str, Any] | None:
+    """``filter`` when every key is 1 to 256 letters, digits, ``_``, ``.`` or ``-`` (ASCII); else a
+    ``ValueError`` naming ``field`` and the key."""
+    for key in filter or ():
+        if not isinstance(key, str) or len(key) > MAX_FILTER_KEY_LENGTH or not _FILTER_KEY.fullmatch(key):
+            shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:77] + "..."
+            raise ValueError(
+                f"{field}: key {shown} is refused; a filter key is 1 to {MAX_FILTER_KEY_LENGTH} ASCII "
+                "letters, digits, '_', '.' and '-'"
+            )
+    return filter
 
 
 def documented(**keywords: str) -> Callable[[dict[str, Any]], None]:

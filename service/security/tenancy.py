@@ -18,7 +18,7 @@ from typing import Any
 
 from reducing_saver.reducer import namespace_for
 from reducing_saver.service.errors import Unauthorized
-from reducing_saver.service.storage.lifecycle import THREAD_PREFIX_KEY
+from reducing_saver.service.storage.lifecycle import CHECKPOINT_ID_KEY, THREAD_PREFIX_KEY
 
 #: The 401 detail: which headers carry a key.
 UNAUTHORIZED = "a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
@@ -124,17 +124,78 @@ def list_checkpoints(
     before: dict[str, Any] | None,
     limit: int | None,
 ) -> Iterator[Any]:
-    """``saver.list`` seen by one tenant.
+    """``saver.list`` seen by one tenant, in pages that never skip a checkpoint.
 
-    With a thread in ``config`` the thread id is already the stored one. Across threads (``config`` is
-    ``None``) a tenant sees only its own: a saver that ``lists_by_thread_prefix`` (PostgreSQL's) filters in
-    the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and ``LIMIT``); the others' ordered results
-    are filtered here, stopping after ``limit``. ``before`` and ``filter`` mean what they mean to the saver.
+    With a thread in ``config`` the thread id is already the stored one, and ``before`` means what it
+    means to the saver (ids older than its ``checkpoint_id``). Across threads (``config`` is ``None``) a
+    tenant sees only its own (:func:`_across`), and the order is total: newest id first, then thread id
+    and namespace, descending, since the copies ``copy_thread`` makes share their ids. A ``before``
+    naming a thread (the last checkpoint of the previous page, as clients page) is a cursor in that
+    order: the next page starts right after it, with the checkpoints sharing its id that it had not
+    reached yet. A ``before`` naming only a checkpoint id keeps the saver's meaning.
     """
     # Every saver generator is closed explicitly when this one is: PostgresSaver.list holds the saver's
     # lock until its generator ends, and a consumer that fails mid-list must not leave it held.
-    if scope.tenant is None or config is not None:
+    if config is not None:
         with closing(saver.list(config, filter=filter, before=before, limit=limit)) as items:
+            yield from items
+        return
+    page: list[Any] = []
+    configurable = (before or {}).get("configurable") or {}
+    checkpoint_id, thread_id = configurable.get("checkpoint_id"), configurable.get("thread_id")
+    if checkpoint_id and thread_id:
+        cursor = (scope.thread(str(thread_id)), configurable.get("checkpoint_ns") or "")
+        page = [item for item in _same_id(saver, scope, filter, checkpoint_id) if _tie_key(item) < cursor]
+        before = {"configurable": {"checkpoint_id": checkpoint_id}}
+    room = None if limit is None else limit - len(page)
+    if room is not None and room <= 0:
+        yield from page[:limit]
+        return
+    with closing(_across(saver, scope, filter=filter, before=before, limit=room)) as items:
+        rest = sorted(items, key=_order_key, reverse=True)
+    if room is not None and len(rest) == room and rest:
+        # A full page: the checkpoints sharing its last id may go on past the limit, in any order. Take
+        # the first of them in the total order, so the next page's cursor skips none.
+        last = rest[-1].config["configurable"]["checkpoint_id"]
+        head = [item for item in rest if item.config["configurable"]["checkpoint_id"] != last]
+        rest = head + _same_id(saver, scope, filter, last)[: room - len(head)]
+    yield from page + rest
+
+
+def _order_key(item: Any) -> tuple[str, str, str]:
+    configurable = item.config["configurable"]
+    return configurable["checkpoint_id"], configurable["thread_id"], configurable.get("checkpoint_ns") or ""
+
+
+def _tie_key(item: Any) -> tuple[str, str]:
+    configurable = item.config["configurable"]
+    return configurable["thread_id"], configurable.get("checkpoint_ns") or ""
+
+
+def _same_id(saver: Any, scope: TenantScope, filter: dict[str, Any] | None, checkpoint_id: str) -> list[Any]:
+    """The tenant's checkpoints with id ``checkpoint_id``, in every thread, by thread and namespace
+    descending (the savers' ``list`` with ``CHECKPOINT_ID_KEY``)."""
+    configurable: dict[str, Any] = {CHECKPOINT_ID_KEY: checkpoint_id}
+    if scope.tenant is not None and getattr(saver.inner, "lists_by_thread_prefix", False):
+        configurable[THREAD_PREFIX_KEY] = scope.prefix
+    with closing(saver.list({"configurable": configurable}, filter=filter)) as items:
+        found = [item for item in items if scope.owns(item.config["configurable"]["thread_id"])]
+    return sorted(found, key=_tie_key, reverse=True)
+
+
+def _across(
+    saver: Any,
+    scope: TenantScope,
+    *,
+    filter: dict[str, Any] | None,
+    before: dict[str, Any] | None,
+    limit: int | None,
+) -> Iterator[Any]:
+    """The tenant's checkpoints across threads, newest id first: a saver that ``lists_by_thread_prefix``
+    (PostgreSQL's) filters in the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and
+    ``LIMIT``); the others' ordered results are filtered here, stopping after ``limit``."""
+    if scope.tenant is None:
+        with closing(saver.list(None, filter=filter, before=before, limit=limit)) as items:
             yield from items
         return
     if getattr(saver.inner, "lists_by_thread_prefix", False):

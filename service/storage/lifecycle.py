@@ -83,6 +83,10 @@ def check_copy_ids(source_thread_id: str, target_thread_id: str) -> tuple[str, s
 #: ``config["configurable"]`` key that makes the PostgreSQL saver's ``list`` keep only thread ids with
 #: this prefix (set by ``service/security/tenancy.py`` for a tenant's list across threads; never by agents).
 THREAD_PREFIX_KEY = "__thread_id_prefix__"
+#: ``config["configurable"]`` key that makes every backend's ``list`` keep only the checkpoints with this
+#: id, across threads (the copies ``copy_thread`` made share ids): the service pages through them with a
+#: cursor of id, thread and namespace (``service/security/tenancy.py``); never set by agents.
+CHECKPOINT_ID_KEY = "__checkpoint_id__"
 
 
 def like_prefix(prefix: str) -> str:

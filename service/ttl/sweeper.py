@@ -193,11 +193,14 @@ class _Metrics:
         self.retention = Gauge(
             "reducing_saver_outbox_retention_seconds",
             "How long delivered outbox rows are kept before a sweep deletes them.",
+            multiprocess_mode="livemax",
             registry=registry,
         )
         self.last = Gauge(
             "reducing_saver_sweep_last_timestamp_seconds",
-            "Unix time this process's last TTL sweep finished (0: none yet).",
+            "Unix time the last TTL sweep of this service finished (0: none yet; with several workers, "
+            "the latest of theirs).",
+            multiprocess_mode="max",
             registry=registry,
         )
 

@@ -336,6 +336,20 @@ def test_answer_that_is_not_the_api_is_reported(answer: httpx.Response) -> None:
         saver.get_tuple(config())
 
 
+def test_a_value_the_client_cannot_read_is_reported_as_such() -> None:
+    """The answer is the service's; one value in it has a malformed wire form: say that, not "wrong URL"."""
+    service = FakeService()
+    saver = make_saver(service)
+    saver.put(config(), make_checkpoint("c1", {"big": 2**70}, {"big": "1"}), {}, {"big": "1"})
+    (key,) = service.blobs
+    service.blobs[key] = {"type": "reducing-saver/int", "data": base64.b64encode(b"12x").decode()}
+    with pytest.raises(ReducingSaverError) as caught:
+        saver.get_tuple(config())
+    message = str(caught.value)
+    assert "cannot read" in message and "values.big" in message, message
+    assert "is the URL" not in message
+
+
 def test_constructor_raises_when_capabilities_fail() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"detail": "missing API key"})

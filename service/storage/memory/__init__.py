@@ -72,6 +72,12 @@ class MemoryBackend:
         """Nothing to close."""
 
 
+#: InMemoryStore has no TTL (refused with --store-ttl).
+STORE_TTL_WHOLE_MINUTES = False
+#: InMemoryStore matches an object in a search filter by containment, nested objects included.
+STORE_NESTED_FILTERS = True
+
+
 def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     """Why this backend cannot serve the store settings: InMemoryStore has no TTL."""
     return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL" if ttl else None

@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 
 from reducing_saver.service.storage.lifecycle import (
+    CHECKPOINT_ID_KEY,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -67,8 +68,12 @@ class InMemoryLifecycleSaver(InMemorySaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        # CHECKPOINT_ID_KEY alone: every thread's checkpoints with that id.
+        checkpoint_id = ((config or {}).get("configurable") or {}).get(CHECKPOINT_ID_KEY)
         with self.lock:
-            items = [*super().list(config, filter=filter, before=before)]
+            items = [*super().list(None if checkpoint_id else config, filter=filter, before=before)]
+        if checkpoint_id:
+            items = [item for item in items if item.config["configurable"]["checkpoint_id"] == checkpoint_id]
         # InMemorySaver orders by checkpoint id within each thread and namespace only; newest first across
         # them all (as PostgreSQL and SQLite answer) is what lets a client page on with ``before``.
         items.sort(key=lambda item: item.config["configurable"]["checkpoint_id"], reverse=True)

@@ -92,6 +92,9 @@ class PostgresBackend:
     def _new_store(self) -> PostgresStore:
         if "index" in self.store_options:
             require_pgvector(self.pool)
+        default_ttl = (self.store_options.get("ttl") or {}).get("default_ttl")
+        if default_ttl is not None and default_ttl != int(default_ttl):
+            raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
         return PostgresStore(self.pool, **self.store_options)
 
     def _setup_store(self, store: PostgresStore) -> None:
@@ -131,6 +134,13 @@ class PostgresBackend:
         if self._store is not None:
             self._store.stop_ttl_sweeper(timeout)
         self.pool.close(timeout=timeout)
+
+
+#: PostgresStore keeps an item's TTL in an INT column: a refreshing read rounds a fractional TTL (0.4
+#: minutes lasts 24 s, then 0 s after the first refresh). The service refuses TTLs that are not whole minutes.
+STORE_TTL_WHOLE_MINUTES = True
+#: PostgresStore reads every key of an object in a search filter as an operator: no nested objects.
+STORE_NESTED_FILTERS = False
 
 
 def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:

@@ -16,6 +16,7 @@ from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 from reducing_saver.service.extraction.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
+    CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
     ThreadNotEmptyError,
     check_copy_ids,
@@ -217,15 +218,23 @@ class PostgresLifecycleSaver(PostgresSaver):
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
     ) -> tuple[str, list[Any]]:
-        """PostgresSaver's, plus ``thread_id LIKE prefix%`` when ``config`` names only a thread-id prefix
-        (``THREAD_PREFIX_KEY``: the service lists one tenant's threads in the query, before the LIMIT)."""
-        prefix = ((config or {}).get("configurable") or {}).get(THREAD_PREFIX_KEY)
-        if prefix is None:
+        """PostgresSaver's, plus ``thread_id LIKE prefix%`` when ``config`` names a thread-id prefix
+        (``THREAD_PREFIX_KEY``: the service lists one tenant's threads in the query, before the LIMIT), and
+        ``checkpoint_id = id`` across threads when it names a checkpoint id (``CHECKPOINT_ID_KEY``)."""
+        configurable = (config or {}).get("configurable") or {}
+        prefix, checkpoint_id = configurable.get(THREAD_PREFIX_KEY), configurable.get(CHECKPOINT_ID_KEY)
+        if prefix is None and checkpoint_id is None:
             return super()._search_where(config, filter, before)
         where, params = super()._search_where(None, filter, before)
-        clause = "thread_id LIKE %s ESCAPE '\\'"
-        where = f"{where} AND {clause}" if where else f"WHERE {clause}"
-        return where, [*params, like_prefix(prefix)]
+        clauses: list[tuple[str, Any]] = []
+        if prefix is not None:
+            clauses.append(("thread_id LIKE %s ESCAPE '\\'", like_prefix(prefix)))
+        if checkpoint_id is not None:
+            clauses.append(("checkpoint_id = %s", checkpoint_id))
+        for clause, param in clauses:
+            where = f"{where} AND {clause}" if where else f"WHERE {clause}"
+            params = [*params, param]
+        return where, params
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:

@@ -142,6 +142,12 @@ class SqliteBackend:
             close()
 
 
+#: SqliteStore keeps an item's TTL in minutes as REAL: fractions last, refreshes included.
+STORE_TTL_WHOLE_MINUTES = False
+#: SqliteStore reads every key of an object in a search filter as an operator: no nested objects.
+STORE_NESTED_FILTERS = False
+
+
 def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     """Why this backend cannot serve the store settings: vector search needs a sqlite3 that loads
     extensions (sqlite-vec)."""

@@ -7,11 +7,15 @@ import json
 import sqlite3
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from reducing_saver.service.storage.lifecycle import (
+    CHECKPOINT_ID_KEY,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -45,6 +49,28 @@ class SqliteLifecycleSaver(SqliteSaver):
     sqlite3's default mode. SqliteSaver keeps the whole checkpoint, values included, in one row: there
     are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
     """
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """SqliteSaver's, plus every thread's checkpoints with one id when ``config`` names only that id
+        (``CHECKPOINT_ID_KEY``)."""
+        checkpoint_id = ((config or {}).get("configurable") or {}).get(CHECKPOINT_ID_KEY)
+        if checkpoint_id is None:
+            yield from super().list(config, filter=filter, before=before, limit=limit)
+            return
+        # SQLite compares text byte by byte: below the id followed by \x01 lie the id itself, then older ones.
+        at_most = {"configurable": {"checkpoint_id": checkpoint_id + "\x01"}}
+        with closing(super().list(None, filter=filter, before=at_most)) as items:
+            for item in items:
+                if item.config["configurable"]["checkpoint_id"] != checkpoint_id:
+                    return
+                yield item
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and pending write of a thread to another thread id, in one transaction.
