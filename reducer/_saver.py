@@ -293,7 +293,13 @@ class ReducingSaver(BaseCheckpointSaver):
         return self.inner.put_writes(config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        return self.inner.delete_thread(thread_id)
+        self.inner.delete_thread(thread_id)
+        self._summary_book_call("delete_thread", thread_id)
+
+    def _summary_book_call(self, name: str, *args: Any) -> None:
+        """A thread's summary steps go where its checkpoints go (a book that keeps them per thread)."""
+        if self.summaries is not None and (method := getattr(self.summaries.book, name, None)) is not None:
+            method(*args)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self.inner.aget_tuple(config)
@@ -325,7 +331,8 @@ class ReducingSaver(BaseCheckpointSaver):
         return await self.inner.aput_writes(config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        return await self.inner.adelete_thread(thread_id)
+        await self.inner.adelete_thread(thread_id)
+        self._summary_book_call("delete_thread", thread_id)
 
 
 # -- optional capabilities: mixed in only when the inner saver has them ---------------------------
@@ -335,10 +342,12 @@ class _CopyThread:
     inner: BaseCheckpointSaver
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return self.inner.copy_thread(source_thread_id, target_thread_id)
+        self.inner.copy_thread(source_thread_id, target_thread_id)
+        self._summary_book_call("copy_thread", source_thread_id, target_thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return await self.inner.acopy_thread(source_thread_id, target_thread_id)
+        await self.inner.acopy_thread(source_thread_id, target_thread_id)
+        self._summary_book_call("copy_thread", source_thread_id, target_thread_id)
 
 
 class _DeleteForRuns:

@@ -255,10 +255,11 @@ class Summaries:
                 anything but a step the book holds.
         """
         sid = summary_message_id(thread_id, checkpoint_ns)
-        places = [index for index, m in enumerate(messages) if message_field(m, "id") == sid]
+        # By id, or by mark: a copied thread's windows hold the summary under the source thread's id.
+        places = [index for index, m in enumerate(messages) if message_field(m, "id") == sid or _marked(m)]
         if not places:
             return WindowSummary()
-        where = f"message id {sid!r} is the service's running summary of this thread"
+        where = f"message id {message_field(messages[places[0]], 'id')!r} is the service's running summary"
         if places != [system]:
             raise SummaryForgeryError(f"{where}; it appears only once, right after the leading system messages")
         message = messages[system]
@@ -426,6 +427,11 @@ class Summaries:
         )
         self.book.request(request)
         return StepInfo(request.step_id, tip, request.version, request.keys, "pending", request.covered)
+
+
+def _marked(message: Any) -> bool:
+    kwargs = message_field(message, "additional_kwargs")
+    return isinstance(kwargs, Mapping) and MARK_KEY in kwargs
 
 
 class MemorySummaryBook:

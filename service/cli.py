@@ -60,6 +60,12 @@ SERVE_FLAGS: dict[str, str] = {
     "--extract-on-delete": "extract_on_delete",
     "--store-index": "store_index",
     "--store-ttl": "store_ttl",
+    "--summarizer": "summarizer",
+    "--summary-max-input-tokens": "summary_max_input_tokens",
+    "--summary-max-tokens": "summary_max_tokens",
+    "--summary-hard-limit": "summary_hard_limit",
+    "--summarize-tenants": "summarize_tenants",
+    "--summary-lease-seconds": "summary_lease_seconds",
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -72,6 +78,10 @@ WORKER_FLAGS: dict[str, str] = {
         "--extraction-lease-seconds",
         "--store-index",
         "--store-ttl",
+        "--summarizer",
+        "--summary-max-input-tokens",
+        "--summary-max-tokens",
+        "--summary-lease-seconds",
         "--log-level",
         "--log-format",
     )
@@ -137,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     extraction = commands.add_parser("extraction", help="inspect or re-drive the extraction outbox")
     actions = extraction.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
-        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age (JSON)"),
-        ("retry-dead", "put every dead letter back in the queue"),
+        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age, and the "
+         "running summaries' (JSON)"),
+        ("retry-dead", "put every dead letter back in the queue (summary batches included)"),
     ):
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
     sweep_parser = commands.add_parser(
@@ -291,6 +302,22 @@ def _check_backend(settings: Settings) -> None:
     open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds).close()
 
 
+def _check_summarizer(settings: Settings) -> None:
+    """Refuse to start when ``--summarizer`` names nothing usable (a missing provider package, say)."""
+    if not settings.summarizer:
+        return
+    from reducing_saver.service.summaries.summarizer import SummarizerError, load_summarizer
+
+    try:
+        load_summarizer(
+            settings.summarizer,
+            max_input_tokens=settings.summary_max_input_tokens,
+            max_tokens=settings.summary_max_tokens,
+        )
+    except SummarizerError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     """Check the exposure, bind the port, check the database, then run uvicorn on the bound socket.
 
@@ -314,6 +341,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         raise CommandError(refusal, code=2)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
+    _check_summarizer(settings)
     sock = _bind(settings.host, settings.port)
     try:
         _check_backend(settings)
@@ -375,20 +403,32 @@ def worker(settings: Settings) -> None:
     configure_logging(settings)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
+    _check_summarizer(settings)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds)
     backend.store_options = store_config.store_options(settings)
     memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
+    running = None
+    if settings.summarizer:
+        from reducing_saver.service.summaries.setup import RunningSummaries
+
+        running = RunningSummaries(
+            settings, backend, wrap=None, registry=None, tenant_mode=settings.api_key_set is not None
+        )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (stop.set(), deliverer.wake()))
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
     deliverer.start()
+    if running is not None:
+        running.start()
     while not stop.wait(1.0):
         pass
+    if running is not None:
+        running.close(settings.shutdown_grace_seconds)
     deliverer.stop(settings.shutdown_grace_seconds)
     deadline = time.monotonic() + settings.db_timeout_seconds
 
@@ -407,10 +447,11 @@ def extraction(settings: Settings, action: str) -> None:
     backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
     try:
         outbox = backend.outbox()
+        book = backend.summaries()
         if action == "status":
-            print(json.dumps(outbox.status()))
+            print(json.dumps({**outbox.status(), "summaries": book.status()}))
         else:
-            print(json.dumps({"requeued": outbox.retry_dead()}))
+            print(json.dumps({"requeued": outbox.retry_dead(), "summary_steps_requeued": book.retry_dead()}))
     finally:
         backend.close()
 

@@ -16,7 +16,7 @@ import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
-from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
+from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
@@ -220,8 +220,11 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
         # cannot, so they store the typed form as its JSON object, which the client turns into the int.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
-    with service.recording_with_checkpoint():
-        next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+    try:
+        with service.recording_with_checkpoint():
+            next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+    except SummaryForgeryError as exc:
+        raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
     return {"config": scope.config_out(next_config)}
 
 
@@ -371,8 +374,11 @@ def dead_letters(service: Service, limit: int) -> dict[str, Any]:
 
 
 def retry_dead(service: Service) -> dict[str, Any]:
-    prefix = _scope(service).namespace_prefix
-    return {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=prefix)}
+    scope = _scope(service)
+    answer = {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=scope.namespace_prefix)}
+    if service.running_summaries is not None:
+        answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(thread_prefix=scope.prefix)
+    return answer
 
 
 def sweeps_status(service: Service) -> dict[str, Any]:

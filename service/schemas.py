@@ -292,3 +292,6 @@ class DeadLettersResponse(BaseModel):
 
 class RetryDeadResponse(BaseModel):
     requeued: int
+    summary_steps_requeued: int | None = Field(
+        None, description="Summary batches sent back to the summarizer (with --summarizer only)."
+    )

@@ -29,6 +29,7 @@ from reducing_saver.service.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
 from reducing_saver.service.store_config import store_options
+from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
 logger = logging.getLogger("reducing_saver.service")
@@ -113,6 +114,8 @@ class Service:
         self.savers: SaverPool | None = None
         self.memory: Memory | None = None
         self.sweeper: Sweeper | None = None
+        #: Running summaries (``--summarizer``), else None.
+        self.running_summaries: RunningSummaries | None = None
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
 
     # -- opening and closing ----------------------------------------------------------------------
@@ -130,10 +133,20 @@ class Service:
             # that cannot serve the store's settings refuses to start.
             backend.store()
             codec = self.metrics.measuring()
+            if settings.summarizer:
+                self.running_summaries = RunningSummaries(
+                    settings, backend, wrap=codec.wrap, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+                )
+            summaries = self.running_summaries.summaries if self.running_summaries is not None else None
 
             def wrap(inner: Any) -> ReducingSaver:
                 return ReducingSaver(
-                    inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
+                    inner,
+                    self.reducer,
+                    messages_key=settings.messages_key,
+                    codec=codec,
+                    record_pruned=self._record,
+                    summaries=summaries,
                 )
 
             savers = SaverPool([wrap(inner) for inner in backend.savers(settings.pool_size)], timeout=settings.db_timeout_seconds)
@@ -141,6 +154,8 @@ class Service:
             self.memory = memory
             if settings.extract:
                 memory.start()
+                if self.running_summaries is not None:
+                    self.running_summaries.start()
             # Before the savers are served: every put notes its thread's write in the TTL ledger.
             self.sweeper = open_sweeper(
                 settings,
@@ -181,6 +196,9 @@ class Service:
         savers, self.savers = self.savers, None
         sweeper, self.sweeper = self.sweeper, None
         memory, self.memory = self.memory, None
+        running, self.running_summaries = self.running_summaries, None
+        if running is not None:
+            finish_within(deadline, "stopping the summarizer", lambda: running.close(_left(deadline)))
         if sweeper is not None:
             finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
         if memory is not None:

@@ -21,6 +21,7 @@ from reducing_saver.service.storage.postgres.connections import (
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 
 
@@ -49,6 +50,12 @@ class PostgresBackend:
         outbox = PostgresOutbox(self.pool)
         outbox.setup()
         return outbox
+
+    def summaries(self) -> PostgresSummaryBook:
+        """The book of running summaries (``service/summaries/book.py``), set up."""
+        book = PostgresSummaryBook(self.pool)
+        book.setup()
+        return book
 
     def store(self) -> PostgresStore:
         if self._store is None:

@@ -15,6 +15,7 @@ from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -51,6 +52,13 @@ class SqliteBackend:
         outbox.setup()
         self._closers.append(outbox.close)
         return outbox
+
+    def summaries(self) -> SqliteSummaryBook:
+        """The book of running summaries (``service/summaries/book.py``), set up."""
+        book = SqliteSummaryBook(self.path)
+        book.setup()
+        self._closers.append(book.close)
+        return book
 
     def store(self) -> SqliteStore:
         if self._store is None:
