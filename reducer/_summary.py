@@ -213,7 +213,8 @@ class Summaries:
             codec's; default: the message itself).
         enabled: ``enabled(thread_id)``: whether a thread is summarized (others are reduced as without
             summaries).
-        on_uncovered: Called with the count of messages cut without cover (metrics, logs).
+        on_uncovered: ``on_uncovered(thread_id, count)`` for messages cut without cover (metrics, logs).
+        on_request: ``on_request(thread_id)`` after a step was asked for (wakes a summarizer).
         verified_capacity: How many verified summary messages the instance remembers (they are
             immutable, so a put sending one back needs no look-up).
     """
@@ -226,6 +227,7 @@ class Summaries:
         wrap: Callable[[HumanMessage], Any] | None = None,
         enabled: Callable[[str], bool] | None = None,
         on_uncovered: Callable[[str, int], Any] | None = None,
+        on_request: Callable[[str], Any] | None = None,
         verified_capacity: int = 10_000,
     ) -> None:
         self.book = book
@@ -233,6 +235,7 @@ class Summaries:
         self.wrap = wrap or (lambda message: message)
         self.enabled = enabled or (lambda thread_id: True)
         self.on_uncovered = on_uncovered
+        self.on_request = on_request
         self._verified: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._verified_capacity = verified_capacity
         self._lock = threading.Lock()
@@ -262,7 +265,23 @@ class Summaries:
         where = f"message id {message_field(messages[places[0]], 'id')!r} is the service's running summary"
         if places != [system]:
             raise SummaryForgeryError(f"{where}; it appears only once, right after the leading system messages")
-        message = messages[system]
+        return self._verify(messages[system], thread_id, checkpoint_ns)
+
+    def check_written(self, messages: Sequence[Any], *, thread_id: str, checkpoint_ns: str) -> None:
+        """Refuse a pending write (a node's output, ``update_state``) carrying a summary message the
+        service did not write for this thread: it would enter the state without passing :meth:`plan`.
+
+        Raises:
+            SummaryForgeryError: See :meth:`_read`.
+        """
+        sid = summary_message_id(thread_id, checkpoint_ns)
+        for message in messages:
+            if message_field(message, "id") == sid or _marked(message):
+                self._verify(message, thread_id, checkpoint_ns)
+
+    def _verify(self, message: Any, thread_id: str, checkpoint_ns: str) -> WindowSummary:
+        """The state a summary message records, checked against the book."""
+        where = f"message id {message_field(message, 'id')!r} is the service's running summary"
         kwargs = message_field(message, "additional_kwargs")
         mark = kwargs.get(MARK_KEY) if isinstance(kwargs, Mapping) else None
         if not is_summary_message(message) or not isinstance(mark, Mapping):
@@ -276,7 +295,7 @@ class Summaries:
                 return replace(state, text=self._text_of(content, state))
         wanted = [s for s in (state.step, *state.lagging) if s is not None]
         held = self.book.steps(thread_id, checkpoint_ns, wanted) if wanted else {}
-        if any(s not in held for s in wanted):
+        if not wanted or any(s not in held for s in wanted):
             raise SummaryForgeryError(f"{where}; it names a summary step the service does not hold")
         if state.step is not None:
             step = held[state.step]
@@ -426,6 +445,8 @@ class Summaries:
             covered=base_covered + len(batch),
         )
         self.book.request(request)
+        if self.on_request is not None:
+            self.on_request(thread_id)
         return StepInfo(request.step_id, tip, request.version, request.keys, "pending", request.covered)
 
 

@@ -236,7 +236,28 @@ def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRe
         (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
     ]
     _check_extensions(service, ((f"writes[{index}]", value) for index, (_, value) in enumerate(writes)))
+    if service.running_summaries is not None:
+        _check_summary_writes(service, config, writes)
     saver.put_writes(config, writes, body.task_id, body.task_path)
+
+
+def _check_summary_writes(service: Service, config: RunnableConfig, writes: list[tuple[str, Any]]) -> None:
+    """Refuse a write to the messages channel carrying a summary message the service did not write."""
+    configurable = config["configurable"]
+    for index, (channel, value) in enumerate(writes):
+        if channel != service.settings.messages_key or not isinstance(value, Blob) or value.type != "msgpack":
+            continue
+        messages = service.codec.decode(value)
+        if messages is None:  # one message rather than a list: read it as a list of one
+            messages = service.codec.decode(Blob(value.type, b"\x91" + value.data)) or []
+        try:
+            service.running_summaries.summaries.check_written(
+                messages,
+                thread_id=str(configurable["thread_id"]),
+                checkpoint_ns=str(configurable.get("checkpoint_ns") or ""),
+            )
+        except SummaryForgeryError as exc:
+            raise BadRequest(f"writes[{index}]: {_scope(service).text(str(exc))}") from None
 
 
 # -- the other saver operations -------------------------------------------------------------------

@@ -44,8 +44,13 @@ class RunningSummaries:
             wrap=wrap,
             enabled=(lambda thread_id: tenant_of(thread_id, tenant_mode) in tenants) if tenants else None,
             on_uncovered=self._uncovered,
+            on_request=self._wake,
         )
         self.worker: SummaryWorker | None = None
+
+    def _wake(self, thread_id: str) -> None:
+        if self.worker is not None:
+            self.worker.wake()
 
     def _uncovered(self, thread_id: str, count: int) -> None:
         logger.warning(
