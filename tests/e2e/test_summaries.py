@@ -134,9 +134,6 @@ def test_kill_9_mid_summary_then_every_batch_is_summarized_once(tmp_path: Path, 
     # Each batch's model call returned at most twice (once more only when kill -9 cut it after the model
     # answered and before the result was stored), and the summary advanced once per batch: one chain.
     assert max(count for _, count in calls) <= 2
-    by_base = {}
-    for step, base, _, _ in steps:
-        by_base.setdefault(base, []).append(step)
     summary = summary_in(window, "t")
     seen = summary.content + "\n" + "\n".join(str(m.content) for m in window)
     assert not [k for k in range(61) if fact(k) not in seen]
