@@ -139,3 +139,12 @@ def test_kill_9_mid_summary_then_every_batch_is_summarized_once(tmp_path: Path, 
     assert not [k for k in range(61) if fact(k) not in seen]
     assert summary.content.count(fact(0)) == 1  # no batch summarized into the chain twice
 
+
+
+def test_the_benchmark_runs_and_the_window_sends_fewer_tokens():
+    from benchmarks.summaries import line, run
+
+    result = run(30, 8, 5, 200, os.environ.get("RS_BENCH_SERVER", "postgresql://postgres@127.0.0.1:5432"))
+    assert result["summarizer"]["calls"] >= 3
+    assert result["agent_tokens_last_turn"]["service"] < result["agent_tokens_last_turn"]["plain"] / 2
+    assert "fewer" in line(result)
