@@ -127,8 +127,8 @@ class Service:
             settings.database, pool_size=settings.pool_size, timeout=settings.db_timeout_seconds
         )
         try:
-            backend.setup()
             backend.store_options = store_options(settings)
+            backend.setup()
             # Opened here, once, before any request or deliverer can ask for it concurrently; a backend
             # that cannot serve the store's settings refuses to start.
             backend.store()

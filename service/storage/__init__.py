@@ -80,8 +80,24 @@ class Backend(Protocol):
     #: The store's ``index`` and ``ttl`` keyword arguments, set before the first :meth:`store` call.
     store_options: dict[str, Any]
 
+    #: Whether the backend migrates its tables when it sets them up (``False``: ``--no-migrate``).
+    migrates: bool
+
     def setup(self) -> None:
-        """Create the checkpoint tables (idempotent; safe when replicas start together)."""
+        """Bring every table up to date (:meth:`migrate`), or, when the backend may not migrate, check
+        that they are (:meth:`check_schema`)."""
+
+    def migrate(self) -> list[str]:
+        """Apply what the database lacks: the service's own migrations (``<backend>/migrations.py``), then
+        langgraph's (the checkpointer's and the store's ``setup()``); safe when replicas start together.
+        Returns one line per migration applied.
+
+        Raises:
+            SchemaError: If the database has the service's tables at a version newer than the code knows.
+        """
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless every table is at the version the code uses."""
 
     def savers(self, count: int) -> list[BaseCheckpointSaver]:
         """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim."""
@@ -106,7 +122,9 @@ class Backend(Protocol):
         the pool's threads)."""
 
 
-def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True) -> Backend:
+def open_backend(
+    url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True, migrate: bool = True
+) -> Backend:
     """Open the backend a database URL names.
 
     Args:
@@ -116,12 +134,14 @@ def open_backend(url: str, *, pool_size: int = 4, timeout: float = 5.0, create: 
             unavailable); SQLite: ignored (its busy timeout is fixed).
         create: SQLite: create the file (and its folder) when missing (``serve``, ``worker``); read-only
             commands pass ``False``, so a mistyped path or another working folder creates nothing.
+        migrate: Apply the migrations the database lacks when the backend sets up its tables; ``False``
+            (``--no-migrate``): change no table, refuse (``SchemaError``) a database that is behind.
 
     Raises:
         StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
             PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
-    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create)
+    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create, migrate=migrate)
 
 
 def backend_module(url: str) -> Any:

@@ -13,8 +13,8 @@ failures, ``dead`` (``last_error``; ``retry_dead`` sends it back). A thread's st
 sweeps, ``delete_for_runs``).
 
 :class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
-``storage/sqlite/summaries.py`` give it connections and dialect; :class:`MemoryBook` keeps the same
-contract in one process.
+``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
+backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the same contract in one process.
 """
 
 from __future__ import annotations
@@ -36,37 +36,6 @@ ROOT = ""
 #: Rows of a thread with no checkpoint are forgotten only this long after they were made: a new thread's
 #: first put asks for a step before its checkpoint is stored.
 ORPHAN_GRACE_SECONDS = 300.0
-
-#: The table, for both databases (types as ``{name}`` placeholders the dialect fills).
-DDL = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-        thread_id TEXT NOT NULL,
-        checkpoint_ns TEXT NOT NULL,
-        step_id TEXT NOT NULL,
-        base_step TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        keys {{blob}} NOT NULL,
-        batch {{blob}} NOT NULL,
-        batch_size INTEGER NOT NULL,
-        covered INTEGER NOT NULL,
-        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
-        text TEXT,
-        model TEXT,
-        prompt_hash TEXT,
-        input_tokens INTEGER,
-        output_tokens INTEGER,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        available_at {{real}} NOT NULL,
-        claimed_by TEXT,
-        lease_until {{real}},
-        last_error TEXT,
-        created_at {{real}} NOT NULL,
-        done_at {{real}},
-        PRIMARY KEY (thread_id, checkpoint_ns, step_id)
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_base ON {TABLE} (thread_id, checkpoint_ns, base_step)",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_ready ON {TABLE} (status, available_at)",
-)
 
 _INFO = "step_id, base_step, version, keys, status, covered, text"
 
@@ -121,7 +90,6 @@ class SqlSummaryBook:
 
     placeholder = "?"
     lock_clause = ""
-    types = {"blob": "BLOB", "real": "REAL"}
 
     def _tx(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
@@ -133,12 +101,6 @@ class SqlSummaryBook:
         with self._tx() as cur:
             cur.execute(self._sql(text), tuple(params))
             return cur.fetchall() if cur.description else []
-
-    def setup(self) -> None:
-        """Create the table (idempotent)."""
-        with self._tx() as cur:
-            for statement in DDL:
-                cur.execute(statement.format(**self.types))
 
     # -- the put path's side ---------------------------------------------------------------------
 
@@ -373,9 +335,6 @@ class MemoryBook(MemorySummaryBook):
         super().__init__()
         self._has_checkpoints = has_checkpoints
         self._meta: dict[tuple[str, str, str], dict[str, Any]] = {}
-
-    def setup(self) -> None:
-        pass
 
     def _meta_of(self, key: tuple[str, str, str]) -> dict[str, Any]:
         return self._meta.setdefault(

@@ -19,6 +19,7 @@ class MemoryBackend:
 
     kind = "memory"
     pool = None
+    migrates = True
 
     def __init__(self) -> None:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
@@ -30,6 +31,13 @@ class MemoryBackend:
 
     def setup(self) -> None:
         """Nothing to create."""
+
+    def migrate(self) -> list[str]:
+        """Nothing to migrate: the process holds everything."""
+        return []
+
+    def check_schema(self) -> None:
+        """Nothing to check."""
 
     def savers(self, count: int) -> list[InMemoryLifecycleSaver]:
         return [self.saver]
@@ -68,5 +76,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL" if ttl else None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> MemoryBackend:  # noqa: A001
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> MemoryBackend:
     return MemoryBackend()

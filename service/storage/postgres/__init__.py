@@ -8,6 +8,8 @@ from typing import Any
 import psycopg
 from langgraph.store.postgres import PostgresStore
 
+from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.postgres import migrations
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
@@ -30,49 +32,88 @@ class PostgresBackend:
 
     kind = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int, timeout: float) -> None:
+    def __init__(self, url: str, *, pool_size: int, timeout: float, migrate: bool = True) -> None:
         self.url = url
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
         self._store: PostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
+        self.migrates = migrate
+        self._schema_checked = False
 
     def setup(self) -> None:
-        # Replicas that start together must not run the migrations at the same time.
+        if self.migrates:
+            self.migrate()
+        else:
+            self.check_schema()
+
+    def migrate(self) -> list[str]:
+        # The service's tables first: a database of a later release is refused before anything changes.
+        with self.pool.connection() as conn:
+            applied = [str(done) for done in migrations.migrate(conn)]
+            before = migrations.langgraph_versions(conn)
+        self._schema_checked = True
+        # Replicas that start together must not run langgraph's migrations at the same time.
         with locked_setup(self.url, SAVER_LOCK_KEY):
             PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
+        self._setup_store(self._store or self._new_store())
+        with self.pool.connection() as conn:
+            after = migrations.langgraph_versions(conn)
+        return applied + langgraph_changes(before, after)
+
+    def check_schema(self) -> None:
+        with self.pool.connection() as conn:
+            where = migrations.where(conn)
+            check_version(migrations.version(conn), migrations.LATEST, where)
+            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where)
+        self._schema_checked = True
+
+    def _own_schema(self) -> None:
+        """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
+        if self._schema_checked:
+            return
+        with self.pool.connection() as conn:
+            if self.migrates:
+                migrations.migrate(conn)
+            else:
+                check_version(migrations.version(conn), migrations.LATEST, migrations.where(conn))
+        self._schema_checked = True
 
     def savers(self, count: int) -> list[PostgresLifecycleSaver]:
         return [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
 
     def outbox(self) -> PostgresOutbox:
-        outbox = PostgresOutbox(self.pool)
-        outbox.setup()
-        return outbox
+        self._own_schema()
+        return PostgresOutbox(self.pool)
+
+    def _new_store(self) -> PostgresStore:
+        if "index" in self.store_options:
+            require_pgvector(self.pool)
+        return PostgresStore(self.pool, **self.store_options)
+
+    def _setup_store(self, store: PostgresStore) -> None:
+        with locked_setup(self.url, STORE_LOCK_KEY):
+            store.setup()
 
     def summaries(self) -> PostgresSummaryBook:
-        """The book of running summaries (``service/summaries/book.py``), set up."""
-        book = PostgresSummaryBook(self.pool)
-        book.setup()
-        return book
+        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        self._own_schema()
+        return PostgresSummaryBook(self.pool)
 
     def store(self) -> PostgresStore:
         if self._store is None:
-            if "index" in self.store_options:
-                require_pgvector(self.pool)
-            store = PostgresStore(self.pool, **self.store_options)
-            with locked_setup(self.url, STORE_LOCK_KEY):
-                store.setup()
+            store = self._new_store()
+            if self.migrates:
+                self._setup_store(store)
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
             self._store = store
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> PostgresLedger:
-        ledger = PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
-        ledger.setup()
-        return ledger
+        self._own_schema()
+        return PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
 
     def ready(self, timeout: float) -> None:
         # Reads the checkpoint table under a lock timeout: a table another session locked (a sweep, a
@@ -101,5 +142,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> PostgresBackend:  # noqa: A001
-    return PostgresBackend(url, pool_size=pool_size, timeout=timeout)
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> PostgresBackend:
+    return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate)

@@ -31,8 +31,9 @@ from reducing_saver.service.storage import StorageError, redact_url
 #: Advisory lock keys, one per set-up that replicas starting together must not run at once. Two-key
 #: locks (``copy_thread``'s) live apart from these one-key ones.
 SAVER_LOCK_KEY = 0x7265647563696E67  # "reducing": PostgresSaver's migrations
-OUTBOX_LOCK_KEY = 0x72732D6F7574626F  # "rs-outbo"
-LEDGER_LOCK_KEY = 0x72732D7377656570  # "rs-sweep"
+#: The service's own migrations (``migrations.py``). The first release created the outbox under this
+#: key, so one of its processes starting during an upgrade waits for the migrations to finish.
+SCHEMA_LOCK_KEY = 0x72732D6F7574626F  # "rs-outbo"
 STORE_LOCK_KEY = 0x72732D73746F7265  # "rs-store": PostgresStore's migrations
 COPY_LOCK_CLASS = 0x72736374  # "rsct"
 

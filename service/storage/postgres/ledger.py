@@ -13,11 +13,8 @@ from typing import Any
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL
 
 from reducing_saver.reducer import thread_namespace
-from reducing_saver.service.storage.postgres.connections import (
-    LEDGER_LOCK_KEY,
-    connect,
-    locked_setup,
-)
+from reducing_saver.service.storage.postgres import migrations
+from reducing_saver.service.storage.postgres.connections import connect
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
@@ -35,29 +32,6 @@ from reducing_saver.service.ttl.ledger import (
 )
 
 logger = logging.getLogger(__name__)
-
-_PG_SETUP = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-        thread_id text PRIMARY KEY,
-        last_write_at timestamptz NOT NULL DEFAULT now(),
-        ttl_seconds double precision,
-        expires_at timestamptz,
-        namespace text[],
-        swept_at timestamptz
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_due_own ON {TABLE} (expires_at) WHERE swept_at IS NULL",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_due_default ON {TABLE} (last_write_at) "
-    "WHERE swept_at IS NULL AND ttl_seconds IS NULL",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_swept ON {TABLE} (swept_at) WHERE swept_at IS NOT NULL",
-    f"""CREATE TABLE IF NOT EXISTS {LOG_TABLE} (
-        thread_id text NOT NULL,
-        action text NOT NULL CHECK (action IN ('pruned', 'deleted')),
-        bytes bigint NOT NULL,
-        swept_at timestamptz NOT NULL DEFAULT now(),
-        swept_by text NOT NULL
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {LOG_TABLE}_at ON {LOG_TABLE} (swept_at)",
-)
 
 # The thread's TTL is kept when a put names none; a write clears swept_at (the thread is live again).
 _PG_TOUCH = f"""
@@ -190,10 +164,9 @@ class PostgresLedger:
                 yield conn
 
     def setup(self) -> None:
-        """Create the ledger and log tables (idempotent), under an advisory lock."""
-        with locked_setup(self.database, LEDGER_LOCK_KEY), self._connection() as conn:
-            for statement in _PG_SETUP:
-                conn.execute(statement)
+        """Bring the service's tables up to date (``migrations.migrate``, under the set-up lock)."""
+        with self._connection() as conn:
+            migrations.migrate(conn)
 
     def close(self) -> None:
         """Nothing to close: the pool is the backend's."""

@@ -24,37 +24,7 @@ from reducing_saver.service.extraction.outbox import (
     json_text,
     sorted_unique,
 )
-from reducing_saver.service.storage.postgres.connections import (
-    OUTBOX_LOCK_KEY,
-    setup_lock,
-)
-
-_PG_SETUP = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-        namespace text[] NOT NULL,
-        key text NOT NULL,
-        thread_id text NOT NULL,
-        checkpoint_id text,
-        message json NOT NULL,
-        message_class text,
-        pruned_at timestamptz NOT NULL,
-        status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
-        attempts integer NOT NULL DEFAULT 0,
-        available_at timestamptz NOT NULL DEFAULT now(),
-        claimed_by text,
-        lease_until timestamptz,
-        last_error text,
-        failed_at timestamptz,
-        delivered_at timestamptz,
-        PRIMARY KEY (namespace, key)
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_ready ON {TABLE} (available_at) WHERE status = 'pending'",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_age ON {TABLE} (pruned_at) WHERE status = 'pending'",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_dead ON {TABLE} (failed_at) WHERE status = 'dead'",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_claimed ON {TABLE} (claimed_by) WHERE status = 'pending'",
-    # Sweeps purge delivered rows past the retention without reading the whole table.
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_delivered ON {TABLE} (delivered_at) WHERE status = 'done'",
-)
+from reducing_saver.service.storage.postgres import migrations
 
 #: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
 _INSERT_CHUNK = 1000
@@ -119,12 +89,10 @@ class PostgresOutbox:
         return _PgCursor(self._pool, dict_row)
 
     def setup(self) -> None:
-        """Create the table and its indexes (idempotent), one statement at a time, under an advisory lock
-        so replicas starting together do not race."""
-        with self._pool.connection() as conn, setup_lock(conn, OUTBOX_LOCK_KEY):
-            for statement in _PG_SETUP:
-                with conn.transaction():
-                    conn.execute(statement)
+        """Bring the service's tables up to date (``migrations.migrate``: each migration once, under the
+        set-up lock, so replicas starting together do not race)."""
+        with self._pool.connection() as conn:
+            migrations.migrate(conn)
 
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.

@@ -10,7 +10,9 @@ from typing import Any
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
+from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
@@ -32,8 +34,10 @@ class SqliteBackend:
     kind = "sqlite"
     pool = None
 
-    def __init__(self, path: str, *, create: bool) -> None:
+    def __init__(self, path: str, *, create: bool, migrate: bool = True) -> None:
         self.path = path
+        self.migrates = migrate
+        self._schema_checked = False
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
@@ -42,32 +46,74 @@ class SqliteBackend:
         self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:
+        if self.migrates:
+            self.migrate()
+        else:
+            self.check_schema()
+        self.saver.setup()  # SqliteSaver creates its tables on first use anyway
+
+    def migrate(self) -> list[str]:
+        # The service's tables first: a file of a later release is refused before anything changes.
+        with closing(connect(self.path)) as conn:
+            applied = [str(done) for done in migrations.migrate(conn)]
+            before = migrations.langgraph_versions(conn.cursor())
+        self._schema_checked = True
         self.saver.setup()
+        if self._store is not None:
+            self._store.setup()
+        else:
+            with closing(connect(self.path)) as conn:
+                self._new_store(conn).setup()
+        with closing(connect(self.path)) as conn:
+            after = migrations.langgraph_versions(conn.cursor())
+        return applied + langgraph_changes(before, after)
+
+    def check_schema(self) -> None:
+        with closing(connect(self.path)) as conn:
+            cur = conn.cursor()
+            check_version(migrations.version(cur), migrations.LATEST, self.path)
+            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path)
+        self._schema_checked = True
+
+    def _own_schema(self) -> None:
+        """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
+        if self._schema_checked:
+            return
+        with closing(connect(self.path)) as conn:
+            if self.migrates:
+                migrations.migrate(conn)
+            else:
+                check_version(migrations.version(conn.cursor()), migrations.LATEST, self.path)
+        self._schema_checked = True
 
     def savers(self, count: int) -> list[SqliteLifecycleSaver]:
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
+        self._own_schema()
         outbox = SqliteOutbox(self.path)
-        outbox.setup()
         self._closers.append(outbox.close)
         return outbox
 
     def summaries(self) -> SqliteSummaryBook:
-        """The book of running summaries (``service/summaries/book.py``), set up."""
+        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        self._own_schema()
         book = SqliteSummaryBook(self.path)
-        book.setup()
         self._closers.append(book.close)
         return book
+
+    def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
+        if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
+            raise RuntimeError(NO_LOADABLE_EXTENSIONS)
+        return SqliteStore(conn, **self.store_options)
 
     def store(self) -> SqliteStore:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
-            if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
-                raise RuntimeError(NO_LOADABLE_EXTENSIONS)
-            store = SqliteStore(conn, **self.store_options)
-            store.setup()
+            store = self._new_store(conn)
+            if self.migrates:
+                store.setup()
             if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
                 self._closers.append(store.stop_ttl_sweeper)
@@ -75,9 +121,8 @@ class SqliteBackend:
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
-        ledger = SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
-        ledger.setup()
-        return ledger
+        self._own_schema()
+        return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def ready(self, timeout: float) -> None:
         if not self.saver.lock.acquire(timeout=timeout):
@@ -102,5 +147,7 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
     return None
 
 
-def open(url: str, *, pool_size: int, timeout: float, create: bool = True) -> SqliteBackend:  # noqa: A001
-    return SqliteBackend(sqlite_path(url), create=create)
+def open(  # noqa: A001
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+) -> SqliteBackend:
+    return SqliteBackend(sqlite_path(url), create=create, migrate=migrate)

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from reducing_saver.reducer import thread_namespace
+from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.ttl.ledger import (
     LOG_TABLE,
     TABLE,
@@ -29,28 +30,6 @@ from reducing_saver.service.ttl.ledger import (
 )
 
 logger = logging.getLogger(__name__)
-
-_SQ_SETUP = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-        thread_id TEXT PRIMARY KEY,
-        last_write_at REAL NOT NULL,
-        ttl_seconds REAL,
-        expires_at REAL,
-        namespace TEXT,
-        swept_at REAL
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_due_own ON {TABLE} (expires_at) WHERE swept_at IS NULL",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_due_default ON {TABLE} (last_write_at) "
-    "WHERE swept_at IS NULL AND ttl_seconds IS NULL",
-    f"""CREATE TABLE IF NOT EXISTS {LOG_TABLE} (
-        thread_id TEXT NOT NULL,
-        action TEXT NOT NULL,
-        bytes INTEGER NOT NULL,
-        swept_at REAL NOT NULL,
-        swept_by TEXT NOT NULL
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {LOG_TABLE}_at ON {LOG_TABLE} (swept_at)",
-)
 
 _SQ_TOUCH = f"""
 INSERT INTO {TABLE} (thread_id, last_write_at, ttl_seconds, expires_at, namespace, swept_at)
@@ -109,9 +88,9 @@ class SqliteLedger:
         self.worker_id = worker_id
 
     def setup(self) -> None:
+        """Bring the service's tables up to date (``migrations.apply``, under the file's write lock)."""
         with self.saver._transaction() as cur:
-            for statement in _SQ_SETUP:
-                cur.execute(statement)
+            migrations.apply(cur)
 
     def close(self) -> None:
         """The connection is the saver's: nothing to close."""

@@ -24,32 +24,8 @@ from reducing_saver.service.extraction.outbox import (
     json_text,
     sorted_unique,
 )
+from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.storage.sqlite.connections import connect
-
-_SQLITE_SETUP = (
-    f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-        namespace TEXT NOT NULL,
-        key TEXT NOT NULL,
-        thread_id TEXT NOT NULL,
-        checkpoint_id TEXT,
-        message TEXT NOT NULL,
-        message_class TEXT,
-        pruned_at REAL NOT NULL,
-        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
-        attempts INTEGER NOT NULL DEFAULT 0,
-        available_at REAL NOT NULL,
-        claimed_by TEXT,
-        lease_until REAL,
-        last_error TEXT,
-        failed_at REAL,
-        delivered_at REAL,
-        PRIMARY KEY (namespace, key)
-    )""",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_ready ON {TABLE} (status, available_at)",
-    f"CREATE INDEX IF NOT EXISTS {TABLE}_claimed ON {TABLE} (claimed_by)",
-)
-
-
 
 class SqliteOutbox:
     """The outbox as a table in a SQLite file (the service's own file, next to the checkpoints).
@@ -99,10 +75,9 @@ class SqliteOutbox:
         self._local = threading.local()
 
     def setup(self) -> None:
-        """Create the table and indexes (idempotent)."""
+        """Bring the service's tables up to date (``migrations.apply``, under the file's write lock)."""
         with self._write() as cur:
-            for statement in _SQLITE_SETUP:
-                cur.execute(statement)
+            migrations.apply(cur)
 
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """See :meth:`PostgresOutbox.record`."""

@@ -1,0 +1,179 @@
+"""The PostgreSQL schema of the service's own tables, as versioned migrations.
+
+``MIGRATIONS[v]`` is version ``v``: one statement each (the pool's connections use
+``prepare_threshold=0``, under which PostgreSQL refuses several statements in one). Append new
+statements at the end; never edit or remove a released one (see :mod:`..migrations`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.store.postgres import PostgresStore
+from psycopg.rows import tuple_row
+
+from reducing_saver.service.storage.migrations import NO_VERSION, TABLE, Applied, latest, refuse_newer
+from reducing_saver.service.storage.postgres.connections import SCHEMA_LOCK_KEY, setup_lock
+
+MIGRATIONS: list[str] = [
+    # 0: the version table itself.
+    "CREATE TABLE IF NOT EXISTS reducing_saver_migrations (v integer PRIMARY KEY)",
+    # 1-6: the extraction outbox, as the first release created it.
+    """CREATE TABLE IF NOT EXISTS reducing_saver_outbox (
+        namespace text[] NOT NULL,
+        key text NOT NULL,
+        thread_id text NOT NULL,
+        checkpoint_id text,
+        message json NOT NULL,
+        message_class text,
+        pruned_at timestamptz NOT NULL,
+        status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
+        attempts integer NOT NULL DEFAULT 0,
+        available_at timestamptz NOT NULL DEFAULT now(),
+        claimed_by text,
+        lease_until timestamptz,
+        last_error text,
+        failed_at timestamptz,
+        delivered_at timestamptz,
+        PRIMARY KEY (namespace, key)
+    )""",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_outbox_ready ON reducing_saver_outbox (available_at) "
+    "WHERE status = 'pending'",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_outbox_age ON reducing_saver_outbox (pruned_at) "
+    "WHERE status = 'pending'",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_outbox_dead ON reducing_saver_outbox (failed_at) "
+    "WHERE status = 'dead'",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_outbox_claimed ON reducing_saver_outbox (claimed_by) "
+    "WHERE status = 'pending'",
+    # Sweeps purge delivered rows past the retention without reading the whole table.
+    "CREATE INDEX IF NOT EXISTS reducing_saver_outbox_delivered ON reducing_saver_outbox (delivered_at) "
+    "WHERE status = 'done'",
+    # 7-10: the TTL ledger.
+    """CREATE TABLE IF NOT EXISTS reducing_saver_threads (
+        thread_id text PRIMARY KEY,
+        last_write_at timestamptz NOT NULL DEFAULT now(),
+        ttl_seconds double precision,
+        expires_at timestamptz,
+        namespace text[],
+        swept_at timestamptz
+    )""",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_threads_due_own ON reducing_saver_threads (expires_at) "
+    "WHERE swept_at IS NULL",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_threads_due_default ON reducing_saver_threads (last_write_at) "
+    "WHERE swept_at IS NULL AND ttl_seconds IS NULL",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_threads_swept ON reducing_saver_threads (swept_at) "
+    "WHERE swept_at IS NOT NULL",
+    # 11-12: the sweep log.
+    """CREATE TABLE IF NOT EXISTS reducing_saver_sweep_log (
+        thread_id text NOT NULL,
+        action text NOT NULL CHECK (action IN ('pruned', 'deleted')),
+        bytes bigint NOT NULL,
+        swept_at timestamptz NOT NULL DEFAULT now(),
+        swept_by text NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_sweep_log_at ON reducing_saver_sweep_log (swept_at)",
+    # 13-15 (PostgreSQL) / 9-11 (SQLite): running summaries, the steps of every thread's summary
+    # (service/summaries/book.py). Times are epoch seconds; batches and keys JSON bytes (NUL-safe).
+    """CREATE TABLE IF NOT EXISTS reducing_saver_summaries (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        base_step TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        keys BYTEA NOT NULL,
+        batch BYTEA NOT NULL,
+        batch_size INTEGER NOT NULL,
+        covered INTEGER NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
+        text TEXT,
+        model TEXT,
+        prompt_hash TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        available_at DOUBLE PRECISION NOT NULL,
+        claimed_by TEXT,
+        lease_until DOUBLE PRECISION,
+        last_error TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        done_at DOUBLE PRECISION,
+        PRIMARY KEY (thread_id, checkpoint_ns, step_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
+    "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
+]
+
+#: The version this code reads and writes.
+LATEST = latest(MIGRATIONS)
+
+
+def version(conn: Any) -> int:
+    """The newest version recorded in the database (:data:`NO_VERSION` without a version table)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        if cur.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0] is None:
+            return NO_VERSION
+        row = cur.execute(f"SELECT max(v) FROM {TABLE}").fetchone()
+    return NO_VERSION if row[0] is None else row[0]
+
+
+def where(conn: Any) -> str:
+    """The database ``conn`` is connected to, for messages: ``"mydb" on host:port``."""
+    info = conn.info
+    return f"{info.dbname!r} on {info.host}:{info.port}"
+
+
+def migrate(conn: Any) -> list[Applied]:
+    """Apply the migrations the database lacks, each once, under the set-up lock.
+
+    Each statement and the row recording it commit together (``CREATE INDEX CONCURRENTLY``, which
+    cannot run in a transaction, commits before its row). A process that waited for the lock reads
+    the version again, so it applies nothing another one applied meanwhile.
+
+    Args:
+        conn: A psycopg connection (the pool's, in autocommit mode, or any other).
+
+    Returns:
+        The migrations applied, oldest first (empty when the schema was current).
+
+    Raises:
+        SchemaError: If the database records a version newer than :data:`LATEST`.
+    """
+    applied = []
+    with setup_lock(conn, SCHEMA_LOCK_KEY):
+        found = version(conn)
+        refuse_newer(found, LATEST, where(conn))
+        for v in range(found + 1, len(MIGRATIONS)):
+            statement = MIGRATIONS[v]
+            if "CONCURRENTLY" in statement.upper():
+                conn.execute(statement)
+                conn.execute(f"INSERT INTO {TABLE} (v) VALUES (%s)", (v,))
+            else:
+                with conn.transaction():
+                    conn.execute(statement)
+                    conn.execute(f"INSERT INTO {TABLE} (v) VALUES (%s)", (v,))
+            applied.append(Applied(v, statement))
+    return applied
+
+
+#: langgraph's own version tables on PostgreSQL -> the version its code applies last. PostgresSaver and
+#: PostgresStore keep their migrations as the service does; the backend runs them (``setup()``) under
+#: set-up locks of their own, and reports and checks them with the service's.
+LANGGRAPH_TABLES = {
+    "checkpoint_migrations": latest(PostgresSaver.MIGRATIONS),
+    "store_migrations": latest(PostgresStore.MIGRATIONS),
+}
+
+
+def langgraph_versions(conn: Any) -> dict[str, int]:
+    """The version each of langgraph's tables in :data:`LANGGRAPH_TABLES` records (:data:`NO_VERSION`
+    when it has none)."""
+    found = {}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        for table in LANGGRAPH_TABLES:
+            if cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is None:
+                found[table] = NO_VERSION
+            else:
+                found[table] = cur.execute(f"SELECT coalesce(max(v), %s) FROM {table}", (NO_VERSION,)).fetchone()[0]
+    return found

@@ -1,0 +1,176 @@
+"""The service's own tables are versioned: each migration applied once, on PostgreSQL and SQLite alike."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import closing
+
+import psycopg
+import pytest
+
+from reducing_saver.service.storage import open_backend
+from reducing_saver.service.storage.migrations import NO_VERSION, SchemaError
+from reducing_saver.service.storage.postgres import migrations as pg_migrations
+from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
+
+#: The tables the service owns, as the first release (without a version table) created them.
+OWN_TABLES = {"reducing_saver_outbox", "reducing_saver_threads", "reducing_saver_sweep_log", "reducing_saver_summaries"}
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def database(request, tmp_path):
+    """``(url, migrations module, run(sql, params) -> rows)`` of an empty database."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("fresh_pg")
+
+        def run(sql, params=()):
+            with psycopg.connect(url, autocommit=True) as conn:
+                cur = conn.execute(sql, params or None)
+                return cur.fetchall() if cur.description else []
+
+        return url, pg_migrations, run
+    path = tmp_path / "service.sqlite"
+
+    def run(sql, params=()):
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            return conn.execute(sql.replace("%s", "?"), params).fetchall()
+
+    return f"sqlite:///{path}", sqlite_migrations, run
+
+
+def recorded(run) -> list[int]:
+    return [row[0] for row in run("SELECT v FROM reducing_saver_migrations ORDER BY v")]
+
+
+def tables(run, url) -> set[str]:
+    if url.startswith("sqlite"):
+        rows = run("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'reducing_saver_%'")
+    else:
+        rows = run("SELECT tablename FROM pg_tables WHERE tablename LIKE 'reducing_saver_%'")
+    return {row[0] for row in rows}
+
+
+def test_an_empty_database_gets_every_migration_once(database):
+    url, migrations, run = database
+    backend = open_backend(url, pool_size=2, timeout=10)
+    try:
+        applied = backend.migrate()
+        own = [line for line in applied if line.startswith("applied migration ")]
+        assert own == [f"applied migration {v}: " + line.split(": ", 1)[1] for v, line in enumerate(own)]
+        assert len(own) == len(migrations.MIGRATIONS)
+        assert recorded(run) == list(range(len(migrations.MIGRATIONS)))
+        assert tables(run, url) == OWN_TABLES | {"reducing_saver_migrations"}
+        assert backend.migrate() == []  # the schema is current: nothing again
+        backend.check_schema()
+    finally:
+        backend.close()
+    assert recorded(run) == list(range(len(migrations.MIGRATIONS)))
+
+
+def test_a_database_of_the_first_release_keeps_its_rows(database):
+    """The first release created the tables with no version table: its rows survive the migration."""
+    url, migrations, run = database
+    for statement in migrations.MIGRATIONS[1:]:  # what its CREATE ... IF NOT EXISTS made
+        run(statement)
+    if url.startswith("sqlite"):
+        run("INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at, available_at) "
+            "VALUES ('[\"m\"]', 'k', 't', '{}', 0, 0)")
+        run("INSERT INTO reducing_saver_threads (thread_id, last_write_at) VALUES ('t', 0)")
+    else:
+        run("INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at) "
+            "VALUES ('{m}', 'k', 't', '{}', now())")
+        run("INSERT INTO reducing_saver_threads (thread_id) VALUES ('t')")
+    backend = open_backend(url, pool_size=2, timeout=10)
+    try:
+        assert len([line for line in backend.migrate() if line.startswith("applied migration")]) == len(
+            migrations.MIGRATIONS
+        )
+    finally:
+        backend.close()
+    assert run("SELECT key FROM reducing_saver_outbox") == [("k",)]
+    assert run("SELECT thread_id FROM reducing_saver_threads") == [("t",)]
+    assert recorded(run) == list(range(len(migrations.MIGRATIONS)))
+
+
+def test_replicas_starting_together_apply_each_migration_once(database):
+    url, migrations, run = database
+    backends = [open_backend(url, pool_size=1, timeout=30) for _ in range(4)]
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(backends))
+
+    def migrate(backend):
+        start.wait()
+        try:
+            results.append([line for line in backend.migrate() if line.startswith("applied migration")])
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(backend,)) for backend in backends]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for backend in backends:
+        backend.close()
+    assert errors == []
+    applied = sorted(line for lines in results for line in lines)
+    assert len(applied) == len(migrations.MIGRATIONS) == len(set(applied))  # each once, by one replica
+    assert recorded(run) == list(range(len(migrations.MIGRATIONS)))
+
+
+def test_a_database_of_a_later_release_is_refused_in_one_line(database):
+    url, migrations, run = database
+    backend = open_backend(url, pool_size=1, timeout=10)
+    try:
+        backend.migrate()
+        newer = migrations.LATEST + 3
+        run("INSERT INTO reducing_saver_migrations (v) VALUES (%s)", (newer,))
+        for attempt in (backend.migrate, backend.check_schema):
+            with pytest.raises(SchemaError) as raised:
+                attempt()
+            message = str(raised.value)
+            assert "\n" not in message
+            assert f"version {newer}" in message and f"version {migrations.LATEST}" in message
+            assert "upgrade reducing-saver" in message
+    finally:
+        backend.close()
+    assert recorded(run)[-1] == newer  # nothing was changed
+
+
+def test_without_migrating_a_database_that_is_behind_is_refused(database):
+    url, migrations, run = database
+    backend = open_backend(url, pool_size=1, timeout=10, migrate=False)
+    try:
+        with pytest.raises(SchemaError, match=r"version none, this reducing-saver needs version \d+: run `reducing-saver migrate`"):
+            backend.setup()
+        with pytest.raises(SchemaError, match="run `reducing-saver migrate`"):
+            backend.outbox()
+    finally:
+        backend.close()
+    assert tables(run, url) == set()  # --no-migrate created nothing
+    migrated = open_backend(url, pool_size=1, timeout=10)
+    try:
+        migrated.migrate()
+    finally:
+        migrated.close()
+    backend = open_backend(url, pool_size=1, timeout=10, migrate=False)
+    try:
+        backend.setup()
+        assert backend.outbox().status()["pending"] == 0
+    finally:
+        backend.close()
+
+
+def test_every_postgres_migration_is_one_statement():
+    """The pool's connections use prepare_threshold=0, under which PostgreSQL refuses several statements."""
+    for statement in pg_migrations.MIGRATIONS + sqlite_migrations.MIGRATIONS:
+        assert ";" not in statement
+
+
+def test_the_version_of_a_database_without_a_version_table(fresh_pg, tmp_path):
+    with psycopg.connect(fresh_pg) as conn:
+        assert pg_migrations.version(conn) == NO_VERSION
+    with closing(sqlite3.connect(tmp_path / "x.sqlite")) as conn:
+        assert sqlite_migrations.version(conn.cursor()) == NO_VERSION
