@@ -310,3 +310,27 @@ def test_property_every_window_is_valid_and_nothing_falls_between_window_and_sum
                     put([RemoveMessage(id=victim.id)])
         elif action[0] == "summarize":
             drain(book)
+
+
+def test_an_agent_running_langchains_summarization_middleware_is_left_alone():
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    saver, book = make_saver(max_messages=6, min_messages=4, hard=12)
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {n}") for n in range(200)]))
+    summarizer = GenericFakeChatModel(messages=iter([AIMessage(f"their summary {n}") for n in range(200)]))
+    # The middleware summarizes before the window's trigger (6) is reached, as it would in a graph built
+    # around it; from then on its summary is in every window.
+    middleware = SummarizationMiddleware(summarizer, trigger=("messages", 5), keep=("messages", 2))
+    agent = create_agent(model, middleware=[middleware], checkpointer=saver)
+    config = {"configurable": {"thread_id": "t"}}
+    for n in range(15):
+        agent.invoke({"messages": [HumanMessage(f"question {n}", id=f"h-{n}")]}, config)
+        window = agent.get_state(config).values["messages"]
+        assert not api_window_problems(window)
+        assert all(m.id != summary_message_id("t", "") for m in window)  # never both summaries
+    theirs = [m for m in window if m.additional_kwargs.get("lc_source") == "summarization"]
+    assert len(theirs) == 1 and theirs[0].id != summary_message_id("t", "")
+    assert window[0] is theirs[0]  # kept in the head: the reducer never cuts it
+    assert book.next_step() is None  # the service summarized nothing of that thread
