@@ -148,3 +148,71 @@ def test_the_benchmark_runs_and_the_window_sends_fewer_tokens():
     assert result["summarizer"]["calls"] >= 3
     assert result["agent_tokens_last_turn"]["service"] < result["agent_tokens_last_turn"]["plain"] / 2
     assert "fewer" in line(result)
+
+
+def test_two_replicas_two_workers_a_flaky_model_and_kill_9_of_a_worker_mid_summary(tmp_path: Path, fresh_pg: str):
+    """Two service replicas (no summarizer loop of their own) take turns of one thread; two
+    ``reducing-saver worker`` processes summarize, the model failing 30% of calls; one worker is killed
+    with SIGKILL while it holds a batch. Every batch is summarized, in order, and the chain advances once
+    per batch."""
+    import subprocess
+
+    from tests.support.server import CLI, ROOT
+
+    env = {
+        "PYTHONPATH": str(ROOT), "RS_TEST_SUMMARY_FAIL_RATE": "0.3", "RS_TEST_CALLS_DB": fresh_pg,
+        "RS_TEST_SUMMARY_DELAY": "0.2", "REDUCING_SAVER_EXTRACTION_BASE_BACKOFF": "0.1",
+        "REDUCING_SAVER_EXTRACTION_MAX_BACKOFF": "1",
+    }
+    summarizer = ["--summarizer", "tests.support.summarizers:flaky"]
+    serve = ["--database", fresh_pg, *WINDOW, *summarizer, "--no-extract"]
+    worker_command = [str(CLI), "worker", "--database", fresh_pg, *summarizer, "--summary-lease-seconds", "2",
+                      "--extraction-max-attempts", "50"]
+    workers = []
+    for index in range(2):
+        with (tmp_path / f"worker-{index}.log").open("wb") as log:
+            workers.append(subprocess.Popen(worker_command, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **env}, cwd=tmp_path))
+    try:
+        with run_service(tmp_path, *serve, env=env) as one, run_service(tmp_path, *serve, env=env) as two, \
+                RemoteReducingSaver(one.url) as first, RemoteReducingSaver(two.url) as second:
+            graphs = [build_chat_graph(first, prefix="r1", length=60, with_tools=True),
+                      build_chat_graph(second, prefix="r2", length=60, with_tools=True)]
+            for n in range(40):
+                ask(graphs[n % 2], "t", n)
+                if n == 20:  # kill a worker while it holds a batch
+                    deadline = time.monotonic() + 30
+                    while not _held_by(fresh_pg, workers[0].pid):
+                        assert time.monotonic() < deadline, "no batch was ever held"
+                        ask(graphs[n % 2], "t", 1000 + n)
+                        time.sleep(0.05)
+                    os.kill(workers[0].pid, signal.SIGKILL)
+                    workers[0].wait()
+            wait_summarized(fresh_pg, timeout=180)
+            ask(graphs[0], "t", 40)
+            wait_summarized(fresh_pg, timeout=180)
+            window = graphs[1].get_state({"configurable": {"thread_id": "t"}}).values["messages"]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.terminate()
+                worker.wait(30)
+    assert not api_window_problems(window)
+    summary = summary_in(window, "t")
+    seen = summary.content + "\n" + "\n".join(str(m.content) for m in window)
+    assert not [k for k in range(41) if fact(k) not in seen]
+    assert all(summary.content.count(fact(k)) <= 1 for k in range(41))  # no batch folded in twice
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        statuses = conn.execute("SELECT status, count(*) FROM reducing_saver_summaries GROUP BY status").fetchall()
+        calls = conn.execute("SELECT first_key, count(*) FROM summarizer_calls GROUP BY first_key").fetchall()
+    assert dict(statuses).keys() == {"done"}
+    assert max(count for _, count in calls) <= 2  # a second call only for the batch the kill interrupted
+
+
+def _held_by(database: str, pid: int) -> bool:
+    """Whether process ``pid`` holds a batch (its claims are named ``host:pid:random``)."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        return bool(conn.execute(
+            "SELECT count(*) FROM reducing_saver_summaries WHERE status = 'pending' AND claimed_by LIKE %s",
+            (f"%:{pid}:%",),
+        ).fetchone()[0])
