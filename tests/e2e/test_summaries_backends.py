@@ -83,3 +83,49 @@ def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, da
         saver.delete_thread("t")
         ask(graph, "t", 100)
         assert all(m.id != summary_message_id("t", "") for m in window(graph, "t"))
+
+
+def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tmp_path: Path):
+    from reducing_saver.client import RemoteStore
+
+    keys = {"REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key"}
+    args = ["--database", f"sqlite:///{tmp_path}/service.sqlite", "--max-messages", "6", "--min-messages", "4",
+            "--summarizer", "tests.support.summarizers:facts", "--summarize-tenants", "acme"]
+    with run_service(tmp_path, *args, env=keys) as service, \
+            RemoteReducingSaver(service.url, api_key="acme-key") as acme, \
+            RemoteReducingSaver(service.url, api_key="globex-key") as globex:
+        graphs = {"acme": build_chat_graph(acme, prefix="a", length=40),
+                  "globex": build_chat_graph(globex, prefix="g", length=40)}
+        for n in range(10):
+            for graph in graphs.values():
+                ask(graph, "t", n)
+            deadline = time.monotonic() + 30
+            while metric_with_key(service.url, "acme-key", "reducing_saver_summary_pending_steps"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        ask(graphs["acme"], "t", 10)
+        ask(graphs["globex"], "t", 10)
+        acme_window, globex_window = window(graphs["acme"], "t"), window(graphs["globex"], "t")
+        assert acme_window[0].additional_kwargs.get("lc_source") == "summarization"
+        assert "FACT: t 0" in acme_window[0].content
+        assert not any(m.additional_kwargs.get("lc_source") for m in globex_window)
+        assert len(globex_window) <= 6  # reduced as without summaries
+        text = metrics_text(service.url, "acme-key")
+        assert 'reducing_saver_summary_calls_total{tenant="acme"}' in text and 'tenant="globex"' not in text
+        # The summary is in the tenant's store too, and only there.
+        with RemoteStore(service.url, api_key="acme-key") as store:
+            item = store.get(("threads", "t", "summary"), "running")
+            assert "FACT: t 0" in item.value["text"]
+        with RemoteStore(service.url, api_key="globex-key") as store:
+            assert store.get(("threads", "t", "summary"), "running") is None
+
+
+def metrics_text(url: str, key: str) -> str:
+    return httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=5).text
+
+
+def metric_with_key(url: str, key: str, name: str) -> float:
+    for line in metrics_text(url, key).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
