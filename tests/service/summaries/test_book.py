@@ -7,6 +7,7 @@ import time
 
 import pytest
 from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
 
 from reducing_saver.reducer import StepRequest, step_id
 from reducing_saver.service.storage import open_backend
@@ -93,6 +94,41 @@ def test_a_threads_steps_go_with_it(backend):
     book.delete_thread("t")
     assert book.children("t", "", None) == []
     assert book.children("copy", "", None) != []
-    # No checkpoint of "copy" exists: past the grace its steps are forgotten.
+    # A thread with a checkpoint keeps its steps; one whose checkpoints are gone (a TTL sweep,
+    # delete_for_runs) loses them once they are older than the grace.
+    kept = step(None, ["k"], thread="alive")
+    book.request(kept)
+    saver = backend.savers(1)[0]
+    checkpoint = empty_checkpoint()
+    saver.put({"configurable": {"thread_id": "alive", "checkpoint_ns": ""}}, checkpoint, {}, {})
+    assert book.forget_orphans(grace_seconds=3600) == 0  # too young
     assert book.forget_orphans(grace_seconds=-1) == 1
     assert book.children("copy", "", None) == []
+    assert [c.step_id for c in book.children("alive", "", None)] == [kept.step_id]
+
+
+def test_retry_dead_on_the_command_line_sends_dead_batches_back(tmp_path):
+    import json
+    import subprocess
+
+    from tests.support.server import CLI
+
+    url = f"sqlite:///{tmp_path}/service.sqlite"
+    opened = open_backend(url)
+    opened.setup()
+    book = opened.summaries()
+    first = step(None, ["a"])
+    book.request(first)
+    book.fail("w", book.claim("w", 60).request, "model gone")
+    opened.close()
+    status = subprocess.run([str(CLI), "extraction", "status", "--database", url], capture_output=True,
+                            text=True, check=True, cwd=tmp_path)
+    assert json.loads(status.stdout)["summaries"]["dead_steps"] == 1
+    retried = subprocess.run([str(CLI), "extraction", "retry-dead", "--database", url], capture_output=True,
+                             text=True, check=True, cwd=tmp_path)
+    assert json.loads(retried.stdout)["summary_steps_requeued"] == 1
+    opened = open_backend(url)
+    try:
+        assert opened.summaries().claim("w2", 60).request.step_id == first.step_id
+    finally:
+        opened.close()

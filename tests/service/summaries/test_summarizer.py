@@ -210,3 +210,18 @@ def test_summary_dataclass_is_what_callables_produce():
 
     summary = asyncio.run(CallableSummarizer(lambda p, m: "s", "c", max_tokens=10)(None, [HumanMessage("x")]))
     assert isinstance(summary, Summary) and summary.text == "s"
+
+
+def test_serve_refuses_to_start_with_a_summarizer_it_cannot_load(tmp_path):
+    import subprocess
+
+    from tests.support.server import CLI, free_port
+
+    result = subprocess.run(
+        [str(CLI), "serve", "--database", "memory://", "--port", str(free_port()), "--summarizer",
+         "nosuchprovider:some-model"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert "--summarizer 'nosuchprovider:some-model' cannot be initialized" in result.stderr
+    assert "Traceback" not in result.stderr
