@@ -520,10 +520,10 @@ class MemorySummaryBook:
                 return request, base["text"] if base is not None else None
         return None
 
-    def complete(self, thread_id: str, checkpoint_ns: str, step: str, text: str) -> bool:
-        """Store a step's summary unless it is done already; whether this call did."""
+    def complete(self, step: StepRequest, text: str) -> bool:
+        """Store a step's summary unless it is done already (compare-and-set); whether this call did."""
         with self._lock:
-            row = self._steps.get((thread_id, checkpoint_ns, step))
+            row = self._steps.get((step.thread_id, step.checkpoint_ns, step.step_id))
             if row is None or row["status"] != "pending":
                 return False
             row["status"], row["text"] = "done", text

@@ -371,7 +371,7 @@ class MemoryBook(MemorySummaryBook):
         return None
 
     def complete(self, step: StepRequest, text: str, **details: Any) -> bool:
-        done = super().complete(step.thread_id, step.checkpoint_ns, step.step_id, text)
+        done = super().complete(step, text)
         if done:
             with self._lock:
                 self._meta_of((step.thread_id, step.checkpoint_ns, step.step_id)).update(

@@ -44,7 +44,7 @@ def drain(book: MemorySummaryBook, summarize=fact_summarizer) -> int:
     done = 0
     while (found := book.next_step()) is not None:
         request, previous = found
-        assert book.complete(request.thread_id, request.checkpoint_ns, request.step_id, summarize(previous, request.batch))
+        assert book.complete(request, summarize(previous, request.batch))
         done += 1
     return done
 
