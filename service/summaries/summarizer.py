@@ -396,12 +396,18 @@ class SummaryWorker:
     # -- running -----------------------------------------------------------------------------------
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Summarize until ``stop`` is set; database errors are logged and retried, never raised."""
+        """Summarize until ``stop`` is set; database errors are logged and retried, never raised.
+
+        After a failed round the worker hands back the step it held (once the database answers again), so
+        the step is claimed again at once rather than after its lease; the summary still advances once.
+        """
         self._stop = stop
         errors = 0
         try:
             while not stop.is_set():
                 try:
+                    if errors:  # a round failed (the database went away): hand back what it held first
+                        self.book.release(self.worker_id)
                     busy = self.run_once()
                     if time.monotonic() >= self._next_orphan_sweep:
                         self._next_orphan_sweep = time.monotonic() + self.orphan_interval

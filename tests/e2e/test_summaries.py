@@ -216,3 +216,33 @@ def _held_by(database: str, pid: int) -> bool:
             "SELECT count(*) FROM reducing_saver_summaries WHERE status = 'pending' AND claimed_by LIKE %s",
             (f"%:{pid}:%",),
         ).fetchone()[0])
+
+
+def test_a_database_outage_mid_summary_loses_no_batch(tmp_path: Path, fresh_pg: str):
+    from tests.support.proxy import tcp_proxy
+
+    host, port = fresh_pg.split("@", 1)[1].split("/", 1)[0].split(":")
+    env = {"RS_TEST_SUMMARY_DELAY": "0.3"}
+    with tcp_proxy((host, int(port))) as proxy:
+        args = ["--database", proxy.url(fresh_pg), *WINDOW, "--summarizer", "tests.support.summarizers:flaky",
+                "--summary-lease-seconds", "60"]
+        with run_service(tmp_path, *args, env=env) as service, RemoteReducingSaver(service.url) as saver:
+            graph = build_chat_graph(saver, prefix="o", length=60, with_tools=True)
+            for n in range(20):
+                ask(graph, "t", n)
+            assert pending_steps(fresh_pg)  # the summarizer is mid-way (0.3 s a call)
+            proxy.cut()
+            time.sleep(3)
+            proxy.restore()
+            # The held step comes back long before its 60 s lease: the worker handed it back.
+            wait_summarized(fresh_pg, timeout=45)
+            ask(graph, "t", 20)
+            wait_summarized(fresh_pg, timeout=45)
+            window = graph.get_state({"configurable": {"thread_id": "t"}}).values["messages"]
+    summary = summary_in(window, "t")
+    seen = summary.content + "\n" + "\n".join(str(m.content) for m in window)
+    assert not [k for k in range(21) if fact(k) not in seen]
+    assert all(summary.content.count(fact(k)) <= 1 for k in range(21))
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        statuses = dict(conn.execute("SELECT status, count(*) FROM reducing_saver_summaries GROUP BY status").fetchall())
+    assert statuses.keys() == {"done"}
