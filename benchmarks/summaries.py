@@ -2,6 +2,7 @@
 against plain ``add_messages`` (the whole history), and what the summarizer itself costs.
 
     .venv/bin/python -m benchmarks.summaries [--turns 200] [--max-messages 20] [--min-messages 12]
+                                             [--agents 32 --agent-turns 50]
 
 Creates a PostgreSQL database of its own (dropped afterwards), starts ``reducing-saver serve`` on it with
 ``--summarizer benchmarks.summaries:summarize`` (a deterministic extractive summarizer, so the run needs no
@@ -10,6 +11,10 @@ on a plain ``InMemorySaver``, and prints one line (``--json`` for the figures). 
 ``FACT:`` line; the summarizer keeps those, so the summary grows until ``--summary-max-tokens`` caps it.
 Tokens are langchain_core's ``count_tokens_approximately`` of the list the chat node hands its model;
 the summarizer's are the service's own counters (``reducing_saver_summary_*_tokens_total``).
+
+``--agents N`` then runs N agents at once (threads, each its own thread id and client), not waiting for
+the summarizer, and samples the summary lag (messages awaiting a summary, the oldest batch's age) from
+``/metrics`` every 100 ms.
 """
 
 from __future__ import annotations
@@ -81,8 +86,96 @@ def _wait(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: int, server: str) -> dict[str, Any]:
+def _start(database: str, folder: str, port: int, args: list[str]) -> subprocess.Popen:
     import httpx
+
+    command = [str(Path(sys.executable).with_name("reducing-saver")), "serve", "--database", database, "--port",
+               str(port), "--summarizer", "benchmarks.summaries:summarize", "--log-level", "warning", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(Path(folder) / "service.log", "wb") as log:
+        service = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        if service.poll() is not None or time.monotonic() > deadline:
+            service.kill()
+            raise RuntimeError((Path(folder) / "service.log").read_text())
+        time.sleep(0.1)
+
+
+def run_lag(agents: int, turns: int, max_messages: int, min_messages: int, server: str) -> dict[str, Any]:
+    """N agents at once; the summary lag sampled while they talk, and how long the summarizer takes to
+    catch up once they stop."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reducing_saver.client import RemoteReducingSaver
+    from tests.support.server import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with scratch_database(server) as database, tempfile.TemporaryDirectory() as folder:
+        service = _start(database, folder, port, ["--max-messages", str(max_messages), "--min-messages",
+                                                  str(min_messages)])
+        try:
+            samples: list[tuple[float, float]] = []
+            done = threading.Event()
+
+            def sample() -> None:
+                while not done.wait(0.1):
+                    figures = _metrics(url)
+                    samples.append((figures.get("reducing_saver_summary_lag_messages", 0),
+                                    figures.get("reducing_saver_summary_oldest_pending_age_seconds", 0)))
+
+            def agent(index: int) -> None:
+                with RemoteReducingSaver(url) as saver:
+                    _converse(_graph(saver, []), turns, f"agent-{index}")
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            started = time.monotonic()
+            with ThreadPoolExecutor(agents) as pool:
+                list(pool.map(agent, range(agents)))
+            talking = time.monotonic() - started
+            done.set()
+            sampler.join()
+            stopped = time.monotonic()
+            _wait(url, timeout=300)
+            catch_up = time.monotonic() - stopped
+            counters = _metrics(url)
+        finally:
+            service.terminate()
+            service.wait(30)
+    lags = [lag for lag, _ in samples] or [0]
+    ages = [age for _, age in samples] or [0]
+    return {
+        "agents": agents,
+        "turns_per_agent": turns,
+        "turns_per_second": agents * turns / talking,
+        "lag_messages": {"mean": sum(lags) / len(lags), "max": max(lags)},
+        "oldest_pending_age_seconds": {"mean": sum(ages) / len(ages), "max": max(ages)},
+        "catch_up_seconds": catch_up,
+        "summarizer_calls": counters.get('reducing_saver_summary_calls_total{tenant=""}', 0),
+        "uncovered_cuts": counters.get('reducing_saver_summary_uncovered_cuts_total{tenant=""}', 0),
+    }
+
+
+def lag_line(result: dict[str, Any]) -> str:
+    return (
+        f"{result['agents']} agents x {result['turns_per_agent']} turns ({result['turns_per_second']:.0f} turns/s): "
+        f"messages awaiting a summary mean {result['lag_messages']['mean']:.0f}, max {result['lag_messages']['max']:.0f}; "
+        f"oldest batch waiting mean {result['oldest_pending_age_seconds']['mean']:.2f} s, max "
+        f"{result['oldest_pending_age_seconds']['max']:.2f} s; caught up {result['catch_up_seconds']:.1f} s after "
+        f"the agents stopped; {result['summarizer_calls']:.0f} summarizer calls, {result['uncovered_cuts']:.0f} "
+        "messages cut past the hard limit"
+    )
+
+
+def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: int, server: str) -> dict[str, Any]:
     from langgraph.checkpoint.memory import InMemorySaver
 
     from reducing_saver.client import RemoteReducingSaver
@@ -91,26 +184,9 @@ def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: in
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with scratch_database(server) as database, tempfile.TemporaryDirectory() as folder:
-        command = [
-            str(Path(sys.executable).with_name("reducing-saver")), "serve", "--database", database, "--port",
-            str(port), "--max-messages", str(max_messages), "--min-messages", str(min_messages),
-            "--summarizer", "benchmarks.summaries:summarize", "--summary-max-tokens", str(summary_max_tokens),
-            "--log-level", "warning",
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with open(Path(folder) / "service.log", "wb") as log:
-            service = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
+        service = _start(database, folder, port, ["--max-messages", str(max_messages), "--min-messages",
+                                                  str(min_messages), "--summary-max-tokens", str(summary_max_tokens)])
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if service.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((Path(folder) / "service.log").read_text())
-                time.sleep(0.1)
             with_service: list[int] = []
             with RemoteReducingSaver(url) as saver:
                 # Each turn waits for the summarizer: the figure is the steady state, not the lag.
@@ -160,12 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-messages", type=int, default=12)
     parser.add_argument("--summary-max-tokens", type=int, default=800)
     parser.add_argument("--server", default=DEFAULT_SERVER, help="PostgreSQL server URL without a database")
+    parser.add_argument("--agents", type=int, default=0, help="then run this many agents at once (lag)")
+    parser.add_argument("--agent-turns", type=int, default=50)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args(argv)
     result = run(args.turns, args.max_messages, args.min_messages, args.summary_max_tokens, args.server)
     print(line(result))
     if args.json:
         print(json.dumps(result))
+    if args.agents:
+        lag = run_lag(args.agents, args.agent_turns, args.max_messages, args.min_messages, args.server)
+        print(lag_line(lag))
+        if args.json:
+            print(json.dumps(lag))
     return 0
 
 
