@@ -66,6 +66,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--summary-hard-limit": "summary_hard_limit",
     "--summarize-tenants": "summarize_tenants",
     "--summary-lease-seconds": "summary_lease_seconds",
+    "--summary-concurrency": "summary_concurrency",
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
@@ -82,6 +83,7 @@ WORKER_FLAGS: dict[str, str] = {
         "--summary-max-input-tokens",
         "--summary-max-tokens",
         "--summary-lease-seconds",
+        "--summary-concurrency",
         "--log-level",
         "--log-format",
     )

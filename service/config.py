@@ -199,6 +199,9 @@ class SummarySettings(BaseModel):
     summary_lease_seconds: float = Field(
         300.0, gt=0, description="How long a summarizer holds a batch (a crashed one's batch returns after it)."
     )
+    summary_concurrency: int = Field(
+        1, ge=1, le=64, description="Summarizer calls a process makes at once (batches of different threads)."
+    )
 
 
 class SweepSettings(BaseModel):

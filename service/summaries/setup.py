@@ -46,11 +46,11 @@ class RunningSummaries:
             on_uncovered=self._uncovered,
             on_request=self._wake,
         )
-        self.worker: SummaryWorker | None = None
+        self.workers: list[SummaryWorker] = []
 
     def _wake(self, thread_id: str) -> None:
-        if self.worker is not None:
-            self.worker.wake()
+        for worker in self.workers:
+            worker.wake()
 
     def _uncovered(self, thread_id: str, count: int) -> None:
         logger.warning(
@@ -60,26 +60,31 @@ class RunningSummaries:
         if self.metrics is not None:
             self.metrics.cut_uncovered(tenant_of(thread_id, self.tenant_mode), count)
 
-    def start(self) -> SummaryWorker:
-        """Summarize in a background thread of this process."""
+    def start(self) -> list[SummaryWorker]:
+        """Summarize in background threads of this process, ``summary_concurrency`` calls at once."""
         settings = self.settings
-        self.worker = SummaryWorker(
-            self.book,
-            self.summarizer,
-            store=self.backend.store(),
-            tenant_mode=self.tenant_mode,
-            metrics=self.metrics,
-            lease_seconds=settings.summary_lease_seconds,
-            max_attempts=settings.extraction_max_attempts,
-            base_backoff=settings.extraction_base_backoff,
-            max_backoff=settings.extraction_max_backoff,
-            idle_sleep=min(settings.extraction_idle_seconds, 0.5),
-        )
-        self.worker.start()
-        logger.info("running summaries started (%s, %s)", self.summarizer.name, self.worker.worker_id)
-        return self.worker
+        store = self.backend.store()
+        for _ in range(settings.summary_concurrency):
+            worker = SummaryWorker(
+                self.book,
+                self.summarizer,
+                store=store,
+                tenant_mode=self.tenant_mode,
+                metrics=self.metrics,
+                lease_seconds=settings.summary_lease_seconds,
+                max_attempts=settings.extraction_max_attempts,
+                base_backoff=settings.extraction_base_backoff,
+                max_backoff=settings.extraction_max_backoff,
+                idle_sleep=min(settings.extraction_idle_seconds, 0.5),
+            )
+            worker.start()
+            self.workers.append(worker)
+        logger.info("running summaries started (%s, %d at once)", self.summarizer.name, len(self.workers))
+        return self.workers
 
     def close(self, timeout: float = 30.0) -> None:
-        if self.worker is not None:
-            self.worker.stop(timeout)
-            self.worker = None
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            worker.stop(0)  # all of them are told first, then waited for
+        for worker in workers:
+            worker.stop(timeout)

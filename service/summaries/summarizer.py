@@ -441,12 +441,14 @@ class SummaryWorker:
         return self._thread
 
     def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the thread :meth:`start` began, waiting at most ``timeout`` seconds for the call in hand."""
         if self._stop is not None:
             self._stop.set()
         self._wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     def release(self) -> None:
         try:

@@ -52,7 +52,7 @@ def window(graph, thread: str) -> list:
 
 def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, database: str):
     args = ["--database", database, "--max-messages", "6", "--min-messages", "4",
-            "--summarizer", "tests.support.summarizers:async_facts"]
+            "--summarizer", "tests.support.summarizers:async_facts", "--summary-concurrency", "3"]
     with run_service(tmp_path, *args) as service, RemoteReducingSaver(service.url) as saver:
         graph = build_chat_graph(saver, prefix="b", length=40, with_tools=True)
         for n in range(15):
