@@ -351,6 +351,16 @@ class Settings(
         return value
 
     @model_validator(mode="after")
+    def _check_summary_hard_limit(self) -> Settings:
+        hard, window = self.summary_hard_limit, self.max_messages
+        if hard is not None and window is not None and hard <= window:
+            raise ValueError(
+                f"summary_hard_limit ({hard}) must be above max_messages ({window}): a window waits for its "
+                "summary between the two"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_reducer(self) -> Settings:
         try:
             self.reducer_config()
