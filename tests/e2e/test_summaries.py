@@ -82,6 +82,10 @@ def test_200_turns_forget_no_fact_and_every_window_suits_the_providers(tmp_path:
             anthropic._get_request_payload(window)
             openai._get_request_payload(window)
             tokens.append(count_tokens_approximately(window))
+            # The summary stays under its cap (800 tokens, the default, and its prefix); the rest of the window
+            # under the hard limit's count (below).
+            if summary is not None:
+                assert count_tokens_approximately([summary]) <= 800 + count_tokens_approximately([SUMMARY_PREFIX])
             sizes.append(len(window))
         summary = summary_in(graph.get_state(config).values["messages"], "t")
         assert summary.additional_kwargs[MARK_KEY]["version"] > 20
