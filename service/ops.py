@@ -373,6 +373,11 @@ def extraction_status(service: Service) -> dict[str, Any]:
         "retention_seconds": service.settings.outbox_retention,
         "purging": sweeper is not None and sweeper.running,
         "purged_by_this_process": purged,
+        "summaries": (
+            service.running_summaries.book.status(thread_prefix=_scope(service).prefix)
+            if service.running_summaries is not None
+            else None
+        ),
     }
 
 

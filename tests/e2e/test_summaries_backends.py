@@ -66,6 +66,8 @@ def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, da
         seen = "\n".join(str(m.content) for m in messages)
         assert all(f"FACT: t {n}" in seen for n in range(16))
         assert metric(service.url, 'reducing_saver_summary_calls_total{tenant=""}') >= 3
+        status = httpx.get(f"{service.url}/v1/extraction/status", timeout=5).json()["summaries"]
+        assert status["done_steps"] >= 3 and status["dead_steps"] == 0
 
         # A copy carries the summary on: its steps were copied, so the copied summary is accepted, and the
         # next rewrite gives it the copy's own id.
@@ -110,6 +112,9 @@ def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tm
         assert "FACT: t 0" in acme_window[0].content
         assert not any(m.additional_kwargs.get("lc_source") for m in globex_window)
         assert len(globex_window) <= 6  # reduced as without summaries
+        headers = {"Authorization": "Bearer globex-key"}
+        status = httpx.get(f"{service.url}/v1/extraction/status", headers=headers, timeout=5).json()
+        assert status["summaries"]["done_steps"] == 0  # globex sees its own threads only: none summarized
         text = metrics_text(service.url, "acme-key")
         assert 'reducing_saver_summary_calls_total{tenant="acme"}' in text and 'tenant="globex"' not in text
         # The summary is in the tenant's store too, and only there.

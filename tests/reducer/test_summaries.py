@@ -334,3 +334,16 @@ def test_an_agent_running_langchains_summarization_middleware_is_left_alone():
     assert len(theirs) == 1 and theirs[0].id != summary_message_id("t", "")
     assert window[0] is theirs[0]  # kept in the head: the reducer never cuts it
     assert book.next_step() is None  # the service summarized nothing of that thread
+
+
+async def test_the_async_path_summarizes_the_same_way():
+    saver, book = make_saver()
+    graph = build_chat_graph(saver, length=40)
+    config = {"configurable": {"thread_id": "t"}}
+    for n in range(10):
+        await graph.ainvoke({"messages": [HumanMessage(f"FACT: fact {n}", id=f"h-{n:04d}")]}, config)
+        drain(book)
+    window = (await graph.aget_state(config)).values["messages"]
+    summary = summary_of(window)
+    assert window[0] is summary and "FACT: fact 0" in summary.content
+    assert not api_window_problems(window)
