@@ -50,7 +50,9 @@ def _graph(checkpointer: Any, sent: list[int]) -> Any:
     def bot(state: MessagesState) -> dict[str, list[AIMessage]]:
         sent.append(count_tokens_approximately(state["messages"]))  # what a model would be sent
         turn = len(sent)
-        return {"messages": [AIMessage(f"FACT: answer {turn} is {text(f'a{turn}', 24)}\n{text(f'ai-{turn}')}")]}
+        return {
+            "messages": [AIMessage(f"FACT: answer {turn} is {text(f'a{turn}', 24)}\n{text(f'ai-{turn}')}")]
+        }
 
     builder = StateGraph(MessagesState)
     builder.add_node("bot", bot)
@@ -63,8 +65,14 @@ def _converse(graph: Any, turns: int, thread: str, after_turn: Any = None) -> No
 
     config = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
-        graph.invoke({"messages": [HumanMessage(f"FACT: user fact {turn} is {text(f'u{turn}', 24)}\n"
-                                                f"{text(f'user-{turn}')}")]}, config)
+        graph.invoke(
+            {
+                "messages": [
+                    HumanMessage(f"FACT: user fact {turn} is {text(f'u{turn}', 24)}\n{text(f'user-{turn}')}")
+                ]
+            },
+            config,
+        )
         if after_turn is not None:
             after_turn()
 
@@ -89,8 +97,19 @@ def _wait(url: str, timeout: float = 60.0) -> None:
 def _start(database: str, folder: str, port: int, args: list[str]) -> subprocess.Popen:
     import httpx
 
-    command = [str(Path(sys.executable).with_name("reducing-saver")), "serve", "--database", database, "--port",
-               str(port), "--summarizer", "benchmarks.summaries:summarize", "--log-level", "warning", *args]
+    command = [
+        str(Path(sys.executable).with_name("reducing-saver")),
+        "serve",
+        "--database",
+        database,
+        "--port",
+        str(port),
+        "--summarizer",
+        "benchmarks.summaries:summarize",
+        "--log-level",
+        "warning",
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(Path(folder) / "service.log", "wb") as log:
         service = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
@@ -119,8 +138,9 @@ def run_lag(agents: int, turns: int, max_messages: int, min_messages: int, serve
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with scratch_database(server) as database, tempfile.TemporaryDirectory() as folder:
-        service = _start(database, folder, port, ["--max-messages", str(max_messages), "--min-messages",
-                                                  str(min_messages)])
+        service = _start(
+            database, folder, port, ["--max-messages", str(max_messages), "--min-messages", str(min_messages)]
+        )
         try:
             samples: list[tuple[float, float]] = []
             done = threading.Event()
@@ -128,8 +148,12 @@ def run_lag(agents: int, turns: int, max_messages: int, min_messages: int, serve
             def sample() -> None:
                 while not done.wait(0.1):
                     figures = _metrics(url)
-                    samples.append((figures.get("reducing_saver_summary_lag_messages", 0),
-                                    figures.get("reducing_saver_summary_oldest_pending_age_seconds", 0)))
+                    samples.append(
+                        (
+                            figures.get("reducing_saver_summary_lag_messages", 0),
+                            figures.get("reducing_saver_summary_oldest_pending_age_seconds", 0),
+                        )
+                    )
 
             def agent(index: int) -> None:
                 with RemoteReducingSaver(url) as saver:
@@ -175,7 +199,9 @@ def lag_line(result: dict[str, Any]) -> str:
     )
 
 
-def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: int, server: str) -> dict[str, Any]:
+def run(
+    turns: int, max_messages: int, min_messages: int, summary_max_tokens: int, server: str
+) -> dict[str, Any]:
     from langgraph.checkpoint.memory import InMemorySaver
 
     from reducing_saver.client import RemoteReducingSaver
@@ -184,8 +210,19 @@ def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: in
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with scratch_database(server) as database, tempfile.TemporaryDirectory() as folder:
-        service = _start(database, folder, port, ["--max-messages", str(max_messages), "--min-messages",
-                                                  str(min_messages), "--summary-max-tokens", str(summary_max_tokens)])
+        service = _start(
+            database,
+            folder,
+            port,
+            [
+                "--max-messages",
+                str(max_messages),
+                "--min-messages",
+                str(min_messages),
+                "--summary-max-tokens",
+                str(summary_max_tokens),
+            ],
+        )
         try:
             with_service: list[int] = []
             with RemoteReducingSaver(url) as saver:
@@ -216,7 +253,11 @@ def run(turns: int, max_messages: int, min_messages: int, summary_max_tokens: in
 
 
 def line(result: dict[str, Any]) -> str:
-    mean, last, cost = result["agent_tokens_per_turn_mean"], result["agent_tokens_last_turn"], result["summarizer"]
+    mean, last, cost = (
+        result["agent_tokens_per_turn_mean"],
+        result["agent_tokens_last_turn"],
+        result["summarizer"],
+    )
     total_service = mean["service"] + cost["tokens_per_turn"]
     return (
         f"{result['turns']} turns, window {result['window'][0]}/{result['window'][1]}: the agent's model is sent "

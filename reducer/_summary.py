@@ -250,7 +250,9 @@ class Summaries:
             additional_kwargs={"lc_source": SUMMARY_SOURCE, MARK_KEY: state.mark()},
         )
 
-    def _read(self, messages: Sequence[Any], system: int, thread_id: str, checkpoint_ns: str) -> WindowSummary:
+    def _read(
+        self, messages: Sequence[Any], system: int, thread_id: str, checkpoint_ns: str
+    ) -> WindowSummary:
         """The state the window's summary message records, verified; empty when there is none.
 
         Raises:
@@ -264,7 +266,9 @@ class Summaries:
             return WindowSummary()
         where = f"message id {message_field(messages[places[0]], 'id')!r} is the service's running summary"
         if places != [system]:
-            raise SummaryForgeryError(f"{where}; it appears only once, right after the leading system messages")
+            raise SummaryForgeryError(
+                f"{where}; it appears only once, right after the leading system messages"
+            )
         return self._verify(messages[system], thread_id, checkpoint_ns)
 
     def check_written(self, messages: Sequence[Any], *, thread_id: str, checkpoint_ns: str) -> None:
@@ -288,7 +292,11 @@ class Summaries:
             raise SummaryForgeryError(f"{where}; a message of the client's own may not use it")
         state = WindowSummary.from_mark(mark)
         content = message_field(message, "content")
-        cache_key = (thread_id, checkpoint_ns, hashlib.sha256(orjson.dumps([mark, content], default=str)).hexdigest())
+        cache_key = (
+            thread_id,
+            checkpoint_ns,
+            hashlib.sha256(orjson.dumps([mark, content], default=str)).hexdigest(),
+        )
         with self._lock:
             if cache_key in self._verified:
                 self._verified.move_to_end(cache_key)
@@ -514,8 +522,14 @@ class MemorySummaryBook:
                     if base is None or base["status"] != "done":
                         continue
                 request = StepRequest(
-                    row["thread_id"], row["checkpoint_ns"], row["step_id"], row["base_step"], row["version"],
-                    row["keys"], list(row["batch"]), row["covered"],
+                    row["thread_id"],
+                    row["checkpoint_ns"],
+                    row["step_id"],
+                    row["base_step"],
+                    row["version"],
+                    row["keys"],
+                    list(row["batch"]),
+                    row["covered"],
                 )
                 return request, base["text"] if base is not None else None
         return None
@@ -532,6 +546,11 @@ class MemorySummaryBook:
 
 def _info(row: Mapping[str, Any]) -> StepInfo:
     return StepInfo(
-        row["step_id"], row["base_step"], row["version"], tuple(row["keys"]), row["status"], row["covered"],
+        row["step_id"],
+        row["base_step"],
+        row["version"],
+        tuple(row["keys"]),
+        row["status"],
+        row["covered"],
         row["text"],
     )

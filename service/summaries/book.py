@@ -173,7 +173,9 @@ class SqlSummaryBook:
             previous = None
             if row["base_step"] != ROOT:
                 cur.execute(
-                    self._sql(f"SELECT text FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?"),
+                    self._sql(
+                        f"SELECT text FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?"
+                    ),
                     (row["thread_id"], row["checkpoint_ns"], row["base_step"]),
                 )
                 previous = cur.fetchone()["text"]
@@ -223,7 +225,9 @@ class SqlSummaryBook:
 
     def fail(self, worker_id: str, step: StepRequest, error: str, *, retry_at: float | None = None) -> bool:
         """A failed attempt: retry at ``retry_at`` (epoch seconds), or a dead letter without it."""
-        sets = "available_at = ?, last_error = ?" if retry_at is not None else "status = 'dead', last_error = ?"
+        sets = (
+            "available_at = ?, last_error = ?" if retry_at is not None else "status = 'dead', last_error = ?"
+        )
         params = (retry_at, error_text(error)) if retry_at is not None else (error_text(error),)
         with self._tx() as cur:
             cur.execute(
@@ -266,7 +270,8 @@ class SqlSummaryBook:
             (len(thread_prefix), thread_prefix, limit),
         )
         return [
-            DeadStep(r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"]) for r in rows
+            DeadStep(r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"])
+            for r in rows
         ]
 
     def status(self, *, thread_prefix: str = "") -> dict[str, Any]:
@@ -338,8 +343,15 @@ class MemoryBook(MemorySummaryBook):
 
     def _meta_of(self, key: tuple[str, str, str]) -> dict[str, Any]:
         return self._meta.setdefault(
-            key, {"attempts": 0, "available_at": 0.0, "lease_until": None, "claimed_by": None,
-                  "last_error": None, "created_at": time.time()}
+            key,
+            {
+                "attempts": 0,
+                "available_at": 0.0,
+                "lease_until": None,
+                "claimed_by": None,
+                "last_error": None,
+                "created_at": time.time(),
+            },
         )
 
     def request(self, step: StepRequest) -> None:
@@ -362,10 +374,18 @@ class MemoryBook(MemorySummaryBook):
                     if base is None or base["status"] != "done":
                         continue
                     previous = base["text"]
-                meta.update(claimed_by=worker_id, lease_until=now + lease_seconds, attempts=meta["attempts"] + 1)
+                meta.update(
+                    claimed_by=worker_id, lease_until=now + lease_seconds, attempts=meta["attempts"] + 1
+                )
                 request = StepRequest(
-                    key[0], key[1], row["step_id"], row["base_step"], row["version"], tuple(row["keys"]),
-                    orjson.loads(batch_data(row["batch"])), row["covered"],
+                    key[0],
+                    key[1],
+                    row["step_id"],
+                    row["base_step"],
+                    row["version"],
+                    tuple(row["keys"]),
+                    orjson.loads(batch_data(row["batch"])),
+                    row["covered"],
                 )
                 return ClaimedStep(request, previous, meta["attempts"])
         return None
@@ -454,7 +474,8 @@ class MemoryBook(MemorySummaryBook):
         cutoff = time.time() - grace_seconds
         with self._lock:
             gone = [
-                k for k in self._order
+                k
+                for k in self._order
                 if self._meta_of(k)["created_at"] < cutoff and not self._has_checkpoints(k[0], k[1])
             ]
             for key in gone:
@@ -465,4 +486,3 @@ class MemoryBook(MemorySummaryBook):
 
     def close(self) -> None:
         pass
-

@@ -31,24 +31,34 @@ class SummaryMetrics:
         self._tenants: set[str] = set()
         self._lock = threading.Lock()
         self.calls = Counter(
-            "reducing_saver_summary_calls", "Summarizer calls that returned a summary, by tenant.", ("tenant",),
+            "reducing_saver_summary_calls",
+            "Summarizer calls that returned a summary, by tenant.",
+            ("tenant",),
             registry=registry,
         )
         self.failures = Counter(
-            "reducing_saver_summary_failures", "Summarizer calls that failed (retried, then dead letters).",
-            ("tenant",), registry=registry,
+            "reducing_saver_summary_failures",
+            "Summarizer calls that failed (retried, then dead letters).",
+            ("tenant",),
+            registry=registry,
         )
         self.input_tokens = Counter(
-            "reducing_saver_summary_input_tokens", "Tokens sent to the summarizer (its usage report, else "
-            "counted approximately).", ("tenant",), registry=registry,
+            "reducing_saver_summary_input_tokens",
+            "Tokens sent to the summarizer (its usage report, else counted approximately).",
+            ("tenant",),
+            registry=registry,
         )
         self.output_tokens = Counter(
-            "reducing_saver_summary_output_tokens", "Tokens of the summaries written.", ("tenant",),
+            "reducing_saver_summary_output_tokens",
+            "Tokens of the summaries written.",
+            ("tenant",),
             registry=registry,
         )
         self.uncovered = Counter(
-            "reducing_saver_summary_uncovered_cuts", "Messages cut past the hard limit before a summary "
-            "covered them (summarized later).", ("tenant",), registry=registry,
+            "reducing_saver_summary_uncovered_cuts",
+            "Messages cut past the hard limit before a summary covered them (summarized later).",
+            ("tenant",),
+            registry=registry,
         )
         registry.register(_LagCollector(book))
 
@@ -87,9 +97,17 @@ class _LagCollector(Collector):
             logger.exception("reading the summary book for /metrics failed")
             return
         for name, key, help_text in (
-            ("lag_messages", "messages_awaiting_summary", "Cut messages awaiting a summary (still in windows)."),
+            (
+                "lag_messages",
+                "messages_awaiting_summary",
+                "Cut messages awaiting a summary (still in windows).",
+            ),
             ("pending_steps", "pending_steps", "Batches awaiting a summary."),
-            ("dead_steps", "dead_steps", "Batches whose summary failed every attempt (retry-dead re-runs them)."),
+            (
+                "dead_steps",
+                "dead_steps",
+                "Batches whose summary failed every attempt (retry-dead re-runs them).",
+            ),
         ):
             yield GaugeMetricFamily(f"reducing_saver_summary_{name}", help_text, value=status[key])
         yield GaugeMetricFamily(

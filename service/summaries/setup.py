@@ -55,7 +55,9 @@ class RunningSummaries:
     def _uncovered(self, thread_id: str, count: int) -> None:
         logger.warning(
             "thread %r: %d message(s) cut past the summary hard limit before a summary covered them; they are "
-            "summarized when the summarizer catches up", thread_id, count,
+            "summarized when the summarizer catches up",
+            thread_id,
+            count,
         )
         if self.metrics is not None:
             self.metrics.cut_uncovered(tenant_of(thread_id, self.tenant_mode), count)

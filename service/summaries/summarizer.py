@@ -100,9 +100,13 @@ def as_messages(batch: Sequence[Any]) -> list[BaseMessage]:
 
 def _text(message: BaseMessage) -> str:
     """A message's text, tool calls and tool results included."""
-    parts = [message.text if hasattr(message, "text") and isinstance(message.text, str) else str(message.content)]
+    parts = [
+        message.text if hasattr(message, "text") and isinstance(message.text, str) else str(message.content)
+    ]
     for call in getattr(message, "tool_calls", None) or ():
-        parts.append(f"[calls tool {call.get('name')} with {orjson.dumps(call.get('args'), default=str).decode()}]")
+        parts.append(
+            f"[calls tool {call.get('name')} with {orjson.dumps(call.get('args'), default=str).decode()}]"
+        )
     return "\n".join(p for p in parts if p)
 
 
@@ -162,7 +166,9 @@ class ModelSummarizer:
             previous, messages, max_input_tokens=self.max_input_tokens, max_tokens=self.max_tokens
         )
         answer = await self.model.ainvoke(prompt)
-        text = cap_output(answer.text if isinstance(answer.text, str) else str(answer.content), self.max_tokens)
+        text = cap_output(
+            answer.text if isinstance(answer.text, str) else str(answer.content), self.max_tokens
+        )
         usage = getattr(answer, "usage_metadata", None) or {}
         return Summary(
             text=text.strip(),
@@ -197,7 +203,9 @@ class CallableSummarizer:
         )
 
 
-def load_summarizer(spec: str, *, max_input_tokens: int, max_tokens: int) -> ModelSummarizer | CallableSummarizer:
+def load_summarizer(
+    spec: str, *, max_input_tokens: int, max_tokens: int
+) -> ModelSummarizer | CallableSummarizer:
     """What ``--summarizer SPEC`` names.
 
     ``module:attribute`` when such a module exists and holds the attribute (a dotted module part is always
@@ -339,8 +347,12 @@ class SummaryWorker:
         ):
             self._publish(step, summary)
         else:
-            logger.info("%s: step %s of thread %r was summarized elsewhere first; this result is dropped",
-                        self.worker_id, step.step_id, step.thread_id)
+            logger.info(
+                "%s: step %s of thread %r was summarized elsewhere first; this result is dropped",
+                self.worker_id,
+                step.step_id,
+                step.thread_id,
+            )
         return True
 
     def _failed(self, claimed: ClaimedStep, exc: Exception, tenant: str | None) -> None:
@@ -349,12 +361,22 @@ class SummaryWorker:
         if self.metrics is not None:
             self.metrics.failed(tenant)
         if claimed.attempts >= self.max_attempts:
-            logger.error("summary step %s of thread %r is a dead letter after %d attempt(s): %s",
-                         step.step_id, step.thread_id, claimed.attempts, error)
+            logger.error(
+                "summary step %s of thread %r is a dead letter after %d attempt(s): %s",
+                step.step_id,
+                step.thread_id,
+                claimed.attempts,
+                error,
+            )
             self.book.fail(self.worker_id, step, f"gave up after {claimed.attempts} attempt(s): {error}")
             return
-        logger.warning("summarizer failed on step %s of thread %r (attempt %d): %s",
-                       step.step_id, step.thread_id, claimed.attempts, error)
+        logger.warning(
+            "summarizer failed on step %s of thread %r (attempt %d): %s",
+            step.step_id,
+            step.thread_id,
+            claimed.attempts,
+            error,
+        )
         self.book.fail(self.worker_id, step, error, retry_at=time.time() + self.backoff(claimed.attempts))
 
     def backoff(self, attempts: int) -> float:

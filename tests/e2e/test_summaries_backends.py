@@ -42,8 +42,10 @@ def wait_summarized(url: str, timeout: float = 30.0) -> None:
 
 
 def ask(graph, thread: str, n: int) -> None:
-    graph.invoke({"messages": [HumanMessage(f"FACT: {thread} {n}\nquestion", id=f"{thread}-h-{n}")]},
-                 {"configurable": {"thread_id": thread}})
+    graph.invoke(
+        {"messages": [HumanMessage(f"FACT: {thread} {n}\nquestion", id=f"{thread}-h-{n}")]},
+        {"configurable": {"thread_id": thread}},
+    )
 
 
 def window(graph, thread: str) -> list:
@@ -51,8 +53,18 @@ def window(graph, thread: str) -> list:
 
 
 def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, database: str):
-    args = ["--database", database, "--max-messages", "6", "--min-messages", "4",
-            "--summarizer", "tests.support.summarizers:async_facts", "--summary-concurrency", "3"]
+    args = [
+        "--database",
+        database,
+        "--max-messages",
+        "6",
+        "--min-messages",
+        "4",
+        "--summarizer",
+        "tests.support.summarizers:async_facts",
+        "--summary-concurrency",
+        "3",
+    ]
     with run_service(tmp_path, *args) as service, RemoteReducingSaver(service.url) as saver:
         graph = build_chat_graph(saver, prefix="b", length=40, with_tools=True)
         for n in range(15):
@@ -62,7 +74,9 @@ def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, da
         messages = window(graph, "t")
         assert not api_window_problems(messages)
         summary = messages[0]
-        assert summary.id == summary_message_id("t", "") and summary.additional_kwargs[MARK_KEY]["version"] >= 3
+        assert (
+            summary.id == summary_message_id("t", "") and summary.additional_kwargs[MARK_KEY]["version"] >= 3
+        )
         seen = "\n".join(str(m.content) for m in messages)
         assert all(f"FACT: t {n}" in seen for n in range(16))
         assert metric(service.url, 'reducing_saver_summary_calls_total{tenant=""}') >= 3
@@ -91,13 +105,27 @@ def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tm
     from reducing_saver.client import RemoteStore
 
     keys = {"REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key"}
-    args = ["--database", f"sqlite:///{tmp_path}/service.sqlite", "--max-messages", "6", "--min-messages", "4",
-            "--summarizer", "tests.support.summarizers:facts", "--summarize-tenants", "acme"]
-    with run_service(tmp_path, *args, env=keys) as service, \
-            RemoteReducingSaver(service.url, api_key="acme-key") as acme, \
-            RemoteReducingSaver(service.url, api_key="globex-key") as globex:
-        graphs = {"acme": build_chat_graph(acme, prefix="a", length=40),
-                  "globex": build_chat_graph(globex, prefix="g", length=40)}
+    args = [
+        "--database",
+        f"sqlite:///{tmp_path}/service.sqlite",
+        "--max-messages",
+        "6",
+        "--min-messages",
+        "4",
+        "--summarizer",
+        "tests.support.summarizers:facts",
+        "--summarize-tenants",
+        "acme",
+    ]
+    with (
+        run_service(tmp_path, *args, env=keys) as service,
+        RemoteReducingSaver(service.url, api_key="acme-key") as acme,
+        RemoteReducingSaver(service.url, api_key="globex-key") as globex,
+    ):
+        graphs = {
+            "acme": build_chat_graph(acme, prefix="a", length=40),
+            "globex": build_chat_graph(globex, prefix="g", length=40),
+        }
         for n in range(10):
             for graph in graphs.values():
                 ask(graph, "t", n)

@@ -40,9 +40,12 @@ def flaky(previous: str | None, messages: list[BaseMessage]) -> str:
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS summarizer_calls (pid integer, first_key text, n integer)")
             conn.execute(
-                "INSERT INTO summarizer_calls VALUES (%s, %s, %s)", (os.getpid(), messages[0].id, len(messages))
+                "CREATE TABLE IF NOT EXISTS summarizer_calls (pid integer, first_key text, n integer)"
+            )
+            conn.execute(
+                "INSERT INTO summarizer_calls VALUES (%s, %s, %s)",
+                (os.getpid(), messages[0].id, len(messages)),
             )
     return text
 

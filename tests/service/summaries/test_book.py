@@ -29,7 +29,9 @@ def backend(request, tmp_path):
 
 def step(base: str | None, keys: list[str], thread: str = "t", ns: str = "", version: int = 1) -> StepRequest:
     batch = [HumanMessage(f"FACT: {k}\x00nul", id=k) for k in keys]
-    return StepRequest(thread, ns, step_id(base, keys), base, version, tuple(keys), batch, version * len(keys))
+    return StepRequest(
+        thread, ns, step_id(base, keys), base, version, tuple(keys), batch, version * len(keys)
+    )
 
 
 def test_request_is_idempotent_and_children_are_found_by_base(backend):
@@ -121,11 +123,21 @@ def test_retry_dead_on_the_command_line_sends_dead_batches_back(tmp_path):
     book.request(first)
     book.fail("w", book.claim("w", 60).request, "model gone")
     opened.close()
-    status = subprocess.run([str(CLI), "extraction", "status", "--database", url], capture_output=True,
-                            text=True, check=True, cwd=tmp_path)
+    status = subprocess.run(
+        [str(CLI), "extraction", "status", "--database", url],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     assert json.loads(status.stdout)["summaries"]["dead_steps"] == 1
-    retried = subprocess.run([str(CLI), "extraction", "retry-dead", "--database", url], capture_output=True,
-                             text=True, check=True, cwd=tmp_path)
+    retried = subprocess.run(
+        [str(CLI), "extraction", "retry-dead", "--database", url],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     assert json.loads(retried.stdout)["summary_steps_requeued"] == 1
     opened = open_backend(url)
     try:

@@ -16,8 +16,8 @@ from reducing_saver.service.summaries.book import MemoryBook
 from reducing_saver.service.summaries.summarizer import (
     CallableSummarizer,
     ModelSummarizer,
-    Summary,
     SummarizerError,
+    Summary,
     SummaryWorker,
     build_prompt,
     load_summarizer,
@@ -26,10 +26,14 @@ from reducing_saver.service.summaries.summarizer import (
 
 
 def test_module_attribute_names_a_callable_or_a_chat_model():
-    assert isinstance(load_summarizer("tests.support.summarizers:facts", max_input_tokens=1000, max_tokens=100),
-                      CallableSummarizer)
-    assert isinstance(load_summarizer("tests.support.summarizers:chat_model", max_input_tokens=1000, max_tokens=100),
-                      ModelSummarizer)
+    assert isinstance(
+        load_summarizer("tests.support.summarizers:facts", max_input_tokens=1000, max_tokens=100),
+        CallableSummarizer,
+    )
+    assert isinstance(
+        load_summarizer("tests.support.summarizers:chat_model", max_input_tokens=1000, max_tokens=100),
+        ModelSummarizer,
+    )
     with pytest.raises(SummarizerError, match="is a int"):
         load_summarizer("tests.support.summarizers:not_callable", max_input_tokens=1000, max_tokens=100)
     with pytest.raises(SummarizerError, match="cannot be imported"):
@@ -103,8 +107,16 @@ def _requests(n: int) -> list[StepRequest]:
     steps, base = [], None
     for i in range(n):
         keys = [f"m{i}"]
-        request = StepRequest("t", "", step_id(base, keys), base, i + 1, tuple(keys),
-                              [HumanMessage(f"FACT: {i}", id=f"m{i}")], i + 1)
+        request = StepRequest(
+            "t",
+            "",
+            step_id(base, keys),
+            base,
+            i + 1,
+            tuple(keys),
+            [HumanMessage(f"FACT: {i}", id=f"m{i}")],
+            i + 1,
+        )
         steps.append(request)
         base = request.step_id
     return steps
@@ -123,8 +135,14 @@ def test_a_summarizer_failing_30_percent_advances_every_batch_once_in_order():
         calls.append(int(messages[0].id[1:]))
         return "\n".join(filter(None, [previous, messages[0].content]))
 
-    worker = SummaryWorker(book, CallableSummarizer(flaky, "flaky", max_tokens=10_000), max_attempts=50,
-                           base_backoff=0, max_backoff=0, rng=random.Random(1))
+    worker = SummaryWorker(
+        book,
+        CallableSummarizer(flaky, "flaky", max_tokens=10_000),
+        max_attempts=50,
+        base_backoff=0,
+        max_backoff=0,
+        rng=random.Random(1),
+    )
     while worker.run_once():
         pass
     worker.release()
@@ -145,8 +163,9 @@ def test_a_batch_summarized_twice_advances_the_summary_once():
         return "summary"
 
     def run(worker_id):
-        worker = SummaryWorker(book, CallableSummarizer(slow, "slow", max_tokens=100), worker_id=worker_id,
-                               lease_seconds=0.001)
+        worker = SummaryWorker(
+            book, CallableSummarizer(slow, "slow", max_tokens=100), worker_id=worker_id, lease_seconds=0.001
+        )
         results.append(worker.run_once())
         worker.release()
 
@@ -172,8 +191,13 @@ def test_dead_letters_after_max_attempts_then_retry_dead():
     def broken(previous, messages):
         raise RuntimeError("no model")
 
-    worker = SummaryWorker(book, CallableSummarizer(broken, "broken", max_tokens=100), max_attempts=3,
-                           base_backoff=0, max_backoff=0)
+    worker = SummaryWorker(
+        book,
+        CallableSummarizer(broken, "broken", max_tokens=100),
+        max_attempts=3,
+        base_backoff=0,
+        max_backoff=0,
+    )
     while worker.run_once():
         pass
     assert book.status()["dead_steps"] == 1
@@ -191,12 +215,24 @@ def test_the_summary_is_written_to_the_store_in_the_tenants_subtree():
     book = MemoryBook()
     base = None
     for i, thread in enumerate(["acme:th.1", "acme:th.1"]):
-        request = StepRequest(thread, "", step_id(base, [f"k{i}"]), base, i + 1, (f"k{i}",),
-                              [HumanMessage(f"FACT: {i}", id=f"k{i}")], i + 1)
+        request = StepRequest(
+            thread,
+            "",
+            step_id(base, [f"k{i}"]),
+            base,
+            i + 1,
+            (f"k{i}",),
+            [HumanMessage(f"FACT: {i}", id=f"k{i}")],
+            i + 1,
+        )
         book.request(request)
         base = request.step_id
-    worker = SummaryWorker(book, CallableSummarizer(lambda p, m: (p or "") + m[0].content, "c", max_tokens=100),
-                           store=store, tenant_mode=True)
+    worker = SummaryWorker(
+        book,
+        CallableSummarizer(lambda p, m: (p or "") + m[0].content, "c", max_tokens=100),
+        store=store,
+        tenant_mode=True,
+    )
     while worker.run_once():
         pass
     worker.release()
@@ -218,9 +254,20 @@ def test_serve_refuses_to_start_with_a_summarizer_it_cannot_load(tmp_path):
     from tests.support.server import CLI, free_port
 
     result = subprocess.run(
-        [str(CLI), "serve", "--database", "memory://", "--port", str(free_port()), "--summarizer",
-         "nosuchprovider:some-model"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        [
+            str(CLI),
+            "serve",
+            "--database",
+            "memory://",
+            "--port",
+            str(free_port()),
+            "--summarizer",
+            "nosuchprovider:some-model",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert result.returncode == 1
     assert "--summarizer 'nosuchprovider:some-model' cannot be initialized" in result.stderr
