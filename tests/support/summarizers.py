@@ -50,7 +50,7 @@ def flaky(previous: str | None, messages: list[BaseMessage]) -> str:
     return text
 
 
-#: A chat model answering every prompt with the same summary (what it was sent is in ``seen``).
+#: A chat model answering every prompt with the same summary (`--summarizer` naming a BaseChatModel).
 chat_model = GenericFakeChatModel(messages=iter([AIMessage("the user likes tea")] * 1000))
 
 not_callable = 42
