@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.reducer._namespace import namespace_for
+from reducing_saver.reducer._summary import Summaries
 from reducing_saver.reducer._window import MessageReducer
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -73,7 +74,11 @@ class MessagesCodec(Protocol):
         """The messages in ``value``, or ``None`` to store ``value`` as it is."""
 
     def encode(self, kept: list[Any], original: Any) -> Any:
-        """The stored form of ``kept`` (a prefix-pruned sublist of ``decode(original)``)."""
+        """The stored form of ``kept``: elements of ``decode(original)`` in order, and messages made by
+        :meth:`wrap`."""
+
+    def wrap(self, message: Any) -> Any:
+        """A LangChain message the saver writes itself (a running summary), as an element of the list."""
 
 
 class ListCodec:
@@ -84,6 +89,9 @@ class ListCodec:
 
     def encode(self, kept: list[Any], original: Any) -> Any:
         return kept
+
+    def wrap(self, message: Any) -> Any:
+        return message
 
 
 LIST_CODEC = ListCodec()
@@ -97,8 +105,12 @@ def apply_reducer(
     *,
     codec: MessagesCodec = LIST_CODEC,
     record_pruned: RecordPruned | None = None,
+    summaries: Summaries | None = None,
 ) -> Checkpoint:
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
+
+    With ``summaries``, cut messages stay in the window until a running summary covers them
+    (:meth:`Summaries.plan`); they are recorded and handed to the hooks when the cut is chosen.
 
     The input is not modified; when nothing is pruned (or the channel holds no readable messages list,
     or is backed by a DeltaChannel) the same checkpoint object comes back. A DeltaChannel-backed channel
@@ -116,16 +128,34 @@ def apply_reducer(
     messages = codec.decode(value)
     if messages is None:
         return checkpoint
-    kept, pruned = reducer.split(messages)
-    if not pruned:
+    plan = None
+    if summaries is not None:
+        configurable = config["configurable"]
+        plan = summaries.plan(
+            reducer,
+            messages,
+            thread_id=str(configurable["thread_id"]),
+            checkpoint_ns=str(configurable.get("checkpoint_ns") or ""),
+        )
+    if plan is None:
+        kept, pruned = reducer.split(messages)
+    else:
+        kept, pruned = plan.messages, _unique(plan.requested + plan.removed)
+    if pruned:
+        namespace = memory_namespace(reducer, config)
+        if record_pruned is not None:
+            record_pruned(pruned, namespace, config, checkpoint)
+        reducer.deliver(pruned, namespace)
+    if kept is None or (plan is None and not pruned):  # a batch awaits its summary: the window is stored whole meanwhile
         return checkpoint
-    namespace = memory_namespace(reducer, config)
-    if record_pruned is not None:
-        record_pruned(pruned, namespace, config, checkpoint)
-    reducer.deliver(pruned, namespace)
     reduced = checkpoint.copy()
     reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: codec.encode(kept, value)}
     return reduced
+
+
+def _unique(messages: list[Any]) -> list[Any]:
+    seen: set[int] = set()
+    return [m for m in messages if not (id(m) in seen or seen.add(id(m)))]
 
 
 class ReducingSaver(BaseCheckpointSaver):
@@ -150,6 +180,8 @@ class ReducingSaver(BaseCheckpointSaver):
         codec: Reads and writes the stored form of the messages channel (default: plain lists).
         record_pruned: Called with every pruned message before the put is stored (see
             ``apply_reducer``); the service records them in its extraction outbox here.
+        summaries: Keep a running summary in every window: cut messages leave it only once the
+            summary covers them (:class:`Summaries`).
 
     Raises:
         ValueError: If ``inner`` already carries a different reducer.
@@ -175,6 +207,7 @@ class ReducingSaver(BaseCheckpointSaver):
         messages_key: str = "messages",
         codec: MessagesCodec = LIST_CODEC,
         record_pruned: RecordPruned | None = None,
+        summaries: Summaries | None = None,
     ) -> None:
         super().__init__(serde=inner.serde)
         if not hasattr(inner, "reducer"):
@@ -194,6 +227,7 @@ class ReducingSaver(BaseCheckpointSaver):
         self.messages_key = messages_key
         self.codec = codec
         self.record_pruned = record_pruned
+        self.summaries = summaries
 
     def __repr__(self) -> str:
         return f"ReducingSaver({self.inner!r}, {self.reducer!r})"
@@ -220,7 +254,13 @@ class ReducingSaver(BaseCheckpointSaver):
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
         return apply_reducer(
-            self.reducer, checkpoint, config, self.messages_key, codec=self.codec, record_pruned=self.record_pruned
+            self.reducer,
+            checkpoint,
+            config,
+            self.messages_key,
+            codec=self.codec,
+            record_pruned=self.record_pruned,
+            summaries=self.summaries,
         )
 
     # -- the required saver API ---------------------------------------------------------------------
@@ -253,7 +293,13 @@ class ReducingSaver(BaseCheckpointSaver):
         return self.inner.put_writes(config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
-        return self.inner.delete_thread(thread_id)
+        self.inner.delete_thread(thread_id)
+        self._summary_book_call("delete_thread", thread_id)
+
+    def _summary_book_call(self, name: str, *args: Any) -> None:
+        """A thread's summary steps go where its checkpoints go (a book that keeps them per thread)."""
+        if self.summaries is not None and (method := getattr(self.summaries.book, name, None)) is not None:
+            method(*args)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self.inner.aget_tuple(config)
@@ -285,7 +331,8 @@ class ReducingSaver(BaseCheckpointSaver):
         return await self.inner.aput_writes(config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        return await self.inner.adelete_thread(thread_id)
+        await self.inner.adelete_thread(thread_id)
+        self._summary_book_call("delete_thread", thread_id)
 
 
 # -- optional capabilities: mixed in only when the inner saver has them ---------------------------
@@ -295,10 +342,12 @@ class _CopyThread:
     inner: BaseCheckpointSaver
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return self.inner.copy_thread(source_thread_id, target_thread_id)
+        self.inner.copy_thread(source_thread_id, target_thread_id)
+        self._summary_book_call("copy_thread", source_thread_id, target_thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return await self.inner.acopy_thread(source_thread_id, target_thread_id)
+        await self.inner.acopy_thread(source_thread_id, target_thread_id)
+        self._summary_book_call("copy_thread", source_thread_id, target_thread_id)
 
 
 class _DeleteForRuns:

@@ -3,13 +3,17 @@
 Pure code: no HTTP, no database. A reducer works on LangChain message objects and on their
 ``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects; both
 forms get the same cut), and never invents, copies or truncates a message: the pruned messages are one
-contiguous run of the input, right after a preserved system message, so the input is always
-``kept[:head] + pruned + kept[head:]`` (``head`` is 1 when a system message is preserved, else 0).
+contiguous run of the input, right after the window's head, so the input is always
+``kept[:head] + pruned + kept[head:]``. The head is never cut: the leading system messages
+(``preserve_first``), then a summary message of earlier conversation right after them (one marked
+``additional_kwargs["lc_source"] == "summarization"``, as LangChain's ``SummarizationMiddleware`` and the
+service's running summaries mark theirs).
 
 The window it keeps is one a chat-model API accepts:
 
-* a leading system message stays (``preserve_first``);
-* the first kept message after it is a human message (``start_on="human"``);
+* the leading system messages stay (``preserve_first``), and so does a summary message right after them;
+* the first kept message after the head is a human message (``start_on="human"``; a summary message is
+  part of the head, never the human turn a window starts on);
 * an AI message that calls tools and the tool messages answering it are kept or pruned together
   (``cascade_tool_messages``), so no tool result outlives its call and no call loses its results.
 
@@ -56,7 +60,7 @@ class ReducerConfig:
         token_counter: Counts the tokens of a list of messages (objects or dicts, as handed to the
             reducer); applied to one message at a time. Defaults to langchain_core's
             ``count_tokens_approximately``, which counts a ``model_dump()`` dict as the message it dumps.
-        preserve_first: Never prune a leading system message.
+        preserve_first: Never prune the leading system messages.
         cascade_tool_messages: Keep or prune an AI tool call together with the tool messages that answer
             it. With ``False`` a cut may orphan tool messages (the window is then not always API-valid).
         start_on: ``"human"``: the first kept message after the system prompt is a human message.
@@ -134,7 +138,7 @@ class ReducerConfig:
 class ReduceResult(NamedTuple):
     """The split of a messages list: ``kept[:head] + pruned + kept[head:]`` is the input, same objects.
 
-    ``head`` is 1 when a leading system message was preserved, else 0.
+    ``head`` is :meth:`MessageReducer.head_length` of the input.
     """
 
     kept: list[Any]
@@ -164,6 +168,17 @@ _CHUNK_TYPES = {
     "ChatMessageChunk": "chat",
     "FunctionMessageChunk": "function",
 }
+
+
+#: ``additional_kwargs["lc_source"]`` of a summary message (LangChain's ``SummarizationMiddleware`` marks its
+#: summaries so; the service's running summaries too).
+SUMMARY_SOURCE = "summarization"
+
+
+def is_summary_message(message: MessageLike) -> bool:
+    """A summary of earlier conversation: a message marked ``lc_source: "summarization"``."""
+    kwargs = message_field(message, "additional_kwargs")
+    return isinstance(kwargs, Mapping) and kwargs.get("lc_source") == SUMMARY_SOURCE
 
 
 def _tool_call_ids(message: MessageLike) -> list[str]:
@@ -251,13 +266,35 @@ class MessageReducer:
 
     # -- window selection -------------------------------------------------------------------------
 
-    def select(self, messages: Sequence[MessageLike]) -> int:
-        """Return how many leading messages (after a preserved system message) to prune.
+    def system_length(self, messages: Sequence[MessageLike]) -> int:
+        """How many leading system messages the window preserves (0 without ``preserve_first``)."""
+        if not self.config.preserve_first:
+            return 0
+        count = 0
+        while count < len(messages) and message_type(messages[count]) == "system":
+            count += 1
+        return count
+
+    def head_length(self, messages: Sequence[MessageLike]) -> int:
+        """How many leading messages are never cut: the preserved system messages, then a summary
+        message right after them (:func:`is_summary_message`)."""
+        head = self.system_length(messages)
+        if head < len(messages) and is_summary_message(messages[head]):
+            head += 1
+        return head
+
+    def select(self, messages: Sequence[MessageLike], *, head: int | None = None) -> int:
+        """Return how many messages right after the head to prune.
+
+        Args:
+            messages: The messages list, oldest first.
+            head: How many leading messages are never cut (default :meth:`head_length`).
 
         Pure: no hook is called. ``0`` means the list is kept whole.
         """
         config = self.config
-        head = 1 if config.preserve_first and messages and message_type(messages[0]) == "system" else 0
+        if head is None:
+            head = self.head_length(messages)
         tokens = None
         if config.max_tokens is not None:
             tokens = [self._count_tokens([m]) for m in messages]
@@ -285,6 +322,10 @@ class MessageReducer:
                 continue
             return cut - head
         return cuts[-1] - head
+
+    def is_valid_cut(self, messages: Sequence[MessageLike], head: int, cut: int) -> bool:
+        """Whether the window may drop ``messages[head:cut]`` and start its tail at ``cut``."""
+        return cut in self._valid_cuts(messages, head)
 
     def _valid_cuts(self, messages: Sequence[MessageLike], head: int) -> list[int]:
         """Indices ``cut > head`` where the kept window ``messages[cut:]`` may start, ascending.
@@ -330,7 +371,7 @@ class MessageReducer:
         pruned_count = self.select(messages)
         if not pruned_count:
             return ReduceResult(messages, [])
-        head = 1 if self.config.preserve_first and message_type(messages[0]) == "system" else 0
+        head = self.head_length(messages)
         return ReduceResult(messages[:head] + messages[head + pruned_count :], messages[head : head + pruned_count])
 
     def reduce(self, messages: Sequence[MessageLike], namespace: Sequence[str] = ()) -> ReduceResult:

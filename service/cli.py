@@ -65,6 +65,13 @@ SERVE_FLAGS: dict[str, str] = {
     "--extract-on-delete": "extract_on_delete",
     "--store-index": "store_index",
     "--store-ttl": "store_ttl",
+    "--summarizer": "summarizer",
+    "--summary-max-input-tokens": "summary_max_input_tokens",
+    "--summary-max-tokens": "summary_max_tokens",
+    "--summary-hard-limit": "summary_hard_limit",
+    "--summarize-tenants": "summarize_tenants",
+    "--summary-lease-seconds": "summary_lease_seconds",
+    "--summary-concurrency": "summary_concurrency",
 }
 #: The settings with no flag, and why: each is an environment variable (or a ``.env`` line) only.
 _TUNING = (
@@ -106,6 +113,11 @@ WORKER_FLAGS: dict[str, str] = {
         "--store-index",
         "--store-ttl",
         "--migrate",
+        "--summarizer",
+        "--summary-max-input-tokens",
+        "--summary-max-tokens",
+        "--summary-lease-seconds",
+        "--summary-concurrency",
         "--log-level",
         "--log-format",
     )
@@ -194,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     extraction = commands.add_parser("extraction", help="inspect or re-drive the extraction outbox")
     actions = extraction.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
-        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age (JSON)"),
-        ("retry-dead", "put every dead letter back in the queue"),
+        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age, and the "
+         "running summaries' (JSON)"),
+        ("retry-dead", "put every dead letter back in the queue (summary batches included)"),
     ):
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
     sweep_parser = commands.add_parser(
@@ -419,6 +432,22 @@ def _check_backend(settings: Settings) -> None:
         backend.close()
 
 
+def _check_summarizer(settings: Settings) -> None:
+    """Refuse to start when ``--summarizer`` names nothing usable (a missing provider package, say)."""
+    if not settings.summarizer:
+        return
+    from reducing_saver.service.summaries.summarizer import SummarizerError, load_summarizer
+
+    try:
+        load_summarizer(
+            settings.summarizer,
+            max_input_tokens=settings.summary_max_input_tokens,
+            max_tokens=settings.summary_max_tokens,
+        )
+    except SummarizerError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     """Check the exposure, bind the port, check the database, then run uvicorn on the bound socket.
 
@@ -441,6 +470,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         raise CommandError(refusal, code=2)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
+    _check_summarizer(settings)
     sock = _bind(settings.host, settings.port)
     try:
         _check_backend(settings)
@@ -499,6 +529,7 @@ def worker(settings: Settings) -> None:
     configure_logging(settings)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
+    _check_summarizer(settings)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(
@@ -512,14 +543,25 @@ def worker(settings: Settings) -> None:
         raise
     memory = Memory(settings, backend, tenant_mode=settings.api_key_set is not None)
     deliverer = memory.deliverer_for()
+    running = None
+    if settings.summarizer:
+        from reducing_saver.service.summaries.setup import RunningSummaries
+
+        running = RunningSummaries(
+            settings, backend, wrap=None, registry=None, tenant_mode=settings.api_key_set is not None
+        )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (stop.set(), deliverer.wake()))
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
     deliverer.start()
+    if running is not None:
+        running.start()
     while not stop.wait(1.0):
         pass
+    if running is not None:
+        running.close(settings.shutdown_grace_seconds)
     deliverer.stop(settings.shutdown_grace_seconds)
     deadline = time.monotonic() + settings.db_timeout_seconds
 
@@ -562,10 +604,11 @@ def extraction(settings: Settings, action: str) -> None:
     )
     try:
         outbox = backend.outbox()
+        book = backend.summaries()
         if action == "status":
-            print(json.dumps(outbox.status()))
+            print(json.dumps({**outbox.status(), "summaries": book.status()}))
         else:
-            print(json.dumps({"requeued": outbox.retry_dead()}))
+            print(json.dumps({"requeued": outbox.retry_dead(), "summary_steps_requeued": book.retry_dead()}))
     finally:
         backend.close()
 

@@ -190,6 +190,43 @@ class ExtractionSettings(BaseModel):
     )
 
 
+class SummarySettings(BaseModel):
+    """Running summaries of what windows cut (``service/summaries/``, docs/summaries.md)."""
+
+    summarizer: str | None = Field(
+        None,
+        description="Keep a running summary of what each window cuts, right after its system messages: "
+        "provider:model (LangChain's init_chat_model, e.g. openai:gpt-4o-mini; install langchain and the "
+        "provider's package) or module:attribute naming a BaseChatModel or a callable (previous_summary, "
+        "messages) -> str, sync or async. Off when unset. The summarizer runs where extraction does "
+        "(extract); serve needs the setting for its put path even when workers summarize.",
+    )
+    summary_max_input_tokens: int = Field(
+        4000, ge=256, description="Cap of a summary prompt: the previous summary and the new batch, in tokens."
+    )
+    summary_max_tokens: int = Field(
+        800, ge=16, description="Cap of a summary, in tokens (asked of the model, and enforced)."
+    )
+    summary_hard_limit: int | None = Field(
+        None,
+        ge=2,
+        description="Messages a window may hold while its cut waits for a summary; above it the window "
+        "cuts without one (logged, counted, summarized later). Default: twice max_messages (and twice "
+        "max_tokens in token mode).",
+    )
+    summarize_tenants: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        description="Tenants whose conversations are summarized, comma-separated (conversations go to the "
+        "summarizer's model, which some tenants refuse); default: every tenant.",
+    )
+    summary_lease_seconds: float = Field(
+        300.0, gt=0, description="How long a summarizer holds a batch (a crashed one's batch returns after it)."
+    )
+    summary_concurrency: int = Field(
+        1, ge=1, le=64, description="Summarizer calls a process makes at once (batches of different threads)."
+    )
+
+
 class SweepSettings(BaseModel):
     """TTL sweeps of idle threads (``service/ttl/``)."""
 
@@ -246,6 +283,7 @@ class Settings(
     SecuritySettings,
     LimitSettings,
     ExtractionSettings,
+    SummarySettings,
     SweepSettings,
     StoreSettings,
     BaseSettings,
@@ -292,6 +330,20 @@ class Settings(
         self._api_key_set = load_api_keys(self)
         return self
 
+    @field_validator("summarize_tenants", mode="before")
+    @classmethod
+    def _split_tenants(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()] or None
+        return value
+
+    @field_validator("summarizer")
+    @classmethod
+    def _check_summarizer(cls, value: str | None) -> str | None:
+        if value is not None and (not value.partition(":")[0] or not value.partition(":")[2]):
+            raise ValueError(f"{value!r} is not provider:model or module:attribute")
+        return value or None
+
     @field_validator("allowed_message_classes", "on_prune", "allowed_state_types", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
@@ -320,6 +372,16 @@ class Settings(
         if backend_kind(value) == "sqlite" and not sqlite_path(value):
             raise ValueError("a sqlite URL needs a file path: sqlite:///path/to/file.sqlite")
         return value
+
+    @model_validator(mode="after")
+    def _check_summary_hard_limit(self) -> Settings:
+        hard, window = self.summary_hard_limit, self.max_messages
+        if hard is not None and window is not None and hard <= window:
+            raise ValueError(
+                f"summary_hard_limit ({hard}) must be above max_messages ({window}): a window waits for its "
+                "summary between the two"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_reducer(self) -> Settings:
@@ -354,6 +416,22 @@ class Settings(
             start_on="human" if self.start_on_human else None,
             namespace_key=self.namespace_key,
             **extra,
+        )
+
+    def summary_hard_reducer(self) -> ReducerConfig:
+        """The reducer whose trigger is the summary hard limit, with the window's targets."""
+        config = self.reducer_config()
+        hard = self.summary_hard_limit
+        if hard is None and config.max_messages is not None:
+            hard = 2 * config.max_messages
+        return ReducerConfig(
+            max_messages=hard,
+            min_messages=min(config.count_target, hard) if hard is not None and config.count_target else None,
+            max_tokens=2 * config.max_tokens if config.max_tokens is not None else None,
+            target_tokens=config.token_target,
+            preserve_first=config.preserve_first,
+            start_on=config.start_on,
+            namespace_key=config.namespace_key,
         )
 
     def database_for_display(self) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ormsgpack
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -54,6 +55,9 @@ from langchain_core.messages import (
 )
 
 from reducing_saver.wire import Blob
+
+#: Serializes the messages the service writes itself (never reads anything).
+_WRITER = JsonPlusSerializer()
 
 __all__ = [
     "DEFAULT_MESSAGE_CLASSES",
@@ -275,6 +279,12 @@ class EncodedMessage(dict):
         return f"EncodedMessage({dict.__repr__(self)}, class={self._module}:{self._name})"
 
 
+class WrittenMessage(EncodedMessage):
+    """A message the service wrote itself (:meth:`SafeMessagesCodec.wrap`), not one a client sent."""
+
+    __slots__ = ()
+
+
 def to_message(m: EncodedMessage) -> BaseMessage | dict[str, Any]:
     """The LangChain message ``m`` encodes, for the default classes; a plain dict for any other class.
 
@@ -370,12 +380,24 @@ class SafeMessagesCodec:
         """The blob of ``kept``, byte for byte what the client's serializer makes of those messages.
 
         Args:
-            kept: Messages returned by ``decode(original)`` (any sublist, in order).
-            original: The value they were decoded from; returned as is when nothing was dropped.
+            kept: Messages returned by ``decode(original)`` (any sublist, in order), and messages made
+                by :meth:`wrap`.
+            original: The value they were decoded from; returned as is when nothing was dropped or added.
         """
-        if isinstance(original, Blob) and _array_len(original.data) == len(kept):
+        if (
+            isinstance(original, Blob)
+            and _array_len(original.data) == len(kept)
+            and not any(type(m) is WrittenMessage for m in kept)
+        ):
             return original
         return Blob("msgpack", ormsgpack.packb([ormsgpack.Ext(EXT_PYDANTIC_V2, m.ext) for m in kept]))
+
+    def wrap(self, message: BaseMessage) -> EncodedMessage:
+        """A message the service writes itself (a running summary), as an element of a decoded list:
+        serialized by LangGraph's own serializer, exactly as a client's would be."""
+        data = _WRITER.dumps_typed([message])[1]
+        (decoded,) = ormsgpack.unpackb(data, ext_hook=_Decoder(self._allowed).hook, option=ormsgpack.OPT_NON_STR_KEYS)
+        return WrittenMessage(decoded, decoded.ext, decoded.module, decoded.name)
 
     def _unreadable(self, reason: str) -> None:
         with self._lock:

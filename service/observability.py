@@ -136,6 +136,9 @@ class MeasuringCodec:
             measure.decoded = len(messages) if messages is not None else 0
         return messages
 
+    def wrap(self, message: Any) -> Any:
+        return self.inner.wrap(message)
+
     def encode(self, kept: list[Any], original: Any) -> Any:
         encoded = self.inner.encode(kept, original)
         measure = _put_measure.get()

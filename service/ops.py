@@ -16,7 +16,7 @@ import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
-from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
+from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
@@ -241,8 +241,11 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         # cannot, so they store the wire form (typed ints, escaped look-alikes) as JSON objects, which
         # travel back as they are and the client decodes.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
-    with service.recording_with_checkpoint():
-        next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+    try:
+        with service.recording_with_checkpoint():
+            next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+    except SummaryForgeryError as exc:
+        raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
     return {"config": scope.config_out(next_config)}
 
 
@@ -254,7 +257,28 @@ def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRe
         (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
     ]
     _check_extensions(service, ((f"writes[{index}]", value) for index, (_, value) in enumerate(writes)))
+    if service.running_summaries is not None:
+        _check_summary_writes(service, config, writes)
     saver.put_writes(config, writes, body.task_id, body.task_path)
+
+
+def _check_summary_writes(service: Service, config: RunnableConfig, writes: list[tuple[str, Any]]) -> None:
+    """Refuse a write to the messages channel carrying a summary message the service did not write."""
+    configurable = config["configurable"]
+    for index, (channel, value) in enumerate(writes):
+        if channel != service.settings.messages_key or not isinstance(value, Blob) or value.type != "msgpack":
+            continue
+        messages = service.codec.decode(value)
+        if messages is None:  # one message rather than a list: read it as a list of one
+            messages = service.codec.decode(Blob(value.type, b"\x91" + value.data)) or []
+        try:
+            service.running_summaries.summaries.check_written(
+                messages,
+                thread_id=str(configurable["thread_id"]),
+                checkpoint_ns=str(configurable.get("checkpoint_ns") or ""),
+            )
+        except SummaryForgeryError as exc:
+            raise BadRequest(f"writes[{index}]: {_scope(service).text(str(exc))}") from None
 
 
 # -- the other saver operations -------------------------------------------------------------------
@@ -371,6 +395,11 @@ def extraction_status(service: Service) -> dict[str, Any]:
         "retention_seconds": service.settings.outbox_retention,
         "purging": sweeper is not None and sweeper.running,
         "purged_by_this_process": purged,
+        "summaries": (
+            service.running_summaries.book.status(thread_prefix=_scope(service).prefix)
+            if service.running_summaries is not None
+            else None
+        ),
     }
 
 
@@ -393,8 +422,11 @@ def dead_letters(service: Service, limit: int) -> dict[str, Any]:
 
 
 def retry_dead(service: Service) -> dict[str, Any]:
-    prefix = _scope(service).namespace_prefix
-    return {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=prefix)}
+    scope = _scope(service)
+    answer = {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=scope.namespace_prefix)}
+    if service.running_summaries is not None:
+        answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(thread_prefix=scope.prefix)
+    return answer
 
 
 def sweeps_status(service: Service) -> dict[str, Any]:

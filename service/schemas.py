@@ -274,6 +274,14 @@ class ErrorResponse(BaseModel):
     detail: str | list[dict[str, Any]]
 
 
+class SummaryStatus(BaseModel):
+    pending_steps: int = Field(description="Batches of cut messages awaiting a summary.")
+    messages_awaiting_summary: int = Field(description="Messages in those batches (still in their windows).")
+    done_steps: int
+    dead_steps: int = Field(description="Batches whose summary failed every attempt; retry-dead re-runs them.")
+    oldest_pending_age_seconds: float | None = Field(description="null when nothing is pending.")
+
+
 class ExtractionStatus(BaseModel):
     pending: int = Field(description="Pruned messages waiting for delivery (including those waiting for a retry).")
     in_flight: int = Field(description="Claimed by a deliverer right now.")
@@ -286,6 +294,9 @@ class ExtractionStatus(BaseModel):
     purging: bool = Field(description="This process's background sweeper runs, and purges them each sweep.")
     purged_by_this_process: int = Field(
         description="Delivered rows this process's sweeps deleted since it started."
+    )
+    summaries: SummaryStatus | None = Field(
+        None, description="Running summaries (with --summarizer only): the tenant's own threads in tenant mode."
     )
 
 
@@ -304,6 +315,9 @@ class DeadLettersResponse(BaseModel):
 
 class RetryDeadResponse(BaseModel):
     requeued: int
+    summary_steps_requeued: int | None = Field(
+        None, description="Summary batches sent back to the summarizer (with --summarizer only)."
+    )
 
 
 # -- storage you can see (service/storage/usage.py; docs/storage.md) -------------------------------

@@ -30,6 +30,7 @@ from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
 from reducing_saver.service.storage_watch import StorageWatch
 from reducing_saver.service.store_config import store_options
+from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
 logger = logging.getLogger("reducing_saver.service")
@@ -115,6 +116,8 @@ class Service:
         self.memory: Memory | None = None
         self.sweeper: Sweeper | None = None
         self.storage_watch: StorageWatch | None = None
+        #: Running summaries (``--summarizer``), else None.
+        self.running_summaries: RunningSummaries | None = None
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
         self._metrics_stop = threading.Event()
 
@@ -137,10 +140,20 @@ class Service:
             # that cannot serve the store's settings refuses to start.
             backend.store()
             codec = self.metrics.measuring()
+            if settings.summarizer:
+                self.running_summaries = RunningSummaries(
+                    settings, backend, wrap=codec.wrap, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+                )
+            summaries = self.running_summaries.summaries if self.running_summaries is not None else None
 
             def wrap(inner: Any) -> ReducingSaver:
                 return ReducingSaver(
-                    inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
+                    inner,
+                    self.reducer,
+                    messages_key=settings.messages_key,
+                    codec=codec,
+                    record_pruned=self._record,
+                    summaries=summaries,
                 )
 
             savers = SaverPool(
@@ -152,6 +165,8 @@ class Service:
             self.memory = memory
             if settings.extract:
                 memory.start()
+                if self.running_summaries is not None:
+                    self.running_summaries.start()
             # Before the savers are served: every put notes its thread's write in the TTL ledger.
             self.sweeper = open_sweeper(
                 settings,
@@ -205,6 +220,9 @@ class Service:
         watch, self.storage_watch = self.storage_watch, None
         if watch is not None:
             finish_within(deadline, "stopping the storage figures", lambda: watch.close(_left(deadline)))
+        running, self.running_summaries = self.running_summaries, None
+        if running is not None:
+            finish_within(deadline, "stopping the summarizer", lambda: running.close(_left(deadline)))
         if sweeper is not None:
             finish_within(deadline, "stopping the TTL sweeper", lambda: sweeper.close(_left(deadline)))
         if memory is not None:

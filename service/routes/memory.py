@@ -15,7 +15,8 @@ router = APIRouter(tags=["memory"])
 @router.get(
     "/v1/extraction/status",
     response_model=schemas.ExtractionStatus,
-    summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age.",
+    summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age; running "
+    "summaries' batches.",
 )
 async def extraction_status(service: ServiceDep) -> Any:
     return await service.blocking(ops.extraction_status, service)

@@ -117,6 +117,9 @@ class Backend(Protocol):
     def outbox(self) -> Any:
         """The extraction outbox (``extraction.outbox.Outbox``), set up."""
 
+    def summaries(self) -> Any:
+        """The book of running summaries (``summaries.book``), set up."""
+
     def store(self) -> BaseStore:
         """The long-term memory store, set up (closed with the backend)."""
 

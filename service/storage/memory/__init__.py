@@ -14,6 +14,7 @@ from reducing_saver.service.storage.memory.outbox import MemoryOutbox
 from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
+from reducing_saver.service.summaries.book import MemoryBook
 
 
 class MemoryBackend:
@@ -26,6 +27,7 @@ class MemoryBackend:
     def __init__(self) -> None:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
         self._outbox = MemoryOutbox()
+        self._summaries: MemoryBook | None = None
         self._store: InMemoryStore | None = None
         #: InMemoryStore's ``index`` (``service/store_config.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
@@ -45,6 +47,13 @@ class MemoryBackend:
 
     def outbox(self) -> MemoryOutbox:
         return self._outbox
+
+    def summaries(self) -> MemoryBook:
+        """The book of running summaries (``service/summaries/book.py``), one per backend."""
+        if self._summaries is None:
+            saver = self.saver
+            self._summaries = MemoryBook(lambda thread_id, ns: bool(saver.storage.get(thread_id, {}).get(ns)))
+        return self._summaries
 
     def store(self) -> InMemoryStore:
         if self._store is None:

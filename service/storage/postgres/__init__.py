@@ -24,6 +24,7 @@ from reducing_saver.service.storage.postgres.connections import (
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
@@ -101,6 +102,11 @@ class PostgresBackend:
         with locked_setup(self.url, STORE_LOCK_KEY):
             store.setup()
         self._store_set_up = True
+
+    def summaries(self) -> PostgresSummaryBook:
+        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        self._own_schema()
+        return PostgresSummaryBook(self.pool)
 
     def store(self) -> PostgresStore:
         if self._store is None:

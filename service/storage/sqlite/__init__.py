@@ -19,6 +19,7 @@ from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
+from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -99,6 +100,13 @@ class SqliteBackend:
         outbox = SqliteOutbox(self.path)
         self._closers.append(outbox.close)
         return outbox
+
+    def summaries(self) -> SqliteSummaryBook:
+        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        self._own_schema()
+        book = SqliteSummaryBook(self.path)
+        self._closers.append(book.close)
+        return book
 
     def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
         if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):

@@ -61,6 +61,36 @@ MIGRATIONS: list[str] = [
         swept_by TEXT NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS reducing_saver_sweep_log_at ON reducing_saver_sweep_log (swept_at)",
+    # 13-15 (PostgreSQL) / 9-11 (SQLite): running summaries, the steps of every thread's summary
+    # (service/summaries/book.py). Times are epoch seconds; batches and keys JSON bytes (NUL-safe).
+    """CREATE TABLE IF NOT EXISTS reducing_saver_summaries (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        base_step TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        keys BLOB NOT NULL,
+        batch BLOB NOT NULL,
+        batch_size INTEGER NOT NULL,
+        covered INTEGER NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'dead')),
+        text TEXT,
+        model TEXT,
+        prompt_hash TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        available_at REAL NOT NULL,
+        claimed_by TEXT,
+        lease_until REAL,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        done_at REAL,
+        PRIMARY KEY (thread_id, checkpoint_ns, step_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
+    "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
+    "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
 ]
 
 #: The version this code reads and writes.

@@ -15,7 +15,7 @@ from reducing_saver.service.storage.postgres import migrations as pg_migrations
 from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
 
 #: The tables the service owns, as the first release (without a version table) created them.
-OWN_TABLES = {"reducing_saver_outbox", "reducing_saver_threads", "reducing_saver_sweep_log"}
+OWN_TABLES = {"reducing_saver_outbox", "reducing_saver_threads", "reducing_saver_sweep_log", "reducing_saver_summaries"}
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

@@ -1,0 +1,488 @@
+"""The book of running summaries: the steps of every thread's summary, in ``reducing_saver_summaries``.
+
+A step (``reducer.StepRequest``) is a batch of cut messages to summarize on top of its base step. The put
+path reads the book (``steps``, ``children``) and asks it for steps (``request``: idempotent); the
+summarizer claims steps whose base is done (per thread and namespace in order), and stores each one's
+summary by compare-and-set: ``complete`` succeeds only on a step still pending, so a model call run twice
+(two replicas, a lease that ran out, kill -9 mid-call) advances the summary once.
+
+A row's life: ``pending`` (claimable when its base is done, its ``available_at`` has come and no live lease
+holds it) -> ``done`` (``text``, ``model``, ``prompt_hash``, token counts) or, after ``max_attempts``
+failures, ``dead`` (``last_error``; ``retry_dead`` sends it back). A thread's steps go with it:
+``delete_thread``, ``copy_thread``, and ``forget_orphans`` for threads whose checkpoints are gone (TTL
+sweeps, ``delete_for_runs``).
+
+:class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
+``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
+backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the same contract in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from reducing_saver.reducer import MemorySummaryBook, StepInfo, StepRequest
+from reducing_saver.service.extraction.outbox import error_text, json_clean
+
+TABLE = "reducing_saver_summaries"
+#: A step's base column for the first step of a namespace (NULL would need IS NOT DISTINCT FROM).
+ROOT = ""
+#: Rows of a thread with no checkpoint are forgotten only this long after they were made: a new thread's
+#: first put asks for a step before its checkpoint is stored.
+ORPHAN_GRACE_SECONDS = 300.0
+
+_INFO = "step_id, base_step, version, keys, status, covered, text"
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    """A step a summarizer holds: what to summarize, on top of which text."""
+
+    request: StepRequest
+    previous: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class DeadStep:
+    thread_id: str
+    checkpoint_ns: str
+    step_id: str
+    attempts: int
+    last_error: str | None
+
+
+def _info(row: Any) -> StepInfo:
+    base = row["base_step"]
+    return StepInfo(
+        row["step_id"],
+        None if base == ROOT else base,
+        row["version"],
+        tuple(orjson.loads(bytes(row["keys"]))),
+        row["status"],
+        row["covered"],
+        row["text"],
+    )
+
+
+def batch_data(batch: Sequence[Any]) -> bytes:
+    """A batch's messages as JSON bytes (``model_dump()`` dicts; bytea/blob, which can hold NUL)."""
+    dumps = []
+    for message in batch:
+        fields = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+        dumps.append(json_clean(fields))
+    return orjson.dumps(dumps)
+
+
+class SqlSummaryBook:
+    """The book as SQL; a subclass supplies :meth:`_tx` (one transaction, dict-like rows) and the dialect.
+
+    Attributes:
+        placeholder: The driver's parameter marker.
+        lock_clause: How a claim's ``SELECT`` locks the rows it picks.
+    """
+
+    placeholder = "?"
+    lock_clause = ""
+
+    def _tx(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def _run(self, text: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._tx() as cur:
+            cur.execute(self._sql(text), tuple(params))
+            return cur.fetchall() if cur.description else []
+
+    # -- the put path's side ---------------------------------------------------------------------
+
+    def steps(self, thread_id: str, checkpoint_ns: str, step_ids: Sequence[str]) -> dict[str, StepInfo]:
+        if not step_ids:
+            return {}
+        marks = ", ".join("?" for _ in step_ids)
+        rows = self._run(
+            f"SELECT {_INFO} FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id IN ({marks})",
+            (thread_id, checkpoint_ns, *step_ids),
+        )
+        return {row["step_id"]: _info(row) for row in rows}
+
+    def children(self, thread_id: str, checkpoint_ns: str, base_step: str | None) -> list[StepInfo]:
+        rows = self._run(
+            f"SELECT {_INFO} FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND base_step = ? "
+            "ORDER BY created_at",
+            (thread_id, checkpoint_ns, base_step or ROOT),
+        )
+        return [_info(row) for row in rows]
+
+    def request(self, step: StepRequest) -> None:
+        now = time.time()
+        self._run(
+            f"INSERT INTO {TABLE} (thread_id, checkpoint_ns, step_id, base_step, version, keys, batch, "
+            "batch_size, covered, available_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (thread_id, checkpoint_ns, step_id) DO NOTHING",
+            (
+                step.thread_id,
+                step.checkpoint_ns,
+                step.step_id,
+                step.base_step or ROOT,
+                step.version,
+                orjson.dumps(list(step.keys)),
+                batch_data(step.batch),
+                len(step.batch),
+                step.covered,
+                now,
+                now,
+            ),
+        )
+
+    # -- the summarizer's side -------------------------------------------------------------------
+
+    def claim(self, worker_id: str, lease_seconds: float) -> ClaimedStep | None:
+        """The oldest claimable step (its base done), leased to ``worker_id``; ``None`` when there is none."""
+        now = time.time()
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"SELECT s.* FROM {TABLE} s WHERE s.status = 'pending' AND s.available_at <= ? "
+                    "AND (s.lease_until IS NULL OR s.lease_until <= ?) AND (s.base_step = '' OR EXISTS ("
+                    f"SELECT 1 FROM {TABLE} b WHERE b.thread_id = s.thread_id AND b.checkpoint_ns = "
+                    "s.checkpoint_ns AND b.step_id = s.base_step AND b.status = 'done')) "
+                    f"ORDER BY s.created_at LIMIT 1{self.lock_clause}"
+                ),
+                (now, now),
+            )
+            row = cur.fetchone()
+            if row is None:
+                return None
+            key = (row["thread_id"], row["checkpoint_ns"], row["step_id"])
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET claimed_by = ?, lease_until = ?, attempts = attempts + 1 "
+                    "WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?"
+                ),
+                (worker_id, now + lease_seconds, *key),
+            )
+            previous = None
+            if row["base_step"] != ROOT:
+                cur.execute(
+                    self._sql(
+                        f"SELECT text FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?"
+                    ),
+                    (row["thread_id"], row["checkpoint_ns"], row["base_step"]),
+                )
+                previous = cur.fetchone()["text"]
+        request = StepRequest(
+            thread_id=row["thread_id"],
+            checkpoint_ns=row["checkpoint_ns"],
+            step_id=row["step_id"],
+            base_step=None if row["base_step"] == ROOT else row["base_step"],
+            version=row["version"],
+            keys=tuple(orjson.loads(bytes(row["keys"]))),
+            batch=orjson.loads(bytes(row["batch"])),
+            covered=row["covered"],
+        )
+        return ClaimedStep(request, previous, row["attempts"] + 1)
+
+    def complete(
+        self,
+        step: StepRequest,
+        text: str,
+        *,
+        model: str | None = None,
+        prompt_hash: str | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> bool:
+        """Store a step's summary unless it is done already (compare-and-set); whether this call did."""
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET status = 'done', text = ?, model = ?, prompt_hash = ?, input_tokens = ?, "
+                    "output_tokens = ?, done_at = ?, claimed_by = NULL, lease_until = NULL "
+                    "WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ? AND status = 'pending'"
+                ),
+                (
+                    text.replace("\x00", ""),
+                    model,
+                    prompt_hash,
+                    input_tokens,
+                    output_tokens,
+                    time.time(),
+                    step.thread_id,
+                    step.checkpoint_ns,
+                    step.step_id,
+                ),
+            )
+            return cur.rowcount == 1
+
+    def fail(self, worker_id: str, step: StepRequest, error: str, *, retry_at: float | None = None) -> bool:
+        """A failed attempt: retry at ``retry_at`` (epoch seconds), or a dead letter without it."""
+        sets = (
+            "available_at = ?, last_error = ?" if retry_at is not None else "status = 'dead', last_error = ?"
+        )
+        params = (retry_at, error_text(error)) if retry_at is not None else (error_text(error),)
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET {sets}, claimed_by = NULL, lease_until = NULL WHERE thread_id = ? "
+                    "AND checkpoint_ns = ? AND step_id = ? AND status = 'pending' AND claimed_by = ?"
+                ),
+                (*params, step.thread_id, step.checkpoint_ns, step.step_id, worker_id),
+            )
+            return cur.rowcount == 1
+
+    def release(self, worker_id: str) -> int:
+        """Hand back what ``worker_id`` holds (the claim not counted)."""
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET claimed_by = NULL, lease_until = NULL, attempts = attempts - 1 "
+                    "WHERE claimed_by = ? AND status = 'pending' AND attempts > 0"
+                ),
+                (worker_id,),
+            )
+            return cur.rowcount
+
+    def retry_dead(self, *, thread_prefix: str = "") -> int:
+        """Send dead steps (of threads starting with ``thread_prefix``) back to pending."""
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET status = 'pending', attempts = 0, available_at = ?, claimed_by = NULL, "
+                    "lease_until = NULL WHERE status = 'dead' AND substr(thread_id, 1, ?) = ?"
+                ),
+                (time.time(), len(thread_prefix), thread_prefix),
+            )
+            return cur.rowcount
+
+    def dead_letters(self, limit: int = 100, *, thread_prefix: str = "") -> list[DeadStep]:
+        rows = self._run(
+            f"SELECT thread_id, checkpoint_ns, step_id, attempts, last_error FROM {TABLE} WHERE status = 'dead' "
+            "AND substr(thread_id, 1, ?) = ? ORDER BY created_at LIMIT ?",
+            (len(thread_prefix), thread_prefix, limit),
+        )
+        return [
+            DeadStep(r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"])
+            for r in rows
+        ]
+
+    def status(self, *, thread_prefix: str = "") -> dict[str, Any]:
+        """Steps and messages awaiting a summary, the oldest one's age, done and dead steps."""
+        now = time.time()
+        rows = self._run(
+            f"""SELECT
+                COALESCE(SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0) AS pending,
+                COALESCE(SUM(CASE WHEN status = 'pending' THEN batch_size ELSE 0 END), 0) AS messages,
+                COALESCE(SUM(CASE WHEN status = 'done' THEN 1 ELSE 0 END), 0) AS done,
+                COALESCE(SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END), 0) AS dead,
+                MIN(CASE WHEN status = 'pending' THEN created_at END) AS oldest
+            FROM {TABLE} WHERE substr(thread_id, 1, ?) = ?""",
+            (len(thread_prefix), thread_prefix),
+        )
+        row = rows[0]
+        oldest = row["oldest"]
+        return {
+            "pending_steps": int(row["pending"]),
+            "messages_awaiting_summary": int(row["messages"]),
+            "done_steps": int(row["done"]),
+            "dead_steps": int(row["dead"]),
+            "oldest_pending_age_seconds": None if oldest is None else max(0.0, now - float(oldest)),
+        }
+
+    # -- a thread's life -------------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run(f"DELETE FROM {TABLE} WHERE thread_id = ?", (thread_id,))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        columns = (
+            "checkpoint_ns, step_id, base_step, version, keys, batch, batch_size, covered, status, text, model, "
+            "prompt_hash, input_tokens, output_tokens, attempts, available_at, last_error, created_at, done_at"
+        )
+        self._run(
+            f"INSERT INTO {TABLE} (thread_id, {columns}) SELECT ?, {columns} FROM {TABLE} WHERE thread_id = ? "
+            "ON CONFLICT (thread_id, checkpoint_ns, step_id) DO NOTHING",
+            (target_thread_id, source_thread_id),
+        )
+
+    def forget_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
+        """Delete the steps of thread namespaces that have no checkpoint left (older than the grace)."""
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"DELETE FROM {TABLE} WHERE created_at < ? AND NOT EXISTS (SELECT 1 FROM checkpoints c "
+                    f"WHERE c.thread_id = {TABLE}.thread_id AND c.checkpoint_ns = {TABLE}.checkpoint_ns)"
+                ),
+                (time.time() - grace_seconds,),
+            )
+            return cur.rowcount
+
+    def close(self) -> None:
+        """Nothing by default (a subclass closes its connections)."""
+
+
+class MemoryBook(MemorySummaryBook):
+    """The service's book in one process (``memory://``): the reducer's dict, with claims and dead letters.
+
+    Args:
+        has_checkpoints: ``has_checkpoints(thread_id, checkpoint_ns)`` for :meth:`forget_orphans`.
+    """
+
+    def __init__(self, has_checkpoints: Any = None) -> None:
+        super().__init__()
+        self._has_checkpoints = has_checkpoints
+        self._meta: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def _meta_of(self, key: tuple[str, str, str]) -> dict[str, Any]:
+        return self._meta.setdefault(
+            key,
+            {
+                "attempts": 0,
+                "available_at": 0.0,
+                "lease_until": None,
+                "claimed_by": None,
+                "last_error": None,
+                "created_at": time.time(),
+            },
+        )
+
+    def request(self, step: StepRequest) -> None:
+        super().request(step)
+        with self._lock:
+            self._meta_of((step.thread_id, step.checkpoint_ns, step.step_id))
+
+    def claim(self, worker_id: str, lease_seconds: float) -> ClaimedStep | None:
+        now = time.time()
+        with self._lock:
+            for key in self._order:
+                row, meta = self._steps[key], self._meta_of(key)
+                if row["status"] != "pending" or meta["available_at"] > now:
+                    continue
+                if meta["lease_until"] is not None and meta["lease_until"] > now:
+                    continue
+                previous = None
+                if row["base_step"] is not None:
+                    base = self._steps.get((key[0], key[1], row["base_step"]))
+                    if base is None or base["status"] != "done":
+                        continue
+                    previous = base["text"]
+                meta.update(
+                    claimed_by=worker_id, lease_until=now + lease_seconds, attempts=meta["attempts"] + 1
+                )
+                request = StepRequest(
+                    key[0],
+                    key[1],
+                    row["step_id"],
+                    row["base_step"],
+                    row["version"],
+                    tuple(row["keys"]),
+                    orjson.loads(batch_data(row["batch"])),
+                    row["covered"],
+                )
+                return ClaimedStep(request, previous, meta["attempts"])
+        return None
+
+    def complete(self, step: StepRequest, text: str, **details: Any) -> bool:
+        done = super().complete(step, text)
+        if done:
+            with self._lock:
+                self._meta_of((step.thread_id, step.checkpoint_ns, step.step_id)).update(
+                    claimed_by=None, lease_until=None, **details
+                )
+        return done
+
+    def fail(self, worker_id: str, step: StepRequest, error: str, *, retry_at: float | None = None) -> bool:
+        key = (step.thread_id, step.checkpoint_ns, step.step_id)
+        with self._lock:
+            row, meta = self._steps.get(key), self._meta_of(key)
+            if row is None or row["status"] != "pending" or meta["claimed_by"] != worker_id:
+                return False
+            meta.update(claimed_by=None, lease_until=None, last_error=error_text(error))
+            if retry_at is None:
+                row["status"] = "dead"
+            else:
+                meta["available_at"] = retry_at
+            return True
+
+    def release(self, worker_id: str) -> int:
+        with self._lock:
+            held = [m for m in self._meta.values() if m["claimed_by"] == worker_id]
+            for meta in held:
+                meta.update(claimed_by=None, lease_until=None, attempts=max(meta["attempts"] - 1, 0))
+            return len(held)
+
+    def retry_dead(self, *, thread_prefix: str = "") -> int:
+        with self._lock:
+            count = 0
+            for key, row in self._steps.items():
+                if row["status"] == "dead" and key[0].startswith(thread_prefix):
+                    row["status"] = "pending"
+                    self._meta_of(key).update(attempts=0, available_at=0.0)
+                    count += 1
+            return count
+
+    def dead_letters(self, limit: int = 100, *, thread_prefix: str = "") -> list[DeadStep]:
+        with self._lock:
+            return [
+                DeadStep(*key, self._meta_of(key)["attempts"], self._meta_of(key)["last_error"])
+                for key in self._order
+                if self._steps[key]["status"] == "dead" and key[0].startswith(thread_prefix)
+            ][:limit]
+
+    def status(self, *, thread_prefix: str = "") -> dict[str, Any]:
+        now = time.time()
+        with self._lock:
+            rows = [(k, r) for k, r in self._steps.items() if k[0].startswith(thread_prefix)]
+            pending = [(k, r) for k, r in rows if r["status"] == "pending"]
+            oldest = min((self._meta_of(k)["created_at"] for k, _ in pending), default=None)
+            return {
+                "pending_steps": len(pending),
+                "messages_awaiting_summary": sum(len(r["keys"]) for _, r in pending),
+                "done_steps": sum(r["status"] == "done" for _, r in rows),
+                "dead_steps": sum(r["status"] == "dead" for _, r in rows),
+                "oldest_pending_age_seconds": None if oldest is None else max(0.0, now - oldest),
+            }
+
+    def delete_thread(self, thread_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._order if k[0] == thread_id]:
+                self._order.remove(key)
+                self._steps.pop(key, None)
+                self._meta.pop(key, None)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._order if k[0] == source_thread_id]:
+                target = (target_thread_id, key[1], key[2])
+                if target in self._steps:
+                    continue
+                self._steps[target] = {**self._steps[key], "thread_id": target_thread_id}
+                self._meta[target] = dict(self._meta_of(key))
+                self._order.append(target)
+
+    def forget_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
+        if self._has_checkpoints is None:
+            return 0
+        cutoff = time.time() - grace_seconds
+        with self._lock:
+            gone = [
+                k
+                for k in self._order
+                if self._meta_of(k)["created_at"] < cutoff and not self._has_checkpoints(k[0], k[1])
+            ]
+            for key in gone:
+                self._order.remove(key)
+                self._steps.pop(key, None)
+                self._meta.pop(key, None)
+            return len(gone)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,92 @@
+"""Running summaries in a service process: the put path's :class:`Summaries` and the summarizer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from reducing_saver.reducer import MessageReducer, Summaries
+from reducing_saver.service.summaries.metrics import SummaryMetrics
+from reducing_saver.service.summaries.summarizer import SummaryWorker, load_summarizer, tenant_of
+
+logger = logging.getLogger(__name__)
+
+
+class RunningSummaries:
+    """The book, the put path's :class:`Summaries` and, where this process summarizes, the worker.
+
+    Args:
+        settings: The service ``Settings`` (summary group, reducer, extraction retries).
+        backend: The process's open backend.
+        wrap: The codec's ``wrap`` (the summary message as an element of a decoded list).
+        registry: The metrics registry.
+        tenant_mode: Stored thread ids are ``tenant:thread``.
+
+    Raises:
+        SummarizerError: If ``settings.summarizer`` names nothing usable.
+    """
+
+    def __init__(self, settings: Any, backend: Any, *, wrap: Any, registry: Any, tenant_mode: bool) -> None:
+        self.settings = settings
+        self.tenant_mode = tenant_mode
+        self.summarizer = load_summarizer(
+            settings.summarizer,
+            max_input_tokens=settings.summary_max_input_tokens,
+            max_tokens=settings.summary_max_tokens,
+        )
+        self.book = backend.summaries()
+        self.backend = backend
+        self.metrics = SummaryMetrics(registry, self.book) if registry is not None else None
+        tenants = set(settings.summarize_tenants) if settings.summarize_tenants else None
+        self.summaries = Summaries(
+            self.book,
+            hard_limit=MessageReducer(settings.summary_hard_reducer()),
+            wrap=wrap,
+            enabled=(lambda thread_id: tenant_of(thread_id, tenant_mode) in tenants) if tenants else None,
+            on_uncovered=self._uncovered,
+            on_request=self._wake,
+        )
+        self.workers: list[SummaryWorker] = []
+
+    def _wake(self, thread_id: str) -> None:
+        for worker in self.workers:
+            worker.wake()
+
+    def _uncovered(self, thread_id: str, count: int) -> None:
+        logger.warning(
+            "thread %r: %d message(s) cut past the summary hard limit before a summary covered them; they are "
+            "summarized when the summarizer catches up",
+            thread_id,
+            count,
+        )
+        if self.metrics is not None:
+            self.metrics.cut_uncovered(tenant_of(thread_id, self.tenant_mode), count)
+
+    def start(self) -> list[SummaryWorker]:
+        """Summarize in background threads of this process, ``summary_concurrency`` calls at once."""
+        settings = self.settings
+        store = self.backend.store()
+        for _ in range(settings.summary_concurrency):
+            worker = SummaryWorker(
+                self.book,
+                self.summarizer,
+                store=store,
+                tenant_mode=self.tenant_mode,
+                metrics=self.metrics,
+                lease_seconds=settings.summary_lease_seconds,
+                max_attempts=settings.extraction_max_attempts,
+                base_backoff=settings.extraction_base_backoff,
+                max_backoff=settings.extraction_max_backoff,
+                idle_sleep=min(settings.extraction_idle_seconds, 0.5),
+            )
+            worker.start()
+            self.workers.append(worker)
+        logger.info("running summaries started (%s, %d at once)", self.summarizer.name, len(self.workers))
+        return self.workers
+
+    def close(self, timeout: float = 30.0) -> None:
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            worker.stop(0)  # all of them are told first, then waited for
+        for worker in workers:
+            worker.stop(timeout)
