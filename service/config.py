@@ -103,7 +103,9 @@ class ReducerSettings(BaseModel):
     )
     max_tokens: int | None = Field(None, ge=1, description="Reduce a messages list over this many tokens.")
     target_tokens: int | None = Field(None, ge=1, description="Reduce down to this many tokens.")
-    preserve_first: bool = Field(True, description="Never prune a leading system message.")
+    preserve_first: bool = Field(
+        True, description="Never prune the leading system messages, nor a summary message right after them."
+    )
     start_on_human: bool = Field(True, description="Kept windows start on a human message.")
     messages_key: str = Field("messages", description="The channel holding the messages list.")
     namespace_key: str = Field(
