@@ -131,10 +131,10 @@ def test_every_dashboard_query_names_exposed_metrics(fresh_pg: str, tmp_path: Pa
                 converse(saver, f"thread-{tenant}", turns, seed=turns)
         headers = {"x-api-key": KEYS["a"]}
         deadline = time.monotonic() + 30
-        while True:  # until a measuring pass has seen the extracted messages
+        while True:  # until a measuring pass started after both threads has seen the extracted messages
             text = httpx.get(f"{service.url}/metrics", headers=headers).text
             figures = storage_figures(text)
-            if figures.get(("a", "store"), 0) > 0:
+            if figures.get(("a", "store"), 0) > 0 and figures.get(("b", "checkpoints"), 0) > 0:
                 break
             assert time.monotonic() < deadline, text
             time.sleep(0.2)
