@@ -41,6 +41,8 @@ SERVE_FLAGS: dict[str, str] = {
     # No flag for api_keys: a key on a command line is visible to every user of the host (ps).
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
+    # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
+    "--encryption": "encryption",
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
@@ -213,7 +215,7 @@ def _describe(error: ValidationError) -> str:
             involved = sorted((name for name, match in found.items() if match), key=lambda n: found[n].start())
         where = ", ".join(_where(name) for name in involved) or "settings"
         shown = ""
-        if field and "api_keys" not in field:
+        if field and "keys" not in field:
             value = item.get("input")
             if repr(value) not in message and str(value) not in message:
                 shown = f" (got {value!r})"

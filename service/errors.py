@@ -17,6 +17,9 @@ value, a value PostgreSQL refuses
 saver in time, the database unreachable
 :class:`Untransportable`: a stored value    500     names the field and why it cannot travel
 with no wire form
+``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
+fails its integrity check, is plain text
+under ``required``, or names a missing key
 anything else                               500     "internal server error" (logged)
 =========================================  ======  ===============================================
 """
@@ -32,6 +35,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from starlette.types import Send
 
+from reducing_saver.service.encryption import StoredDataError
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import SaversBusy
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
@@ -93,6 +97,8 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
         return 422, refused_value(exc)
     if isinstance(exc, ThreadNotEmptyError):
         return 409, str(exc)
+    if isinstance(exc, StoredDataError):
+        return 500, str(exc)
     if isinstance(exc, NotImplementedError):
         return 409, str(exc) or "not supported by this backend"
     if isinstance(exc, SaversBusy):
@@ -112,6 +118,7 @@ ANSWERED: tuple[type[BaseException], ...] = (
     psycopg.Error,
     PoolTimeout,
     ThreadNotEmptyError,
+    StoredDataError,
     NotImplementedError,
     SaversBusy,
     sqlite3.OperationalError,

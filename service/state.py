@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.config import Settings
+from reducing_saver.service.encryption import Cipher, Sealer, encrypting
 from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.memory import Memory
 from reducing_saver.service.imports import import_callable
@@ -131,7 +132,11 @@ class Service:
             backend.store()
             codec = self.metrics.measuring()
 
+            sealer = self.sealer()
+
             def wrap(inner: Any) -> ReducingSaver:
+                if sealer is not None:
+                    inner = encrypting(inner, sealer)
                 return ReducingSaver(
                     inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
                 )
@@ -158,6 +163,13 @@ class Service:
         self.backend, self.savers = backend, savers
         self.metrics.watch(savers, backend.pool, memory.outbox)
         logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
+
+    def sealer(self) -> Sealer | None:
+        """What seals stored values under ``--encryption`` (``None`` when it is off)."""
+        settings = self.settings
+        if settings.encryption == "off":
+            return None
+        return Sealer(Cipher(settings.keyring), settings.encryption, tenant_mode=self.tenant_mode)
 
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
         assert self.memory is not None, "the backend records only while the service is open"
