@@ -296,6 +296,11 @@ class Settings(
                 f"encryption {self.encryption} needs a key ring: set REDUCING_SAVER_ENCRYPTION_KEYS "
                 "(JSON, or the path of a file holding it)"
             )
+        if self.encryption != "off" and self.store_index is not None:
+            raise ValueError(
+                f"encryption {self.encryption} cannot be combined with store_index: the semantic index's "
+                "vectors are computed from, and reveal, the plain text of the values it encrypts"
+            )
         if self.encryption_keys is not None:
             self._keyring = load_keyring(self.encryption_keys.get_secret_value())
         return self

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.config import Settings
-from reducing_saver.service.encryption import Cipher, Sealer, encrypting
+from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
 from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.memory import Memory
 from reducing_saver.service.imports import import_callable
@@ -166,10 +166,7 @@ class Service:
 
     def sealer(self) -> Sealer | None:
         """What seals stored values under ``--encryption`` (``None`` when it is off)."""
-        settings = self.settings
-        if settings.encryption == "off":
-            return None
-        return Sealer(Cipher(settings.keyring), settings.encryption, tenant_mode=self.tenant_mode)
+        return sealer_for(self.settings, tenant_mode=self.tenant_mode)
 
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
         assert self.memory is not None, "the backend records only while the service is open"

@@ -3,6 +3,9 @@
 See docs/encryption.md for the modes, the key ring's format, rotation, and what is and is not encrypted.
 """
 
+import functools
+from typing import Any
+
 from reducing_saver.service.encryption.envelope import (
     Cipher,
     IntegrityError,
@@ -19,6 +22,23 @@ from reducing_saver.service.encryption.saver import (
     encrypting,
 )
 
+
+
+@functools.lru_cache(maxsize=8)
+def _sealer(ring: KeyRing, mode: str, tenant_mode: bool) -> Sealer:
+    return Sealer(Cipher(ring), mode, tenant_mode=tenant_mode)  # type: ignore[arg-type]
+
+
+def sealer_for(settings: Any, *, tenant_mode: bool) -> Sealer | None:
+    """The sealer of ``settings`` (``--encryption`` and its key ring), or ``None`` when it is off.
+
+    One per key ring and mode in a process, so its derived keys are computed once.
+    """
+    if getattr(settings, "encryption", "off") == "off":
+        return None
+    return _sealer(settings.keyring, settings.encryption, tenant_mode)
+
+
 __all__ = [
     "ENVELOPE_TYPE",
     "PLAIN_METADATA_KEYS",
@@ -34,4 +54,5 @@ __all__ = [
     "encrypting",
     "load_keyring",
     "parse_keyring",
+    "sealer_for",
 ]

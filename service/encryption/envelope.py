@@ -100,7 +100,7 @@ class Cipher:
         """
         key_id = key_id_of(envelope)
         if key_id is None:
-            raise IntegrityError(f"{where}: the stored ciphertext is malformed (integrity check failed)")
+            raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed")
         if self.ring.key(key_id) is None:
             raise UnknownKeyError(
                 f"{where}: encrypted under key id {key_id!r}, which the key ring does not hold "
@@ -112,6 +112,6 @@ class Cipher:
             return self._aead(key_id, tenant).decrypt(nonce, sealed, header + self._context(tenant, context))
         except InvalidTag:
             raise IntegrityError(
-                f"{where}: the stored ciphertext failed its integrity check (changed, or copied from "
-                "another place)"
+                f"{where}: integrity check failed: the stored ciphertext was changed, or copied from "
+                "another place"
             ) from None

@@ -148,7 +148,7 @@ class Sealer:
         if not is_sealed(value):
             return None, self._plain(value, where)
         if len(value.data) < _INDEX.size:
-            raise IntegrityError(f"{where}: the stored ciphertext is malformed (integrity check failed)")
+            raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed")
         (index,) = _INDEX.unpack_from(value.data)
         context = ["write", thread_id, ns, checkpoint_id, task_id, index, channel]
         plain = self.cipher.open(value.data[_INDEX.size :], self.tenant(thread_id), context, where)
@@ -179,7 +179,7 @@ class Sealer:
                 try:
                     envelope = base64.b64decode(value[len(METADATA_PREFIX) :], validate=True)
                 except (binascii.Error, ValueError):
-                    raise IntegrityError(f"{where}: the stored ciphertext is malformed") from None
+                    raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed") from None
                 context = ["metadata", thread_id, ns, checkpoint_id, key]
                 opened[key] = json.loads(self.cipher.open(envelope, tenant, context, where))
             else:
@@ -215,7 +215,7 @@ class Sealer:
                 if (task_id, index) in seen:  # one write's ciphertext copied over another index
                     raise IntegrityError(
                         f"thread {thread_id!r} checkpoint {checkpoint_id!r}: two pending writes of task "
-                        f"{task_id!r} carry index {index} (a write was copied; integrity check failed)"
+                        f"{task_id!r} carry index {index}: integrity check failed (a write was copied)"
                     )
                 seen.add((task_id, index))
             writes.append((task_id, channel, opened))

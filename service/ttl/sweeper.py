@@ -95,6 +95,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
+from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
+from reducing_saver.service.encryption.records import seal_entries
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
@@ -533,15 +535,21 @@ class Sweeper:
 
 
 def window_reader(
-    codec: SafeMessagesCodec, messages_key: str, agent_thread_id: Callable[[str], str] = str
+    codec: SafeMessagesCodec,
+    messages_key: str,
+    agent_thread_id: Callable[[str], str] = str,
+    sealer: Sealer | None = None,
 ) -> Window:
     """Reads the messages in the head checkpoint of a thread's root namespace, as outbox entries.
 
     ``agent_thread_id`` maps a stored thread id to the one the entries carry (tenant mode strips the
-    tenant, as ``Memory.record`` does).
+    tenant, as ``Memory.record`` does). ``sealer`` (``--encryption``): the head is opened, and the
+    entries sealed, as the service's savers and ``Memory.record`` do.
     """
 
     def window(saver: Any, thread_id: str, namespace: tuple[str, ...]) -> list[OutboxEntry]:
+        if sealer is not None:
+            saver = encrypting(saver, sealer)
         item = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
         if item is None:
             return []
@@ -551,9 +559,10 @@ def window_reader(
             if value is not None:
                 logger.warning("thread %r: its messages channel cannot be read; nothing extracted", thread_id)
             return []
-        return make_entries(
+        entries = make_entries(
             messages, namespace, thread_id=agent_thread_id(thread_id), checkpoint_id=item.checkpoint["id"]
         )
+        return seal_entries(sealer, entries)
 
     return window
 
@@ -581,6 +590,7 @@ def open_sweeper(
         SafeMessagesCodec(settings.allowed_message_classes),
         settings.messages_key,
         lambda thread_id: stored_thread_to_agent(thread_id, tenant_mode),
+        sealer_for(settings, tenant_mode=tenant_mode),
     )
     ledger = backend.ledger(window=window, recorder=outbox, worker_id=default_worker_id())
     if tenant_mode:
