@@ -74,6 +74,7 @@ WORKER_FLAGS: dict[str, str] = {
         "--extraction-lease-seconds",
         "--store-index",
         "--store-ttl",
+        "--encryption",
         "--log-level",
         "--log-format",
     )
@@ -88,11 +89,18 @@ SWEEP_FLAGS: dict[str, str] = {
         "--default-ttl",
         "--outbox-retention",
         "--allow-message-class",
+        "--encryption",
         "--log-level",
         "--log-format",
     )
 }
-ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS}
+#: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
+ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file", "--log-level", "--log-format")
+}
+ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS, **ENCRYPT_SWEEP_FLAGS}
+#: Passes of ``encrypt-sweep`` at most, while rows are left (changed concurrently meanwhile).
+ENCRYPT_SWEEP_PASSES = 5
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -154,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
     )
+    encrypt_sweep_parser = commands.add_parser(
+        "encrypt-sweep",
+        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL)",
+        description="Rewrite every plain row, and every row encrypted under a key other than the primary, "
+        "as ciphertext under the primary key of REDUCING_SAVER_ENCRYPTION_KEYS, by compare-and-set (safe "
+        "while services write and sweep the same database), until none is left; print rows per key id as "
+        "JSON. Exit 1 when rows are left.",
+    )
+    _add_flags(encrypt_sweep_parser, ENCRYPT_SWEEP_FLAGS)
     return parser
 
 
@@ -444,6 +461,33 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
     return 1 if report.errors else 0
 
 
+def encrypt_sweep(settings: Settings) -> int:
+    """Passes of the encryption sweep until no row is left behind; prints the last report as JSON."""
+    from reducing_saver.service.encryption import Cipher, Sealer
+    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep
+    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.storage import open_backend
+
+    configure_logging(settings)
+    if settings.keyring is None:
+        raise CommandError("encrypt-sweep needs the key ring: set REDUCING_SAVER_ENCRYPTION_KEYS", code=2)
+    if settings.backend != "postgres":
+        raise CommandError(f"encrypt-sweep rewrites PostgreSQL databases; {settings.backend} is not supported", code=2)
+    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
+    sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
+    try:
+        sweep = PostgresEncryptSweep(backend.pool, sealer)
+        for _ in range(ENCRYPT_SWEEP_PASSES):
+            report = sweep.run()
+            if not report.remaining or report.errors:
+                break
+    finally:
+        backend.close()
+    print(json.dumps(report.as_dict()))
+    return 1 if report.remaining else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -458,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker(settings)
         elif args.command == "sweep":
             return sweep(settings, dry_run=args.dry_run)
+        elif args.command == "encrypt-sweep":
+            return encrypt_sweep(settings)
         else:
             extraction(settings, args.action)
     except CommandError as error:
