@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata as importlib_metadata
 from typing import Literal, get_args, get_origin
 
@@ -22,6 +25,8 @@ from reducing_saver.service.config import Settings
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
+#: The key ring's variable: JSON, or the path of a file holding it.
+ENCRYPTION_KEYS_ENV = ENV_PREFIX + "ENCRYPTION_KEYS"
 
 #: CLI flag -> settings field, for every flag of ``serve``.
 SERVE_FLAGS: dict[str, str] = {
@@ -358,6 +363,8 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_keep_alive": settings.keep_alive_seconds,
     }
     if settings.workers == 1:
+        # Read once (settings.keyring): nothing this process starts inherits the key ring.
+        os.environ.pop(ENCRYPTION_KEYS_ENV, None)
         server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
         try:
             server.run(sockets=[sock])
@@ -367,12 +374,36 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
             raise CommandError("the service did not start (the log above says why)")
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
-    # the flags given here. Nothing else, and no secret, goes into their environment.
+    # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
+    # as JSON reaches them as a file only this user can read, removed when the service stops.
     os.environ[FLAGS_ENV] = json.dumps(flags)
     config = uvicorn.Config(
         "reducing_saver.service.app:app_from_env", factory=True, workers=settings.workers, **common
     )
-    Multiprocess(config, sockets=[sock]).run()
+    with _encryption_keys_as_file():
+        Multiprocess(config, sockets=[sock]).run()
+
+
+@contextlib.contextmanager
+def _encryption_keys_as_file() -> Iterator[None]:
+    """While it lasts, ``REDUCING_SAVER_ENCRYPTION_KEYS`` holding JSON is replaced in this process's
+    environment (which workers inherit) by the path of a file holding it: mode 0600, in a private folder
+    (in memory under /dev/shm where there is one)."""
+    text = os.environ.get(ENCRYPTION_KEYS_ENV, "")
+    if not text.strip().startswith("{"):  # unset, or already a path
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="reducing-saver-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    path = os.path.join(folder, "encryption-keys.json")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.environ[ENCRYPTION_KEYS_ENV] = path
+        yield
+    finally:
+        os.environ[ENCRYPTION_KEYS_ENV] = text
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker(settings: Settings) -> None:
