@@ -250,3 +250,30 @@ class PostgresEncryptSweep:
             "namespace, key",
             "UPDATE store SET value = %s::jsonb WHERE prefix = %s AND key = %s AND value::text = %s",
         )
+
+
+class SweepStep:
+    """The encryption sweep as a step of the TTL sweeper (``--encryption migrate`` on PostgreSQL): one pass
+    per TTL sweep, its rows per key id exported as ``reducing_saver_encrypted_rows{key_id=...}``."""
+
+    def __init__(self, sweep: PostgresEncryptSweep, registry: Any = None) -> None:
+        self.sweep = sweep
+        self.gauge = None
+        if registry is not None:
+            from prometheus_client import Gauge
+
+            self.gauge = Gauge(
+                "reducing_saver_encrypted_rows",
+                "Rows of conversation content per encryption key id (key_id=\"plain\": not encrypted yet), as "
+                "the last encryption sweep counted them.",
+                ["key_id"],
+                registry=registry,
+            )
+
+    def __call__(self) -> SweepReport:
+        report = self.sweep.run()
+        if self.gauge is not None:
+            self.gauge.clear()
+            for key_id, rows in report.by_key.items():
+                self.gauge.labels(key_id=key_id).set(rows)
+        return report

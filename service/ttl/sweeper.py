@@ -253,8 +253,10 @@ class Sweeper:
         tenant_mode: bool = False,
         outbox: Any = None,
         outbox_retention: float | None = None,
+        encrypt_step: Callable[[], Any] | None = None,
     ) -> None:
         self.ledger = ledger
+        self.encrypt_step = encrypt_step
         self.tenant_mode = tenant_mode
         self.outbox = outbox
         self.outbox_retention = outbox_retention
@@ -376,6 +378,7 @@ class Sweeper:
                 self.ledger.forget_log(LOG_DAYS, session=session)
         if not dry_run:
             self._purge_outbox(report)
+            self._encrypt_rows(report)
         report.seconds = time.monotonic() - started
         if not dry_run:
             self._settle(report)
@@ -429,6 +432,22 @@ class Sweeper:
         except Exception:
             logger.exception("purging delivered outbox rows failed; the next sweep retries")
             report.errors += 1
+
+    def _encrypt_rows(self, report: SweepReport) -> None:
+        """``--encryption migrate``: one pass of the encryption sweep (plain rows and old keys to the
+        primary key)."""
+        if self.encrypt_step is None or self._stop.is_set():
+            return
+        try:
+            done = self.encrypt_step()
+        except Exception:
+            logger.exception("the encryption sweep failed; the next sweep retries")
+            report.errors += 1
+            return
+        if done.rewritten or done.remaining:
+            logger.info(
+                "encryption sweep: %d row(s) rewritten, %d left", sum(done.rewritten.values()), done.remaining
+            )
 
     def _settle(self, report: SweepReport) -> None:
         with self._figures_lock:
@@ -612,4 +631,14 @@ def open_sweeper(
         tenant_mode=tenant_mode,
         outbox=outbox,
         outbox_retention=settings.outbox_retention,
+        encrypt_step=_encrypt_step(settings, backend, registry, tenant_mode),
     )
+
+
+def _encrypt_step(settings: Any, backend: Any, registry: Any, tenant_mode: bool) -> Callable[[], Any] | None:
+    """Under ``--encryption migrate`` on PostgreSQL, a pass of ``encrypt-sweep`` with each TTL sweep."""
+    if getattr(settings, "encryption", "off") != "migrate" or backend.kind != "postgres":
+        return None
+    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep, SweepStep
+
+    return SweepStep(PostgresEncryptSweep(backend.pool, sealer_for(settings, tenant_mode=tenant_mode)), registry)

@@ -212,3 +212,17 @@ def _replay_older_version(conn: psycopg.Connection, thread_id: str, channel: str
         (thread_id, channel, older, thread_id, channel, head),
     )
     assert updated.rowcount == 1
+
+
+def test_store_filters_apply_after_decrypting(encrypted):
+    process, _ = encrypted
+    with RemoteStore(process.url, api_key=KEYS["acme"]) as store:
+        for index in range(12):
+            store.put(("docs",), f"d{index:02}", {"kind": "even" if index % 2 == 0 else "odd", "n": index})
+        found = store.search(("docs",), filter={"kind": "even"}, limit=3, offset=1)
+        assert len(found) == 3 and all(item.value["kind"] == "even" for item in found)
+        evens = store.search(("docs",), filter={"kind": "even"}, limit=100)
+        assert sorted(item.value["n"] for item in evens) == [0, 2, 4, 6, 8, 10]
+        assert [i.key for i in found] == [i.key for i in evens][1:4]
+        assert {i.value["n"] for i in store.search(("docs",), filter={"n": {"$gt": 9}})} == {10, 11}
+        assert len(store.search(("docs",), limit=100)) == 12

@@ -109,3 +109,27 @@ def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_p
     with Connection.connect(fresh_pg, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
         with pytest.raises(NotImplementedError, match="Unknown serialization type: reducing-saver/aesgcm"):
             PostgresSaver(conn).get_tuple({"configurable": {"thread_id": "legacy"}})
+
+
+def test_the_ttl_sweeper_encrypts_under_migrate_and_counts_rows_per_key(tmp_path, fresh_pg):
+    import re
+    import time
+
+    import httpx
+
+    sentinel = f"SENTINEL-{uuid.uuid4().hex}"
+    _stock_thread(fresh_pg, "legacy", sentinel)
+    args = ("--database", fresh_pg, "--encryption", "migrate", "--sweep-interval", "1s")
+    env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
+    with run_service(tmp_path, *args, env=env) as process:
+        deadline, rows = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            metrics = httpx.get(process.url + "/metrics").text
+            rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
+            if rows and "plain" not in rows:
+                break
+            time.sleep(0.5)
+        assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
+        assert _read(process.url, "legacy")["metadata"]["tag"] == f"meta {sentinel}"
+    dump = subprocess.run(["pg_dump", fresh_pg], check=True, capture_output=True, text=True).stdout
+    assert sentinel not in dump and sentinel.encode().hex() not in dump
