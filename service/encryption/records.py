@@ -17,15 +17,18 @@ import binascii
 import copy
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
 from langgraph.store.memory import _compare_values
 
-from reducing_saver.service.encryption.envelope import IntegrityError, key_id_of
+from reducing_saver.service.encryption.envelope import IntegrityError, StoredDataError, key_id_of
 from reducing_saver.service.encryption.saver import ENVELOPE_TYPE, Sealer
 from reducing_saver.service.extraction.outbox import OutboxEntry
+
+logger = logging.getLogger("reducing_saver.service")
 
 #: Items a filtered search reads per page while it filters after opening.
 _SEARCH_PAGE = 500
@@ -108,13 +111,18 @@ class EncryptingOutbox:
         return self.inner.record(seal_entries(self.sealer, entries))
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
-        claimed = self.inner.claim(worker_id, limit, lease_seconds)
-        return [
-            dataclasses.replace(
-                entry, message=open_record(self.sealer, "outbox", entry.message, entry.namespace, entry.key)
-            )
-            for entry in claimed
-        ]
+        """The inner claim, messages opened. A row that cannot be opened (changed, moved, plain under
+        ``required``, an unknown key) becomes a dead letter whose error says why; the others go on."""
+        opened = []
+        for entry in self.inner.claim(worker_id, limit, lease_seconds):
+            try:
+                message = open_record(self.sealer, "outbox", entry.message, entry.namespace, entry.key)
+            except StoredDataError as exc:
+                logger.error("outbox row %r of thread %r: %s", entry.key, entry.thread_id, exc)
+                self.inner.fail(worker_id, entry.ident, str(exc), dead=True)
+                continue
+            opened.append(dataclasses.replace(entry, message=message))
+        return opened
 
 
 # -- the store -------------------------------------------------------------------------------------
