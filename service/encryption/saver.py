@@ -42,7 +42,7 @@ from langgraph.checkpoint.base import (
 )
 
 from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, key_id_of
-from reducing_saver.service.storage.lifecycle import DELTA_METADATA_KEYS
+from reducing_saver.service.storage.lifecycle import DELTA_METADATA_KEYS, is_snapshot_value, refuse_delta_threads
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -338,6 +338,20 @@ class _Prune:
     inner: BaseCheckpointSaver
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """The inner ``prune``; ``keep_latest`` first refuses threads holding a DeltaChannel snapshot,
+        which the backends recognize by its bytes, and which are sealed here: the threads' checkpoints are
+        opened and looked at (the backends still check the metadata counters themselves)."""
+        if strategy == "keep_latest" and not isinstance(thread_ids, str):
+            delta = []
+            for thread_id in thread_ids:
+                with closing(self.list({"configurable": {"thread_id": thread_id}})) as found:  # type: ignore[attr-defined]
+                    if any(
+                        is_snapshot_value(value)
+                        for item in found
+                        for value in (item.checkpoint.get("channel_values") or {}).values()
+                    ):
+                        delta.append(thread_id)
+            refuse_delta_threads(delta)
         return self.inner.prune(thread_ids, strategy=strategy)
 
 
