@@ -42,7 +42,13 @@ from langgraph.checkpoint.base import (
 )
 
 from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, key_id_of
-from reducing_saver.service.storage.lifecycle import DELTA_METADATA_KEYS, is_snapshot_value, refuse_delta_threads
+from reducing_saver.service.storage.lifecycle import (
+    DELTA_METADATA_KEYS,
+    ThreadNotEmptyError,
+    check_copy_ids,
+    is_snapshot_value,
+    refuse_delta_threads,
+)
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -242,9 +248,9 @@ class EncryptingSaver(BaseCheckpointSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
 
     Build one with :func:`encrypting`, which gives it exactly the optional capabilities it supports of
-    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys).
-    ``copy_thread`` and ``get_delta_channel_history`` are not offered: every envelope is bound to its
-    thread and checkpoint, which those would change or lose.
+    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys), and
+    ``copy_thread`` (which seals each value again for the target thread). ``get_delta_channel_history``
+    is not offered: it returns writes without the checkpoint their envelopes are bound to.
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -355,7 +361,47 @@ class _Prune:
         return self.inner.prune(thread_ids, strategy=strategy)
 
 
-_MIXINS: dict[str, type] = {"delete_for_runs": _DeleteForRuns, "prune": _Prune}
+class _CopyThread:
+    inner: BaseCheckpointSaver
+    sealer: Sealer
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread by opening each of its values and sealing it again for the target thread.
+
+        The backends' own ``copy_thread`` copies rows as they are, and a ciphertext bound to the source
+        thread does not open under the target. Checkpoints are copied oldest first, with their ids,
+        parents, metadata and pending writes (whose ``task_path`` the saver API does not return: copies
+        get ``""``). Unlike the backends' copy it is not one transaction: a copy cut short leaves the
+        target partly written (delete it and copy again).
+
+        Raises:
+            ValueError: If source and target are the same thread id.
+            ThreadNotEmptyError: If the target already holds checkpoints (nothing copied).
+        """
+        source, target = check_copy_ids(source_thread_id, target_thread_id)
+        with closing(self.inner.list({"configurable": {"thread_id": target}}, limit=1)) as found:
+            if next(found, None) is not None:
+                raise ThreadNotEmptyError(target)
+        with closing(self.list({"configurable": {"thread_id": source}})) as found:  # type: ignore[attr-defined]
+            items = list(found)
+        for item in sorted(items, key=lambda i: i.checkpoint["id"]):
+            ns = item.config["configurable"].get("checkpoint_ns", "")
+            parent = (item.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+            config: RunnableConfig = {"configurable": {"thread_id": target, "checkpoint_ns": ns}}
+            if parent:
+                config["configurable"]["checkpoint_id"] = parent
+            values = item.checkpoint.get("channel_values") or {}
+            versions = {c: v for c, v in (item.checkpoint.get("channel_versions") or {}).items() if c in values}
+            self.put(config, item.checkpoint, item.metadata, versions)  # type: ignore[attr-defined]
+            by_task: dict[str, list[tuple[str, Any]]] = {}
+            for task_id, channel, value in item.pending_writes or ():
+                by_task.setdefault(task_id, []).append((channel, value))
+            written = {"configurable": {"thread_id": target, "checkpoint_ns": ns, "checkpoint_id": item.checkpoint["id"]}}
+            for task_id, writes in by_task.items():
+                self.put_writes(written, writes, task_id)  # type: ignore[attr-defined]
+
+
+_MIXINS: dict[str, type] = {"copy_thread": _CopyThread, "delete_for_runs": _DeleteForRuns, "prune": _Prune}
 
 
 def encrypting(inner: BaseCheckpointSaver, sealer: Sealer) -> EncryptingSaver:

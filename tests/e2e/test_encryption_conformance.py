@@ -15,9 +15,9 @@ from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e
 
-# Under encryption every ciphertext is bound to its thread and checkpoint: copy_thread (which would move
-# them) and the DeltaChannel history (which reads writes without their checkpoint) are not offered.
-EXPECTED = {cap.value for cap in Capability} - {"copy_thread"}
+# Every capability the suite knows; the DeltaChannel history (writes read without the checkpoint their
+# ciphertext is bound to) is not offered under encryption.
+EXPECTED = {cap.value for cap in Capability}
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -50,4 +50,4 @@ async def test_conformance_required(service):
     assert detected == EXPECTED
     assert report.passed_all(), _report_failures(report)
     with RemoteReducingSaver(process.url) as client:
-        assert sorted(client.capabilities) == ["delete_for_runs", "prune"]
+        assert sorted(client.capabilities) == ["copy_thread", "delete_for_runs", "prune"]
