@@ -48,3 +48,16 @@ def test_keep_latest_refuses_a_thread_with_a_sealed_delta_snapshot(saver):
     assert saver.get_tuple({"configurable": {"thread_id": "plain"}}).checkpoint["channel_values"] == {
         "items": "a string"
     }
+
+
+def test_list_filters_on_sealed_metadata_after_opening(saver):
+    for index in range(6):
+        checkpoint = empty_checkpoint()
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "user": f"u{index % 2}"}}
+        saver.put(config, checkpoint, {"source": "loop", "step": index, "parents": {}, "score": index}, {})
+    found = list(saver.list({"configurable": {"thread_id": "t"}}, filter={"user": "u1"}, limit=2))
+    assert [item.metadata["step"] for item in found] == [5, 3]
+    assert [i.metadata["score"] for i in saver.list(None, filter={"user": "u0", "step": 2})] == [2]
+    assert list(saver.list(None, filter={"user": "nobody"})) == []
+    stored = saver.inner.get_tuple({"configurable": {"thread_id": "t"}}).metadata  # in the database
+    assert stored["step"] == 5 and stored["user"].startswith("reducing-saver/aesgcm:")
