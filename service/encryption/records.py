@@ -68,7 +68,7 @@ def open_record(sealer: Sealer, kind: str, value: Any, namespace: Sequence[str],
     """
     where = f"{kind} item {key!r} in namespace {tuple(namespace)!r}"
     if not is_sealed_record(value):
-        return sealer._plain(value, where)
+        return sealer.plain(value, where)
     try:
         envelope = base64.b64decode(value[ENVELOPE_TYPE], validate=True)
     except (binascii.Error, ValueError):

@@ -118,7 +118,12 @@ class Sealer:
         """The tenant whose key seals a thread's values ("" in single-tenant mode)."""
         return thread_id.split(":", 1)[0] if self.tenant_mode else ""
 
-    def _plain(self, value: Any, where: str) -> Any:
+    def plain(self, value: Any, where: str) -> Any:
+        """A plain stored value, as it is under ``migrate``.
+
+        Raises:
+            PlainTextRefused: Under ``required``, naming ``where``.
+        """
         if self.mode == "required":
             raise PlainTextRefused(
                 f"{where}: the stored value is plain text, which --encryption required refuses to read "
@@ -134,7 +139,7 @@ class Sealer:
     def open_value(self, value: Any, thread_id: str, ns: str, channel: str, version: Any) -> Any:
         where = f"thread {thread_id!r} namespace {ns!r} channel {channel!r}"
         if not is_sealed(value):
-            return self._plain(value, where)
+            return self.plain(value, where)
         context = ["blob", thread_id, ns, channel, str(version)]
         return _from_plain_bytes(self.cipher.open(value.data, self.tenant(thread_id), context, where))
 
@@ -152,7 +157,7 @@ class Sealer:
         """``(index, value)``: the write's authenticated index (``None`` for a plain write) and value."""
         where = f"thread {thread_id!r} checkpoint {checkpoint_id!r} pending write of task {task_id!r}"
         if not is_sealed(value):
-            return None, self._plain(value, where)
+            return None, self.plain(value, where)
         if len(value.data) < _INDEX.size:
             raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed")
         (index,) = _INDEX.unpack_from(value.data)
@@ -189,7 +194,7 @@ class Sealer:
                 context = ["metadata", thread_id, ns, checkpoint_id, key]
                 opened[key] = json.loads(self.cipher.open(envelope, tenant, context, where))
             else:
-                opened[key] = self._plain(value, where)
+                opened[key] = self.plain(value, where)
         return opened
 
     # whole checkpoints

@@ -95,7 +95,7 @@ class PostgresEncryptSweep:
         if not done and key_id != self.primary:
             report.remaining += 1
 
-    def _attempt(self, report: SweepReport, table: str, what: str, fn: Any) -> tuple[bool, str | None]:
+    def _attempt(self, report: SweepReport, table: str, fn: Any) -> tuple[bool, str | None]:
         """Run one rewrite; ``(rewritten, key id now)``. A row that cannot be read is reported, not fatal."""
         try:
             return fn()
@@ -125,7 +125,7 @@ class PostgresEncryptSweep:
                 )
                 return updated.rowcount == 1, self.primary
 
-            done, now = self._attempt(report, "checkpoint_blobs", "blob", rewrite)
+            done, now = self._attempt(report, "checkpoint_blobs", rewrite)
             report.rewritten["checkpoint_blobs"] += done
             self._count(report, now if done else key_id, done)
 
@@ -182,7 +182,7 @@ class PostgresEncryptSweep:
                 )
                 return updated.rowcount == 1, self.primary
 
-            done, now = self._attempt(report, "checkpoint_writes", "write", rewrite)
+            done, now = self._attempt(report, "checkpoint_writes", rewrite)
             report.rewritten["checkpoint_writes"] += done
             self._count(report, now if done else key_id, done)
 
@@ -210,7 +210,7 @@ class PostgresEncryptSweep:
                 )
                 return updated.rowcount == 1, self.primary
 
-            done, now = self._attempt(report, "checkpoints.metadata", "metadata", rewrite)
+            done, now = self._attempt(report, "checkpoints.metadata", rewrite)
             report.rewritten["checkpoints.metadata"] += done
             self._count(report, now if done else sealed_key_id(metadata[stale[0]]), done)
 
@@ -224,13 +224,15 @@ class PostgresEncryptSweep:
                 continue
             namespace = row["namespace"] if isinstance(row["namespace"], list) else row["namespace"].split(".")
 
-            def rewrite(row: dict = row, value: Any = value, namespace: list = namespace) -> tuple[bool, str | None]:
-                opened = open_record(self.sealer, kind, value, namespace, row["key"]) if key_id else value
+            def rewrite(
+                row: dict = row, value: Any = value, namespace: list = namespace, sealed: bool = key_id is not None
+            ) -> tuple[bool, str | None]:
+                opened = open_record(self.sealer, kind, value, namespace, row["key"]) if sealed else value
                 sealed = seal_record(self.sealer, kind, opened, namespace, row["key"])
                 updated = conn.execute(update, (json.dumps(sealed), row["namespace"], row["key"], row["text"]))
                 return updated.rowcount == 1, self.primary
 
-            done, now = self._attempt(report, table, kind, rewrite)
+            done, now = self._attempt(report, table, rewrite)
             report.rewritten[table] += done
             self._count(report, now if done else key_id, done)
 

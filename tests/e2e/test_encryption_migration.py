@@ -57,8 +57,10 @@ def _read(url: str, thread_id: str) -> dict:
 
 
 def _serve(tmp_path, database: str, mode: str, ring: str):
+    """The service in ``mode``, without TTL sweeps (under migrate they would encrypt: the CLI's job here)."""
     return run_service(
-        tmp_path, "--database", database, "--encryption", mode, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring}
+        tmp_path, "--database", database, "--encryption", mode, "--no-sweep",
+        env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring},
     )
 
 
