@@ -226,3 +226,26 @@ def test_store_filters_apply_after_decrypting(encrypted):
         assert [i.key for i in found] == [i.key for i in evens][1:4]
         assert {i.value["n"] for i in store.search(("docs",), filter={"n": {"$gt": 9}})} == {10, 11}
         assert len(store.search(("docs",), limit=100)) == 12
+
+
+def test_delete_with_extraction_reads_the_sealed_window(tmp_path, fresh_pg):
+    """--extract-on-delete: the thread's last window is opened, its messages sealed into the outbox, and
+    delivered to the store, where the agent reads them back."""
+    import time
+
+    from langchain_core.messages import HumanMessage
+
+    from tests.support.encrypted_graph import graph
+
+    args = ("--database", fresh_pg, "--encryption", "required", "--extract-on-delete", "--max-messages", "50")
+    with run_service(tmp_path, *args, env=_env(ring_json("k1", k1=new_key()))) as process:
+        with RemoteReducingSaver(process.url, api_key=KEYS["acme"]) as saver:
+            graph(saver).invoke({"messages": [HumanMessage("remember me")]}, {"configurable": {"thread_id": "gone"}})
+            saver.delete_thread("gone")
+        with RemoteStore(process.url, api_key=KEYS["acme"]) as store:
+            deadline = time.monotonic() + 20
+            while len(found := store.search(("memories", "gone"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert "remember me" in str([item.value for item in found])
+    with psycopg.connect(fresh_pg) as conn:
+        assert "remember me" not in str(conn.execute("SELECT message::text FROM reducing_saver_outbox").fetchall())
