@@ -98,7 +98,9 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
     if isinstance(exc, ThreadNotEmptyError):
         return 409, str(exc)
     if isinstance(exc, StoredDataError):
-        return 500, str(exc)
+        from reducing_saver.service.security.tenancy import TenantScope, current_tenant
+
+        return 500, TenantScope(current_tenant()).text(str(exc))  # the tenant's own thread ids
     if isinstance(exc, NotImplementedError):
         return 409, str(exc) or "not supported by this backend"
     if isinstance(exc, SaversBusy):

@@ -96,7 +96,7 @@ def _assert_integrity_error(url: str, tenant: str, thread_id: str) -> None:
     with pytest.raises(ReducingSaverError) as caught:
         _read(url, tenant, thread_id)
     assert "integrity check failed" in str(caught.value)
-    assert thread_id in str(caught.value)
+    assert f"thread {thread_id!r}" in str(caught.value)  # the agent's own id, not the stored one
 
 
 def _flip(conn: psycopg.Connection, table: str, column: str, where: str, params: tuple) -> None:
