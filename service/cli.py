@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata as importlib_metadata
 from typing import Literal, NoReturn, get_args, get_origin
 
@@ -23,6 +26,8 @@ from reducing_saver.service.config import Settings
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
+#: The key ring's variable: JSON, or the path of a file holding it.
+ENCRYPTION_KEYS_ENV = ENV_PREFIX + "ENCRYPTION_KEYS"
 
 #: CLI flag -> settings field, for every flag of ``serve``.
 SERVE_FLAGS: dict[str, str] = {
@@ -44,6 +49,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--insecure": "insecure",
     "--docs-public": "docs_public",
     "--metrics-public": "metrics_public",
+    # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
+    "--encryption": "encryption",
     "--log-level": "log_level",
     "--log-format": "log_format",
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
@@ -118,6 +125,7 @@ WORKER_FLAGS: dict[str, str] = {
         "--summary-max-tokens",
         "--summary-lease-seconds",
         "--summary-concurrency",
+        "--encryption",
         "--log-level",
         "--log-format",
     )
@@ -136,13 +144,28 @@ SWEEP_FLAGS: dict[str, str] = {
         "--default-ttl",
         "--outbox-retention",
         "--allow-message-class",
+        "--encryption",
         "--log-level",
         "--log-format",
     )
 }
 #: The flags of ``report`` besides its own (``--top``, ``--png``).
 REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
-ALL_FLAGS = {**SERVE_FLAGS, **WORKER_FLAGS, **MIGRATE_FLAGS, **EXTRACTION_FLAGS, **SWEEP_FLAGS, **REPORT_FLAGS}
+#: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
+ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file", "--log-level", "--log-format")
+}
+ALL_FLAGS = {
+    **SERVE_FLAGS,
+    **WORKER_FLAGS,
+    **MIGRATE_FLAGS,
+    **EXTRACTION_FLAGS,
+    **SWEEP_FLAGS,
+    **REPORT_FLAGS,
+    **ENCRYPT_SWEEP_FLAGS,
+}
+#: Passes of ``encrypt-sweep`` at most, while rows are left (changed concurrently meanwhile).
+ENCRYPT_SWEEP_PASSES = 5
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -222,28 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
     )
-    report_parser = commands.add_parser(
-        "report",
-        help="print the largest threads' storage, saved against a plain saver; optionally a PNG chart",
-        description="Measure every thread's storage in the database (checkpoints, blobs, writes, outbox and "
-        "store) and print a table of the largest: thread, tenant, checkpoints kept, bytes now, the bytes a "
-        "plain add_messages saver would hold (estimate; see docs/storage.md) and the ratio. Reads the "
-        "database directly; safe while services use it. With API keys configured (REDUCING_SAVER_API_KEYS "
-        "or --api-keys-file), threads are shown with their tenant.",
+#: The flags of ``report`` besides its own (``--top``, ``--png``).
+REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
+    encrypt_sweep_parser = commands.add_parser(
+        "encrypt-sweep",
+        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL)",
+        description="Rewrite every plain row, and every row encrypted under a key other than the primary, "
+        "as ciphertext under the primary key of REDUCING_SAVER_ENCRYPTION_KEYS, by compare-and-set (safe "
+        "while services write and sweep the same database), until none is left; print rows per key id as "
+        "JSON. Exit 1 when rows are left.",
     )
-    _add_flags(report_parser, REPORT_FLAGS)
-    report_parser.add_argument(
-        "--top",
-        type=_positive,
-        default=20,
-        metavar="N",
-        help="how many of the largest threads to show (default 20)",
-    )
-    report_parser.add_argument(
-        "--png",
-        metavar="PATH",
-        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
-    )
+    _add_flags(encrypt_sweep_parser, ENCRYPT_SWEEP_FLAGS)
     return parser
 
 
@@ -315,7 +327,7 @@ def _describe(error: ValidationError) -> str:
             involved = sorted((name for name, match in found.items() if match), key=lambda n: found[n].start())
         where = ", ".join(_where(name) for name in involved) or "settings"
         shown = ""
-        if field and "api_keys" not in field:
+        if field and "keys" not in field:
             value = item.get("input")
             if repr(value) not in message and str(value) not in message:
                 shown = f" (got {value!r})"
@@ -496,6 +508,8 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_keep_alive": settings.keep_alive_seconds,
     }
     if settings.workers == 1:
+        # Read once (settings.keyring): nothing this process starts inherits the key ring.
+        os.environ.pop(ENCRYPTION_KEYS_ENV, None)
         server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
         try:
             server.run(sockets=[sock])
@@ -505,11 +519,35 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
             raise CommandError("the service did not start (the log above says why)")
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
-    # the flags given here. Nothing else, and no secret, goes into their environment.
+    # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
+    # as JSON reaches them as a file only this user can read, removed when the service stops.
     from reducing_saver.service.processes import run_workers
 
     os.environ[FLAGS_ENV] = json.dumps(flags)
-    run_workers(settings, common, [sock])
+    with _encryption_keys_as_file():
+        run_workers(settings, common, [sock])
+
+
+@contextlib.contextmanager
+def _encryption_keys_as_file() -> Iterator[None]:
+    """While it lasts, ``REDUCING_SAVER_ENCRYPTION_KEYS`` holding JSON is replaced in this process's
+    environment (which workers inherit) by the path of a file holding it: mode 0600, in a private folder
+    (in memory under /dev/shm where there is one)."""
+    text = os.environ.get(ENCRYPTION_KEYS_ENV, "")
+    if not text.strip().startswith("{"):  # unset, or already a path
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="reducing-saver-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    path = os.path.join(folder, "encryption-keys.json")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.environ[ENCRYPTION_KEYS_ENV] = path
+        yield
+    finally:
+        os.environ[ENCRYPTION_KEYS_ENV] = text
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker(settings: Settings) -> None:
@@ -672,6 +710,33 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
     return 0
 
 
+def encrypt_sweep(settings: Settings) -> int:
+    """Passes of the encryption sweep until no row is left behind; prints the last report as JSON."""
+    from reducing_saver.service.encryption import Cipher, Sealer
+    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep
+    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.storage import open_backend
+
+    configure_logging(settings)
+    if settings.keyring is None:
+        raise CommandError("encrypt-sweep needs the key ring: set REDUCING_SAVER_ENCRYPTION_KEYS", code=2)
+    if settings.backend != "postgres":
+        raise CommandError(f"encrypt-sweep rewrites PostgreSQL databases; {settings.backend} is not supported", code=2)
+    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
+    sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
+    try:
+        sweep = PostgresEncryptSweep(backend.pool, sealer)
+        for _ in range(ENCRYPT_SWEEP_PASSES):
+            report = sweep.run()
+            if not report.remaining or report.errors:
+                break
+    finally:
+        backend.close()
+    print(json.dumps(report.as_dict()))
+    return 1 if report.remaining else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -690,6 +755,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report(settings, top=args.top, png=args.png)
         elif args.command == "migrate":
             migrate(settings)
+        elif args.command == "encrypt-sweep":
+            return encrypt_sweep(settings)
         else:
             extraction(settings, args.action)
     except CommandError as error:

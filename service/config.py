@@ -7,7 +7,7 @@ and parses the API keys once (``api_key_set``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,9 @@ from reducing_saver.reducer import ReducerConfig
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys
+
+if TYPE_CHECKING:
+    from reducing_saver.service.encryption import KeyRing
 from reducing_saver.service.security.limits import Limits as LimitSettings
 from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
 from reducing_saver.service.ttl.durations import parse_duration
@@ -144,6 +147,19 @@ class SecuritySettings(BaseModel):
         description="Serve the API description (/docs, /redoc, /openapi.json and the pages' assets) "
         "without an API key: it describes routes and bodies, never stored data. Off: it needs a key like "
         "other routes.",
+    )
+    encryption: Literal["off", "migrate", "required"] = Field(
+        "off",
+        description="Encryption at rest (docs/encryption.md): off stores plain values; migrate reads plain "
+        "and encrypted rows and writes only encrypted ones (reducing-saver encrypt-sweep rewrites the rest); "
+        "required writes only encrypted rows and refuses to read a plain one. Keys: "
+        "REDUCING_SAVER_ENCRYPTION_KEYS.",
+    )
+    encryption_keys: SecretStr | None = Field(
+        None,
+        description='The encryption key ring as JSON {"primary": "<key id>", "keys": {"<key id>": "<base64 '
+        'of 32 bytes>"}}, or the path of a file holding it (a mounted secret). Environment or .env only: '
+        "no flag carries a key.",
     )
     allowed_state_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: [ANY_CLASS],
@@ -305,6 +321,7 @@ class Settings(
         hide_input_in_errors=True,
     )
     _api_key_set: Any = PrivateAttr(default=None)
+    _keyring: Any = PrivateAttr(default=None)
 
     @field_validator("extractor")
     @classmethod
@@ -345,6 +362,25 @@ class Settings(
         if value is not None and (not value.partition(":")[0] or not value.partition(":")[2]):
             raise ValueError(f"{value!r} is not provider:model or module:attribute")
         return value or None
+
+    @model_validator(mode="after")
+    def _check_encryption(self) -> Settings:
+        # Parsed once, here; errors name the field or key id that is wrong, never a key.
+        from reducing_saver.service.encryption import load_keyring
+
+        if self.encryption != "off" and self.encryption_keys is None:
+            raise ValueError(
+                f"encryption {self.encryption} needs a key ring: set REDUCING_SAVER_ENCRYPTION_KEYS "
+                "(JSON, or the path of a file holding it)"
+            )
+        if self.encryption != "off" and self.store_index is not None:
+            raise ValueError(
+                f"encryption {self.encryption} cannot be combined with store_index: the semantic index's "
+                "vectors are computed from, and reveal, the plain text of the values it encrypts"
+            )
+        if self.encryption_keys is not None:
+            self._keyring = load_keyring(self.encryption_keys.get_secret_value())
+        return self
 
     @field_validator("allowed_message_classes", "on_prune", "allowed_state_types", mode="before")
     @classmethod
@@ -402,6 +438,11 @@ class Settings(
     def api_key_set(self) -> ApiKeys | None:
         """The configured API keys, parsed; ``None`` without any (single-tenant mode)."""
         return self._api_key_set
+
+    @property
+    def keyring(self) -> KeyRing | None:
+        """The encryption key ring, parsed; ``None`` when none is configured."""
+        return self._keyring
 
     @property
     def limits(self) -> LimitSettings:

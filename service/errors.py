@@ -18,6 +18,9 @@ value, a value PostgreSQL refuses
 saver in time, the database unreachable
 :class:`Untransportable`: a stored value    500     names the field and why it cannot travel
 with no wire form
+``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
+fails its integrity check, is plain text
+under ``required``, or names a missing key
 anything else                               500     "internal server error" (logged)
 =========================================  ======  ===============================================
 """
@@ -30,6 +33,7 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
+from reducing_saver.service.encryption import StoredDataError
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
@@ -96,6 +100,10 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
         return 422, str(exc)
     if isinstance(exc, ThreadNotEmptyError):
         return 409, str(exc)
+    if isinstance(exc, StoredDataError):
+        from reducing_saver.service.security.tenancy import TenantScope, current_tenant
+
+        return 500, TenantScope(current_tenant()).text(str(exc))  # the tenant's own thread ids
     if isinstance(exc, NotImplementedError):
         return 409, str(exc) or "not supported by this backend"
     if isinstance(exc, (SaversBusy, DatabaseUnavailable)):
@@ -110,6 +118,7 @@ ANSWERED: tuple[type[BaseException], ...] = (
     WireError,
     ValueRefused,
     ThreadNotEmptyError,
+    StoredDataError,
     NotImplementedError,
     SaversBusy,
     DatabaseUnavailable,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.config import Settings
+from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
 from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.memory import Memory
 from reducing_saver.service.imports import import_callable
@@ -146,7 +147,11 @@ class Service:
                 )
             summaries = self.running_summaries.summaries if self.running_summaries is not None else None
 
+            sealer = self.sealer()
+
             def wrap(inner: Any) -> ReducingSaver:
+                if sealer is not None:
+                    inner = encrypting(inner, sealer)
                 return ReducingSaver(
                     inner,
                     self.reducer,
@@ -194,6 +199,10 @@ class Service:
         self._metrics_stop = threading.Event()
         self.metrics.start_updating(self._metrics_stop)
         logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
+
+    def sealer(self) -> Sealer | None:
+        """What seals stored values under ``--encryption`` (``None`` when it is off)."""
+        return sealer_for(self.settings, tenant_mode=self.tenant_mode)
 
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
         assert self.memory is not None, "the backend records only while the service is open"

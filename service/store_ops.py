@@ -34,6 +34,8 @@ from langgraph.store.base import (
 
 from reducing_saver.reducer import validate_namespace
 from reducing_saver.service import security
+from reducing_saver.service.encryption import sealer_for
+from reducing_saver.service.encryption.records import sealed_store
 from reducing_saver.service.errors import BadRequest, Unavailable
 from reducing_saver.wire import json_dumps
 from reducing_saver.service.storage import backend_module
@@ -328,7 +330,7 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
     backend = service.backend
     if backend is None:
         raise Unavailable("the service is starting or stopping")
-    store = backend.store()
+    store = sealed_store(backend.store(), sealer_for(service.settings, tenant_mode=service.tenant_mode))
     ttl_config = getattr(store, "ttl_config", None)
     check_ops(
         ops, field, ttl_config, backend_module(service.settings.database), big_ints=service.backend_kind != "sqlite"

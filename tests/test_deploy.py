@@ -896,3 +896,19 @@ def test_image_entrypoint_serves_and_the_example_worker_reduces(tmp_path, fresh_
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_both_pods_read_the_encryption_key_ring_from_a_mounted_secret():
+    """The variable holds a path into a Secret volume (never a key), the same in the service and worker
+    pods, and the mode it names is a real one."""
+    for name in ("service", "worker"):
+        pod = manifest("Deployment", name)["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {item["name"]: item.get("value") for item in container.get("env", [])}
+        assert env[f"{PREFIX}ENCRYPTION"] in ("migrate", "required"), name
+        path = env[f"{PREFIX}ENCRYPTION_KEYS"]
+        (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        assert mount["readOnly"] is True
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "reducing-saver-encryption-keys"
+        assert [item["path"] for item in volume["secret"]["items"]] == [path[len(mount["mountPath"]) + 1 :]]

@@ -21,6 +21,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import Checkpoint
 
 from reducing_saver.reducer import message_key
+from reducing_saver.service.encryption import sealer_for
+from reducing_saver.service.encryption.records import seal_entries, sealed_outbox, sealed_store
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
 from reducing_saver.service.extraction.outbox import (
@@ -53,7 +55,9 @@ class Memory:
     def __init__(self, settings: Any, backend: Any, *, tenant_mode: bool = False) -> None:
         self.settings = settings
         self.backend = backend
-        self.outbox = backend.outbox()
+        #: Seals outbox messages and store values under ``--encryption`` (None when it is off).
+        self.sealer = sealer_for(settings, tenant_mode=tenant_mode)
+        self.outbox = sealed_outbox(backend.outbox(), self.sealer)
         self._tenant_mode = tenant_mode
         self.deliverer: Deliverer | None = None
         self._recorded: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
@@ -77,6 +81,7 @@ class Memory:
         if not unseen:
             return
         fresh = make_entries(unseen, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
+        fresh = seal_entries(self.sealer, fresh)  # the saver's pipeline inserts them as they are
         records = checkpoint_records.get()
         if records is not None:
             records.entries += fresh
@@ -117,7 +122,7 @@ class Memory:
 
     def deliverer_for(self) -> Deliverer:
         """A deliverer writing to the store (or the configured extractor)."""
-        store = self.backend.store()
+        store = sealed_store(self.backend.store(), self.sealer)
         extractor = (
             load_extractor(self.settings.extractor, store) if self.settings.extractor else StoreExtractor(store)
         )

@@ -95,6 +95,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
+from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
+from reducing_saver.service.encryption.records import seal_entries
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
@@ -254,8 +256,10 @@ class Sweeper:
         tenant_mode: bool = False,
         outbox: Any = None,
         outbox_retention: float | None = None,
+        encrypt_step: Callable[[], Any] | None = None,
     ) -> None:
         self.ledger = ledger
+        self.encrypt_step = encrypt_step
         self.tenant_mode = tenant_mode
         self.outbox = outbox
         self.outbox_retention = outbox_retention
@@ -377,6 +381,7 @@ class Sweeper:
                 self.ledger.forget_log(LOG_DAYS, session=session)
         if not dry_run:
             self._purge_outbox(report)
+            self._encrypt_rows(report)
         report.seconds = time.monotonic() - started
         if not dry_run:
             self._settle(report)
@@ -430,6 +435,22 @@ class Sweeper:
         except Exception:
             logger.exception("purging delivered outbox rows failed; the next sweep retries")
             report.errors += 1
+
+    def _encrypt_rows(self, report: SweepReport) -> None:
+        """``--encryption migrate``: one pass of the encryption sweep (plain rows and old keys to the
+        primary key)."""
+        if self.encrypt_step is None or self._stop.is_set():
+            return
+        try:
+            done = self.encrypt_step()
+        except Exception:
+            logger.exception("the encryption sweep failed; the next sweep retries")
+            report.errors += 1
+            return
+        if done.rewritten or done.remaining:
+            logger.info(
+                "encryption sweep: %d row(s) rewritten, %d left", sum(done.rewritten.values()), done.remaining
+            )
 
     def _settle(self, report: SweepReport) -> None:
         with self._figures_lock:
@@ -536,15 +557,21 @@ class Sweeper:
 
 
 def window_reader(
-    codec: SafeMessagesCodec, messages_key: str, agent_thread_id: Callable[[str], str] = str
+    codec: SafeMessagesCodec,
+    messages_key: str,
+    agent_thread_id: Callable[[str], str] = str,
+    sealer: Sealer | None = None,
 ) -> Window:
     """Reads the messages in the head checkpoint of a thread's root namespace, as outbox entries.
 
     ``agent_thread_id`` maps a stored thread id to the one the entries carry (tenant mode strips the
-    tenant, as ``Memory.record`` does).
+    tenant, as ``Memory.record`` does). ``sealer`` (``--encryption``): the head is opened, and the
+    entries sealed, as the service's savers and ``Memory.record`` do.
     """
 
     def window(saver: Any, thread_id: str, namespace: tuple[str, ...]) -> list[OutboxEntry]:
+        if sealer is not None:
+            saver = encrypting(saver, sealer)
         item = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
         if item is None:
             return []
@@ -554,9 +581,10 @@ def window_reader(
             if value is not None:
                 logger.warning("thread %r: its messages channel cannot be read; nothing extracted", thread_id)
             return []
-        return make_entries(
+        entries = make_entries(
             messages, namespace, thread_id=agent_thread_id(thread_id), checkpoint_id=item.checkpoint["id"]
         )
+        return seal_entries(sealer, entries)
 
     return window
 
@@ -584,6 +612,7 @@ def open_sweeper(
         SafeMessagesCodec(settings.allowed_message_classes),
         settings.messages_key,
         lambda thread_id: stored_thread_to_agent(thread_id, tenant_mode),
+        sealer_for(settings, tenant_mode=tenant_mode),
     )
     ledger = backend.ledger(window=window, recorder=outbox, worker_id=default_worker_id())
     if tenant_mode:
@@ -605,4 +634,14 @@ def open_sweeper(
         tenant_mode=tenant_mode,
         outbox=outbox,
         outbox_retention=settings.outbox_retention,
+        encrypt_step=_encrypt_step(settings, backend, registry, tenant_mode),
     )
+
+
+def _encrypt_step(settings: Any, backend: Any, registry: Any, tenant_mode: bool) -> Callable[[], Any] | None:
+    """Under ``--encryption migrate`` on PostgreSQL, a pass of ``encrypt-sweep`` with each TTL sweep."""
+    if getattr(settings, "encryption", "off") != "migrate" or backend.kind != "postgres":
+        return None
+    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep, SweepStep
+
+    return SweepStep(PostgresEncryptSweep(backend.pool, sealer_for(settings, tenant_mode=tenant_mode)), registry)

@@ -1,0 +1,82 @@
+"""The cost of encryption at rest: per-turn time and service CPU, ``--encryption required`` vs ``off``.
+
+    .venv/bin/python -m benchmarks.encryption_cost [--turns 20] [--rounds 6]
+
+Starts two ``reducing-saver serve`` processes, one per mode, each on a scratch PostgreSQL database of its
+own (dropped afterwards), with the same settings. Each round runs the suite's chat graph
+(``StateGraph(MessagesState)``, ~400-character messages) for ``--turns`` turns on a fresh thread through
+``RemoteReducingSaver``, first against one service then the other (the order alternates per round), so
+both see the same machine load. Per turn: the wall time of ``graph.invoke`` and the service process's CPU
+time (``/proc/<pid>/task/*/schedstat``). Prints the medians and the ratios required / off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+from benchmarks._common import chat_graph, run_time_seconds, scratch_database, thread_config, user_input
+from reducing_saver.client import RemoteReducingSaver
+
+MODES = ("off", "required")
+
+
+def _round(url: str, pid: int, turns: int) -> tuple[list[float], list[float]]:
+    """Per-turn wall and service CPU milliseconds of one fresh thread."""
+    walls, cpus = [], []
+    with RemoteReducingSaver(url) as saver:
+        graph = chat_graph(saver)
+        config = thread_config(f"enc-{uuid.uuid4().hex[:8]}")
+        for turn in range(turns):
+            cpu, start = run_time_seconds(pid), time.perf_counter()
+            graph.invoke(user_input(turn), config)
+            walls.append((time.perf_counter() - start) * 1000)
+            cpus.append((run_time_seconds(pid) - cpu) * 1000)
+    return walls, cpus
+
+
+def main() -> None:
+    from tests.support.encryption import new_key, ring_json
+    from tests.support.server import run_service
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--window", type=int, default=20)
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        services = {}
+        for mode in MODES:
+            database = stack.enter_context(scratch_database())
+            env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())} if mode != "off" else {}
+            services[mode] = stack.enter_context(
+                run_service(
+                    folder, "--database", database, "--max-messages", str(args.window), "--encryption", mode,
+                    env=env,
+                )
+            )
+        for mode in MODES:  # warm-up: imports, connections, prepared paths
+            _round(services[mode].url, services[mode].process.pid, 3)
+        samples: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
+        for index in range(args.rounds):
+            for mode in MODES if index % 2 == 0 else reversed(MODES):
+                walls, cpus = _round(services[mode].url, services[mode].process.pid, args.turns)
+                samples[mode][0].extend(walls)
+                samples[mode][1].extend(cpus)
+    wall = {mode: statistics.median(samples[mode][0]) for mode in MODES}
+    cpu = {mode: statistics.median(samples[mode][1]) for mode in MODES}
+    print(
+        f"encryption ({args.rounds} rounds x {args.turns} turns, interleaved): per-turn median "
+        f"{wall['required']:.2f} ms required vs {wall['off']:.2f} ms off ({wall['required'] / wall['off']:.3f}x); "
+        f"service CPU per turn {cpu['required']:.2f} vs {cpu['off']:.2f} ms ({cpu['required'] / cpu['off']:.3f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
