@@ -245,8 +245,28 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
     )
-#: The flags of ``report`` besides its own (``--top``, ``--png``).
-REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
+    report_parser = commands.add_parser(
+        "report",
+        help="print the largest threads' storage, saved against a plain saver; optionally a PNG chart",
+        description="Measure every thread's storage in the database (checkpoints, blobs, writes, outbox and "
+        "store) and print a table of the largest: thread, tenant, checkpoints kept, bytes now, the bytes a "
+        "plain add_messages saver would hold (estimate; see docs/storage.md) and the ratio. Reads the "
+        "database directly; safe while services use it. With API keys configured (REDUCING_SAVER_API_KEYS "
+        "or --api-keys-file), threads are shown with their tenant.",
+    )
+    _add_flags(report_parser, REPORT_FLAGS)
+    report_parser.add_argument(
+        "--top",
+        type=_positive,
+        default=20,
+        metavar="N",
+        help="how many of the largest threads to show (default 20)",
+    )
+    report_parser.add_argument(
+        "--png",
+        metavar="PATH",
+        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
+    )
     encrypt_sweep_parser = commands.add_parser(
         "encrypt-sweep",
         help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL)",
