@@ -92,6 +92,8 @@ _AGREED = (
 ENV_ONLY: dict[str, str] = {
     "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
     "hashed keys",
+    "encryption_keys": "a key on a command line is visible to every user of the host (ps); the variable may "
+    "name a file (a mounted secret) instead",
     "preserve_first": _AGREED,
     "start_on_human": _AGREED,
     "messages_key": _AGREED,
