@@ -158,6 +158,7 @@ def test_kill_9_mid_summary_then_every_batch_is_summarized_once(tmp_path: Path, 
         wait_summarized(fresh_pg, timeout=120)
         ask(graph, "t", 60)
         window = graph.get_state({"configurable": {"thread_id": "t"}}).values["messages"]
+        wait_summarized(fresh_pg, timeout=120)  # the last turn may have cut a batch of its own
     with psycopg.connect(fresh_pg, autocommit=True) as conn:
         steps = conn.execute(
             "SELECT step_id, base_step, status, text FROM reducing_saver_summaries WHERE thread_id = 't'"
