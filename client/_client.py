@@ -14,6 +14,8 @@ import logging
 import os
 import random
 import re
+import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -35,6 +37,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from reducing_saver.client._errors import (
+    ConnectionSetupError,
     PayloadTooLargeError,
     ReducingSaverError,
     RequestTimeoutError,
@@ -231,6 +234,47 @@ def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
         and call.body is not None
         and len(call.body) > LARGE_BODY
     )
+
+
+#: ``getaddrinfo`` errors that say the name does not exist (a temporary failure, ``EAI_AGAIN``, may pass).
+_NO_SUCH_HOST = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL") if hasattr(socket, name)
+)
+
+
+def unfixable_cause(exc: BaseException) -> str | None:
+    """What makes a connection fail whatever the service does (one line), or ``None``.
+
+    An unknown host, ``https://`` against a service that speaks plain HTTP, and a TLS certificate that
+    does not verify are mistakes of the URL or of the set-up: waiting for the service cannot fix them,
+    so no retry (nor ``startup_timeout``) waits on them. Looks through the chain of causes that
+    ``http.client``, aiohttp and httpx transports leave (``__cause__``, aiohttp's ``os_error`` and
+    ``certificate_error``).
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        # aiohttp's wrappers subclass the ssl errors without their attributes: theirs are further down.
+        if isinstance(current, ssl.SSLCertVerificationError) and hasattr(current, "verify_message"):
+            return (
+                f"its TLS certificate does not verify (CERTIFICATE_VERIFY_FAILED: {current.verify_message}); "
+                "to trust a CA of your own, set SSL_CERT_FILE"
+            )
+        if isinstance(current, ssl.SSLError) and getattr(current, "reason", None) == "WRONG_VERSION_NUMBER":
+            return "the service answers in plain HTTP, not TLS (WRONG_VERSION_NUMBER): use an http:// URL"
+        if isinstance(current, socket.gaierror) and current.errno in _NO_SUCH_HOST:
+            return f"no such host ({current.strerror})"
+        pending += [
+            current.__cause__,
+            current.__context__,
+            getattr(current, "os_error", None),
+            getattr(current, "certificate_error", None),
+        ]
+    return None
 
 
 def _retry_after(answer: _Answer) -> float:
@@ -527,6 +571,8 @@ class _Http:
             try:
                 answer = self._exchange(call)
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout) as exc:
+                if unfixable_cause(exc):
+                    raise self._transport_error(call, exc) from exc
                 reason = f"{type(exc).__name__}: {exc}"
             except httpx.TransportError as exc:  # a read timeout, a request HTTP cannot carry: final
                 raise self._transport_error(call, exc) from exc
@@ -556,9 +602,11 @@ class _Http:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final.
 
         An idempotent call is retried ``max_retries`` times after a connection error or a 502/503/504;
-        past those, a 503 (the service or its database cannot serve *now*) is retried on, at most
-        ``UNAVAILABLE_MAX_DELAY`` apart, while the retry would start within ``retry_unavailable_for``
-        seconds of the first attempt. ``max_retries=0`` turns retries off altogether.
+        past those, a 503 (the service or its database cannot serve *now*) or a refused, reset or
+        broken connection (the service is restarting) is retried on, at most ``UNAVAILABLE_MAX_DELAY``
+        apart, while the retry would start within ``retry_unavailable_for`` seconds of the first
+        attempt. A connection that retrying cannot fix (:func:`unfixable_cause`) is final at once.
+        ``max_retries=0`` turns retries off altogether.
         """
         if not call.idempotent or not self.max_retries:
             return None
@@ -568,16 +616,19 @@ class _Http:
                 return None
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
             floor = _retry_after(outcome)
+            restarting = outcome.status == 503
         elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError)):
-            if _broke_large_upload(call, outcome):
+            if _broke_large_upload(call, outcome) or unfixable_cause(outcome):
                 return None
             reason = type(outcome).__name__
+            # Refused, reset or closed mid-answer: what a service that is restarting does.
+            restarting = True
         else:
             return None
         delay = max(min(self.backoff * 2**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
         if attempt < self.max_retries:
             budget = f"retry {attempt + 1} of {self.max_retries}"
-        elif isinstance(outcome, _Answer) and outcome.status == 503:
+        elif restarting:
             delay = min(delay, max(UNAVAILABLE_MAX_DELAY, floor))
             elapsed = time.monotonic() - started
             if elapsed + delay > self.retry_unavailable_for:
@@ -590,6 +641,9 @@ class _Http:
 
     def _transport_error(self, call: _Call[Any], exc: httpx.TransportError) -> ReducingSaverError:
         where = f"{call.method} {call.path}"
+        cause = unfixable_cause(exc)
+        if cause:
+            return ConnectionSetupError(f"{where}: cannot connect to {self.url}: {cause}")
         if isinstance(exc, httpx.TimeoutException):
             return RequestTimeoutError(
                 f"{where}: the service at {self.url} did not answer in time "

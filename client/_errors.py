@@ -9,6 +9,8 @@ Every error the client raises on purpose derives from one root::
     ├── ConflictError             409
     ├── PayloadTooLargeError      413, or the service closed the connection while a large body was sent
     ├── ServerUnavailableError    5xx, or the service could not be reached
+    │   └── ConnectionSetupError  the URL cannot reach it, whatever it does: unknown host, https://
+    │                             against plain HTTP, a certificate that does not verify (never retried)
     └── RequestTimeoutError       no answer within the configured timeout
 
 Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself. Errors translated from httpx keep
@@ -67,6 +69,11 @@ class PayloadTooLargeError(ReducingSaverError):
 
 class ServerUnavailableError(ReducingSaverError):
     """The service failed (5xx) or could not be reached."""
+
+
+class ConnectionSetupError(ServerUnavailableError):
+    """No connection can be made to the URL, whatever the service does (an unknown host, ``https://``
+    against a plain-HTTP service, a TLS certificate that does not verify); never retried."""
 
 
 class RequestTimeoutError(ReducingSaverError):
@@ -134,6 +141,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConflictError",
+    "ConnectionSetupError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ReducingSaverError",

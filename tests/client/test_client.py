@@ -423,6 +423,29 @@ def test_503_is_retried_for_the_time_budget_past_max_retries(monkeypatch: pytest
     assert len(clock.delays) == 12
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ConnectError("[Errno 111] Connection refused"),
+        httpx.ReadError("[Errno 104] Connection reset by peer"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    ],
+)
+def test_a_restarting_service_is_retried_for_the_time_budget(
+    exc: Exception, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart refuses connections, and resets those it had, for seconds: as long as a 503.
+    clock = FakeClock()
+    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    service = FakeService()
+    saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
+    service.override = raising(exc)
+    with pytest.raises(ServerUnavailableError):
+        saver.get_tuple(config())
+    assert service.count("/checkpoints/get") > 10
+    assert 20.0 - 2.0 < sum(clock.delays) <= 20.0 and max(clock.delays) <= 2.0
+
+
 def test_the_time_budget_applies_to_503_only(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     monkeypatch.setattr("reducing_saver.client._client.time", clock)
@@ -476,7 +499,7 @@ async def test_copy_thread_is_not_retried_async() -> None:
 
 def test_connection_error_is_retried_then_raised() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=2)
+    saver = make_saver(service, max_retries=2, retry_unavailable_for=0)
     service.override = raising(httpx.ConnectError("connection refused"))
     with pytest.raises(ServerUnavailableError, match="could not reach the service") as info:
         saver.put_writes(config(checkpoint_id="c1"), [("x", 1)], "task")
@@ -487,7 +510,7 @@ def test_connection_error_is_retried_then_raised() -> None:
 
 async def test_connection_error_is_retried_then_raised_async() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=2)
+    saver = make_saver(service, max_retries=2, retry_unavailable_for=0)
     service.override = raising(httpx.RemoteProtocolError("Server disconnected without sending a response."))
     with pytest.raises(ServerUnavailableError):
         await saver.aget_tuple(config())
@@ -519,7 +542,7 @@ async def test_timeout_raises_request_timeout_error_async() -> None:
 
 def test_connection_broken_while_sending_a_large_body_is_payload_too_large() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=3)
+    saver = make_saver(service, max_retries=3, retry_unavailable_for=0)
     service.override = raising(httpx.WriteError("[Errno 104] Connection reset by peer"))
     big = make_checkpoint("c1", {"blob": "x" * (2 * 1024 * 1024)}, {"blob": "1"})
     with pytest.raises(PayloadTooLargeError, match="closed the connection") as info:
@@ -633,6 +656,7 @@ def test_public_surface_is_pinned() -> None:
             "AuthenticationError",
             "BadRequestError",
             "ConflictError",
+            "ConnectionSetupError",
             "NotFoundError",
             "PayloadTooLargeError",
             "ReducingSaverError",

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.e2e
 
 
 def _http(url: str, **options) -> _Http:
-    settings = {"timeout": 5, "max_retries": 0, "backoff": 0.01, "headers": None} | options
+    settings = {"timeout": 5, "max_retries": 0, "backoff": 0.01, "retry_unavailable_for": 0, "headers": None}
+    settings |= options
     return _Http(url, api_key=None, transport=None, async_transport=None, **settings)
 
 

@@ -1,0 +1,135 @@
+"""The client in real networks: restarts, wrong URLs, path prefixes, credentials, redirects, proxies.
+
+Each test runs the real service under uvicorn (or a real socket that plays the part) and both the sync
+(http.client) and async (aiohttp) transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+
+import pytest
+
+from reducing_saver.client import ConnectionSetupError, RemoteReducingSaver
+from tests.conftest import build_chat_graph, human
+from tests.support.http_app import run_app
+from tests.support.server import free_port, run_service
+
+pytestmark = pytest.mark.e2e
+
+
+def test_agents_outlive_a_service_restart(tmp_path):
+    """A service killed and started again on its port 2.5 s later costs the running agents no turn."""
+    port = free_port()
+    database = f"sqlite:///{tmp_path}/restart.sqlite"
+    errors: list[BaseException] = []
+    turns = {"sync": 0, "async": 0}
+    stop = threading.Event()
+
+    def sync_agent(url: str) -> None:
+        try:
+            with RemoteReducingSaver(url) as saver:
+                graph = build_chat_graph(saver, prefix="sync", length=50)
+                config = {"configurable": {"thread_id": "restart-sync"}}
+                while not stop.is_set():
+                    graph.invoke({"messages": [human(turns["sync"], "sync", 50)]}, config)
+                    turns["sync"] += 1
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    def async_agent(url: str) -> None:
+        async def run() -> None:
+            async with await RemoteReducingSaver.aopen(url) as saver:
+                graph = build_chat_graph(saver, prefix="async", length=50)
+                config = {"configurable": {"thread_id": "restart-async"}}
+                while not stop.is_set():
+                    await graph.ainvoke({"messages": [human(turns["async"], "async", 50)]}, config)
+                    turns["async"] += 1
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    with run_service(tmp_path, "--database", database, port=port) as first:
+        agents = [
+            threading.Thread(target=sync_agent, args=(first.url,)),
+            threading.Thread(target=async_agent, args=(first.url,)),
+        ]
+        for agent in agents:
+            agent.start()
+        time.sleep(1.5)
+        first.process.kill()  # no goodbye: open connections are reset, new ones refused
+        first.process.wait()
+    before = dict(turns)
+    time.sleep(2.5)
+    with run_service(tmp_path, "--database", database, port=port):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not errors and min(
+            turns["sync"] - before["sync"], turns["async"] - before["async"]
+        ) < 3:
+            time.sleep(0.1)
+        stop.set()
+        for agent in agents:
+            agent.join(30)
+    assert not errors, errors
+    assert before["sync"] > 0 and before["async"] > 0, before
+    assert turns["sync"] - before["sync"] >= 3 and turns["async"] - before["async"] >= 3, (before, turns)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    with run_service(tmp_path_factory.mktemp("network"), "--database", "memory://") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def self_signed_url(tmp_path_factory):
+    """An https URL whose certificate is self-signed (no CA this machine trusts signed it)."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    with run_app(folder, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
+        yield url
+
+
+def _open(api: str, url: str, **options):
+    if api == "sync":
+        return RemoteReducingSaver(url, **options)
+
+    async def aopen():
+        return await RemoteReducingSaver.aopen(url, **options)
+
+    return asyncio.run(aopen())
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("mistake", "cause"),
+    [
+        ("unknown host", "no such host"),
+        ("https to plain HTTP", r"plain HTTP, not TLS \(WRONG_VERSION_NUMBER\): use an http:// URL"),
+        ("certificate", "TLS certificate does not verify"),
+    ],
+)
+def test_a_url_mistake_fails_at_once_naming_its_cause(
+    service, self_signed_url, api, mistake, cause, monkeypatch
+):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    url = {
+        "unknown host": "http://no-such-host.invalid:8080",
+        "https to plain HTTP": service.url.replace("http://", "https://"),
+        "certificate": self_signed_url,
+    }[mistake]
+    started = time.monotonic()
+    with pytest.raises(ConnectionSetupError, match=cause) as info:
+        _open(api, url)  # the default startup_timeout: 30 s
+    assert time.monotonic() - started < 3
+    assert "\n" not in str(info.value) and url in str(info.value)
