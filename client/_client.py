@@ -390,6 +390,11 @@ class _Http:
         api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
+        if parsed.query or parsed.fragment:
+            raise ValueError(f"the service's URL must not hold a query or fragment, got {self.url!r}")
+        #: The base URL's path without its last "/" (``""``, or the prefix a reverse proxy serves the
+        #: service under): every API path goes below it.
+        self._prefix = parsed.raw_path.decode("ascii").rstrip("/")
         self._base = parsed
         json_headers = httpx.Headers(all_headers)
         msgpack_headers = httpx.Headers({**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
@@ -422,10 +427,15 @@ class _Http:
         self._session_closer: AsyncIterator[None] | None = None
         self._closed = False
 
-    def _request(self, call: _Call[Any]) -> httpx.Request:
-        url = self._urls.get(call.path)
+    def _full_url(self, path: str) -> httpx.URL:
+        """The URL of an API ``path``: the base URL's own path (a reverse proxy's prefix) comes first."""
+        url = self._urls.get(path)
         if url is None:
-            url = self._urls[call.path] = self._base.join(call.path)
+            url = self._urls[path] = self._base.copy_with(raw_path=(self._prefix + path).encode("ascii"))
+        return url
+
+    def _request(self, call: _Call[Any]) -> httpx.Request:
+        url = self._full_url(call.path)
         return httpx.Request(
             call.method,
             url,
@@ -437,13 +447,13 @@ class _Http:
     def _url_text(self, path: str) -> str:
         url = self._url_texts.get(path)
         if url is None:
-            url = self._url_texts[path] = str(self._base.join(path))
+            url = self._url_texts[path] = str(self._full_url(path))
         return url
 
     def _target(self, path: str) -> str:
         target = self._targets.get(path)
         if target is None:
-            target = self._targets[path] = self._base.join(path).raw_path.decode("ascii")
+            target = self._targets[path] = self._full_url(path).raw_path.decode("ascii")
         return target
 
     def _exchange(self, call: _Call[Any]) -> _Answer:

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from reducing_saver.client import ConnectionSetupError, RemoteReducingSaver
+from reducing_saver.client import ConnectionSetupError, RemoteReducingSaver, RemoteStore
 from tests.conftest import build_chat_graph, human
 from tests.support.http_app import run_app
+from tests.support.http_proxy import reverse_proxy
 from tests.support.server import free_port, run_service
 
 pytestmark = pytest.mark.e2e
@@ -133,3 +134,35 @@ def test_a_url_mistake_fails_at_once_naming_its_cause(
         _open(api, url)  # the default startup_timeout: 30 s
     assert time.monotonic() - started < 3
     assert "\n" not in str(info.value) and url in str(info.value)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_base_url_with_a_path_prefix_keeps_it(service, api):
+    """Behind a reverse proxy that serves the service under ``/rs/``, every request goes below ``/rs``."""
+    config = {"configurable": {"thread_id": f"prefix-{api}", "checkpoint_ns": ""}}
+    with reverse_proxy(service.url, "/rs") as proxy:
+        url = f"{proxy.url}/rs/"
+
+        async def calls() -> None:
+            saver = _open(api, url) if api == "sync" else await RemoteReducingSaver.aopen(url)
+            store = RemoteStore(url)
+            graph = build_chat_graph(saver, prefix=f"prefix-{api}", length=50)
+            if api == "sync":
+                graph.invoke({"messages": [human(0, "p", 50)]}, config)
+                assert len(saver.get_tuple(config).checkpoint["channel_values"]["messages"]) == 2
+                store.put(("notes",), "k", {"v": api})
+                assert store.get(("notes",), "k").value == {"v": api}
+                saver.close()
+                store.close()
+            else:
+                await graph.ainvoke({"messages": [human(0, "p", 50)]}, config)
+                assert len((await saver.aget_tuple(config)).checkpoint["channel_values"]["messages"]) == 2
+                await store.aput(("notes",), "k", {"v": api})
+                assert (await store.aget(("notes",), "k")).value == {"v": api}
+                await saver.aclose()
+                await store.aclose()
+
+        asyncio.run(calls())
+    paths = {line.split()[1] for line in proxy.seen}
+    assert paths >= {"/rs/v1/capabilities", "/rs/v1/checkpoints/get", "/rs/v1/checkpoints/put", "/rs/store/batch"}
+    assert all(path.startswith("/rs/") for path in paths), paths
