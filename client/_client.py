@@ -9,6 +9,7 @@ A sync method and its async twin differ in their ``send`` line.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import os
@@ -284,7 +285,21 @@ def _retry_after(answer: _Answer) -> float:
         return 0.0
 
 
-def _finish(call: _Call[T], answer: _Answer) -> T:
+def _redirect_error(call: _Call[Any], answer: _Answer, url: str) -> ReducingSaverError:
+    """A redirect is never followed (the body and the credentials would go where it says): an error."""
+    status = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}".strip()
+    return ReducingSaverError(
+        f"{call.method} {call.path}: {url} answered {status}, a redirect to "
+        f"{answer.headers.get('location', '(no Location)')}; the client does not follow redirects: "
+        "give it the URL of the service itself",
+        status_code=answer.status,
+        request_id=answer.headers.get("x-request-id"),
+    )
+
+
+def _finish(call: _Call[T], answer: _Answer, url: str) -> T:
+    if 300 <= answer.status < 400:
+        raise _redirect_error(call, answer, url)
     if not 200 <= answer.status < 300:
         response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
@@ -338,6 +353,25 @@ def _clean_api_key(api_key: str | None) -> str | None:
     return api_key
 
 
+def _basic_auth(url: httpx.URL, api_key: str | None, headers: Mapping[str, str] | None) -> str:
+    """The ``Authorization`` header for the credentials of ``http://user:password@host``.
+
+    Both transports send them, as Basic auth (for a reverse proxy that asks for it). A request carries
+    one ``Authorization`` header, so credentials in the URL together with an API key or an
+    ``Authorization`` header of ``headers`` are refused, naming both.
+    """
+    other = "an api_key (or REDUCING_SAVER_API_KEY)" if api_key else None
+    if any(name.lower() == "authorization" for name in headers or ()):
+        other = "headers['Authorization']"
+    if other:
+        raise ValueError(
+            f"the URL holds credentials (user:password@, sent as Basic auth) and {other} is given: a "
+            "request carries one Authorization header; keep one of them"
+        )
+    credentials = f"{url.username}:{url.password}".encode()
+    return "Basic " + base64.b64encode(credentials).decode("ascii")
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -353,7 +387,10 @@ class _Http:
         headers: Mapping[str, str] | None,
         transport: httpx.BaseTransport | None,
         async_transport: httpx.AsyncBaseTransport | None,
+        owner: str = "RemoteReducingSaver",
     ) -> None:
+        #: The class using this connection, for messages.
+        self.owner = owner
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https"):
             raise ValueError(
@@ -390,6 +427,9 @@ class _Http:
         api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
+        if parsed.userinfo:
+            all_headers["Authorization"] = _basic_auth(parsed, api_key, headers)
+            parsed = parsed.copy_with(username=None, password=None)
         if parsed.query or parsed.fragment:
             raise ValueError(f"the service's URL must not hold a query or fragment, got {self.url!r}")
         #: The base URL's path without its last "/" (``""``, or the prefix a reverse proxy serves the
@@ -458,7 +498,7 @@ class _Http:
 
     def _exchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
-            raise RuntimeError("this RemoteReducingSaver is closed")
+            raise RuntimeError(f"this {self.owner} is closed")
         if self._pool is not None:
             try:
                 status, headers, content = self._pool.request(
@@ -478,7 +518,7 @@ class _Http:
 
     async def _aexchange(self, call: _Call[Any]) -> _Answer:
         if self._closed:
-            raise RuntimeError("this RemoteReducingSaver is closed")
+            raise RuntimeError(f"this {self.owner} is closed")
         if self._async_transport is not None:
             response = await self._async_transport.handle_async_request(self._request(call))
             try:
@@ -497,7 +537,9 @@ class _Http:
         session = await self._aiohttp_session()
         try:
             url, headers = self._url_text(call.path), self._header_items[call.msgpack]
-            async with session.request(call.method, url, data=call.body, headers=headers) as answer:
+            async with session.request(
+                call.method, url, data=call.body, headers=headers, allow_redirects=False
+            ) as answer:
                 return _Answer(answer.status, answer.headers, await answer.read())
         except TimeoutError as exc:
             raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=self._request(call)) from exc
@@ -546,7 +588,7 @@ class _Http:
             else:
                 delay = self._retry_delay(call, attempt, answer, started)
                 if delay is None:
-                    return _finish(call, answer)
+                    return _finish(call, answer, self.url)
             time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -562,7 +604,7 @@ class _Http:
             else:
                 delay = self._retry_delay(call, attempt, answer, started)
                 if delay is None:
-                    return _finish(call, answer)
+                    return _finish(call, answer, self.url)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -588,7 +630,7 @@ class _Http:
                 raise self._transport_error(call, exc) from exc
             else:
                 if answer.status not in RETRY_STATUSES:
-                    return _finish(call, answer)
+                    return _finish(call, answer, self.url)
                 reason = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}"
             elapsed = time.monotonic() - started
             remaining = budget - elapsed

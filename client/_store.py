@@ -171,6 +171,7 @@ class RemoteStore(BaseStore):
             headers=headers,
             transport=transport,
             async_transport=async_transport,
+            owner="RemoteStore",
         )
 
     @classmethod

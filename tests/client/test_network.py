@@ -7,13 +7,15 @@ Each test runs the real service under uvicorn (or a real socket that plays the p
 from __future__ import annotations
 
 import asyncio
+import base64
+import http.server
 import subprocess
 import threading
 import time
 
 import pytest
 
-from reducing_saver.client import ConnectionSetupError, RemoteReducingSaver, RemoteStore
+from reducing_saver.client import ConnectionSetupError, ReducingSaverError, RemoteReducingSaver, RemoteStore
 from tests.conftest import build_chat_graph, human
 from tests.support.http_app import run_app
 from tests.support.http_proxy import reverse_proxy
@@ -166,3 +168,82 @@ def test_a_base_url_with_a_path_prefix_keeps_it(service, api):
     paths = {line.split()[1] for line in proxy.seen}
     assert paths >= {"/rs/v1/capabilities", "/rs/v1/checkpoints/get", "/rs/v1/checkpoints/put", "/rs/store/batch"}
     assert all(path.startswith("/rs/") for path in paths), paths
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_credentials_in_the_url_are_sent_as_basic_auth(service, api):
+    """``http://user:pw@host``: Basic auth on every request, sync and async alike (a proxy that asks for it)."""
+    with reverse_proxy(service.url, "/rs") as proxy:
+        url = proxy.url.replace("http://", "http://agent:p%40ss@") + "/rs"
+        saver = _open(api, url)
+        assert "p%40ss" not in repr(saver) and "agent" not in repr(saver)
+        if api == "sync":
+            assert saver.get_tuple({"configurable": {"thread_id": "basic", "checkpoint_ns": ""}}) is None
+            saver.close()
+        else:
+
+            async def call() -> None:
+                assert await saver.aget_tuple({"configurable": {"thread_id": "basic", "checkpoint_ns": ""}}) is None
+                await saver.aclose()
+
+            asyncio.run(call())
+    expected = "Basic " + base64.b64encode(b"agent:p@ss").decode()
+    assert proxy.authorizations == [expected, expected]
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("other", ["api_key", "Authorization header"])
+def test_credentials_in_the_url_and_another_authorization_are_refused(service, api, other):
+    url = service.url.replace("http://", "http://agent:pw@")
+    options = {"api_key": "key"} if other == "api_key" else {"headers": {"authorization": "Bearer x"}}
+    with pytest.raises(ValueError, match="credentials .*user:password@.* and "):
+        _open(api, url, **options)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_redirect_is_an_error_naming_its_location(service, api):
+    """A 307 to another origin is never followed (the body and the API key would go there)."""
+    location = f"{service.url}/v1/capabilities"
+
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ReducingSaverError, match="307") as info:
+            _open(api, f"http://127.0.0.1:{server.server_address[1]}", api_key="secret")
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(info.value)
+    assert f"redirect to {location}" in message and "does not follow redirects" in message
+    assert info.value.status_code == 307 and "\n" not in message
+
+
+@pytest.mark.parametrize("owner", ["RemoteReducingSaver", "RemoteStore"])
+def test_a_closed_client_says_which_one_is_closed(service, owner):
+    async def calls() -> None:
+        if owner == "RemoteStore":
+            client = RemoteStore(service.url)
+            sync_call, async_call = (lambda: client.get(("a",), "k")), (lambda: client.aget(("a",), "k"))
+        else:
+            client = RemoteReducingSaver(service.url)
+            config = {"configurable": {"thread_id": "closed", "checkpoint_ns": ""}}
+            sync_call, async_call = (lambda: client.get_tuple(config)), (lambda: client.aget_tuple(config))
+        await client.aclose()
+        with pytest.raises(RuntimeError, match=f"^this {owner} is closed$"):
+            sync_call()
+        with pytest.raises(RuntimeError, match=f"^this {owner} is closed$"):
+            await async_call()
+
+    asyncio.run(calls())

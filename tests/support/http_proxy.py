@@ -23,12 +23,14 @@ class _Forwarding(http.server.BaseHTTPRequestHandler):
     #: ``(method, target, headers) -> (host, port, path)`` to forward to, or ``None`` for a 404.
     route: Callable[[str, str, http.client.HTTPMessage], tuple[str, int, str] | None]
     seen: list[str]
+    authorizations: list[str | None]
 
     def log_message(self, *args: object) -> None:
         pass
 
     def _forward(self) -> None:
         self.seen.append(f"{self.command} {self.path}")
+        self.authorizations.append(self.headers.get("Authorization"))
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         destination = self.route(self.command, self.path, self.headers)
         if destination is None:
@@ -92,22 +94,23 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 
 
 class RunningProxy:
-    def __init__(self, server: http.server.ThreadingHTTPServer, seen: list[str]) -> None:
+    def __init__(self, server: http.server.ThreadingHTTPServer, handler: type[_Forwarding]) -> None:
         self.port = server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.seen = seen
+        #: ``"METHOD target"`` of every request forwarded, and its ``Authorization`` header.
+        self.seen = handler.seen
+        self.authorizations = handler.authorizations
 
 
 @contextmanager
 def _serve(route: Callable[[str, str, http.client.HTTPMessage], tuple[str, int, str] | None]) -> Iterator[RunningProxy]:
-    seen: list[str] = []
-    handler = type("Handler", (_Forwarding,), {"route": staticmethod(route), "seen": seen})
+    handler = type("Handler", (_Forwarding,), {"route": staticmethod(route), "seen": [], "authorizations": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield RunningProxy(server, seen)
+        yield RunningProxy(server, handler)
     finally:
         server.shutdown()
         server.server_close()
