@@ -621,32 +621,68 @@ class _Http:
         started = time.monotonic()
         for attempt in itertools.count(1):
             try:
-                answer = self._exchange(call)
-            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout) as exc:
-                if unfixable_cause(exc):
-                    raise self._transport_error(call, exc) from exc
-                reason = f"{type(exc).__name__}: {exc}"
-            except httpx.TransportError as exc:  # a read timeout, a request HTTP cannot carry: final
-                raise self._transport_error(call, exc) from exc
-            else:
-                if answer.status not in RETRY_STATUSES:
-                    return _finish(call, answer, self.url)
-                reason = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}"
-            elapsed = time.monotonic() - started
-            remaining = budget - elapsed
-            if remaining <= 0:
-                raise ServerUnavailableError(
-                    f"{call.method} {call.path}: the service at {self.url} could not be reached within "
-                    f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
-                )
-            delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
-            delay *= random.uniform(0.8, 1.0)
-            logger.warning(
-                "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
-                *(call.method, call.path, reason, self.url, delay, remaining, budget),
-            )
+                outcome: _Answer | httpx.TransportError = self._exchange(call)
+            except httpx.TransportError as exc:
+                outcome = exc
+            delay = self._startup_delay(call, outcome, attempt, started, budget)
+            if delay is None:
+                assert isinstance(outcome, _Answer)
+                return _finish(call, outcome, self.url)
             time.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def asend_at_startup(self, call: _Call[T], budget: float) -> T:
+        """Async :meth:`send_at_startup`: the same attempts, through the async transport."""
+        started = time.monotonic()
+        for attempt in itertools.count(1):
+            try:
+                outcome: _Answer | httpx.TransportError = await self._aexchange(call)
+            except httpx.TransportError as exc:
+                outcome = exc
+            delay = self._startup_delay(call, outcome, attempt, started, budget)
+            if delay is None:
+                assert isinstance(outcome, _Answer)
+                return _finish(call, outcome, self.url)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _startup_delay(
+        self,
+        call: _Call[Any],
+        outcome: _Answer | httpx.TransportError,
+        attempt: int,
+        started: float,
+        budget: float,
+    ) -> float | None:
+        """Seconds to wait before asking again at start-up; ``None`` for an answer to finish.
+
+        Raises:
+            ReducingSaverError: For a failure waiting cannot fix, or once ``budget`` is spent.
+        """
+        if isinstance(outcome, _Answer):
+            if outcome.status not in RETRY_STATUSES:
+                return None
+            reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
+        elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)):
+            if unfixable_cause(outcome):
+                raise self._transport_error(call, outcome) from outcome
+            reason = f"{type(outcome).__name__}: {outcome}"
+        else:  # a read timeout, a request HTTP cannot carry: final
+            raise self._transport_error(call, outcome) from outcome
+        elapsed = time.monotonic() - started
+        remaining = budget - elapsed
+        if remaining <= 0:
+            raise ServerUnavailableError(
+                f"{call.method} {call.path}: the service at {self.url} could not be reached within "
+                f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
+            )
+        delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
+        delay *= random.uniform(0.8, 1.0)
+        logger.warning(
+            "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
+            *(call.method, call.path, reason, self.url, delay, remaining, budget),
+        )
+        return delay
 
     def _retry_delay(
         self, call: _Call[Any], attempt: int, outcome: _Answer | Exception, started: float
@@ -885,20 +921,24 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     ) -> Self:
-        """Open a saver from async code without blocking the event loop; the arguments are the constructor's
-        (but ``startup_timeout``: the capabilities request is retried as any idempotent call is).
+        """Open a saver from async code without blocking the event loop; the arguments are the constructor's.
 
         The constructor's capabilities request is sent through the async transport (aiohttp, or
-        ``async_transport``), and the set-up that reads files (TLS certificates, importing aiohttp) runs
-        in a worker thread, so a blocking-call detector such as LangGraph Agent Server's finds nothing.
+        ``async_transport``), retried for ``startup_timeout`` seconds as the constructor does, and the
+        set-up that reads files (TLS certificates, importing aiohttp) runs in a worker thread, so a
+        blocking-call detector such as LangGraph Agent Server's finds nothing.
 
         Raises:
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
-            ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+            ServerUnavailableError: If the service could not be reached within ``startup_timeout``.
+            ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
         """
         if body_format not in BODY_FORMAT_NAMES:
             raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+        if not startup_timeout >= 0:
+            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
 
         http = await off_the_loop(
             lambda: _Http(
@@ -915,7 +955,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             aiohttp_too=async_transport is None,
         )
         try:
-            info = await http.asend(_capabilities_call())
+            info = await http.asend_at_startup(_capabilities_call(), startup_timeout)
         except BaseException:
             await http.aclose()
             raise

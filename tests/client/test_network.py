@@ -15,7 +15,13 @@ import time
 
 import pytest
 
-from reducing_saver.client import ConnectionSetupError, ReducingSaverError, RemoteReducingSaver, RemoteStore
+from reducing_saver.client import (
+    ConnectionSetupError,
+    ReducingSaverError,
+    RemoteReducingSaver,
+    RemoteStore,
+    ServerUnavailableError,
+)
 from tests.conftest import build_chat_graph, human
 from tests.support.http_app import run_app
 from tests.support.http_proxy import reverse_proxy
@@ -247,3 +253,41 @@ def test_a_closed_client_says_which_one_is_closed(service, owner):
             await async_call()
 
     asyncio.run(calls())
+
+
+def test_aopen_outlasts_a_service_that_starts_later(tmp_path):
+    """``aopen`` waits for a service that is still starting, as the constructor does (startup_timeout)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    outcome: dict = {}
+
+    async def open_and_call() -> None:
+        started = time.monotonic()
+        async with await RemoteReducingSaver.aopen(url) as saver:  # the default startup_timeout
+            outcome["seconds"] = time.monotonic() - started
+            outcome["stored"] = await saver.aget_tuple({"configurable": {"thread_id": "late", "checkpoint_ns": ""}})
+
+    def agent() -> None:
+        try:
+            asyncio.run(open_and_call())
+        except Exception as exc:  # reported by the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    time.sleep(3)
+    assert thread.is_alive(), outcome
+    with run_service(tmp_path, "--database", "memory://", port=port):
+        thread.join(60)
+    assert "error" not in outcome, outcome
+    assert outcome["seconds"] > 3 and outcome["stored"] is None
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_short_startup_timeout_fails_naming_the_url_and_the_time(api):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        _open(api, url, startup_timeout=1.0)
+    assert 1.0 <= time.monotonic() - started < 3
+    assert url in str(info.value) and "startup_timeout=1 s" in str(info.value)
