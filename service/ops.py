@@ -9,12 +9,13 @@ path and the FastAPI routes call the same functions, so no route carries logic o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 
 from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
@@ -30,6 +31,7 @@ from reducing_saver.wire import (
     Blob,
     WireError,
     base64_from_wire,
+    blob_from_wire,
     int_from_wire,
     int_to_wire,
     ints_from_wire,
@@ -131,7 +133,7 @@ def _run_config(
     checkpoint; ``None`` for lists, where a config without a namespace means every namespace of the
     thread, as it does to the stock savers.
     """
-    configurable = dict(config.configurable)
+    configurable = _typed_ints(config.configurable, "config.configurable")
     thread_id = configurable.get("thread_id")
     if need_thread and (thread_id is None or thread_id == ""):
         raise BadRequest("config.configurable.thread_id is required")
@@ -145,8 +147,24 @@ def _run_config(
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
     run_config: RunnableConfig = {"configurable": configurable}
     if config.metadata:
-        run_config["metadata"] = dict(config.metadata)
+        run_config["metadata"] = _typed_ints(config.metadata, "config.metadata")
     return run_config
+
+
+def _typed_ints(values: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """A run config's values with each typed value (only ``INT_TYPE`` is allowed there) turned into its int."""
+    result = dict(values)
+    for key, value in values.items():
+        if isinstance(value, schemas.TypedValue):
+            where = f"{field}.{key}"
+            try:
+                blob = blob_from_wire(value.model_dump(), where)
+                if blob.type != INT_TYPE:
+                    raise WireError(f"{where}.type", f"a run config value may be typed only as {INT_TYPE!r}")
+                result[key] = int_from_wire(blob, where)
+            except WireError as exc:
+                raise BadRequest(str(exc)) from None
+    return result
 
 
 def _check_extensions(service: Service, values: Any, messages: Any = None) -> None:
@@ -181,7 +199,7 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
 
 def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
     scope = _scope(service)
-    config = _run_config(body.config)
+    config = run_config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
     inline_ints = getattr(saver.inner, "keeps_big_ints_inline", False)
@@ -216,6 +234,8 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         metadata = ints_from_wire(body.metadata, "metadata")
     except WireError as exc:
         raise BadRequest(str(exc)) from None
+    # The run config's values, merged as the saver would merge them, so its big ints take the path below.
+    metadata = get_checkpoint_metadata(run_config, metadata)
     if not inline_ints and metadata is not body.metadata:
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
         # cannot, so they store the typed form as its JSON object, which the client turns into the int.

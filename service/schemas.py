@@ -93,13 +93,16 @@ class Strict(BaseModel):
 class RunConfig(Strict):
     """The part of a LangGraph run config the service uses."""
 
-    configurable: dict[str, Primitive | list[StrictStr]] = Field(
+    configurable: dict[str, Primitive | list[StrictStr] | TypedValue] = Field(
         default_factory=dict,
         description="thread_id, checkpoint_ns, checkpoint_id, the memory namespace (a list of strings) and "
-        "primitive values that are merged into checkpoint metadata.",
+        "primitive values that are merged into checkpoint metadata; an integer beyond 64 bits as a typed "
+        "value of type 'reducing-saver/int'.",
     )
-    metadata: dict[str, Primitive] = Field(
-        default_factory=dict, description="Run metadata merged into checkpoint metadata."
+    metadata: dict[str, Primitive | TypedValue] = Field(
+        default_factory=dict,
+        description="Run metadata merged into checkpoint metadata; an integer beyond 64 bits as a typed value "
+        "of type 'reducing-saver/int'.",
     )
 
     @field_validator("configurable")

@@ -23,7 +23,7 @@ the others name the service's own storage formats, and the service refuses them 
 
 Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
 form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
-on arrival. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+on arrival; so does such an int among a run config's ``configurable`` and ``metadata`` values. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -248,7 +248,9 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
 
     ``configurable`` keeps ``thread_id``, ``checkpoint_ns``, ``checkpoint_id``, the memory namespace,
     and the primitive values a saver merges into checkpoint metadata; ``metadata`` keeps its primitive
-    values. LangGraph's internal ``__pregel_*`` entries (callables, stores) stay behind.
+    values. An int beyond 64 bits among them travels in its typed form (``INT_TYPE``, a :class:`Blob`),
+    as it would in checkpoint metadata. LangGraph's internal ``__pregel_*`` entries (callables, stores)
+    stay behind.
     """
     if config is None:
         return None
@@ -262,11 +264,15 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
             configurable[key] = [str(label) for label in value]
         elif is_inline(value):
             configurable[key] = value
+        elif (typed := int_to_wire(value)) is not None:
+            configurable[key] = typed
     wire: dict[str, Any] = {"configurable": configurable}
     metadata = {
-        key: value
+        key: value if is_inline(value) else int_to_wire(value)
         for key, value in (config.get("metadata") or {}).items()
-        if is_inline(value) and not key.startswith("__") and key not in EXCLUDED_METADATA_KEYS
+        if (is_inline(value) or int_to_wire(value) is not None)
+        and not key.startswith("__")
+        and key not in EXCLUDED_METADATA_KEYS
     }
     if metadata:
         wire["metadata"] = metadata
