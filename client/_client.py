@@ -18,10 +18,11 @@ import re
 import socket
 import ssl
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import metadata as importlib_metadata
-from typing import Any, Generic, NamedTuple, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
 import httpx
 import orjson
@@ -353,6 +354,32 @@ def _clean_api_key(api_key: str | None) -> str | None:
     return api_key
 
 
+def environment_proxy(url: httpx.URL) -> httpx.URL | None:
+    """The proxy the environment names for ``url``, as httpx's ``trust_env`` reads it, or ``None``.
+
+    ``HTTPS_PROXY``/``HTTP_PROXY`` by the URL's scheme, else ``ALL_PROXY`` (upper or lower case);
+    ``NO_PROXY`` (host names, domains, ``*``) leaves hosts out. The proxy must be an ``http://`` URL
+    (credentials in it are sent as ``Proxy-Authorization``); ``https://`` targets go through a
+    ``CONNECT`` tunnel, ``http://`` ones as absolute-form requests.
+
+    Raises:
+        ValueError: If the variable names a proxy of another scheme (``socks5://``, ``https://``).
+    """
+    proxies = urllib.request.getproxies_environment()
+    name, proxy = url.scheme, proxies.get(url.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(url.host, proxies):
+        return None
+    if "://" not in proxy:  # "proxy:3128", as curl and httpx accept it
+        proxy = f"http://{proxy}"
+    parsed = httpx.URL(proxy)
+    if parsed.scheme != "http":
+        raise ValueError(
+            f"the environment's proxy for {name}:// URLs is a {parsed.scheme}:// URL; the client speaks to "
+            "http:// proxies only (pass trust_env=False to ignore HTTP_PROXY/HTTPS_PROXY/ALL_PROXY)"
+        )
+    return parsed
+
+
 def _basic_auth(url: httpx.URL, api_key: str | None, headers: Mapping[str, str] | None) -> str:
     """The ``Authorization`` header for the credentials of ``http://user:password@host``.
 
@@ -372,6 +399,38 @@ def _basic_auth(url: httpx.URL, api_key: str | None, headers: Mapping[str, str] 
     return "Basic " + base64.b64encode(credentials).decode("ascii")
 
 
+class ConnectionOptions(TypedDict, total=False):
+    """How ``RemoteReducingSaver`` and ``RemoteStore`` reach the service: the keyword arguments their
+    constructors and ``aopen`` share (the defaults are :class:`_Http`'s)."""
+
+    #: Sent as ``Authorization: Bearer <api_key>``; default: ``REDUCING_SAVER_API_KEY``.
+    api_key: str | None
+    #: Per-request timeout, seconds or ``httpx.Timeout``; ``None`` is refused. Default 30 s (5 s to connect).
+    timeout: httpx.Timeout | float
+    #: Retries of an idempotent call after a connection error or a 502/503/504. Default 3.
+    max_retries: int
+    #: First retry delay in seconds, doubled per retry (capped at 10 s), with jitter. Default 0.1.
+    backoff: float
+    #: How long a 503 or a refused/reset connection keeps being retried past ``max_retries``. Default 30 s.
+    retry_unavailable_for: float
+    #: Extra headers sent with every request.
+    headers: Mapping[str, str] | None
+    #: httpx transport for sync calls instead of ``http.client``.
+    transport: httpx.BaseTransport | None
+    #: httpx transport for async calls instead of aiohttp.
+    async_transport: httpx.AsyncBaseTransport | None
+    #: Read ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY``, as httpx does. Default ``True``.
+    trust_env: bool
+
+
+def open_http(url: str, owner: str, options: ConnectionOptions) -> _Http:
+    """The connection for ``owner`` (``"RemoteStore"``...), refusing an option it does not know by name."""
+    unknown = sorted(set(options) - ConnectionOptions.__annotations__.keys())
+    if unknown:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
+    return _Http(url, owner=owner, **options)
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -379,15 +438,16 @@ class _Http:
         self,
         url: str,
         *,
-        api_key: str | None,
-        timeout: httpx.Timeout | float,
-        max_retries: int,
-        backoff: float,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        backoff: float = 0.1,
         retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None,
-        transport: httpx.BaseTransport | None,
-        async_transport: httpx.AsyncBaseTransport | None,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
         owner: str = "RemoteReducingSaver",
+        trust_env: bool = True,
     ) -> None:
         #: The class using this connection, for messages.
         self.owner = owner
@@ -436,6 +496,15 @@ class _Http:
         #: service under): every API path goes below it.
         self._prefix = parsed.raw_path.decode("ascii").rstrip("/")
         self._base = parsed
+        #: For https: what both built-in transports verify with, as ``httpx.HTTPTransport()`` does by
+        #: default (certifi's CA bundle, or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set), built once.
+        self._ssl_context: ssl.SSLContext | None = None
+        if parsed.scheme == "https" and (transport is None or async_transport is None):
+            self._ssl_context = httpx.create_ssl_context()
+            self._ssl_context.set_alpn_protocols(["http/1.1"])
+        #: The proxy the built-in transports go through (``HTTP_PROXY``...), or ``None``.
+        self._proxy = environment_proxy(parsed) if trust_env else None
+        self._proxy_text = None if self._proxy is None else str(self._proxy)
         json_headers = httpx.Headers(all_headers)
         msgpack_headers = httpx.Headers({**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
         #: By ``_Call.msgpack``: the headers, and their items for aiohttp.
@@ -454,6 +523,8 @@ class _Http:
             self._pool = ConnectionPool(
                 parsed,
                 self.timeout,
+                proxy=self._proxy,
+                ssl_context=self._ssl_context,
                 max_connections=LIMITS.max_connections,
                 max_idle=LIMITS.max_keepalive_connections,
                 keepalive_expiry=LIMITS.keepalive_expiry,
@@ -538,7 +609,7 @@ class _Http:
         try:
             url, headers = self._url_text(call.path), self._header_items[call.msgpack]
             async with session.request(
-                call.method, url, data=call.body, headers=headers, allow_redirects=False
+                call.method, url, data=call.body, headers=headers, allow_redirects=False, proxy=self._proxy_text
             ) as answer:
                 return _Answer(answer.status, answer.headers, await answer.read())
         except TimeoutError as exc:
@@ -561,7 +632,9 @@ class _Http:
         if self._session is None or self._session_loop is not loop or self._session.closed:
             timeout = self.timeout
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=LIMITS.max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=LIMITS.max_connections, ssl=self._ssl_context if self._ssl_context else True
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     connect=timeout.connect,
@@ -790,6 +863,13 @@ async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
 # -- the saver --------------------------------------------------------------------------------------
 
 
+def _check_saver_options(body_format: str, startup_timeout: float) -> None:
+    if body_format not in BODY_FORMAT_NAMES:
+        raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+    if not startup_timeout >= 0:
+        raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
+
+
 class RemoteReducingSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer backed by a reducing-saver service; use it where you would use PostgresSaver.
 
@@ -822,7 +902,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             budget is spent). A ``Retry-After`` header sets a floor on the delay.
         backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
         retry_unavailable_for: Seconds during which an idempotent call answered 503 (the service or
-            its database is unavailable: a database restart, a failover) keeps being retried after its
+            its database is unavailable: a database restart, a failover) or whose connection was
+            refused or reset (the service is restarting) keeps being retried after its
             ``max_retries`` retries (unless that is 0), at most 2 s apart; counted from the call's first
             attempt. ``0`` leaves only ``max_retries``. Past it the call raises
             ``ServerUnavailableError``.
@@ -834,10 +915,18 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
             sends them as JSON with base64 values, as every other call is. A service that does not
             offer msgpack is spoken to in JSON.
-        startup_timeout: How long, in seconds, the constructor keeps asking for the service's
-            capabilities while it cannot be reached or answers 502/503/504 (a replica restarting, an
-            agent started before its service), pausing ``backoff`` doubled per attempt, at most 2 s.
-            ``0``: one attempt. Default 30.
+        startup_timeout: How long, in seconds, the constructor (and ``aopen``) keeps asking for the
+            service's capabilities while it cannot be reached or answers 502/503/504 (a replica
+            restarting, an agent started before its service), pausing ``backoff`` doubled per attempt,
+            at most 2 s. ``0``: one attempt. Default 30. An unknown host, ``https://`` against a
+            plain-HTTP service or a certificate that does not verify fails at once
+            (``ConnectionSetupError``).
+        trust_env: Go through the proxy ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` name, unless
+            ``NO_PROXY`` exempts the host, as an httpx client does by default. ``False`` ignores them.
+
+    A path in ``url`` (``http://host/rs/``) prefixes every request; credentials in it
+    (``http://user:pw@host``) are sent as Basic auth (refused together with ``api_key``); a redirect
+    is reported, never followed (``docs/client.md`` says how the client behaves on a network).
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
@@ -872,33 +961,13 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         cls,
         url: str,
         *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         serde: SerializerProtocol | None = None,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        **options: Unpack[ConnectionOptions],
     ) -> Self:
-        if body_format not in BODY_FORMAT_NAMES:
-            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
-        if not startup_timeout >= 0:
-            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
-        http = _Http(
-            url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_unavailable_for=retry_unavailable_for,
-            headers=headers,
-            transport=transport,
-            async_transport=async_transport,
-        )
+        _check_saver_options(body_format, startup_timeout)
+        http = open_http(url, cls.__name__, options)
         try:
             info = http.send_at_startup(_capabilities_call(), startup_timeout)
         except BaseException:
@@ -911,17 +980,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         cls,
         url: str,
         *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         serde: SerializerProtocol | None = None,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        **options: Unpack[ConnectionOptions],
     ) -> Self:
         """Open a saver from async code without blocking the event loop; the arguments are the constructor's.
 
@@ -935,24 +997,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ServerUnavailableError: If the service could not be reached within ``startup_timeout``.
             ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
         """
-        if body_format not in BODY_FORMAT_NAMES:
-            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
-        if not startup_timeout >= 0:
-            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
-
+        _check_saver_options(body_format, startup_timeout)
         http = await off_the_loop(
-            lambda: _Http(
-                url,
-                api_key=api_key,
-                timeout=timeout,
-                max_retries=max_retries,
-                backoff=backoff,
-                retry_unavailable_for=retry_unavailable_for,
-                headers=headers,
-                transport=transport,
-                async_transport=async_transport,
-            ),
-            aiohttp_too=async_transport is None,
+            lambda: open_http(url, cls.__name__, options), aiohttp_too=options.get("async_transport") is None
         )
         try:
             info = await http.asend_at_startup(_capabilities_call(), startup_timeout)

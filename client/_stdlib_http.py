@@ -34,6 +34,7 @@ it again is safe is the call's to decide, not this module's.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import select
 import socket
@@ -64,14 +65,28 @@ class ConnectionPool:
         max_connections: int | None = None,
         max_idle: int,
         keepalive_expiry: float | None,
+        proxy: httpx.URL | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._host = url.raw_host.decode("ascii")
         self._port = url.port
+        #: Through an http:// proxy: an ``https://`` origin in a ``CONNECT`` tunnel, an ``http://`` one by
+        #: absolute-form requests (the target is the whole URL), with ``Proxy-Authorization`` when the
+        #: proxy's URL holds credentials.
+        self._proxy = proxy
+        self._target_origin = ""
+        self._proxy_headers: dict[str, str] = {}
+        if proxy is not None:
+            if proxy.userinfo:
+                credentials = f"{proxy.username}:{proxy.password}".encode()
+                self._proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+            if url.scheme == "http":
+                self._target_origin = f"http://{url.netloc.decode('ascii')}"
         #: For https: what ``httpx.HTTPTransport()`` verifies with by default (certifi's CA bundle, or
         #: ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set), built once (it reads the bundle).
         self._ssl_context: ssl.SSLContext | None = None
         if url.scheme == "https":
-            self._ssl_context = httpx.create_ssl_context()
+            self._ssl_context = ssl_context or httpx.create_ssl_context()
             self._ssl_context.set_alpn_protocols(["http/1.1"])
         self._timeout = timeout
         self._max_idle = max_idle
@@ -153,12 +168,15 @@ class ConnectionPool:
     def _connect(self) -> http.client.HTTPConnection:
         timeout = self._timeout.connect
         connection: http.client.HTTPConnection
+        host, port = self._host, self._port
+        if self._proxy is not None:
+            host, port = self._proxy.raw_host.decode("ascii"), self._proxy.port or 80
         if self._ssl_context is None:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            connection = http.client.HTTPConnection(host, port, timeout=timeout)
         else:
-            connection = http.client.HTTPSConnection(
-                self._host, self._port, timeout=timeout, context=self._ssl_context
-            )
+            connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl_context)
+            if self._proxy is not None:
+                connection.set_tunnel(self._host, self._port or 443, headers=self._proxy_headers)
         try:
             connection.connect()  # TCP, and the TLS handshake for https, within the connect timeout
         except TimeoutError as exc:
@@ -183,6 +201,9 @@ class ConnectionPool:
         assert sock is not None
         sock.settimeout(self._timeout.write)
         write_error: OSError | None = None
+        if self._target_origin:
+            target = self._target_origin + target
+            headers = {**headers, **self._proxy_headers}
         try:
             connection.request(method, target, body, headers)
         except TimeoutError as exc:

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
-import httpx
 import orjson
 from langgraph.store.base import (
     BaseStore,
@@ -34,7 +33,7 @@ from langgraph.store.base import (
     _validate_namespace_labels,
 )
 
-from reducing_saver.client._client import DEFAULT_TIMEOUT, RETRY_UNAVAILABLE_FOR, _Call, _Http, off_the_loop
+from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
 from reducing_saver.wire import json_default
 
 #: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
@@ -140,6 +139,12 @@ class RemoteStore(BaseStore):
         transport: httpx transport for sync calls instead of ``http.client`` (tests pass
             ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
+        trust_env: Go through the proxy ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` name, unless
+            ``NO_PROXY`` exempts the host, as an httpx client does by default. ``False`` ignores them.
+
+    A path in ``url`` (``http://host/rs/``) prefixes every request; credentials in it
+    (``http://user:pw@host``) are sent as Basic auth; a redirect is reported, never followed
+    (``docs/client.md`` says how the client behaves on a network).
 
     Raises:
         ValueError: If ``url`` is not an http(s) URL or an option is out of range.
@@ -148,46 +153,11 @@ class RemoteStore(BaseStore):
     # The service decides: it refuses a TTL when it has none configured.
     supports_ttl = True
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._http = _Http(
-            url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_unavailable_for=retry_unavailable_for,
-            headers=headers,
-            transport=transport,
-            async_transport=async_transport,
-            owner="RemoteStore",
-        )
+    def __init__(self, url: str, **options: Unpack[ConnectionOptions]) -> None:
+        self._http = open_http(url, "RemoteStore", options)
 
     @classmethod
-    async def aopen(
-        cls,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> Self:
+    async def aopen(cls, url: str, **options: Unpack[ConnectionOptions]) -> Self:
         """Open a store from async code without blocking the event loop; the arguments are the constructor's.
 
         The constructor runs in a worker thread (its SSL context reads the CA bundle), and so does the
@@ -197,21 +167,7 @@ class RemoteStore(BaseStore):
         Raises:
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
         """
-
-        return await off_the_loop(
-            lambda: cls(
-                url,
-                api_key=api_key,
-                timeout=timeout,
-                max_retries=max_retries,
-                backoff=backoff,
-                retry_unavailable_for=retry_unavailable_for,
-                headers=headers,
-                transport=transport,
-                async_transport=async_transport,
-            ),
-            aiohttp_too=async_transport is None,
-        )
+        return await off_the_loop(lambda: cls(url, **options), aiohttp_too=options.get("async_transport") is None)
 
     @property
     def url(self) -> str:

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 
+import orjson
 import pytest
 
 from reducing_saver.client import (
@@ -22,9 +23,10 @@ from reducing_saver.client import (
     RemoteStore,
     ServerUnavailableError,
 )
+from reducing_saver.client._client import _Call, _Http
 from tests.conftest import build_chat_graph, human
 from tests.support.http_app import run_app
-from tests.support.http_proxy import reverse_proxy
+from tests.support.http_proxy import forward_proxy, reverse_proxy
 from tests.support.server import free_port, run_service
 
 pytestmark = pytest.mark.e2e
@@ -291,3 +293,68 @@ def test_a_short_startup_timeout_fails_naming_the_url_and_the_time(api):
         _open(api, url, startup_timeout=1.0)
     assert 1.0 <= time.monotonic() - started < 3
     assert url in str(info.value) and "startup_timeout=1 s" in str(info.value)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_http_proxy_from_the_environment_is_used_unless_no_proxy_or_trust_env_false(service, api, monkeypatch):
+    """As an httpx client does by default: HTTP_PROXY carries the calls, NO_PROXY and trust_env=False don't."""
+    config = {"configurable": {"thread_id": f"proxied-{api}", "checkpoint_ns": ""}}
+
+    def call(**options) -> None:
+        saver = _open(api, service.url, **options)
+        if api == "sync":
+            assert saver.get_tuple(config) is None
+            saver.close()
+        else:
+
+            async def aget() -> None:
+                assert await saver.aget_tuple(config) is None
+                await saver.aclose()
+
+            asyncio.run(aget())
+
+    with forward_proxy() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "")  # the test suite's own "*" would exempt every host
+        call()
+        through = [line for line in proxy.seen if line.endswith("/v1/checkpoints/get")]
+        assert through == [f"POST {service.url}/v1/checkpoints/get"]  # absolute-form, as proxies expect
+        seen = len(proxy.seen)
+        call(trust_env=False)
+        monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+        call()
+        assert len(proxy.seen) == seen
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_https_goes_through_the_proxy_in_a_connect_tunnel(tmp_path, api, monkeypatch):
+    """HTTPS_PROXY: a CONNECT tunnel, TLS to the service inside it (the proxy sees no plain text)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by both transports
+    call = _Call("POST", "/echo", orjson.dumps({"token": "tunnelled"}), True, lambda body: body)
+    with run_app(tmp_path, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
+        with forward_proxy() as proxy:
+            monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://user:secret@"))
+            monkeypatch.setenv("NO_PROXY", "")
+            http = _Http(url, api_key=None, timeout=5, max_retries=0, backoff=0, headers=None, transport=None,
+                         async_transport=None)
+            if api == "sync":
+                answer = http.send(call)
+                http.close()
+            else:
+
+                async def asend():
+                    try:
+                        return await http.asend(call)
+                    finally:
+                        await http.aclose()
+
+                answer = asyncio.run(asend())
+    assert answer["token"] == "tunnelled" and answer["path"] == "/echo"
+    assert proxy.seen == [f"CONNECT {url.removeprefix('https://')}"]
+    assert proxy.authorizations == ["Basic " + base64.b64encode(b"user:secret").decode()]

@@ -60,6 +60,7 @@ class _Forwarding(http.server.BaseHTTPRequestHandler):
 
     def do_CONNECT(self) -> None:
         self.seen.append(f"CONNECT {self.path}")
+        self.authorizations.append(self.headers.get("Proxy-Authorization"))
         host, _, port = self.path.rpartition(":")
         try:
             upstream = socket.create_connection((host, int(port)), timeout=30)
@@ -77,6 +78,7 @@ class _Forwarding(http.server.BaseHTTPRequestHandler):
             pump.start()
         for pump in pumps:
             pump.join()
+        upstream.close()
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
