@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import metadata as importlib_metadata
-from typing import Any, Generic, NamedTuple, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 
 import httpx
 import orjson
@@ -47,7 +47,24 @@ from reducing_saver.client._errors import (
     error_from_response,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._aiohttp import AiohttpTransport
 from reducing_saver.client._stdlib_http import ConnectionPool
+from reducing_saver.client._transport import (
+    Answer,
+    AsyncHttpxTransport,
+    AsyncTransport,
+    ConnectTimeout,
+    HttpxTransport,
+    LocalProtocolError,
+    NetworkError,
+    ReadError,
+    RemoteProtocolError,
+    Request,
+    TimeoutException,
+    Transport,
+    TransportError,
+    WriteError,
+)
 from reducing_saver.wire import (
     API_PREFIX,
     JSON,
@@ -209,7 +226,7 @@ def _parse_put(body: Any) -> RunnableConfig:
     return body["config"]
 
 
-def _loads(answer: _Answer) -> Any:
+def _loads(answer: Answer) -> Any:
     """The answer's body, decoded by its content type (msgpack only when the call asked for it)."""
     if not answer.content:
         return None
@@ -221,18 +238,9 @@ def _loads(answer: _Answer) -> Any:
 # -- I/O --------------------------------------------------------------------------------------------
 
 
-class _Answer(NamedTuple):
-    """The service's answer, whichever library carried it; the aiohttp path builds no httpx objects."""
-
-    status: int
-    #: Case-insensitive: ``httpx.Headers`` or aiohttp's ``CIMultiDictProxy``.
-    headers: Mapping[str, str]
-    content: bytes
-
-
-def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
+def _broke_large_upload(call: _Call[Any], exc: TransportError) -> bool:
     return (
-        isinstance(exc, (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError))
+        isinstance(exc, (WriteError, ReadError, RemoteProtocolError))
         and call.body is not None
         and len(call.body) > LARGE_BODY
     )
@@ -279,14 +287,14 @@ def unfixable_cause(exc: BaseException) -> str | None:
     return None
 
 
-def _retry_after(answer: _Answer) -> float:
+def _retry_after(answer: Answer) -> float:
     try:
         return min(max(float(answer.headers.get("retry-after", 0)), 0.0), MAX_BACKOFF)
     except ValueError:  # an HTTP date: not worth parsing for a floor
         return 0.0
 
 
-def _redirect_error(call: _Call[Any], answer: _Answer, url: str) -> ReducingSaverError:
+def _redirect_error(call: _Call[Any], answer: Answer, url: str) -> ReducingSaverError:
     """A redirect is never followed (the body and the credentials would go where it says): an error."""
     status = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}".strip()
     return ReducingSaverError(
@@ -298,7 +306,7 @@ def _redirect_error(call: _Call[Any], answer: _Answer, url: str) -> ReducingSave
     )
 
 
-def _finish(call: _Call[T], answer: _Answer, url: str) -> T:
+def _finish(call: _Call[T], answer: Answer, url: str) -> T:
     if 300 <= answer.status < 400:
         raise _redirect_error(call, answer, url)
     if not 200 <= answer.status < 300:
@@ -316,13 +324,6 @@ def _finish(call: _Call[T], answer: _Answer, url: str) -> T:
             status_code=answer.status,
             request_id=answer.headers.get("x-request-id"),
         ) from exc
-
-
-async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        await session.close()
 
 
 #: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 (under an httpx
@@ -505,22 +506,19 @@ class _Http:
         #: The proxy the built-in transports go through (``HTTP_PROXY``...), or ``None``.
         self._proxy = environment_proxy(parsed) if trust_env else None
         self._proxy_text = None if self._proxy is None else str(self._proxy)
-        json_headers = httpx.Headers(all_headers)
-        msgpack_headers = httpx.Headers({**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
-        #: By ``_Call.msgpack``: the headers, and their items for aiohttp.
-        self._headers = (json_headers, msgpack_headers)
-        self._header_items = (json_headers.multi_items(), msgpack_headers.multi_items())
-        self._urls: dict[str, httpx.URL] = {}
-        self._url_texts: dict[str, str] = {}
-        self._extensions = {"timeout": self.timeout.as_dict()}
+        #: By ``_Call.msgpack``: the headers of a JSON call and of a msgpack one.
+        self._headers = (all_headers, {**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
+        #: Requests by ``(path, msgpack)``, built once: only the body changes from call to call.
+        self._requests: dict[tuple[str, bool], Request] = {}
         # Sync calls go through the standard library's http.client, pooled by _stdlib_http: httpx's
         # transport (httpcore and h11, pure Python) costs over twice its CPU per request, and
         # httpx.Client's per-request work (URL merging, cookies, redirects, auth flows) more again
         # (benchmarks/http_clients.py). A transport the caller passes is used as it is, through httpx.
-        self._transport = transport
-        self._pool: ConnectionPool | None = None
-        if transport is None:
-            self._pool = ConnectionPool(
+        self._sync: Transport
+        if transport is not None:
+            self._sync = HttpxTransport(transport, self.timeout)
+        else:
+            self._sync = ConnectionPool(
                 parsed,
                 self.timeout,
                 proxy=self._proxy,
@@ -529,132 +527,50 @@ class _Http:
                 max_idle=LIMITS.max_keepalive_connections,
                 keepalive_expiry=LIMITS.keepalive_expiry,
             )
-        #: By ``_Call.msgpack``: the headers as http.client takes them.
-        self._header_dicts = (dict(json_headers.multi_items()), dict(msgpack_headers.multi_items()))
-        self._targets: dict[str, str] = {}
-        self._async_transport = async_transport
-        self._session: Any = None  # aiohttp.ClientSession of self._session_loop
-        self._session_loop: asyncio.AbstractEventLoop | None = None
-        self._session_closer: AsyncIterator[None] | None = None
+        self._async: AsyncTransport
+        if async_transport is not None:
+            self._async = AsyncHttpxTransport(async_transport, self.timeout)
+        else:
+            self._async = AiohttpTransport(
+                self.timeout,
+                max_connections=LIMITS.max_connections,
+                ssl_context=self._ssl_context,
+                proxy=None if self._proxy is None else str(self._proxy),
+            )
         self._closed = False
 
-    def _full_url(self, path: str) -> httpx.URL:
-        """The URL of an API ``path``: the base URL's own path (a reverse proxy's prefix) comes first."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = self._base.copy_with(raw_path=(self._prefix + path).encode("ascii"))
-        return url
+    @property
+    def _pool(self) -> ConnectionPool | None:
+        """The sync connection pool, when calls go through ``http.client``."""
+        return self._sync if isinstance(self._sync, ConnectionPool) else None
 
-    def _request(self, call: _Call[Any]) -> httpx.Request:
-        url = self._full_url(call.path)
-        return httpx.Request(
-            call.method,
-            url,
-            headers=self._headers[call.msgpack],
-            content=call.body,
-            extensions=self._extensions,
-        )
-
-    def _url_text(self, path: str) -> str:
-        url = self._url_texts.get(path)
-        if url is None:
-            url = self._url_texts[path] = str(self._full_url(path))
-        return url
-
-    def _target(self, path: str) -> str:
-        target = self._targets.get(path)
-        if target is None:
-            target = self._targets[path] = self._full_url(path).raw_path.decode("ascii")
-        return target
-
-    def _exchange(self, call: _Call[Any]) -> _Answer:
-        if self._closed:
-            raise RuntimeError(f"this {self.owner} is closed")
-        if self._pool is not None:
-            try:
-                status, headers, content = self._pool.request(
-                    call.method, self._target(call.path), call.body, self._header_dicts[call.msgpack]
-                )
-            except httpx.TransportError as exc:
-                exc.request = self._request(call)  # as httpx's transport would have set it
-                raise
-            return _Answer(status, headers, content)
-        assert self._transport is not None
-        response = self._transport.handle_request(self._request(call))
-        try:
-            content = response.read()
-        finally:
-            response.close()
-        return _Answer(response.status_code, response.headers, content)
-
-    async def _aexchange(self, call: _Call[Any]) -> _Answer:
-        if self._closed:
-            raise RuntimeError(f"this {self.owner} is closed")
-        if self._async_transport is not None:
-            response = await self._async_transport.handle_async_request(self._request(call))
-            try:
-                content = await response.aread()
-            finally:
-                await response.aclose()
-            return _Answer(response.status_code, response.headers, content)
-        return await self._aiohttp_exchange(call)
-
-    async def _aiohttp_exchange(self, call: _Call[Any]) -> _Answer:
-        # aiohttp costs a quarter of httpx.AsyncClient's CPU per call (benchmarks/http_clients.py), and
-        # building httpx objects around it would cost as much again, so a success makes none. Errors
-        # become the httpx errors the shared retry and error-mapping code knows.
-        import aiohttp
-
-        session = await self._aiohttp_session()
-        try:
-            url, headers = self._url_text(call.path), self._header_items[call.msgpack]
-            async with session.request(
-                call.method, url, data=call.body, headers=headers, allow_redirects=False, proxy=self._proxy_text
-            ) as answer:
-                return _Answer(answer.status, answer.headers, await answer.read())
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=self._request(call)) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=self._request(call)) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=self._request(call)) from exc
-        except (aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise httpx.WriteError(str(exc), request=self._request(call)) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.NetworkError(str(exc), request=self._request(call)) from exc
-
-    async def _aiohttp_session(self) -> Any:
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        # Pooled connections belong to the loop that opened them; a saver used under a new loop (a second
-        # asyncio.run, a per-test loop) gets a fresh session instead of sockets of a dead loop.
-        if self._session is None or self._session_loop is not loop or self._session.closed:
-            timeout = self.timeout
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=LIMITS.max_connections, ssl=self._ssl_context if self._ssl_context else True
-                ),
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=timeout.connect,
-                    sock_read=timeout.read,
-                ),
-                skip_auto_headers=("User-Agent", "Content-Type", "Accept-Encoding"),
+    def _request(self, call: _Call[Any]) -> Request:
+        """``call`` as a transport sends it: the base URL's own path (a reverse proxy's prefix) comes first."""
+        request = self._requests.get((call.path, call.msgpack))
+        if request is None:
+            url = self._base.copy_with(raw_path=(self._prefix + call.path).encode("ascii"))
+            request = Request(
+                call.method, str(url), url.raw_path.decode("ascii"), self._headers[call.msgpack], None
             )
-            self._session_loop = loop
-            # Close the session on its own loop when that loop shuts down (asyncio.run and pytest finalize
-            # async generators then), so a saver used from several asyncio.run calls leaks nothing.
-            self._session_closer = _close_at_loop_shutdown(self._session)
-            await self._session_closer.__anext__()
-        return self._session
+            self._requests[call.path, call.msgpack] = request
+        return request._replace(method=call.method, body=call.body)
+
+    def _exchange(self, call: _Call[Any]) -> Answer:
+        if self._closed:
+            raise RuntimeError(f"this {self.owner} is closed")
+        return self._sync.exchange(self._request(call))
+
+    async def _aexchange(self, call: _Call[Any]) -> Answer:
+        if self._closed:
+            raise RuntimeError(f"this {self.owner} is closed")
+        return await self._async.exchange(self._request(call))
 
     def send(self, call: _Call[T]) -> T:
         started = time.monotonic()
         for attempt in itertools.count():
             try:
                 answer = self._exchange(call)
-            except httpx.TransportError as exc:
+            except TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc, started)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
@@ -670,7 +586,7 @@ class _Http:
         for attempt in itertools.count():
             try:
                 answer = await self._aexchange(call)
-            except httpx.TransportError as exc:
+            except TransportError as exc:
                 delay = self._retry_delay(call, attempt, exc, started)
                 if delay is None:
                     raise self._transport_error(call, exc) from exc
@@ -694,12 +610,12 @@ class _Http:
         started = time.monotonic()
         for attempt in itertools.count(1):
             try:
-                outcome: _Answer | httpx.TransportError = self._exchange(call)
-            except httpx.TransportError as exc:
+                outcome: Answer | TransportError = self._exchange(call)
+            except TransportError as exc:
                 outcome = exc
             delay = self._startup_delay(call, outcome, attempt, started, budget)
             if delay is None:
-                assert isinstance(outcome, _Answer)
+                assert isinstance(outcome, Answer)
                 return _finish(call, outcome, self.url)
             time.sleep(delay)
         raise AssertionError("unreachable")
@@ -709,12 +625,12 @@ class _Http:
         started = time.monotonic()
         for attempt in itertools.count(1):
             try:
-                outcome: _Answer | httpx.TransportError = await self._aexchange(call)
-            except httpx.TransportError as exc:
+                outcome: Answer | TransportError = await self._aexchange(call)
+            except TransportError as exc:
                 outcome = exc
             delay = self._startup_delay(call, outcome, attempt, started, budget)
             if delay is None:
-                assert isinstance(outcome, _Answer)
+                assert isinstance(outcome, Answer)
                 return _finish(call, outcome, self.url)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -722,7 +638,7 @@ class _Http:
     def _startup_delay(
         self,
         call: _Call[Any],
-        outcome: _Answer | httpx.TransportError,
+        outcome: Answer | TransportError,
         attempt: int,
         started: float,
         budget: float,
@@ -732,11 +648,11 @@ class _Http:
         Raises:
             ReducingSaverError: For a failure waiting cannot fix, or once ``budget`` is spent.
         """
-        if isinstance(outcome, _Answer):
+        if isinstance(outcome, Answer):
             if outcome.status not in RETRY_STATUSES:
                 return None
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
-        elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)):
+        elif isinstance(outcome, (NetworkError, RemoteProtocolError, ConnectTimeout)):
             if unfixable_cause(outcome):
                 raise self._transport_error(call, outcome) from outcome
             reason = f"{type(outcome).__name__}: {outcome}"
@@ -758,7 +674,7 @@ class _Http:
         return delay
 
     def _retry_delay(
-        self, call: _Call[Any], attempt: int, outcome: _Answer | Exception, started: float
+        self, call: _Call[Any], attempt: int, outcome: Answer | Exception, started: float
     ) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final.
 
@@ -772,13 +688,13 @@ class _Http:
         if not call.idempotent or not self.max_retries:
             return None
         floor = 0.0
-        if isinstance(outcome, _Answer):
+        if isinstance(outcome, Answer):
             if outcome.status not in RETRY_STATUSES:
                 return None
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
             floor = _retry_after(outcome)
             restarting = outcome.status == 503
-        elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError)):
+        elif isinstance(outcome, (NetworkError, RemoteProtocolError)):
             if _broke_large_upload(call, outcome) or unfixable_cause(outcome):
                 return None
             reason = type(outcome).__name__
@@ -800,12 +716,12 @@ class _Http:
         logger.warning("%s %s: %s; %s in %.2fs", call.method, call.path, reason, budget, delay)
         return delay
 
-    def _transport_error(self, call: _Call[Any], exc: httpx.TransportError) -> ReducingSaverError:
+    def _transport_error(self, call: _Call[Any], exc: TransportError) -> ReducingSaverError:
         where = f"{call.method} {call.path}"
         cause = unfixable_cause(exc)
         if cause:
             return ConnectionSetupError(f"{where}: cannot connect to {self.url}: {cause}")
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, TimeoutException):
             return RequestTimeoutError(
                 f"{where}: the service at {self.url} did not answer in time "
                 f"({type(exc).__name__}; {self.timeout})"
@@ -816,7 +732,7 @@ class _Http:
                 f"{where}: the service closed the connection while receiving a {len(call.body)}-byte body; "
                 "the likely cause is a body over the service's request size limit (413)"
             )
-        if isinstance(exc, httpx.LocalProtocolError):
+        if isinstance(exc, LocalProtocolError):
             # Not an outage: this side built a request HTTP cannot carry. The HTTP library's text quotes the
             # offending header value, which may be a credential, so it stays out of the message.
             return ReducingSaverError(
@@ -827,24 +743,14 @@ class _Http:
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
 
-    def _close_sync(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        if self._transport is not None:
-            self._transport.close()
-
     def close(self) -> None:
         self._closed = True
-        self._close_sync()
+        self._sync.close()
 
     async def aclose(self) -> None:
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None and self._session_loop is asyncio.get_running_loop():
-            await session.close()
-        if self._async_transport is not None:
-            await self._async_transport.aclose()
-        self._close_sync()
+        await self._async.aclose()
+        self._sync.close()
 
 
 async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:

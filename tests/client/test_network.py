@@ -72,7 +72,9 @@ def test_agents_outlive_a_service_restart(tmp_path):
         ]
         for agent in agents:
             agent.start()
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while min(turns.values()) < 1 and not errors and time.monotonic() < deadline:
+            time.sleep(0.05)  # each agent is mid-conversation
         first.process.kill()  # no goodbye: open connections are reset, new ones refused
         first.process.wait()
     before = dict(turns)
