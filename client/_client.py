@@ -66,8 +66,17 @@ from reducing_saver.client._transport import (
     WriteError,
 )
 from reducing_saver.wire import (
-    API_PREFIX,
+    CAPABILITIES_PATH,
+    DELTA_HISTORY_PATH,
+    GET_PATH,
     JSON,
+    LIST_PATH,
+    PUT_PATH,
+    RUNS_DELETE_PATH,
+    THREAD_COPY_PATH,
+    THREAD_DELETE_PATH,
+    THREAD_PRUNE_PATH,
+    WRITES_PATH,
     MSGPACK,
     Blob,
     WireError,
@@ -209,12 +218,12 @@ def _post(
     """A POST whose ``body`` may hold :class:`Blob` values (base64 in JSON, ``bin`` in msgpack)."""
     if msgpack:
         content = ormsgpack.packb(body, default=msgpack_default)
-        return _Call("POST", API_PREFIX + path, content, idempotent, parse, msgpack=True)
-    return _Call("POST", API_PREFIX + path, orjson.dumps(body, default=json_default), idempotent, parse)
+        return _Call("POST", path, content, idempotent, parse, msgpack=True)
+    return _Call("POST", path, orjson.dumps(body, default=json_default), idempotent, parse)
 
 
 def _capabilities_call() -> _Call[_ServerInfo]:
-    return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
+    return _Call("GET", CAPABILITIES_PATH, None, True, _parse_server_info)
 
 
 def _stored_inline(value: Any) -> bool:
@@ -1026,7 +1035,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple_call(self, config: RunnableConfig) -> _Call[CheckpointTuple | None]:
         body = {"config": self._config(config)}
-        return _post("/checkpoints/get", body, self._parse_get, msgpack=self._msgpack)
+        return _post(GET_PATH, body, self._parse_get, msgpack=self._msgpack)
 
     def _list_call(
         self,
@@ -1041,7 +1050,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             "before": self._config(before),
             "limit": limit,
         }
-        return _post("/checkpoints/list", body, self._parse_list)
+        return _post(LIST_PATH, body, self._parse_list)
 
     def _list_page(
         self,
@@ -1095,7 +1104,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             "metadata": ints_to_wire(metadata),
             "new_versions": new_versions,
         }
-        return _post("/checkpoints/put", body, _parse_put, msgpack=self._msgpack)
+        return _post(PUT_PATH, body, _parse_put, msgpack=self._msgpack)
 
     def _put_writes_call(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
@@ -1109,10 +1118,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             "task_id": task_id,
             "task_path": task_path,
         }
-        return _post("/writes/put", body, _no_content, msgpack=self._msgpack)
+        return _post(WRITES_PATH, body, _no_content, msgpack=self._msgpack)
 
     def _delete_thread_call(self, thread_id: str) -> _Call[None]:
-        return _post("/threads/delete", {"thread_id": str(thread_id)}, _no_content)
+        return _post(THREAD_DELETE_PATH, {"thread_id": str(thread_id)}, _no_content)
 
     # -- the required saver API ---------------------------------------------------------------------
 
@@ -1243,7 +1252,7 @@ class _CopyThread:
     def _copy_thread_call(source_thread_id: str, target_thread_id: str) -> _Call[None]:
         body = {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
         # Not idempotent: a retry after a lost answer could copy twice.
-        return _post("/threads/copy", body, _no_content, idempotent=False)
+        return _post(THREAD_COPY_PATH, body, _no_content, idempotent=False)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another (never retried).
@@ -1263,7 +1272,7 @@ class _DeleteForRuns:
 
     @staticmethod
     def _delete_for_runs_call(run_ids: Sequence[str]) -> _Call[None]:
-        return _post("/runs/delete", {"run_ids": [str(run_id) for run_id in run_ids]}, _no_content)
+        return _post(RUNS_DELETE_PATH, {"run_ids": [str(run_id) for run_id in run_ids]}, _no_content)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints and writes of the given runs.
@@ -1284,7 +1293,7 @@ class _Prune:
     @staticmethod
     def _prune_call(thread_ids: Sequence[str], strategy: str) -> _Call[None]:
         body = {"thread_ids": [str(thread_id) for thread_id in thread_ids], "strategy": strategy}
-        return _post("/threads/prune", body, _no_content)
+        return _post(THREAD_PRUNE_PATH, body, _no_content)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps each namespace's newest checkpoint, ``"delete"`` all.
@@ -1310,7 +1319,7 @@ class _DeltaChannelHistory:
         self, config: RunnableConfig, channels: Sequence[str]
     ) -> _Call[Mapping[str, DeltaChannelHistory]]:
         body = {"config": self._config(config), "channels": list(channels)}
-        return _post("/checkpoints/delta-history", body, self._parse_delta_history)
+        return _post(DELTA_HISTORY_PATH, body, self._parse_delta_history)
 
     def _parse_delta_history(self, body: Any) -> dict[str, DeltaChannelHistory]:
         result: dict[str, DeltaChannelHistory] = {}

@@ -34,10 +34,7 @@ from langgraph.store.base import (
 )
 
 from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
-from reducing_saver.wire import json_default
-
-#: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
-BATCH_PATH = "/store/batch"
+from reducing_saver.wire import STORE_BATCH_PATH, json_default
 
 
 def _op_json(op: Op) -> dict[str, Any]:
@@ -108,7 +105,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
 
     content = orjson.dumps({"ops": [_op_json(op) for op in ops]}, default=json_default)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
-    return _Call("POST", BATCH_PATH, content, True, parse)
+    return _Call("POST", STORE_BATCH_PATH, content, True, parse)
 
 
 class RemoteStore(BaseStore):

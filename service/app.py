@@ -34,6 +34,7 @@ from reducing_saver.service.observability import ObservabilityMiddleware, config
 from reducing_saver.service.routes import ORJSONResponse, checkpoints, health, memory, store, threads
 from reducing_saver.service.state import Service
 from reducing_saver.service.version import __version__
+from reducing_saver.wire import METRICS_PATH
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -145,7 +146,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         redoc_url=None,
     )
     app.state.service = service
-    public = security.PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
+    public = security.PUBLIC_PATHS | ({METRICS_PATH} if settings.metrics_public else set())
     limits = settings.limits
     routers = (health.router, checkpoints.router, threads.router, memory.router, store.router)
     paths = (

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service.messages_codec import SafeMessagesCodec
-from reducing_saver.wire import Blob
+from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 
 access_logger = logging.getLogger("reducing_saver.access")
 logger = logging.getLogger(__name__)
@@ -45,9 +45,7 @@ MAX_REQUEST_ID_LENGTH = 128
 #: Routes whose successful requests are access-logged at DEBUG, not INFO: those polled by probes and
 #: scrapers, and the per-step saver calls (six a chat turn; a log line costs more CPU than the routing).
 #: Errors are logged at INFO everywhere; the request metrics count every request.
-QUIET_ROUTES = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}
-)
+QUIET_ROUTES = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH, *PER_STEP_PATHS})
 
 #: Latency buckets in seconds: a put is ~1 ms on loopback, so the default buckets (from 5 ms) are too coarse.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -84,3 +84,47 @@ def test_no_code_comment_cites_a_file_outside_the_repository() -> None:
     needles = ("FACTS" + ".md", "../" + "shared")  # spelled apart, so this file does not cite them
     citing = [str(p.relative_to(ROOT)) for p in sources if any(n in p.read_text() for n in needles)]
     assert citing == []
+
+
+# -- one protocol, written in wire ------------------------------------------------------------------
+
+#: What a path of the protocol looks like: under /v1, the store's routes, the operations routes.
+_PROTOCOL_PATH_PREFIXES = ("/v1/", "/store/", "/healthz", "/readyz", "/metrics")
+
+
+def _own_path_literals(source: str, filename: str) -> list[str]:
+    """String literals of code (docstrings aside) that are a protocol path or start like one."""
+    import ast
+
+    tree = ast.parse(source, filename)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{filename}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and node.value.startswith(_PROTOCOL_PATH_PREFIXES)
+    ]
+
+
+def test_neither_side_writes_a_path_of_its_own() -> None:
+    """Every path of the protocol is a constant of reducing_saver.wire; the client and the service import it."""
+    found = [
+        hit
+        for folder in ("client", "service")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for hit in _own_path_literals(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == [], "\n".join(found)
+    # The control: the check sees a path written as a literal.
+    assert _own_path_literals('router.post("/v1/threads/delete")\n', "x.py") == [
+        "x.py:1: '/v1/threads/delete'"
+    ]

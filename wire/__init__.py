@@ -1,6 +1,7 @@
 """reducing_saver.wire: the protocol RemoteReducingSaver and the service both speak.
 
-Paths, content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
+Every path (a ``*_PATH`` constant: neither side writes one of its own, ``tests/test_layout.py`` checks),
+content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
 neither the client nor the service (a contract test pins this): both sides import it.
 
 Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoints/get``,
@@ -50,6 +51,24 @@ WRITES_PATH = API_PREFIX + "/writes/put"
 PER_STEP_PATHS = (GET_PATH, PUT_PATH, WRITES_PATH)
 CAPABILITIES_PATH = API_PREFIX + "/capabilities"
 LIST_PATH = API_PREFIX + "/checkpoints/list"
+DELTA_HISTORY_PATH = API_PREFIX + "/checkpoints/delta-history"
+THREAD_DELETE_PATH = API_PREFIX + "/threads/delete"
+THREAD_COPY_PATH = API_PREFIX + "/threads/copy"
+THREAD_PRUNE_PATH = API_PREFIX + "/threads/prune"
+RUNS_DELETE_PATH = API_PREFIX + "/runs/delete"
+SWEEPS_STATUS_PATH = API_PREFIX + "/sweeps/status"
+EXTRACTION_STATUS_PATH = API_PREFIX + "/extraction/status"
+DEAD_LETTERS_PATH = API_PREFIX + "/extraction/dead-letters"
+RETRY_DEAD_PATH = API_PREFIX + "/extraction/retry-dead"
+#: The store: ``RemoteStore``'s batch route, and LangGraph Agent Server's store routes (``langgraph_sdk``).
+STORE_BATCH_PATH = "/store/batch"
+STORE_ITEMS_PATH = "/store/items"
+STORE_SEARCH_PATH = "/store/items/search"
+STORE_NAMESPACES_PATH = "/store/namespaces"
+#: Operations: liveness, readiness (both open without a key), Prometheus metrics.
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 #: The content types the per-step routes accept and answer in.
@@ -296,9 +315,25 @@ def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "API_PREFIX",
     "CAPABILITIES_PATH",
+    "DEAD_LETTERS_PATH",
+    "DELTA_HISTORY_PATH",
+    "EXTRACTION_STATUS_PATH",
     "GET_PATH",
+    "HEALTH_PATH",
     "INT_TYPE",
     "LIST_PATH",
+    "METRICS_PATH",
+    "READY_PATH",
+    "RETRY_DEAD_PATH",
+    "RUNS_DELETE_PATH",
+    "STORE_BATCH_PATH",
+    "STORE_ITEMS_PATH",
+    "STORE_NAMESPACES_PATH",
+    "STORE_SEARCH_PATH",
+    "SWEEPS_STATUS_PATH",
+    "THREAD_COPY_PATH",
+    "THREAD_DELETE_PATH",
+    "THREAD_PRUNE_PATH",
     "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",

@@ -19,6 +19,7 @@ from reducing_saver.service import store_ops
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.routes import ERRORS, ServiceDep
 from reducing_saver.service.state import Service
+from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH
 
 router = APIRouter(tags=["store"])
 
@@ -141,7 +142,7 @@ async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
     return await service.blocking(store_ops.run_batch, service, scope, ops, field, timeout=timeout)
 
 
-@router.put("/store/items", status_code=204, responses=ERRORS, summary="Store or replace an item.")
+@router.put(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Store or replace an item.")
 async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
     op = PutOp(tuple(body.namespace), body.key, body.value, body.index, body.ttl)
     await _run(service, [op], "body")
@@ -149,7 +150,7 @@ async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
 
 
 @router.get(
-    "/store/items",
+    STORE_ITEMS_PATH,
     response_model=None,
     responses={**ERRORS, 200: {"model": StoreItem | None, "description": "The item, or null."}},
     summary="Read an item (null if none).",
@@ -167,14 +168,14 @@ async def get_item(
     return item
 
 
-@router.delete("/store/items", status_code=204, responses=ERRORS, summary="Delete an item.")
+@router.delete(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Delete an item.")
 async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
     await _run(service, [PutOp(tuple(body.namespace), body.key, None)], "body")
     return Response(status_code=204)
 
 
 @router.api_route(
-    "/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
+    STORE_ITEMS_PATH, methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
 )
 async def other_methods() -> Response:
     """405 naming every method of /store/items (three routes share the path; each alone would name one)."""
@@ -182,7 +183,7 @@ async def other_methods() -> Response:
 
 
 @router.post(
-    "/store/items/search",
+    STORE_SEARCH_PATH,
     response_model=SearchItemsResponse,
     responses=ERRORS,
     summary="Items under a namespace prefix: filtered by value, or ranked by a semantic query.",
@@ -196,7 +197,7 @@ async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
 
 
 @router.post(
-    "/store/namespaces",
+    STORE_NAMESPACES_PATH,
     response_model=ListNamespacesResponse,
     responses=ERRORS,
     summary="Namespaces holding items, by prefix and suffix ('*' matches any label), cut at max_depth.",
@@ -213,7 +214,7 @@ async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> A
 
 
 @router.post(
-    "/store/batch",
+    STORE_BATCH_PATH,
     response_model=BatchResponse,
     responses=ERRORS,
     summary="Run BaseStore.batch: get, put (value null deletes), search and list_namespaces operations.",
