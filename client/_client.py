@@ -574,75 +574,59 @@ class _Http:
             raise RuntimeError(f"this {self.owner} is closed")
         return await self._async.exchange(self._request(call))
 
-    def send(self, call: _Call[T]) -> T:
-        started = time.monotonic()
-        for attempt in itertools.count():
-            try:
-                answer = self._exchange(call)
-            except TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc, started)
-                if delay is None:
-                    raise self._transport_error(call, exc) from exc
-            else:
-                delay = self._retry_delay(call, attempt, answer, started)
-                if delay is None:
-                    return _finish(call, answer, self.url)
-            time.sleep(delay)
-        raise AssertionError("unreachable")
+    def send(self, call: _Call[T], *, startup_budget: float | None = None) -> T:
+        """Send ``call`` and parse its answer, retried as :meth:`_delay` decides.
 
-    async def asend(self, call: _Call[T]) -> T:
-        started = time.monotonic()
-        for attempt in itertools.count():
-            try:
-                answer = await self._aexchange(call)
-            except TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc, started)
-                if delay is None:
-                    raise self._transport_error(call, exc) from exc
-            else:
-                delay = self._retry_delay(call, attempt, answer, started)
-                if delay is None:
-                    return _finish(call, answer, self.url)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    def send_at_startup(self, call: _Call[T], budget: float) -> T:
-        """``call``, retried while the service cannot be reached or answers 502/503/504, for ``budget`` s.
-
-        Unlike :meth:`send`, the number of attempts is bounded by time, not ``max_retries``: a service
-        that is restarting or not started yet comes up within seconds to a minute. A refused connect or
-        one that timed out sent nothing, so it is always safe to try again.
+        Args:
+            startup_budget: At start-up (the capabilities request): retry while the service cannot be
+                reached or answers 502/503/504 for this many seconds, not ``max_retries`` times.
 
         Raises:
-            ServerUnavailableError: If the budget is spent, naming the URL, the budget and the last error.
+            ReducingSaverError: A subclass naming what failed.
         """
         started = time.monotonic()
-        for attempt in itertools.count(1):
+        for attempt in itertools.count():
             try:
                 outcome: Answer | TransportError = self._exchange(call)
             except TransportError as exc:
                 outcome = exc
-            delay = self._startup_delay(call, outcome, attempt, started, budget)
+            delay = self._delay(call, attempt, outcome, started, startup_budget)
             if delay is None:
-                assert isinstance(outcome, Answer)
-                return _finish(call, outcome, self.url)
+                return self._final(call, outcome)
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def asend_at_startup(self, call: _Call[T], budget: float) -> T:
-        """Async :meth:`send_at_startup`: the same attempts, through the async transport."""
+    async def asend(self, call: _Call[T], *, startup_budget: float | None = None) -> T:
+        """Async :meth:`send`: the same attempts, through the async transport."""
         started = time.monotonic()
-        for attempt in itertools.count(1):
+        for attempt in itertools.count():
             try:
                 outcome: Answer | TransportError = await self._aexchange(call)
             except TransportError as exc:
                 outcome = exc
-            delay = self._startup_delay(call, outcome, attempt, started, budget)
+            delay = self._delay(call, attempt, outcome, started, startup_budget)
             if delay is None:
-                assert isinstance(outcome, Answer)
-                return _finish(call, outcome, self.url)
+                return self._final(call, outcome)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _final(self, call: _Call[T], outcome: Answer | TransportError) -> T:
+        if isinstance(outcome, TransportError):
+            raise self._transport_error(call, outcome) from outcome
+        return _finish(call, outcome, self.url)
+
+    def _delay(
+        self,
+        call: _Call[Any],
+        attempt: int,
+        outcome: Answer | TransportError,
+        started: float,
+        startup_budget: float | None,
+    ) -> float | None:
+        """The retry policy, in one place: seconds to wait before the next attempt, ``None`` if final."""
+        if startup_budget is None:
+            return self._retry_delay(call, attempt, outcome, started)
+        return self._startup_delay(call, outcome, attempt + 1, started, startup_budget)
 
     def _startup_delay(
         self,
@@ -652,10 +636,14 @@ class _Http:
         started: float,
         budget: float,
     ) -> float | None:
-        """Seconds to wait before asking again at start-up; ``None`` for an answer to finish.
+        """Seconds to wait before asking again at start-up; ``None`` when ``outcome`` is final.
+
+        Unlike after a call, the number of attempts is bounded by time, not ``max_retries``: a service
+        that is restarting or not started yet comes up within seconds to a minute. A refused connect or
+        one that timed out sent nothing, so it is always safe to try again.
 
         Raises:
-            ReducingSaverError: For a failure waiting cannot fix, or once ``budget`` is spent.
+            ServerUnavailableError: Once ``budget`` is spent, naming the URL, the budget and the last error.
         """
         if isinstance(outcome, Answer):
             if outcome.status not in RETRY_STATUSES:
@@ -663,10 +651,10 @@ class _Http:
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
         elif isinstance(outcome, (NetworkError, RemoteProtocolError, ConnectTimeout)):
             if unfixable_cause(outcome):
-                raise self._transport_error(call, outcome) from outcome
+                return None
             reason = f"{type(outcome).__name__}: {outcome}"
         else:  # a read timeout, a request HTTP cannot carry: final
-            raise self._transport_error(call, outcome) from outcome
+            return None
         elapsed = time.monotonic() - started
         remaining = budget - elapsed
         if remaining <= 0:
@@ -884,7 +872,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         _check_saver_options(body_format, startup_timeout)
         http = open_http(url, cls.__name__, options)
         try:
-            info = http.send_at_startup(_capabilities_call(), startup_timeout)
+            info = http.send(_capabilities_call(), startup_budget=startup_timeout)
         except BaseException:
             http.close()
             raise
@@ -917,7 +905,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             lambda: open_http(url, cls.__name__, options), aiohttp_too=options.get("async_transport") is None
         )
         try:
-            info = await http.asend_at_startup(_capabilities_call(), startup_timeout)
+            info = await http.asend(_capabilities_call(), startup_budget=startup_timeout)
         except BaseException:
             await http.aclose()
             raise
