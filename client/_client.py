@@ -90,6 +90,7 @@ from reducing_saver.wire import (
     json_default,
     msgpack_default,
 )
+from reducing_saver.wire import bodies
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 
 try:
@@ -1022,7 +1023,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     # -- calls, shared by sync and async ------------------------------------------------------------
 
     def _get_tuple_call(self, config: RunnableConfig) -> _Call[CheckpointTuple | None]:
-        body = {"config": self._config(config)}
+        body = bodies.GetCheckpointBody(config=self._config(config))
         return _post(GET_PATH, body, self._parse_get, msgpack=self._msgpack)
 
     def _list_call(
@@ -1032,12 +1033,9 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> _Call[list[CheckpointTuple]]:
-        body = {
-            "config": self._config(config),
-            "filter": filter,
-            "before": self._config(before),
-            "limit": limit,
-        }
+        body = bodies.ListCheckpointsBody(
+            config=self._config(config), filter=filter, before=self._config(before), limit=limit
+        )
         return _post(LIST_PATH, body, self._parse_list)
 
     def _list_page(
@@ -1085,31 +1083,31 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
                 for channel, value in values.items()
                 if channel in new_versions or (keep_inline and _stored_inline(value))
             }
-        body = {
-            "config": self._config(config),
-            "checkpoint": checkpoint_fields(checkpoint),
-            "values": {channel: self._encode_value(value) for channel, value in values.items()},
-            "metadata": ints_to_wire(metadata),
-            "new_versions": new_versions,
-        }
+        body = bodies.PutCheckpointBody(
+            config=self._config(config),
+            checkpoint=checkpoint_fields(checkpoint),
+            values={channel: self._encode_value(value) for channel, value in values.items()},
+            metadata=ints_to_wire(metadata),
+            new_versions=new_versions,
+        )
         return _post(PUT_PATH, body, _parse_put, msgpack=self._msgpack)
 
     def _put_writes_call(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> _Call[None]:
-        body = {
-            "config": self._config(config),
-            "writes": [
+        body = bodies.PutWritesBody(
+            config=self._config(config),
+            writes=[
                 [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))]
                 for channel, value in writes
             ],
-            "task_id": task_id,
-            "task_path": task_path,
-        }
+            task_id=task_id,
+            task_path=task_path,
+        )
         return _post(WRITES_PATH, body, _no_content, msgpack=self._msgpack)
 
     def _delete_thread_call(self, thread_id: str) -> _Call[None]:
-        return _post(THREAD_DELETE_PATH, {"thread_id": str(thread_id)}, _no_content)
+        return _post(THREAD_DELETE_PATH, bodies.DeleteThreadBody(thread_id=str(thread_id)), _no_content)
 
     # -- the required saver API ---------------------------------------------------------------------
 
@@ -1238,7 +1236,7 @@ class _CopyThread:
 
     @staticmethod
     def _copy_thread_call(source_thread_id: str, target_thread_id: str) -> _Call[None]:
-        body = {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
+        body = bodies.CopyThreadBody(source_thread_id=str(source_thread_id), target_thread_id=str(target_thread_id))
         # Not idempotent: a retry after a lost answer could copy twice.
         return _post(THREAD_COPY_PATH, body, _no_content, idempotent=False)
 
@@ -1260,7 +1258,8 @@ class _DeleteForRuns:
 
     @staticmethod
     def _delete_for_runs_call(run_ids: Sequence[str]) -> _Call[None]:
-        return _post(RUNS_DELETE_PATH, {"run_ids": [str(run_id) for run_id in run_ids]}, _no_content)
+        body = bodies.DeleteRunsBody(run_ids=[str(run_id) for run_id in run_ids])
+        return _post(RUNS_DELETE_PATH, body, _no_content)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints and writes of the given runs.
@@ -1280,7 +1279,7 @@ class _Prune:
 
     @staticmethod
     def _prune_call(thread_ids: Sequence[str], strategy: str) -> _Call[None]:
-        body = {"thread_ids": [str(thread_id) for thread_id in thread_ids], "strategy": strategy}
+        body = bodies.PruneBody(thread_ids=[str(thread_id) for thread_id in thread_ids], strategy=strategy)
         return _post(THREAD_PRUNE_PATH, body, _no_content)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -1306,15 +1305,13 @@ class _DeltaChannelHistory:
     def _delta_history_call(
         self, config: RunnableConfig, channels: Sequence[str]
     ) -> _Call[Mapping[str, DeltaChannelHistory]]:
-        body = {"config": self._config(config), "channels": list(channels)}
+        body = bodies.DeltaHistoryBody(config=self._config(config), channels=list(channels))
         return _post(DELTA_HISTORY_PATH, body, self._parse_delta_history)
 
     def _parse_delta_history(self, body: Any) -> dict[str, DeltaChannelHistory]:
         result: dict[str, DeltaChannelHistory] = {}
         for channel, entry in body["channels"].items():
-            history: DeltaChannelHistory = {
-                "writes": self._decode_writes(entry["writes"], f"{channel}.writes")
-            }
+            history = DeltaChannelHistory(writes=self._decode_writes(entry["writes"], f"{channel}.writes"))
             if "seed" in entry:
                 history["seed"] = self._decode_value(entry["seed"], f"{channel}.seed")
             result[channel] = history

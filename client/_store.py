@@ -15,7 +15,7 @@ builds its own).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Self, Unpack
 
@@ -34,56 +34,50 @@ from langgraph.store.base import (
 )
 
 from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
-from reducing_saver.wire import STORE_BATCH_PATH, json_default
+from reducing_saver.wire import STORE_BATCH_PATH, bodies, json_default
 
 
-def _op_json(op: Op) -> dict[str, Any]:
+def _op_json(op: Op) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody:
     if isinstance(op, GetOp):
-        return {"op": "get", "namespace": list(op.namespace), "key": op.key, "refresh_ttl": op.refresh_ttl}
+        return bodies.GetOpBody(op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl)
     if isinstance(op, PutOp):
-        body: dict[str, Any] = {
-            "op": "put",
-            "namespace": list(op.namespace),
-            "key": op.key,
-            "value": op.value,
-        }
+        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=op.value)
         if op.index is not None:
             body["index"] = op.index if op.index is False else list(op.index)
         if op.ttl is not None:
             body["ttl"] = op.ttl
         return body
     if isinstance(op, SearchOp):
-        return {
-            "op": "search",
-            "namespace_prefix": list(op.namespace_prefix),
-            "filter": op.filter,
-            "limit": op.limit,
-            "offset": op.offset,
-            "query": op.query,
-            "refresh_ttl": op.refresh_ttl,
-        }
+        return bodies.SearchOpBody(
+            op="search",
+            namespace_prefix=list(op.namespace_prefix),
+            filter=op.filter,
+            limit=op.limit,
+            offset=op.offset,
+            query=op.query,
+            refresh_ttl=op.refresh_ttl,
+        )
     if isinstance(op, ListNamespacesOp):
-        return {
-            "op": "list_namespaces",
-            "match_conditions": [
-                {"match_type": c.match_type, "path": list(c.path)} for c in op.match_conditions or ()
+        return bodies.ListNamespacesOpBody(
+            op="list_namespaces",
+            match_conditions=[
+                bodies.MatchConditionBody(match_type=c.match_type, path=list(c.path))
+                for c in op.match_conditions or ()
             ],
-            "max_depth": op.max_depth,
-            "limit": op.limit,
-            "offset": op.offset,
-        }
+            max_depth=op.max_depth,
+            limit=op.limit,
+            offset=op.offset,
+        )
     raise TypeError(f"RemoteStore cannot send a {type(op).__name__}")
 
 
-def _item(body: Mapping[str, Any], *, search: bool) -> Item:
-    fields = {
-        "namespace": tuple(body["namespace"]),
-        "key": body["key"],
-        "value": body["value"],
-        "created_at": datetime.fromisoformat(body["created_at"]),
-        "updated_at": datetime.fromisoformat(body["updated_at"]),
-    }
-    return SearchItem(**fields, score=body.get("score")) if search else Item(**fields)
+def _item(body: bodies.StoreItemBody, *, search: bool) -> Item:
+    namespace, key, value = tuple(body["namespace"]), body["key"], body["value"]
+    created_at = datetime.fromisoformat(body["created_at"])
+    updated_at = datetime.fromisoformat(body["updated_at"])
+    if search:
+        return SearchItem(namespace, key, value, created_at, updated_at, score=body.get("score"))
+    return Item(namespace=namespace, key=key, value=value, created_at=created_at, updated_at=updated_at)
 
 
 def _result(op: Op, body: Any) -> Result:
@@ -103,7 +97,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
             raise KeyError(f"{len(results)} results for {len(ops)} operations")
         return [_result(op, result) for op, result in zip(ops, results, strict=True)]
 
-    content = orjson.dumps({"ops": [_op_json(op) for op in ops]}, default=json_default)
+    content = orjson.dumps(bodies.StoreBatchBody(ops=[_op_json(op) for op in ops]), default=json_default)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
     return _Call("POST", STORE_BATCH_PATH, content, True, parse)
 

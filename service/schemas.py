@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
+from reducing_saver.wire import bodies
 
 Primitive = StrictStr | StrictInt | StrictFloat | StrictBool | None
 Version = StrictStr | StrictInt | StrictFloat
@@ -295,3 +296,29 @@ class DeadLettersResponse(BaseModel):
 
 class RetryDeadResponse(BaseModel):
     requeued: int
+
+
+#: The wire's body each model validates or writes: the same fields (``tests/test_layout.py`` checks).
+WIRE_BODIES: dict[type[BaseModel], type] = {
+    RunConfig: bodies.RunConfigBody,
+    GetCheckpointRequest: bodies.GetCheckpointBody,
+    ListCheckpointsRequest: bodies.ListCheckpointsBody,
+    PutCheckpointRequest: bodies.PutCheckpointBody,
+    PutWritesRequest: bodies.PutWritesBody,
+    DeleteThreadRequest: bodies.DeleteThreadBody,
+    CopyThreadRequest: bodies.CopyThreadBody,
+    PruneRequest: bodies.PruneBody,
+    DeleteRunsRequest: bodies.DeleteRunsBody,
+    DeltaHistoryRequest: bodies.DeltaHistoryBody,
+    CheckpointConfig: bodies.CheckpointConfigBody,
+    CheckpointTupleOut: bodies.CheckpointTupleBody,
+    GetCheckpointResponse: bodies.GetCheckpointAnswer,
+    ListCheckpointsResponse: bodies.ListCheckpointsAnswer,
+    PutCheckpointResponse: bodies.PutCheckpointAnswer,
+    DeltaChannelHistoryOut: bodies.DeltaChannelHistoryBody,
+    DeltaHistoryResponse: bodies.DeltaHistoryAnswer,
+    ReducerOut: bodies.ReducerBody,
+    LimitsOut: bodies.LimitsBody,
+    CapabilitiesResponse: bodies.CapabilitiesAnswer,
+    ErrorResponse: bodies.ErrorBody,
+}

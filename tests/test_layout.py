@@ -128,3 +128,52 @@ def test_neither_side_writes_a_path_of_its_own() -> None:
     assert _own_path_literals('router.post("/v1/threads/delete")\n', "x.py") == [
         "x.py:1: '/v1/threads/delete'"
     ]
+
+
+def _keys(body: type) -> set[str]:
+    return set(body.__required_keys__ | body.__optional_keys__)
+
+
+def test_the_service_models_have_the_fields_of_the_wire_bodies() -> None:
+    """schemas.py and the store routes validate and write exactly the bodies wire/bodies.py declares."""
+    from reducing_saver.service import schemas
+    from reducing_saver.service.routes import store
+    from reducing_saver.wire import bodies
+
+    models = {**schemas.WIRE_BODIES, **store.WIRE_BODIES}
+    differing = {
+        model.__name__: sorted(set(model.model_fields) ^ _keys(body))
+        for model, body in models.items()
+        if set(model.model_fields) != _keys(body)
+    }
+    assert differing == {}
+    assert set(bodies.BODIES) == set(models.values())  # every wire body has its model
+
+
+def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[str]:
+    """Dict displays whose keys are all string literals naming fields of one wire body."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Dict) or not node.keys:
+            continue
+        keys = [key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None for key in node.keys]
+        if None not in keys and any(set(keys) <= fields for fields in wire_keys):
+            hits.append(f"{filename}:{node.lineno}: {sorted(keys)}")
+    return hits
+
+
+def test_the_client_writes_no_body_of_its_own() -> None:
+    """Every request body the client sends is built from wire/bodies.py, not a dict literal of its own."""
+    from reducing_saver.wire import bodies
+
+    wire_keys = [_keys(body) for body in bodies.BODIES]
+    found = [
+        hit
+        for path in sorted((ROOT / "client").glob("*.py"))
+        for hit in _own_bodies(path.read_text(), str(path.relative_to(ROOT)), wire_keys)
+    ]
+    assert found == [], "\n".join(found)
+    # The control: the check sees a body written as a dict literal.
+    assert _own_bodies('post({"thread_id": "t"})\n', "x.py", wire_keys) == ["x.py:1: ['thread_id']"]

@@ -19,6 +19,7 @@ from reducing_saver.service import store_ops
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.routes import ERRORS, ServiceDep
 from reducing_saver.service.state import Service
+from reducing_saver.wire import bodies
 from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH
 
 router = APIRouter(tags=["store"])
@@ -128,6 +129,24 @@ class BatchResponse(BaseModel):
         description="Per operation: an item or null (get), null (put), items (search), namespaces."
     )
 
+
+#: The wire's body each model validates or writes: the same fields (``tests/test_layout.py`` checks).
+WIRE_BODIES: dict[type[BaseModel], type] = {
+    PutItemRequest: bodies.PutItemBody,
+    DeleteItemRequest: bodies.DeleteItemBody,
+    SearchItemsRequest: bodies.SearchItemsBody,
+    ListNamespacesRequest: bodies.ListNamespacesBody,
+    StoreItem: bodies.StoreItemBody,
+    SearchItemsResponse: bodies.SearchItemsAnswer,
+    ListNamespacesResponse: bodies.ListNamespacesAnswer,
+    GetOpBody: bodies.GetOpBody,
+    PutOpBody: bodies.PutOpBody,
+    SearchOpBody: bodies.SearchOpBody,
+    MatchConditionBody: bodies.MatchConditionBody,
+    ListNamespacesOpBody: bodies.ListNamespacesOpBody,
+    BatchRequest: bodies.StoreBatchBody,
+    BatchResponse: bodies.StoreBatchAnswer,
+}
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
 #: than a database.
