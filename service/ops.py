@@ -24,6 +24,7 @@ from reducing_saver.service.security.extensions import UnsafeValueError, check_e
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
+from reducing_saver.wire import bodies
 from reducing_saver.wire import (
     BODY_FORMATS,
     INT_TYPE,
@@ -108,20 +109,20 @@ def _wire_metadata(metadata: Any) -> Any:
         raise Untransportable(f"metadata: {exc.message}") from None
 
 
-def _tuple_out(item: CheckpointTuple) -> dict[str, Any]:
+def _tuple_out(item: CheckpointTuple) -> bodies.CheckpointTupleBody:
     checkpoint = dict(item.checkpoint)
     values = checkpoint.pop("channel_values", None) or {}
-    return {
-        "config": item.config,
-        "checkpoint": checkpoint,
-        "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
-        "metadata": _wire_metadata(item.metadata),
-        "parent_config": item.parent_config,
-        "pending_writes": [
+    return bodies.CheckpointTupleBody(
+        config=item.config,  # type: ignore[typeddict-item]
+        checkpoint=checkpoint,
+        values={channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
+        metadata=_wire_metadata(item.metadata),
+        parent_config=item.parent_config,  # type: ignore[typeddict-item]
+        pending_writes=[
             [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
             for index, (task_id, channel, value) in enumerate(item.pending_writes or ())
         ],
-    }
+    )
 
 
 def _run_config(
@@ -145,7 +146,7 @@ def _run_config(
             configurable["checkpoint_ns"] = default_ns
     elif not isinstance(checkpoint_ns, str):
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
-    run_config: RunnableConfig = {"configurable": configurable}
+    run_config = RunnableConfig(configurable=configurable)
     if config.metadata:
         run_config["metadata"] = _typed_ints(config.metadata, "config.metadata")
     return run_config
@@ -194,7 +195,7 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     scope = _scope(service)
     config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     item = saver.get_tuple(config)
-    return {"checkpoint": scope.tuple_out(_tuple_out(item)) if item else None}
+    return bodies.GetCheckpointAnswer(checkpoint=scope.tuple_out(_tuple_out(item)) if item else None)
 
 
 def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
@@ -242,7 +243,7 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     with service.recording_with_checkpoint():
         next_config = saver.put(config, checkpoint, metadata, body.new_versions)
-    return {"config": scope.config_out(next_config)}
+    return bodies.PutCheckpointAnswer(config=scope.config_out(next_config))
 
 
 def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRequest) -> None:
@@ -277,7 +278,7 @@ def list_checkpoints(
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
         items = [scope.tuple_out(_tuple_out(item)) for item in found]
-    return {"checkpoints": items}
+    return bodies.ListCheckpointsAnswer(checkpoints=items)
 
 
 def delete_thread(service: Service, saver: ReducingSaver, body: schemas.DeleteThreadRequest) -> None:
@@ -322,16 +323,16 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
     history = saver.get_delta_channel_history(config=config, channels=body.channels)
     channels = {}
     for channel, entry in history.items():
-        out: dict[str, Any] = {
-            "writes": [
+        out = bodies.DeltaChannelHistoryBody(
+            writes=[
                 [task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]")]
                 for index, (task_id, ch, value) in enumerate(entry["writes"])
             ]
-        }
+        )
         if "seed" in entry:
             out["seed"] = _wire_value(entry["seed"], f"channels.{channel}.seed")
         channels[channel] = out
-    return {"channels": channels}
+    return bodies.DeltaHistoryAnswer(channels=channels)
 
 
 # -- capabilities, memory and sweeps --------------------------------------------------------------
@@ -340,24 +341,24 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
 def capabilities(service: Service) -> dict[str, Any]:
     """The backend's optional capabilities and the reducer's configuration."""
     config = service.reducer.config
-    return {
-        "capabilities": sorted(service.open_savers().capabilities),
-        "backend": service.backend_kind,
-        "messages_key": service.settings.messages_key,
-        "reducer": {
-            "max_messages": config.max_messages,
-            "min_messages": config.count_target,
-            "max_tokens": config.max_tokens,
-            "target_tokens": config.token_target,
-            "preserve_first": config.preserve_first,
-            "cascade_tool_messages": config.cascade_tool_messages,
-            "start_on": config.start_on,
-            "namespace_key": config.namespace_key,
-        },
-        "version": __version__,
-        "body_formats": list(BODY_FORMATS),
-        "limits": {"max_list_limit": service.settings.max_list_limit},
-    }
+    return bodies.CapabilitiesAnswer(
+        capabilities=sorted(service.open_savers().capabilities),
+        backend=service.backend_kind,  # type: ignore[typeddict-item]
+        messages_key=service.settings.messages_key,
+        reducer=bodies.ReducerBody(
+            max_messages=config.max_messages,
+            min_messages=config.count_target,
+            max_tokens=config.max_tokens,
+            target_tokens=config.token_target,
+            preserve_first=config.preserve_first,
+            cascade_tool_messages=config.cascade_tool_messages,
+            start_on=config.start_on,
+            namespace_key=config.namespace_key,
+        ),
+        version=__version__,
+        body_formats=list(BODY_FORMATS),
+        limits=bodies.LimitsBody(max_list_limit=service.settings.max_list_limit),
+    )
 
 
 def extraction_status(service: Service) -> dict[str, Any]:

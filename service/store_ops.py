@@ -36,6 +36,7 @@ from langgraph.store.base import (
 from reducing_saver.reducer import validate_namespace
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest, Unavailable
+from reducing_saver.wire import bodies
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -225,15 +226,15 @@ def _time(value: datetime | str) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-def item_json(item: Item, scope: StoreScope) -> dict[str, Any]:
+def item_json(item: Item, scope: StoreScope) -> bodies.StoreItemBody:
     """An item as Agent Server answers it (``score`` on search results only)."""
-    answer = {
-        "namespace": list(scope.namespace_out(item.namespace)),
-        "key": item.key,
-        "value": item.value,
-        "created_at": _time(item.created_at),
-        "updated_at": _time(item.updated_at),
-    }
+    answer = bodies.StoreItemBody(
+        namespace=list(scope.namespace_out(item.namespace)),
+        key=item.key,
+        value=item.value,
+        created_at=_time(item.created_at),
+        updated_at=_time(item.updated_at),
+    )
     if isinstance(item, SearchItem):
         answer["score"] = item.score
     return answer

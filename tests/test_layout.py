@@ -164,14 +164,21 @@ def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[s
     return hits
 
 
-def test_the_client_writes_no_body_of_its_own() -> None:
-    """Every request body the client sends is built from wire/bodies.py, not a dict literal of its own."""
+#: The service's HTTP edge: what reads requests and writes answers (storage and sweeps write LangGraph
+#: configs, ``{"configurable": ...}``, which are no bodies).
+_HTTP_EDGE = ("ops.py", "store_ops.py", "errors.py", "hotpath.py", "schemas.py", "routes/*.py")
+
+
+def test_neither_side_writes_a_body_of_its_own() -> None:
+    """Every body the client sends and the service answers is built from wire/bodies.py, not a dict
+    literal of its own."""
     from reducing_saver.wire import bodies
 
     wire_keys = [_keys(body) for body in bodies.BODIES]
+    files = [*(ROOT / "client").glob("*.py"), *(path for edge in _HTTP_EDGE for path in (ROOT / "service").glob(edge))]
     found = [
         hit
-        for path in sorted((ROOT / "client").glob("*.py"))
+        for path in sorted(files)
         for hit in _own_bodies(path.read_text(), str(path.relative_to(ROOT)), wire_keys)
     ]
     assert found == [], "\n".join(found)

@@ -212,7 +212,7 @@ async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
         tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query, body.refresh_ttl
     )
     (items,) = await _run(service, [op], "body")
-    return {"items": items}
+    return bodies.SearchItemsAnswer(items=items)
 
 
 @router.post(
@@ -229,7 +229,7 @@ async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> A
         conditions.append(MatchCondition("suffix", tuple(body.suffix)))
     op = ListNamespacesOp(tuple(conditions), body.max_depth, body.limit, body.offset)
     (namespaces,) = await _run(service, [op], "body")
-    return {"namespaces": namespaces}
+    return bodies.ListNamespacesAnswer(namespaces=namespaces)
 
 
 @router.post(
@@ -240,4 +240,4 @@ async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> A
 )
 async def batch(body: BatchRequest, service: ServiceDep) -> Any:
     ops = [store_ops.op_from_json(entry.model_dump()) for entry in body.ops]
-    return {"results": await _run(service, ops, "ops")}
+    return bodies.StoreBatchAnswer(results=await _run(service, ops, "ops"))
