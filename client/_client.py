@@ -2,8 +2,9 @@
 
 Every decision that is not I/O is shared between the sync and async paths: a saver method builds a
 ``_Call`` (HTTP method, path, JSON body, whether it may be retried, and the parser of the answer), and
-``_Http.send`` / ``_Http.asend`` only send it, retry it and map failures to ``ReducingSaverError``s.
-A sync method and its async twin differ in their ``send`` line.
+``_Http.send`` / ``_Http.asend`` only send it through a transport (``_transport``: one ``exchange``
+method), retry it and map failures to ``ReducingSaverError``s. A sync method and its async twin differ
+in their ``send`` line.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ Every error the client raises on purpose derives from one root::
     │                             against plain HTTP, a certificate that does not verify (never retried)
     └── RequestTimeoutError       no answer within the configured timeout
 
-Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself. Errors translated from httpx keep
-the httpx exception as ``__cause__``. ``status_code`` is ``None`` when the service never answered;
+Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself; a redirect (3xx) is never followed
+and raises it too, naming the ``Location``. An error of a request that got no answer keeps the
+transport's error (``client._transport``: ``ConnectError``, ``ReadTimeout``...) as ``__cause__``, and
+that one the HTTP library's (http.client's, aiohttp's or httpx's). ``status_code`` is ``None`` when the service never answered;
 ``request_id`` is the response's ``X-Request-ID`` header, when it had one.
 """
 
