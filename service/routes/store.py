@@ -8,145 +8,30 @@ Every route runs ``store_ops.run_batch`` in a worker thread.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
-from pydantic import BaseModel, ConfigDict, Field
 
 from reducing_saver.service import store_ops
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.service.schemas import (
+    BatchRequest,
+    BatchResponse,
+    DeleteItemRequest,
+    ListNamespacesRequest,
+    ListNamespacesResponse,
+    PutItemRequest,
+    SearchItemsRequest,
+    SearchItemsResponse,
+    StoreItem,
+)
 from reducing_saver.service.state import Service
-from reducing_saver.wire import bodies
-from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH
+from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH, bodies
 
 router = APIRouter(tags=["store"])
-
-Labels = list[str]
-
-
-class _Body(BaseModel):
-    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class PutItemRequest(_Body):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = Field(None, description="Minutes; null: the store's default TTL (if any).")
-
-
-class DeleteItemRequest(_Body):
-    namespace: Labels
-    key: str
-
-
-class SearchItemsRequest(_Body):
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = None
-
-
-class ListNamespacesRequest(_Body):
-    prefix: Labels | None = None
-    suffix: Labels | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class StoreItem(BaseModel):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    created_at: str
-    updated_at: str
-    score: float | None = None
-
-
-class SearchItemsResponse(BaseModel):
-    items: list[StoreItem]
-
-
-class ListNamespacesResponse(BaseModel):
-    namespaces: list[Labels]
-
-
-class GetOpBody(_Body):
-    op: Literal["get"]
-    namespace: Labels
-    key: str
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class PutOpBody(_Body):
-    op: Literal["put"]
-    namespace: Labels
-    key: str
-    value: dict[str, Any] | None = Field(..., description="null deletes the item.")
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = None
-
-
-class SearchOpBody(_Body):
-    op: Literal["search"]
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class MatchConditionBody(_Body):
-    match_type: Literal["prefix", "suffix"]
-    path: Labels
-
-
-class ListNamespacesOpBody(_Body):
-    op: Literal["list_namespaces"]
-    match_conditions: list[MatchConditionBody] | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class BatchRequest(_Body):
-    ops: list[
-        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
-    ]
-
-
-class BatchResponse(BaseModel):
-    results: list[Any] = Field(
-        description="Per operation: an item or null (get), null (put), items (search), namespaces."
-    )
-
-
-#: The wire's body each model validates or writes: the same fields (``tests/test_layout.py`` checks).
-WIRE_BODIES: dict[type[BaseModel], type] = {
-    PutItemRequest: bodies.PutItemBody,
-    DeleteItemRequest: bodies.DeleteItemBody,
-    SearchItemsRequest: bodies.SearchItemsBody,
-    ListNamespacesRequest: bodies.ListNamespacesBody,
-    StoreItem: bodies.StoreItemBody,
-    SearchItemsResponse: bodies.SearchItemsAnswer,
-    ListNamespacesResponse: bodies.ListNamespacesAnswer,
-    GetOpBody: bodies.GetOpBody,
-    PutOpBody: bodies.PutOpBody,
-    SearchOpBody: bodies.SearchOpBody,
-    MatchConditionBody: bodies.MatchConditionBody,
-    ListNamespacesOpBody: bodies.ListNamespacesOpBody,
-    BatchRequest: bodies.StoreBatchBody,
-    BatchResponse: bodies.StoreBatchAnswer,
-}
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
 #: than a database.
