@@ -2,23 +2,28 @@
 
 Every decision that is not I/O is shared between the sync and async paths: a saver method builds a
 ``_Call`` (HTTP method, path, JSON body, whether it may be retried, and the parser of the answer), and
-``_Http.send`` / ``_Http.asend`` only send it, retry it and map failures to ``ReducingSaverError``s.
-A sync method and its async twin differ in their ``send`` line.
+``_Http.send`` / ``_Http.asend`` only send it through a transport (``_transport``: one ``exchange``
+method), retry it and map failures to ``ReducingSaverError``s. A sync method and its async twin differ
+in their ``send`` line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import os
 import random
 import re
+import socket
+import ssl
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import metadata as importlib_metadata
-from typing import Any, Generic, NamedTuple, Self, TypeVar
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -36,6 +41,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from reducing_saver.client._errors import (
+    ConnectionSetupError,
     PayloadTooLargeError,
     ReducingSaverError,
     RequestTimeoutError,
@@ -43,10 +49,36 @@ from reducing_saver.client._errors import (
     error_from_response,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._aiohttp import AiohttpTransport
 from reducing_saver.client._stdlib_http import ConnectionPool
+from reducing_saver.client._transport import (
+    Answer,
+    AsyncHttpxTransport,
+    AsyncTransport,
+    ConnectTimeout,
+    HttpxTransport,
+    LocalProtocolError,
+    NetworkError,
+    ReadError,
+    RemoteProtocolError,
+    Request,
+    TimeoutException,
+    Transport,
+    TransportError,
+    WriteError,
+)
 from reducing_saver.wire import (
-    API_PREFIX,
+    CAPABILITIES_PATH,
+    DELTA_HISTORY_PATH,
+    GET_PATH,
     JSON,
+    LIST_PATH,
+    PUT_PATH,
+    RUNS_DELETE_PATH,
+    THREAD_COPY_PATH,
+    THREAD_DELETE_PATH,
+    THREAD_PRUNE_PATH,
+    WRITES_PATH,
     MSGPACK,
     STORAGE_PATH,
     THREAD_STORAGE_PATH,
@@ -63,6 +95,7 @@ from reducing_saver.wire import (
     json_loads,
     msgpack_default,
 )
+from reducing_saver.wire import bodies
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, with_capabilities
 
 try:
@@ -195,12 +228,12 @@ def _post(
     """A POST whose ``body`` may hold :class:`Blob` values (base64 in JSON, ``bin`` in msgpack)."""
     if msgpack:
         content = ormsgpack.packb(body, default=msgpack_default)
-        return _Call("POST", API_PREFIX + path, content, idempotent, parse, msgpack=True)
-    return _Call("POST", API_PREFIX + path, orjson.dumps(body, default=json_default), idempotent, parse)
+        return _Call("POST", path, content, idempotent, parse, msgpack=True)
+    return _Call("POST", path, orjson.dumps(body, default=json_default), idempotent, parse)
 
 
 def _capabilities_call() -> _Call[_ServerInfo]:
-    return _Call("GET", API_PREFIX + "/capabilities", None, True, _parse_server_info)
+    return _Call("GET", CAPABILITIES_PATH, None, True, _parse_server_info)
 
 
 def _stored_inline(value: Any) -> bool:
@@ -212,7 +245,7 @@ def _parse_put(body: Any) -> RunnableConfig:
     return body["config"]
 
 
-def _loads(answer: _Answer) -> Any:
+def _loads(answer: Answer) -> Any:
     """The answer's body, decoded by its content type (msgpack only when the call asked for it)."""
     if not answer.content:
         return None
@@ -224,31 +257,77 @@ def _loads(answer: _Answer) -> Any:
 # -- I/O --------------------------------------------------------------------------------------------
 
 
-class _Answer(NamedTuple):
-    """The service's answer, whichever library carried it; the aiohttp path builds no httpx objects."""
-
-    status: int
-    #: Case-insensitive: ``httpx.Headers`` or aiohttp's ``CIMultiDictProxy``.
-    headers: Mapping[str, str]
-    content: bytes
-
-
-def _broke_large_upload(call: _Call[Any], exc: httpx.TransportError) -> bool:
+def _broke_large_upload(call: _Call[Any], exc: TransportError) -> bool:
     return (
-        isinstance(exc, (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError))
+        isinstance(exc, (WriteError, ReadError, RemoteProtocolError))
         and call.body is not None
         and len(call.body) > LARGE_BODY
     )
 
 
-def _retry_after(answer: _Answer) -> float:
+#: ``getaddrinfo`` errors that say the name does not exist (a temporary failure, ``EAI_AGAIN``, may pass).
+_NO_SUCH_HOST = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL") if hasattr(socket, name)
+)
+
+
+def unfixable_cause(exc: BaseException) -> str | None:
+    """What makes a connection fail whatever the service does (one line), or ``None``.
+
+    An unknown host, ``https://`` against a service that speaks plain HTTP, and a TLS certificate that
+    does not verify are mistakes of the URL or of the set-up: waiting for the service cannot fix them,
+    so no retry (nor ``startup_timeout``) waits on them. Looks through the chain of causes that
+    ``http.client``, aiohttp and httpx transports leave (``__cause__``, aiohttp's ``os_error`` and
+    ``certificate_error``).
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        # aiohttp's wrappers subclass the ssl errors without their attributes: theirs are further down.
+        if isinstance(current, ssl.SSLCertVerificationError) and hasattr(current, "verify_message"):
+            return (
+                f"its TLS certificate does not verify (CERTIFICATE_VERIFY_FAILED: {current.verify_message}); "
+                "to trust a CA of your own, set SSL_CERT_FILE"
+            )
+        if isinstance(current, ssl.SSLError) and getattr(current, "reason", None) == "WRONG_VERSION_NUMBER":
+            return "the service answers in plain HTTP, not TLS (WRONG_VERSION_NUMBER): use an http:// URL"
+        if isinstance(current, socket.gaierror) and current.errno in _NO_SUCH_HOST:
+            return f"no such host ({current.strerror})"
+        pending += [
+            current.__cause__,
+            current.__context__,
+            getattr(current, "os_error", None),
+            getattr(current, "certificate_error", None),
+        ]
+    return None
+
+
+def _retry_after(answer: Answer) -> float:
     try:
         return min(max(float(answer.headers.get("retry-after", 0)), 0.0), MAX_BACKOFF)
     except ValueError:  # an HTTP date: not worth parsing for a floor
         return 0.0
 
 
-def _finish(call: _Call[T], answer: _Answer) -> T:
+def _redirect_error(call: _Call[Any], answer: Answer, url: str) -> ReducingSaverError:
+    """A redirect is never followed (the body and the credentials would go where it says): an error."""
+    status = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}".strip()
+    return ReducingSaverError(
+        f"{call.method} {call.path}: {url} answered {status}, a redirect to "
+        f"{answer.headers.get('location', '(no Location)')}; the client does not follow redirects: "
+        "give it the URL of the service itself",
+        status_code=answer.status,
+        request_id=answer.headers.get("x-request-id"),
+    )
+
+
+def _finish(call: _Call[T], answer: Answer, url: str) -> T:
+    if 300 <= answer.status < 400:
+        raise _redirect_error(call, answer, url)
     if not 200 <= answer.status < 300:
         response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
@@ -270,20 +349,13 @@ def _finish(call: _Call[T], answer: _Answer) -> T:
         ) from exc
 
 
-def _not_the_api(call: _Call[Any], answer: _Answer, exc: Exception) -> ReducingSaverError:
+def _not_the_api(call: _Call[Any], answer: Answer, exc: Exception) -> ReducingSaverError:
     return ReducingSaverError(
         f"{call.method} {call.path}: the answer does not follow the reducing-saver API "
         f"({type(exc).__name__}: {exc}); is the URL that of a reducing-saver service?",
         status_code=answer.status,
         request_id=answer.headers.get("x-request-id"),
     )
-
-
-async def _close_at_loop_shutdown(session: Any) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        await session.close()
 
 
 #: What an HTTP header value may hold (RFC 9110 field-vchar and inner spaces); h11 (under an httpx
@@ -315,6 +387,83 @@ def _clean_api_key(api_key: str | None) -> str | None:
     return api_key
 
 
+def environment_proxy(url: httpx.URL) -> httpx.URL | None:
+    """The proxy the environment names for ``url``, as httpx's ``trust_env`` reads it, or ``None``.
+
+    ``HTTPS_PROXY``/``HTTP_PROXY`` by the URL's scheme, else ``ALL_PROXY`` (upper or lower case);
+    ``NO_PROXY`` (host names, domains, ``*``) leaves hosts out. The proxy must be an ``http://`` URL
+    (credentials in it are sent as ``Proxy-Authorization``); ``https://`` targets go through a
+    ``CONNECT`` tunnel, ``http://`` ones as absolute-form requests.
+
+    Raises:
+        ValueError: If the variable names a proxy of another scheme (``socks5://``, ``https://``).
+    """
+    proxies = urllib.request.getproxies_environment()
+    name, proxy = url.scheme, proxies.get(url.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(url.host, proxies):
+        return None
+    if "://" not in proxy:  # "proxy:3128", as curl and httpx accept it
+        proxy = f"http://{proxy}"
+    parsed = httpx.URL(proxy)
+    if parsed.scheme != "http":
+        raise ValueError(
+            f"the environment's proxy for {name}:// URLs is a {parsed.scheme}:// URL; the client speaks to "
+            "http:// proxies only (pass trust_env=False to ignore HTTP_PROXY/HTTPS_PROXY/ALL_PROXY)"
+        )
+    return parsed
+
+
+def _basic_auth(url: httpx.URL, api_key: str | None, headers: Mapping[str, str] | None) -> str:
+    """The ``Authorization`` header for the credentials of ``http://user:password@host``.
+
+    Both transports send them, as Basic auth (for a reverse proxy that asks for it). A request carries
+    one ``Authorization`` header, so credentials in the URL together with an API key or an
+    ``Authorization`` header of ``headers`` are refused, naming both.
+    """
+    other = "an api_key (or REDUCING_SAVER_API_KEY)" if api_key else None
+    if any(name.lower() == "authorization" for name in headers or ()):
+        other = "headers['Authorization']"
+    if other:
+        raise ValueError(
+            f"the URL holds credentials (user:password@, sent as Basic auth) and {other} is given: a "
+            "request carries one Authorization header; keep one of them"
+        )
+    credentials = f"{url.username}:{url.password}".encode()
+    return "Basic " + base64.b64encode(credentials).decode("ascii")
+
+
+class ConnectionOptions(TypedDict, total=False):
+    """How ``RemoteReducingSaver`` and ``RemoteStore`` reach the service: the keyword arguments their
+    constructors and ``aopen`` share (the defaults are :class:`_Http`'s)."""
+
+    #: Sent as ``Authorization: Bearer <api_key>``; default: ``REDUCING_SAVER_API_KEY``.
+    api_key: str | None
+    #: Per-request timeout, seconds or ``httpx.Timeout``; ``None`` is refused. Default 30 s (5 s to connect).
+    timeout: httpx.Timeout | float
+    #: Retries of an idempotent call after a connection error or a 502/503/504. Default 3.
+    max_retries: int
+    #: First retry delay in seconds, doubled per retry (capped at 10 s), with jitter. Default 0.1.
+    backoff: float
+    #: How long a 503 or a refused/reset connection keeps being retried past ``max_retries``. Default 30 s.
+    retry_unavailable_for: float
+    #: Extra headers sent with every request.
+    headers: Mapping[str, str] | None
+    #: httpx transport for sync calls instead of ``http.client``.
+    transport: httpx.BaseTransport | None
+    #: httpx transport for async calls instead of aiohttp.
+    async_transport: httpx.AsyncBaseTransport | None
+    #: Read ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY``, as httpx does. Default ``True``.
+    trust_env: bool
+
+
+def open_http(url: str, owner: str, options: ConnectionOptions) -> _Http:
+    """The connection for ``owner`` (``"RemoteStore"``...), refusing an option it does not know by name."""
+    unknown = sorted(set(options) - ConnectionOptions.__annotations__.keys())
+    if unknown:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
+    return _Http(url, owner=owner, **options)
+
+
 class _Http:
     """The connection to one service: headers, timeout, retries, error mapping; the only code doing I/O."""
 
@@ -322,15 +471,19 @@ class _Http:
         self,
         url: str,
         *,
-        api_key: str | None,
-        timeout: httpx.Timeout | float,
-        max_retries: int,
-        backoff: float,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        backoff: float = 0.1,
         retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None,
-        transport: httpx.BaseTransport | None,
-        async_transport: httpx.AsyncBaseTransport | None,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+        owner: str = "RemoteReducingSaver",
+        trust_env: bool = True,
     ) -> None:
+        #: The class using this connection, for messages.
+        self.owner = owner
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https"):
             raise ValueError(
@@ -367,238 +520,212 @@ class _Http:
         api_key = _clean_api_key(api_key)
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
+        if parsed.userinfo:
+            all_headers["Authorization"] = _basic_auth(parsed, api_key, headers)
+            parsed = parsed.copy_with(username=None, password=None)
+        if parsed.query or parsed.fragment:
+            raise ValueError(f"the service's URL must not hold a query or fragment, got {self.url!r}")
+        #: The base URL's path without its last "/" (``""``, or the prefix a reverse proxy serves the
+        #: service under): every API path goes below it.
+        self._prefix = parsed.raw_path.decode("ascii").rstrip("/")
         self._base = parsed
-        json_headers = httpx.Headers(all_headers)
-        msgpack_headers = httpx.Headers({**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
-        #: By ``_Call.msgpack``: the headers, and their items for aiohttp.
-        self._headers = (json_headers, msgpack_headers)
-        self._header_items = (json_headers.multi_items(), msgpack_headers.multi_items())
-        self._urls: dict[str, httpx.URL] = {}
-        self._url_texts: dict[str, str] = {}
-        self._extensions = {"timeout": self.timeout.as_dict()}
+        #: For https: what both built-in transports verify with, as ``httpx.HTTPTransport()`` does by
+        #: default (certifi's CA bundle, or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set), built once.
+        self._ssl_context: ssl.SSLContext | None = None
+        if parsed.scheme == "https" and (transport is None or async_transport is None):
+            self._ssl_context = httpx.create_ssl_context()
+            self._ssl_context.set_alpn_protocols(["http/1.1"])
+        #: The proxy the built-in transports go through (``HTTP_PROXY``...), or ``None``.
+        self._proxy = environment_proxy(parsed) if trust_env else None
+        self._proxy_text = None if self._proxy is None else str(self._proxy)
+        #: By ``_Call.msgpack``: the headers of a JSON call and of a msgpack one.
+        self._headers = (all_headers, {**all_headers, "Accept": MSGPACK, "Content-Type": MSGPACK})
+        #: Requests by ``(path, msgpack)``, built once: only the body changes from call to call.
+        self._requests: dict[tuple[str, bool], Request] = {}
         # Sync calls go through the standard library's http.client, pooled by _stdlib_http: httpx's
         # transport (httpcore and h11, pure Python) costs over twice its CPU per request, and
         # httpx.Client's per-request work (URL merging, cookies, redirects, auth flows) more again
         # (benchmarks/http_clients.py). A transport the caller passes is used as it is, through httpx.
-        self._transport = transport
-        self._pool: ConnectionPool | None = None
-        if transport is None:
-            self._pool = ConnectionPool(
+        self._sync: Transport
+        if transport is not None:
+            self._sync = HttpxTransport(transport, self.timeout)
+        else:
+            self._sync = ConnectionPool(
                 parsed,
                 self.timeout,
+                proxy=self._proxy,
+                ssl_context=self._ssl_context,
                 max_connections=LIMITS.max_connections,
                 max_idle=LIMITS.max_keepalive_connections,
                 keepalive_expiry=LIMITS.keepalive_expiry,
             )
-        #: By ``_Call.msgpack``: the headers as http.client takes them.
-        self._header_dicts = (dict(json_headers.multi_items()), dict(msgpack_headers.multi_items()))
-        self._targets: dict[str, str] = {}
-        self._async_transport = async_transport
-        self._session: Any = None  # aiohttp.ClientSession of self._session_loop
-        self._session_loop: asyncio.AbstractEventLoop | None = None
-        self._session_closer: AsyncIterator[None] | None = None
+        self._async: AsyncTransport
+        if async_transport is not None:
+            self._async = AsyncHttpxTransport(async_transport, self.timeout)
+        else:
+            self._async = AiohttpTransport(
+                self.timeout,
+                max_connections=LIMITS.max_connections,
+                ssl_context=self._ssl_context,
+                proxy=None if self._proxy is None else str(self._proxy),
+            )
         self._closed = False
 
-    def _request(self, call: _Call[Any]) -> httpx.Request:
-        url = self._urls.get(call.path)
-        if url is None:
-            url = self._urls[call.path] = self._base.join(call.path)
-        return httpx.Request(
-            call.method,
-            url,
-            headers=self._headers[call.msgpack],
-            content=call.body,
-            extensions=self._extensions,
-        )
+    @property
+    def _pool(self) -> ConnectionPool | None:
+        """The sync connection pool, when calls go through ``http.client``."""
+        return self._sync if isinstance(self._sync, ConnectionPool) else None
 
-    def _url_text(self, path: str) -> str:
-        url = self._url_texts.get(path)
-        if url is None:
-            url = self._url_texts[path] = str(self._base.join(path))
-        return url
-
-    def _target(self, path: str) -> str:
-        target = self._targets.get(path)
-        if target is None:
-            target = self._targets[path] = self._base.join(path).raw_path.decode("ascii")
-        return target
-
-    def _exchange(self, call: _Call[Any]) -> _Answer:
-        if self._closed:
-            raise RuntimeError("this RemoteReducingSaver is closed")
-        if self._pool is not None:
-            try:
-                status, headers, content = self._pool.request(
-                    call.method, self._target(call.path), call.body, self._header_dicts[call.msgpack]
-                )
-            except httpx.TransportError as exc:
-                exc.request = self._request(call)  # as httpx's transport would have set it
-                raise
-            return _Answer(status, headers, content)
-        assert self._transport is not None
-        response = self._transport.handle_request(self._request(call))
-        try:
-            content = response.read()
-        finally:
-            response.close()
-        return _Answer(response.status_code, response.headers, content)
-
-    async def _aexchange(self, call: _Call[Any]) -> _Answer:
-        if self._closed:
-            raise RuntimeError("this RemoteReducingSaver is closed")
-        if self._async_transport is not None:
-            response = await self._async_transport.handle_async_request(self._request(call))
-            try:
-                content = await response.aread()
-            finally:
-                await response.aclose()
-            return _Answer(response.status_code, response.headers, content)
-        return await self._aiohttp_exchange(call)
-
-    async def _aiohttp_exchange(self, call: _Call[Any]) -> _Answer:
-        # aiohttp costs a quarter of httpx.AsyncClient's CPU per call (benchmarks/http_clients.py), and
-        # building httpx objects around it would cost as much again, so a success makes none. Errors
-        # become the httpx errors the shared retry and error-mapping code knows.
-        import aiohttp
-
-        session = await self._aiohttp_session()
-        try:
-            url, headers = self._url_text(call.path), self._header_items[call.msgpack]
-            async with session.request(call.method, url, data=call.body, headers=headers) as answer:
-                return _Answer(answer.status, answer.headers, await answer.read())
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within the timeout ({exc})", request=self._request(call)) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=self._request(call)) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=self._request(call)) from exc
-        except (aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise httpx.WriteError(str(exc), request=self._request(call)) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.NetworkError(str(exc), request=self._request(call)) from exc
-
-    async def _aiohttp_session(self) -> Any:
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        # Pooled connections belong to the loop that opened them; a saver used under a new loop (a second
-        # asyncio.run, a per-test loop) gets a fresh session instead of sockets of a dead loop.
-        if self._session is None or self._session_loop is not loop or self._session.closed:
-            timeout = self.timeout
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=LIMITS.max_connections),
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=timeout.connect,
-                    sock_read=timeout.read,
-                ),
-                skip_auto_headers=("User-Agent", "Content-Type", "Accept-Encoding"),
+    def _request(self, call: _Call[Any]) -> Request:
+        """``call`` as a transport sends it: the base URL's own path (a reverse proxy's prefix) comes first."""
+        request = self._requests.get((call.path, call.msgpack))
+        if request is None:
+            url = self._base.copy_with(raw_path=(self._prefix + call.path).encode("ascii"))
+            request = Request(
+                call.method, str(url), url.raw_path.decode("ascii"), self._headers[call.msgpack], None
             )
-            self._session_loop = loop
-            # Close the session on its own loop when that loop shuts down (asyncio.run and pytest finalize
-            # async generators then), so a saver used from several asyncio.run calls leaks nothing.
-            self._session_closer = _close_at_loop_shutdown(self._session)
-            await self._session_closer.__anext__()
-        return self._session
+            self._requests[call.path, call.msgpack] = request
+        return request._replace(method=call.method, body=call.body)
 
-    def send(self, call: _Call[T]) -> T:
+    def _exchange(self, call: _Call[Any]) -> Answer:
+        if self._closed:
+            raise RuntimeError(f"this {self.owner} is closed")
+        return self._sync.exchange(self._request(call))
+
+    async def _aexchange(self, call: _Call[Any]) -> Answer:
+        if self._closed:
+            raise RuntimeError(f"this {self.owner} is closed")
+        return await self._async.exchange(self._request(call))
+
+    def send(self, call: _Call[T], *, startup_budget: float | None = None) -> T:
+        """Send ``call`` and parse its answer, retried as :meth:`_delay` decides.
+
+        Args:
+            startup_budget: At start-up (the capabilities request): retry while the service cannot be
+                reached or answers 502/503/504 for this many seconds, not ``max_retries`` times.
+
+        Raises:
+            ReducingSaverError: A subclass naming what failed.
+        """
         started = time.monotonic()
         for attempt in itertools.count():
             try:
-                answer = self._exchange(call)
-            except httpx.TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc, started)
-                if delay is None:
-                    raise self._transport_error(call, exc) from exc
-            else:
-                delay = self._retry_delay(call, attempt, answer, started)
-                if delay is None:
-                    return _finish(call, answer)
+                outcome: Answer | TransportError = self._exchange(call)
+            except TransportError as exc:
+                outcome = exc
+            delay = self._delay(call, attempt, outcome, started, startup_budget)
+            if delay is None:
+                return self._final(call, outcome)
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def asend(self, call: _Call[T]) -> T:
+    async def asend(self, call: _Call[T], *, startup_budget: float | None = None) -> T:
+        """Async :meth:`send`: the same attempts, through the async transport."""
         started = time.monotonic()
         for attempt in itertools.count():
             try:
-                answer = await self._aexchange(call)
-            except httpx.TransportError as exc:
-                delay = self._retry_delay(call, attempt, exc, started)
-                if delay is None:
-                    raise self._transport_error(call, exc) from exc
-            else:
-                delay = self._retry_delay(call, attempt, answer, started)
-                if delay is None:
-                    return _finish(call, answer)
+                outcome: Answer | TransportError = await self._aexchange(call)
+            except TransportError as exc:
+                outcome = exc
+            delay = self._delay(call, attempt, outcome, started, startup_budget)
+            if delay is None:
+                return self._final(call, outcome)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    def send_at_startup(self, call: _Call[T], budget: float) -> T:
-        """``call``, retried while the service cannot be reached or answers 502/503/504, for ``budget`` s.
+    def _final(self, call: _Call[T], outcome: Answer | TransportError) -> T:
+        if isinstance(outcome, TransportError):
+            raise self._transport_error(call, outcome) from outcome
+        return _finish(call, outcome, self.url)
 
-        Unlike :meth:`send`, the number of attempts is bounded by time, not ``max_retries``: a service
+    def _delay(
+        self,
+        call: _Call[Any],
+        attempt: int,
+        outcome: Answer | TransportError,
+        started: float,
+        startup_budget: float | None,
+    ) -> float | None:
+        """The retry policy, in one place: seconds to wait before the next attempt, ``None`` if final."""
+        if startup_budget is None:
+            return self._retry_delay(call, attempt, outcome, started)
+        return self._startup_delay(call, outcome, attempt + 1, started, startup_budget)
+
+    def _startup_delay(
+        self,
+        call: _Call[Any],
+        outcome: Answer | TransportError,
+        attempt: int,
+        started: float,
+        budget: float,
+    ) -> float | None:
+        """Seconds to wait before asking again at start-up; ``None`` when ``outcome`` is final.
+
+        Unlike after a call, the number of attempts is bounded by time, not ``max_retries``: a service
         that is restarting or not started yet comes up within seconds to a minute. A refused connect or
         one that timed out sent nothing, so it is always safe to try again.
 
         Raises:
-            ServerUnavailableError: If the budget is spent, naming the URL, the budget and the last error.
+            ServerUnavailableError: Once ``budget`` is spent, naming the URL, the budget and the last error.
         """
-        started = time.monotonic()
-        for attempt in itertools.count(1):
-            try:
-                answer = self._exchange(call)
-            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-            except httpx.TransportError as exc:  # a read timeout, a request HTTP cannot carry: final
-                raise self._transport_error(call, exc) from exc
-            else:
-                if answer.status not in RETRY_STATUSES:
-                    return _finish(call, answer)
-                reason = f"{answer.status} {httpx.codes.get_reason_phrase(answer.status)}"
-            elapsed = time.monotonic() - started
-            remaining = budget - elapsed
-            if remaining <= 0:
-                raise ServerUnavailableError(
-                    f"{call.method} {call.path}: the service at {self.url} could not be reached within "
-                    f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
-                )
-            delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
-            delay *= random.uniform(0.8, 1.0)
-            logger.warning(
-                "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
-                *(call.method, call.path, reason, self.url, delay, remaining, budget),
+        if isinstance(outcome, Answer):
+            if outcome.status not in RETRY_STATUSES:
+                return None
+            reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
+        elif isinstance(outcome, (NetworkError, RemoteProtocolError, ConnectTimeout)):
+            if unfixable_cause(outcome):
+                return None
+            reason = f"{type(outcome).__name__}: {outcome}"
+        else:  # a read timeout, a request HTTP cannot carry: final
+            return None
+        elapsed = time.monotonic() - started
+        remaining = budget - elapsed
+        if remaining <= 0:
+            raise ServerUnavailableError(
+                f"{call.method} {call.path}: the service at {self.url} could not be reached within "
+                f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
             )
-            time.sleep(delay)
-        raise AssertionError("unreachable")
+        delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
+        delay *= random.uniform(0.8, 1.0)
+        logger.warning(
+            "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
+            *(call.method, call.path, reason, self.url, delay, remaining, budget),
+        )
+        return delay
 
     def _retry_delay(
-        self, call: _Call[Any], attempt: int, outcome: _Answer | Exception, started: float
+        self, call: _Call[Any], attempt: int, outcome: Answer | Exception, started: float
     ) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final.
 
         An idempotent call is retried ``max_retries`` times after a connection error or a 502/503/504;
-        past those, a 503 (the service or its database cannot serve *now*) is retried on, at most
-        ``UNAVAILABLE_MAX_DELAY`` apart, while the retry would start within ``retry_unavailable_for``
-        seconds of the first attempt. ``max_retries=0`` turns retries off altogether.
+        past those, a 503 (the service or its database cannot serve *now*) or a refused, reset or
+        broken connection (the service is restarting) is retried on, at most ``UNAVAILABLE_MAX_DELAY``
+        apart, while the retry would start within ``retry_unavailable_for`` seconds of the first
+        attempt. A connection that retrying cannot fix (:func:`unfixable_cause`) is final at once.
+        ``max_retries=0`` turns retries off altogether.
         """
         if not call.idempotent or not self.max_retries:
             return None
         floor = 0.0
-        if isinstance(outcome, _Answer):
+        if isinstance(outcome, Answer):
             if outcome.status not in RETRY_STATUSES:
                 return None
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
             floor = _retry_after(outcome)
-        elif isinstance(outcome, (httpx.NetworkError, httpx.RemoteProtocolError)):
-            if _broke_large_upload(call, outcome):
+            restarting = outcome.status == 503
+        elif isinstance(outcome, (NetworkError, RemoteProtocolError)):
+            if _broke_large_upload(call, outcome) or unfixable_cause(outcome):
                 return None
             reason = type(outcome).__name__
+            # Refused, reset or closed mid-answer: what a service that is restarting does.
+            restarting = True
         else:
             return None
         delay = max(min(self.backoff * 2**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
         if attempt < self.max_retries:
             budget = f"retry {attempt + 1} of {self.max_retries}"
-        elif isinstance(outcome, _Answer) and outcome.status == 503:
+        elif restarting:
             delay = min(delay, max(UNAVAILABLE_MAX_DELAY, floor))
             elapsed = time.monotonic() - started
             if elapsed + delay > self.retry_unavailable_for:
@@ -609,9 +736,12 @@ class _Http:
         logger.warning("%s %s: %s; %s in %.2fs", call.method, call.path, reason, budget, delay)
         return delay
 
-    def _transport_error(self, call: _Call[Any], exc: httpx.TransportError) -> ReducingSaverError:
+    def _transport_error(self, call: _Call[Any], exc: TransportError) -> ReducingSaverError:
         where = f"{call.method} {call.path}"
-        if isinstance(exc, httpx.TimeoutException):
+        cause = unfixable_cause(exc)
+        if cause:
+            return ConnectionSetupError(f"{where}: cannot connect to {self.url}: {cause}")
+        if isinstance(exc, TimeoutException):
             return RequestTimeoutError(
                 f"{where}: the service at {self.url} did not answer in time "
                 f"({type(exc).__name__}; {self.timeout})"
@@ -622,7 +752,7 @@ class _Http:
                 f"{where}: the service closed the connection while receiving a {len(call.body)}-byte body; "
                 "the likely cause is a body over the service's request size limit (413)"
             )
-        if isinstance(exc, httpx.LocalProtocolError):
+        if isinstance(exc, LocalProtocolError):
             # Not an outage: this side built a request HTTP cannot carry. The HTTP library's text quotes the
             # offending header value, which may be a credential, so it stays out of the message.
             return ReducingSaverError(
@@ -633,24 +763,14 @@ class _Http:
             f"{where}: could not reach the service at {self.url} ({type(exc).__name__}: {exc})"
         )
 
-    def _close_sync(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        if self._transport is not None:
-            self._transport.close()
-
     def close(self) -> None:
         self._closed = True
-        self._close_sync()
+        self._sync.close()
 
     async def aclose(self) -> None:
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None and self._session_loop is asyncio.get_running_loop():
-            await session.close()
-        if self._async_transport is not None:
-            await self._async_transport.aclose()
-        self._close_sync()
+        await self._async.aclose()
+        self._sync.close()
 
 
 async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
@@ -667,6 +787,13 @@ async def off_the_loop(build: Callable[[], T], *, aiohttp_too: bool) -> T:
 
 
 # -- the saver --------------------------------------------------------------------------------------
+
+
+def _check_saver_options(body_format: str, startup_timeout: float) -> None:
+    if body_format not in BODY_FORMAT_NAMES:
+        raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
+    if not startup_timeout >= 0:
+        raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
 
 
 class RemoteReducingSaver(BaseCheckpointSaver[str]):
@@ -701,7 +828,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             budget is spent). A ``Retry-After`` header sets a floor on the delay.
         backoff: First retry delay in seconds; doubled per retry (capped at 10 s), with jitter.
         retry_unavailable_for: Seconds during which an idempotent call answered 503 (the service or
-            its database is unavailable: a database restart, a failover) keeps being retried after its
+            its database is unavailable: a database restart, a failover) or whose connection was
+            refused or reset (the service is restarting) keeps being retried after its
             ``max_retries`` retries (unless that is 0), at most 2 s apart; counted from the call's first
             attempt. ``0`` leaves only ``max_retries``. Past it the call raises
             ``ServerUnavailableError``.
@@ -713,10 +841,18 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             ``put_writes``) as ``application/msgpack``, their values' bytes as they are; ``"json"``
             sends them as JSON with base64 values, as every other call is. A service that does not
             offer msgpack is spoken to in JSON.
-        startup_timeout: How long, in seconds, the constructor keeps asking for the service's
-            capabilities while it cannot be reached or answers 502/503/504 (a replica restarting, an
-            agent started before its service), pausing ``backoff`` doubled per attempt, at most 2 s.
-            ``0``: one attempt. Default 30.
+        startup_timeout: How long, in seconds, the constructor (and ``aopen``) keeps asking for the
+            service's capabilities while it cannot be reached or answers 502/503/504 (a replica
+            restarting, an agent started before its service), pausing ``backoff`` doubled per attempt,
+            at most 2 s. ``0``: one attempt. Default 30. An unknown host, ``https://`` against a
+            plain-HTTP service or a certificate that does not verify fails at once
+            (``ConnectionSetupError``).
+        trust_env: Go through the proxy ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` name, unless
+            ``NO_PROXY`` exempts the host, as an httpx client does by default. ``False`` ignores them.
+
+    A path in ``url`` (``http://host/rs/``) prefixes every request; credentials in it
+    (``http://user:pw@host``) are sent as Basic auth (refused together with ``api_key``); a redirect
+    is reported, never followed (``docs/client.md`` says how the client behaves on a network).
 
     Attributes:
         reducer: The service's reducer configuration (``RemoteReducer``), never ``None``.
@@ -751,35 +887,15 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         cls,
         url: str,
         *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         serde: SerializerProtocol | None = None,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        **options: Unpack[ConnectionOptions],
     ) -> Self:
-        if body_format not in BODY_FORMAT_NAMES:
-            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
-        if not startup_timeout >= 0:
-            raise ValueError(f"startup_timeout must be seconds, 0 or more, got {startup_timeout!r}")
-        http = _Http(
-            url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_unavailable_for=retry_unavailable_for,
-            headers=headers,
-            transport=transport,
-            async_transport=async_transport,
-        )
+        _check_saver_options(body_format, startup_timeout)
+        http = open_http(url, cls.__name__, options)
         try:
-            info = http.send_at_startup(_capabilities_call(), startup_timeout)
+            info = http.send(_capabilities_call(), startup_budget=startup_timeout)
         except BaseException:
             http.close()
             raise
@@ -790,47 +906,29 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         cls,
         url: str,
         *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         serde: SerializerProtocol | None = None,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
         body_format: str = "msgpack",
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        **options: Unpack[ConnectionOptions],
     ) -> Self:
-        """Open a saver from async code without blocking the event loop; the arguments are the constructor's
-        (but ``startup_timeout``: the capabilities request is retried as any idempotent call is).
+        """Open a saver from async code without blocking the event loop; the arguments are the constructor's.
 
         The constructor's capabilities request is sent through the async transport (aiohttp, or
-        ``async_transport``), and the set-up that reads files (TLS certificates, importing aiohttp) runs
-        in a worker thread, so a blocking-call detector such as LangGraph Agent Server's finds nothing.
+        ``async_transport``), retried for ``startup_timeout`` seconds as the constructor does, and the
+        set-up that reads files (TLS certificates, importing aiohttp) runs in a worker thread, so a
+        blocking-call detector such as LangGraph Agent Server's finds nothing.
 
         Raises:
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
-            ReducingSaverError: If the capabilities request fails (a subclass names the reason).
+            ServerUnavailableError: If the service could not be reached within ``startup_timeout``.
+            ReducingSaverError: If the capabilities request fails otherwise (a subclass names the reason).
         """
-        if body_format not in BODY_FORMAT_NAMES:
-            raise ValueError(f"body_format must be one of {sorted(BODY_FORMAT_NAMES)}, got {body_format!r}")
-
+        _check_saver_options(body_format, startup_timeout)
         http = await off_the_loop(
-            lambda: _Http(
-                url,
-                api_key=api_key,
-                timeout=timeout,
-                max_retries=max_retries,
-                backoff=backoff,
-                retry_unavailable_for=retry_unavailable_for,
-                headers=headers,
-                transport=transport,
-                async_transport=async_transport,
-            ),
-            aiohttp_too=async_transport is None,
+            lambda: open_http(url, cls.__name__, options), aiohttp_too=options.get("async_transport") is None
         )
         try:
-            info = await http.asend(_capabilities_call())
+            info = await http.asend(_capabilities_call(), startup_budget=startup_timeout)
         except BaseException:
             await http.aclose()
             raise
@@ -947,8 +1045,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
     # -- calls, shared by sync and async ------------------------------------------------------------
 
     def _get_tuple_call(self, config: RunnableConfig) -> _Call[CheckpointTuple | None]:
-        body = {"config": self._config(config)}
-        return _post("/checkpoints/get", body, self._parse_get, msgpack=self._msgpack)
+        body = bodies.GetCheckpointBody(config=self._config(config))
+        return _post(GET_PATH, body, self._parse_get, msgpack=self._msgpack)
 
     def _list_call(
         self,
@@ -957,13 +1055,10 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> _Call[list[CheckpointTuple]]:
-        body = {
-            "config": self._config(config),
-            "filter": filter,
-            "before": self._config(before),
-            "limit": limit,
-        }
-        return _post("/checkpoints/list", body, self._parse_list)
+        body = bodies.ListCheckpointsBody(
+            config=self._config(config), filter=filter, before=self._config(before), limit=limit
+        )
+        return _post(LIST_PATH, body, self._parse_list)
 
     def _list_page(
         self,
@@ -1010,31 +1105,31 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
                 for channel, value in values.items()
                 if channel in new_versions or (keep_inline and _stored_inline(value))
             }
-        body = {
-            "config": self._config(config),
-            "checkpoint": checkpoint_fields(checkpoint),
-            "values": {channel: self._encode_value(value) for channel, value in values.items()},
-            "metadata": ints_to_wire(metadata),
-            "new_versions": new_versions,
-        }
-        return _post("/checkpoints/put", body, _parse_put, msgpack=self._msgpack)
+        body = bodies.PutCheckpointBody(
+            config=self._config(config),
+            checkpoint=checkpoint_fields(checkpoint),
+            values={channel: self._encode_value(value) for channel, value in values.items()},
+            metadata=ints_to_wire(metadata),
+            new_versions=new_versions,
+        )
+        return _post(PUT_PATH, body, _parse_put, msgpack=self._msgpack)
 
     def _put_writes_call(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> _Call[None]:
-        body = {
-            "config": self._config(config),
-            "writes": [
+        body = bodies.PutWritesBody(
+            config=self._config(config),
+            writes=[
                 [channel, int_to_wire(value) or Blob(*self.serde.dumps_typed(value))]
                 for channel, value in writes
             ],
-            "task_id": task_id,
-            "task_path": task_path,
-        }
-        return _post("/writes/put", body, _no_content, msgpack=self._msgpack)
+            task_id=task_id,
+            task_path=task_path,
+        )
+        return _post(WRITES_PATH, body, _no_content, msgpack=self._msgpack)
 
     def _delete_thread_call(self, thread_id: str) -> _Call[None]:
-        return _post("/threads/delete", {"thread_id": str(thread_id)}, _no_content)
+        return _post(THREAD_DELETE_PATH, bodies.DeleteThreadBody(thread_id=str(thread_id)), _no_content)
 
     # -- the required saver API ---------------------------------------------------------------------
 
@@ -1200,9 +1295,9 @@ class _CopyThread:
 
     @staticmethod
     def _copy_thread_call(source_thread_id: str, target_thread_id: str) -> _Call[None]:
-        body = {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
+        body = bodies.CopyThreadBody(source_thread_id=str(source_thread_id), target_thread_id=str(target_thread_id))
         # Not idempotent: a retry after a lost answer could copy twice.
-        return _post("/threads/copy", body, _no_content, idempotent=False)
+        return _post(THREAD_COPY_PATH, body, _no_content, idempotent=False)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another (never retried).
@@ -1222,7 +1317,8 @@ class _DeleteForRuns:
 
     @staticmethod
     def _delete_for_runs_call(run_ids: Sequence[str]) -> _Call[None]:
-        return _post("/runs/delete", {"run_ids": [str(run_id) for run_id in run_ids]}, _no_content)
+        body = bodies.DeleteRunsBody(run_ids=[str(run_id) for run_id in run_ids])
+        return _post(RUNS_DELETE_PATH, body, _no_content)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints and writes of the given runs.
@@ -1242,8 +1338,8 @@ class _Prune:
 
     @staticmethod
     def _prune_call(thread_ids: Sequence[str], strategy: str) -> _Call[None]:
-        body = {"thread_ids": [str(thread_id) for thread_id in thread_ids], "strategy": strategy}
-        return _post("/threads/prune", body, _no_content)
+        body = bodies.PruneBody(thread_ids=[str(thread_id) for thread_id in thread_ids], strategy=strategy)
+        return _post(THREAD_PRUNE_PATH, body, _no_content)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps each namespace's newest checkpoint, ``"delete"`` all.
@@ -1268,15 +1364,13 @@ class _DeltaChannelHistory:
     def _delta_history_call(
         self, config: RunnableConfig, channels: Sequence[str]
     ) -> _Call[Mapping[str, DeltaChannelHistory]]:
-        body = {"config": self._config(config), "channels": list(channels)}
-        return _post("/checkpoints/delta-history", body, self._parse_delta_history)
+        body = bodies.DeltaHistoryBody(config=self._config(config), channels=list(channels))
+        return _post(DELTA_HISTORY_PATH, body, self._parse_delta_history)
 
     def _parse_delta_history(self, body: Any) -> dict[str, DeltaChannelHistory]:
         result: dict[str, DeltaChannelHistory] = {}
         for channel, entry in body["channels"].items():
-            history: DeltaChannelHistory = {
-                "writes": self._decode_writes(entry["writes"], f"{channel}.writes")
-            }
+            history = DeltaChannelHistory(writes=self._decode_writes(entry["writes"], f"{channel}.writes"))
             if "seed" in entry:
                 history["seed"] = self._decode_value(entry["seed"], f"{channel}.seed")
             result[channel] = history

@@ -10,10 +10,14 @@ Every error the client raises on purpose derives from one root::
     ├── ConflictError             409
     ├── PayloadTooLargeError      413, or the service closed the connection while a large body was sent
     ├── ServerUnavailableError    5xx, or the service could not be reached
+    │   └── ConnectionSetupError  the URL cannot reach it, whatever it does: unknown host, https://
+    │                             against plain HTTP, a certificate that does not verify (never retried)
     └── RequestTimeoutError       no answer within the configured timeout
 
-Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself. Errors translated from httpx keep
-the httpx exception as ``__cause__``. ``status_code`` is ``None`` when the service never answered;
+Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself; a redirect (3xx) is never followed
+and raises it too, naming the ``Location``. An error of a request that got no answer keeps the
+transport's error (``client._transport``: ``ConnectError``, ``ReadTimeout``...) as ``__cause__``, and
+that one the HTTP library's (http.client's, aiohttp's or httpx's). ``status_code`` is ``None`` when the service never answered;
 ``request_id`` is the response's ``X-Request-ID`` header, when it had one.
 """
 
@@ -72,6 +76,11 @@ class PayloadTooLargeError(ReducingSaverError):
 
 class ServerUnavailableError(ReducingSaverError):
     """The service failed (5xx) or could not be reached."""
+
+
+class ConnectionSetupError(ServerUnavailableError):
+    """No connection can be made to the URL, whatever the service does (an unknown host, ``https://``
+    against a plain-HTTP service, a TLS certificate that does not verify); never retried."""
 
 
 class RequestTimeoutError(ReducingSaverError):
@@ -139,6 +148,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConflictError",
+    "ConnectionSetupError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ReducingSaverError",

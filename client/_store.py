@@ -15,11 +15,10 @@ builds its own).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
-import httpx
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -33,61 +32,52 @@ from langgraph.store.base import (
     _validate_namespace_labels,
 )
 
-from reducing_saver.client._client import DEFAULT_TIMEOUT, RETRY_UNAVAILABLE_FOR, _Call, _Http, off_the_loop
+from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
 from reducing_saver.client._errors import BadRequestError
-from reducing_saver.wire import json_dumps, unwritable
-
-#: The batch route (Agent Server's store routes, which langgraph_sdk calls, are its siblings).
-BATCH_PATH = "/store/batch"
+from reducing_saver.wire import STORE_BATCH_PATH, bodies, json_dumps, unwritable
 
 
-def _op_json(op: Op) -> dict[str, Any]:
+def _op_json(op: Op) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody:
     if isinstance(op, GetOp):
-        return {"op": "get", "namespace": list(op.namespace), "key": op.key, "refresh_ttl": op.refresh_ttl}
+        return bodies.GetOpBody(op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl)
     if isinstance(op, PutOp):
-        body: dict[str, Any] = {
-            "op": "put",
-            "namespace": list(op.namespace),
-            "key": op.key,
-            "value": op.value,
-        }
+        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=op.value)
         if op.index is not None:
             body["index"] = op.index if op.index is False else list(op.index)
         if op.ttl is not None:
             body["ttl"] = op.ttl
         return body
     if isinstance(op, SearchOp):
-        return {
-            "op": "search",
-            "namespace_prefix": list(op.namespace_prefix),
-            "filter": op.filter,
-            "limit": op.limit,
-            "offset": op.offset,
-            "query": op.query,
-            "refresh_ttl": op.refresh_ttl,
-        }
+        return bodies.SearchOpBody(
+            op="search",
+            namespace_prefix=list(op.namespace_prefix),
+            filter=op.filter,
+            limit=op.limit,
+            offset=op.offset,
+            query=op.query,
+            refresh_ttl=op.refresh_ttl,
+        )
     if isinstance(op, ListNamespacesOp):
-        return {
-            "op": "list_namespaces",
-            "match_conditions": [
-                {"match_type": c.match_type, "path": list(c.path)} for c in op.match_conditions or ()
+        return bodies.ListNamespacesOpBody(
+            op="list_namespaces",
+            match_conditions=[
+                bodies.MatchConditionBody(match_type=c.match_type, path=list(c.path))
+                for c in op.match_conditions or ()
             ],
-            "max_depth": op.max_depth,
-            "limit": op.limit,
-            "offset": op.offset,
-        }
+            max_depth=op.max_depth,
+            limit=op.limit,
+            offset=op.offset,
+        )
     raise TypeError(f"RemoteStore cannot send a {type(op).__name__}")
 
 
-def _item(body: Mapping[str, Any], *, search: bool) -> Item:
-    fields = {
-        "namespace": tuple(body["namespace"]),
-        "key": body["key"],
-        "value": body["value"],
-        "created_at": datetime.fromisoformat(body["created_at"]),
-        "updated_at": datetime.fromisoformat(body["updated_at"]),
-    }
-    return SearchItem(**fields, score=body.get("score")) if search else Item(**fields)
+def _item(body: bodies.StoreItemBody, *, search: bool) -> Item:
+    namespace, key, value = tuple(body["namespace"]), body["key"], body["value"]
+    created_at = datetime.fromisoformat(body["created_at"])
+    updated_at = datetime.fromisoformat(body["updated_at"])
+    if search:
+        return SearchItem(namespace, key, value, created_at, updated_at, score=body.get("score"))
+    return Item(namespace=namespace, key=key, value=value, created_at=created_at, updated_at=updated_at)
 
 
 def _result(op: Op, body: Any) -> Result:
@@ -120,7 +110,7 @@ def _batch_body(ops: list[Op]) -> bytes:
                 f"{where}: {why}, so it cannot be stored unchanged (PostgresStore refuses NaN and infinities "
                 "too); store it as a string"
             )
-    return json_dumps({"ops": [_op_json(op) for op in ops]})
+    return json_dumps(bodies.StoreBatchBody(ops=[_op_json(op) for op in ops]))
 
 
 def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
@@ -132,7 +122,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
 
     content = _batch_body(ops)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
-    return _Call("POST", BATCH_PATH, content, True, parse)
+    return _Call("POST", STORE_BATCH_PATH, content, True, parse)
 
 
 class RemoteStore(BaseStore):
@@ -169,6 +159,12 @@ class RemoteStore(BaseStore):
         transport: httpx transport for sync calls instead of ``http.client`` (tests pass
             ``httpx.MockTransport``).
         async_transport: httpx transport for async calls instead of aiohttp.
+        trust_env: Go through the proxy ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` name, unless
+            ``NO_PROXY`` exempts the host, as an httpx client does by default. ``False`` ignores them.
+
+    A path in ``url`` (``http://host/rs/``) prefixes every request; credentials in it
+    (``http://user:pw@host``) are sent as Basic auth; a redirect is reported, never followed
+    (``docs/client.md`` says how the client behaves on a network).
 
     Raises:
         ValueError: If ``url`` is not an http(s) URL or an option is out of range.
@@ -177,45 +173,11 @@ class RemoteStore(BaseStore):
     # The service decides: it refuses a TTL when it has none configured.
     supports_ttl = True
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._http = _Http(
-            url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_unavailable_for=retry_unavailable_for,
-            headers=headers,
-            transport=transport,
-            async_transport=async_transport,
-        )
+    def __init__(self, url: str, **options: Unpack[ConnectionOptions]) -> None:
+        self._http = open_http(url, "RemoteStore", options)
 
     @classmethod
-    async def aopen(
-        cls,
-        url: str,
-        *,
-        api_key: str | None = None,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        backoff: float = 0.1,
-        retry_unavailable_for: float = RETRY_UNAVAILABLE_FOR,
-        headers: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
-    ) -> Self:
+    async def aopen(cls, url: str, **options: Unpack[ConnectionOptions]) -> Self:
         """Open a store from async code without blocking the event loop; the arguments are the constructor's.
 
         The constructor runs in a worker thread (its SSL context reads the CA bundle), and so does the
@@ -225,21 +187,7 @@ class RemoteStore(BaseStore):
         Raises:
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
         """
-
-        return await off_the_loop(
-            lambda: cls(
-                url,
-                api_key=api_key,
-                timeout=timeout,
-                max_retries=max_retries,
-                backoff=backoff,
-                retry_unavailable_for=retry_unavailable_for,
-                headers=headers,
-                transport=transport,
-                async_transport=async_transport,
-            ),
-            aiohttp_too=async_transport is None,
-        )
+        return await off_the_loop(lambda: cls(url, **options), aiohttp_too=options.get("async_transport") is None)
 
     @property
     def url(self) -> str:

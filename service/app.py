@@ -34,6 +34,7 @@ from reducing_saver.service.observability import ObservabilityMiddleware, config
 from reducing_saver.service.routes import ORJSONResponse, checkpoints, health, memory, storage, store, threads
 from reducing_saver.service.state import Service
 from reducing_saver.service.version import __version__
+from reducing_saver.wire import METRICS_PATH
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -148,7 +149,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     docs = frozenset(DOCS_PATHS) | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)
     public = (
         security.PUBLIC_PATHS
-        | ({"/metrics"} if settings.metrics_public else set())
+        | ({METRICS_PATH} if settings.metrics_public else set())
         | (docs if settings.docs_public else set())
     )
     limits = settings.limits

@@ -38,6 +38,7 @@ from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.wire import WireError
+from reducing_saver.wire.bodies import ErrorBody
 
 
 class ServiceError(Exception):
@@ -133,11 +134,11 @@ def headers_for(status: int) -> list[tuple[bytes, bytes]]:
 def error_body(detail: Any) -> bytes:
     """``{"detail": ...}`` as JSON (FastAPI's error shape); values orjson cannot write become text."""
     try:
-        return orjson.dumps({"detail": detail})
+        return orjson.dumps(ErrorBody(detail=detail))
     except TypeError:  # an echoed input orjson cannot encode (an int beyond 64 bits, say)
         import json
 
-        return json.dumps({"detail": detail}, default=str).encode()
+        return json.dumps(ErrorBody(detail=detail), default=str).encode()
 
 
 async def send_error(

@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
-from reducing_saver.wire import Blob
+from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 
 access_logger = logging.getLogger("reducing_saver.access")
 logger = logging.getLogger(__name__)
@@ -52,9 +52,7 @@ MAX_REQUEST_ID_LENGTH = 128
 #: Routes whose successful requests are access-logged at DEBUG, not INFO: those polled by probes and
 #: scrapers, and the per-step saver calls (six a chat turn; a log line costs more CPU than the routing).
 #: Errors are logged at INFO everywhere; the request metrics count every request.
-QUIET_ROUTES = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}
-)
+QUIET_ROUTES = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH, *PER_STEP_PATHS})
 
 #: The status counted and logged for a request whose client closed the connection before its answer began
 #: (nginx's "client closed request"): the client's doing, not a server error. Nothing is sent.

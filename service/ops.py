@@ -9,12 +9,13 @@ path and the FastAPI routes call the same functions, so no route carries logic o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 
 from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
 from reducing_saver.service import schemas, security
@@ -24,6 +25,7 @@ from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
+from reducing_saver.wire import bodies
 from reducing_saver.wire import (
     BODY_FORMATS,
     INT_TYPE,
@@ -32,6 +34,7 @@ from reducing_saver.wire import (
     Blob,
     WireError,
     base64_from_wire,
+    blob_from_wire,
     int_from_wire,
     int_to_wire,
     ints_from_wire,
@@ -126,20 +129,20 @@ def _wire_metadata(metadata: Any, stored_as_wire: bool) -> Any:
         raise Untransportable(f"metadata: {exc.message}") from None
 
 
-def _tuple_out(item: CheckpointTuple, stored_as_wire: bool = False) -> dict[str, Any]:
+def _tuple_out(item: CheckpointTuple, stored_as_wire: bool = False) -> bodies.CheckpointTupleBody:
     checkpoint = dict(item.checkpoint)
     values = checkpoint.pop("channel_values", None) or {}
-    return {
-        "config": item.config,
-        "checkpoint": checkpoint,
-        "values": {channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
-        "metadata": _wire_metadata(item.metadata, stored_as_wire),
-        "parent_config": item.parent_config,
-        "pending_writes": [
+    return bodies.CheckpointTupleBody(
+        config=item.config,  # type: ignore[typeddict-item]
+        checkpoint=checkpoint,
+        values={channel: _wire_value(value, f"values.{channel}") for channel, value in values.items()},
+        metadata=_wire_metadata(item.metadata, stored_as_wire),
+        parent_config=item.parent_config,  # type: ignore[typeddict-item]
+        pending_writes=[
             [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
             for index, (task_id, channel, value) in enumerate(item.pending_writes or ())
         ],
-    }
+    )
 
 
 def _run_config(
@@ -151,7 +154,7 @@ def _run_config(
     checkpoint; ``None`` for lists, where a config without a namespace means every namespace of the
     thread, as it does to the stock savers.
     """
-    configurable = dict(config.configurable)
+    configurable = _typed_ints(config.configurable, "config.configurable")
     thread_id = configurable.get("thread_id")
     if need_thread and (thread_id is None or thread_id == ""):
         raise BadRequest("config.configurable.thread_id is required")
@@ -163,10 +166,26 @@ def _run_config(
             configurable["checkpoint_ns"] = default_ns
     elif not isinstance(checkpoint_ns, str):
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
-    run_config: RunnableConfig = {"configurable": configurable}
+    run_config = RunnableConfig(configurable=configurable)
     if config.metadata:
-        run_config["metadata"] = dict(config.metadata)
+        run_config["metadata"] = _typed_ints(config.metadata, "config.metadata")
     return run_config
+
+
+def _typed_ints(values: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """A run config's values with each typed value (only ``INT_TYPE`` is allowed there) turned into its int."""
+    result = dict(values)
+    for key, value in values.items():
+        if isinstance(value, schemas.TypedValue):
+            where = f"{field}.{key}"
+            try:
+                blob = blob_from_wire(value.model_dump(), where)
+                if blob.type != INT_TYPE:
+                    raise WireError(f"{where}.type", f"a run config value may be typed only as {INT_TYPE!r}")
+                result[key] = int_from_wire(blob, where)
+            except WireError as exc:
+                raise BadRequest(str(exc)) from None
+    return result
 
 
 def _check_extensions(service: Service, values: Any, messages: Any = None) -> None:
@@ -196,12 +215,14 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     scope = _scope(service)
     config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     item = saver.get_tuple(config)
-    return {"checkpoint": scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None}
+    return bodies.GetCheckpointAnswer(
+        checkpoint=scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None
+    )
 
 
 def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
     scope = _scope(service)
-    config = _run_config(body.config)
+    config = run_config = _run_config(body.config)
     settings = service.settings
     messages_key = settings.messages_key
     inline_ints = not _stores_wire_metadata(saver)
@@ -236,6 +257,8 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
         metadata = ints_from_wire(body.metadata, "metadata")
     except WireError as exc:
         raise BadRequest(str(exc)) from None
+    # The run config's values, merged as the saver would merge them, so its big ints take the path below.
+    metadata = get_checkpoint_metadata(run_config, metadata)
     if not inline_ints and metadata is not body.metadata:
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
         # cannot, so they store the wire form (typed ints, escaped look-alikes) as JSON objects, which
@@ -246,7 +269,7 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             next_config = saver.put(config, checkpoint, metadata, body.new_versions)
     except SummaryForgeryError as exc:
         raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
-    return {"config": scope.config_out(next_config)}
+    return bodies.PutCheckpointAnswer(config=scope.config_out(next_config))
 
 
 def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRequest) -> None:
@@ -303,7 +326,7 @@ def list_checkpoints(
     with closing(found):
         stored_as_wire = _stores_wire_metadata(saver)
         items = [scope.tuple_out(_tuple_out(item, stored_as_wire)) for item in found]
-    return {"checkpoints": items}
+    return bodies.ListCheckpointsAnswer(checkpoints=items)
 
 
 def delete_thread(service: Service, saver: ReducingSaver, body: schemas.DeleteThreadRequest) -> None:
@@ -348,16 +371,16 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
     history = saver.get_delta_channel_history(config=config, channels=body.channels)
     channels = {}
     for channel, entry in history.items():
-        out: dict[str, Any] = {
-            "writes": [
+        out = bodies.DeltaChannelHistoryBody(
+            writes=[
                 [task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]")]
                 for index, (task_id, ch, value) in enumerate(entry["writes"])
             ]
-        }
+        )
         if "seed" in entry:
             out["seed"] = _wire_value(entry["seed"], f"channels.{channel}.seed")
         channels[channel] = out
-    return {"channels": channels}
+    return bodies.DeltaHistoryAnswer(channels=channels)
 
 
 # -- capabilities, memory and sweeps --------------------------------------------------------------
@@ -366,24 +389,24 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
 def capabilities(service: Service) -> dict[str, Any]:
     """The backend's optional capabilities and the reducer's configuration."""
     config = service.reducer.config
-    return {
-        "capabilities": sorted(service.open_savers().capabilities),
-        "backend": service.backend_kind,
-        "messages_key": service.settings.messages_key,
-        "reducer": {
-            "max_messages": config.max_messages,
-            "min_messages": config.count_target,
-            "max_tokens": config.max_tokens,
-            "target_tokens": config.token_target,
-            "preserve_first": config.preserve_first,
-            "cascade_tool_messages": config.cascade_tool_messages,
-            "start_on": config.start_on,
-            "namespace_key": config.namespace_key,
-        },
-        "version": __version__,
-        "body_formats": list(BODY_FORMATS),
-        "limits": {"max_list_limit": service.settings.max_list_limit},
-    }
+    return bodies.CapabilitiesAnswer(
+        capabilities=sorted(service.open_savers().capabilities),
+        backend=service.backend_kind,  # type: ignore[typeddict-item]
+        messages_key=service.settings.messages_key,
+        reducer=bodies.ReducerBody(
+            max_messages=config.max_messages,
+            min_messages=config.count_target,
+            max_tokens=config.max_tokens,
+            target_tokens=config.token_target,
+            preserve_first=config.preserve_first,
+            cascade_tool_messages=config.cascade_tool_messages,
+            start_on=config.start_on,
+            namespace_key=config.namespace_key,
+        ),
+        version=__version__,
+        body_formats=list(BODY_FORMATS),
+        limits=bodies.LimitsBody(max_list_limit=service.settings.max_list_limit),
+    )
 
 
 def extraction_status(service: Service) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
+from reducing_saver.wire import bodies
 
 Primitive = StrictStr | StrictInt | StrictFloat | StrictBool | None
 Version = StrictStr | StrictInt | StrictFloat
@@ -93,13 +94,16 @@ class Strict(BaseModel):
 class RunConfig(Strict):
     """The part of a LangGraph run config the service uses."""
 
-    configurable: dict[str, Primitive | list[StrictStr]] = Field(
+    configurable: dict[str, Primitive | list[StrictStr] | TypedValue] = Field(
         default_factory=dict,
         description="thread_id, checkpoint_ns, checkpoint_id, the memory namespace (a list of strings) and "
-        "primitive values that are merged into checkpoint metadata.",
+        "primitive values that are merged into checkpoint metadata; an integer beyond 64 bits as a typed "
+        "value of type 'reducing-saver/int'.",
     )
-    metadata: dict[str, Primitive] = Field(
-        default_factory=dict, description="Run metadata merged into checkpoint metadata."
+    metadata: dict[str, Primitive | TypedValue] = Field(
+        default_factory=dict,
+        description="Run metadata merged into checkpoint metadata; an integer beyond 64 bits as a typed value "
+        "of type 'reducing-saver/int'.",
     )
 
     @field_validator("configurable")
@@ -366,3 +370,156 @@ class StorageSummaryResponse(BaseModel):
     largest: list[ThreadStorageResponse] = Field(
         description="The largest threads by total_bytes, at most `top`."
     )
+
+
+# -- the store's routes (routes/store.py): LangGraph Agent Server's bodies, and the batch route's ---------
+
+Labels = list[str]
+
+
+class _StoreBody(BaseModel):
+    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class PutItemRequest(_StoreBody):
+    namespace: Labels
+    key: str
+    value: dict[str, Any]
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = Field(None, description="Minutes; null: the store's default TTL (if any).")
+
+
+class DeleteItemRequest(_StoreBody):
+    namespace: Labels
+    key: str
+
+
+class SearchItemsRequest(_StoreBody):
+    namespace_prefix: Labels = []
+    filter: dict[str, Any] | None = None
+    limit: int = 10
+    offset: int = 0
+    query: str | None = None
+    refresh_ttl: bool | None = None
+
+
+class ListNamespacesRequest(_StoreBody):
+    prefix: Labels | None = None
+    suffix: Labels | None = None
+    max_depth: int | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+class StoreItem(BaseModel):
+    namespace: Labels
+    key: str
+    value: dict[str, Any]
+    created_at: str
+    updated_at: str
+    score: float | None = None
+
+
+class SearchItemsResponse(BaseModel):
+    items: list[StoreItem]
+
+
+class ListNamespacesResponse(BaseModel):
+    namespaces: list[Labels]
+
+
+class GetOpBody(_StoreBody):
+    op: Literal["get"]
+    namespace: Labels
+    key: str
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
+
+
+class PutOpBody(_StoreBody):
+    op: Literal["put"]
+    namespace: Labels
+    key: str
+    value: dict[str, Any] | None = Field(..., description="null deletes the item.")
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = None
+
+
+class SearchOpBody(_StoreBody):
+    op: Literal["search"]
+    namespace_prefix: Labels = []
+    filter: dict[str, Any] | None = None
+    limit: int = 10
+    offset: int = 0
+    query: str | None = None
+    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
+
+
+class MatchConditionBody(_StoreBody):
+    match_type: Literal["prefix", "suffix"]
+    path: Labels
+
+
+class ListNamespacesOpBody(_StoreBody):
+    op: Literal["list_namespaces"]
+    match_conditions: list[MatchConditionBody] | None = None
+    max_depth: int | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+class BatchRequest(_StoreBody):
+    ops: list[
+        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
+    ]
+
+
+class BatchResponse(BaseModel):
+    results: list[Any] = Field(
+        description="Per operation: an item or null (get), null (put), items (search), namespaces."
+    )
+
+
+#: The wire's body each store model validates or writes: the same fields (``tests/test_layout.py`` checks).
+STORE_WIRE_BODIES: dict[type[BaseModel], type] = {
+    PutItemRequest: bodies.PutItemBody,
+    DeleteItemRequest: bodies.DeleteItemBody,
+    SearchItemsRequest: bodies.SearchItemsBody,
+    ListNamespacesRequest: bodies.ListNamespacesBody,
+    StoreItem: bodies.StoreItemBody,
+    SearchItemsResponse: bodies.SearchItemsAnswer,
+    ListNamespacesResponse: bodies.ListNamespacesAnswer,
+    GetOpBody: bodies.GetOpBody,
+    PutOpBody: bodies.PutOpBody,
+    SearchOpBody: bodies.SearchOpBody,
+    MatchConditionBody: bodies.MatchConditionBody,
+    ListNamespacesOpBody: bodies.ListNamespacesOpBody,
+    BatchRequest: bodies.StoreBatchBody,
+    BatchResponse: bodies.StoreBatchAnswer,
+}
+
+#: The wire's body each model validates or writes: the same fields (``tests/test_layout.py`` checks).
+WIRE_BODIES: dict[type[BaseModel], type] = {
+    RunConfig: bodies.RunConfigBody,
+    GetCheckpointRequest: bodies.GetCheckpointBody,
+    ListCheckpointsRequest: bodies.ListCheckpointsBody,
+    PutCheckpointRequest: bodies.PutCheckpointBody,
+    PutWritesRequest: bodies.PutWritesBody,
+    DeleteThreadRequest: bodies.DeleteThreadBody,
+    CopyThreadRequest: bodies.CopyThreadBody,
+    PruneRequest: bodies.PruneBody,
+    DeleteRunsRequest: bodies.DeleteRunsBody,
+    DeltaHistoryRequest: bodies.DeltaHistoryBody,
+    CheckpointConfig: bodies.CheckpointConfigBody,
+    CheckpointTupleOut: bodies.CheckpointTupleBody,
+    GetCheckpointResponse: bodies.GetCheckpointAnswer,
+    ListCheckpointsResponse: bodies.ListCheckpointsAnswer,
+    PutCheckpointResponse: bodies.PutCheckpointAnswer,
+    DeltaChannelHistoryOut: bodies.DeltaChannelHistoryBody,
+    DeltaHistoryResponse: bodies.DeltaHistoryAnswer,
+    ReducerOut: bodies.ReducerBody,
+    LimitsOut: bodies.LimitsBody,
+    CapabilitiesResponse: bodies.CapabilitiesAnswer,
+    ErrorResponse: bodies.ErrorBody,
+    **STORE_WIRE_BODIES,
+}

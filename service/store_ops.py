@@ -37,8 +37,8 @@ from reducing_saver.service import security
 from reducing_saver.service.encryption import sealer_for
 from reducing_saver.service.encryption.records import sealed_store
 from reducing_saver.service.errors import BadRequest, Unavailable
-from reducing_saver.wire import json_dumps
 from reducing_saver.service.storage import backend_module
+from reducing_saver.wire import bodies, json_dumps
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
@@ -264,15 +264,15 @@ def _time(value: datetime | str) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-def item_json(item: Item, scope: StoreScope) -> dict[str, Any]:
+def item_json(item: Item, scope: StoreScope) -> bodies.StoreItemBody:
     """An item as Agent Server answers it (``score`` on search results only)."""
-    answer = {
-        "namespace": list(scope.namespace_out(item.namespace)),
-        "key": item.key,
-        "value": item.value,
-        "created_at": _time(item.created_at),
-        "updated_at": _time(item.updated_at),
-    }
+    answer = bodies.StoreItemBody(
+        namespace=list(scope.namespace_out(item.namespace)),
+        key=item.key,
+        value=item.value,
+        created_at=_time(item.created_at),
+        updated_at=_time(item.updated_at),
+    )
     if isinstance(item, SearchItem):
         answer["score"] = item.score
     return answer

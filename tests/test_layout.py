@@ -84,3 +84,102 @@ def test_no_code_comment_cites_a_file_outside_the_repository() -> None:
     needles = ("FACTS" + ".md", "../" + "shared")  # spelled apart, so this file does not cite them
     citing = [str(p.relative_to(ROOT)) for p in sources if any(n in p.read_text() for n in needles)]
     assert citing == []
+
+
+# -- one protocol, written in wire ------------------------------------------------------------------
+
+#: What a path of the protocol looks like: under /v1, the store's routes, the operations routes.
+_PROTOCOL_PATH_PREFIXES = ("/v1/", "/store/", "/healthz", "/readyz", "/metrics")
+
+
+def _own_path_literals(source: str, filename: str) -> list[str]:
+    """String literals of code (docstrings aside) that are a protocol path or start like one."""
+    import ast
+
+    tree = ast.parse(source, filename)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{filename}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and node.value.startswith(_PROTOCOL_PATH_PREFIXES)
+    ]
+
+
+def test_neither_side_writes_a_path_of_its_own() -> None:
+    """Every path of the protocol is a constant of reducing_saver.wire; the client and the service import it."""
+    found = [
+        hit
+        for folder in ("client", "service")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for hit in _own_path_literals(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == [], "\n".join(found)
+    # The control: the check sees a path written as a literal.
+    assert _own_path_literals('router.post("/v1/threads/delete")\n', "x.py") == [
+        "x.py:1: '/v1/threads/delete'"
+    ]
+
+
+def _keys(body: type) -> set[str]:
+    return set(body.__required_keys__ | body.__optional_keys__)
+
+
+def test_the_service_models_have_the_fields_of_the_wire_bodies() -> None:
+    """schemas.py's models validate and write exactly the bodies wire/bodies.py declares."""
+    from reducing_saver.service import schemas
+    from reducing_saver.wire import bodies
+
+    models = schemas.WIRE_BODIES
+    differing = {
+        model.__name__: sorted(set(model.model_fields) ^ _keys(body))
+        for model, body in models.items()
+        if set(model.model_fields) != _keys(body)
+    }
+    assert differing == {}
+    assert set(bodies.BODIES) == set(models.values())  # every wire body has its model
+
+
+def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[str]:
+    """Dict displays whose keys are all string literals naming fields of one wire body."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Dict) or not node.keys:
+            continue
+        keys = [key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None for key in node.keys]
+        if None not in keys and any(set(keys) <= fields for fields in wire_keys):
+            hits.append(f"{filename}:{node.lineno}: {sorted(keys)}")
+    return hits
+
+
+#: The service's HTTP edge: what reads requests and writes answers (storage and sweeps write LangGraph
+#: configs, ``{"configurable": ...}``, which are no bodies).
+_HTTP_EDGE = ("ops.py", "store_ops.py", "errors.py", "hotpath.py", "schemas.py", "routes/*.py")
+
+
+def test_neither_side_writes_a_body_of_its_own() -> None:
+    """Every body the client sends and the service answers is built from wire/bodies.py, not a dict
+    literal of its own."""
+    from reducing_saver.wire import bodies
+
+    wire_keys = [_keys(body) for body in bodies.BODIES]
+    files = [*(ROOT / "client").glob("*.py"), *(path for edge in _HTTP_EDGE for path in (ROOT / "service").glob(edge))]
+    found = [
+        hit
+        for path in sorted(files)
+        for hit in _own_bodies(path.read_text(), str(path.relative_to(ROOT)), wire_keys)
+    ]
+    assert found == [], "\n".join(found)
+    # The control: the check sees a body written as a dict literal.
+    assert _own_bodies('post({"thread_id": "t"})\n', "x.py", wire_keys) == ["x.py:1: ['thread_id']"]

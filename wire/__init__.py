@@ -1,6 +1,7 @@
 """reducing_saver.wire: the protocol RemoteReducingSaver and the service both speak.
 
-Paths, content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
+Every path (a ``*_PATH`` constant: neither side writes one of its own, ``tests/test_layout.py`` checks),
+content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
 neither the client nor the service (a contract test pins this): both sides import it.
 
 Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoints/get``,
@@ -39,7 +40,8 @@ on arrival. So that a user's object of that shape never changes meaning, every m
 are exactly ``type`` and ``data`` with a ``type`` starting with ``reducing-saver/`` travels escaped, as
 ``{"type": "reducing-saver/literal", "data": <the object>}``: its own keys are taken as they are (its
 values are encoded the same way). A typed int from a client of the previous release, which escaped
-nothing, still reads as its int. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
+nothing, still reads as its int. Such an int among a run config's ``configurable`` and ``metadata``
+values travels typed too. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
 ``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
 
 """
@@ -69,6 +71,24 @@ WRITES_PATH = API_PREFIX + "/writes/put"
 PER_STEP_PATHS = (GET_PATH, PUT_PATH, WRITES_PATH)
 CAPABILITIES_PATH = API_PREFIX + "/capabilities"
 LIST_PATH = API_PREFIX + "/checkpoints/list"
+DELTA_HISTORY_PATH = API_PREFIX + "/checkpoints/delta-history"
+THREAD_DELETE_PATH = API_PREFIX + "/threads/delete"
+THREAD_COPY_PATH = API_PREFIX + "/threads/copy"
+THREAD_PRUNE_PATH = API_PREFIX + "/threads/prune"
+RUNS_DELETE_PATH = API_PREFIX + "/runs/delete"
+SWEEPS_STATUS_PATH = API_PREFIX + "/sweeps/status"
+EXTRACTION_STATUS_PATH = API_PREFIX + "/extraction/status"
+DEAD_LETTERS_PATH = API_PREFIX + "/extraction/dead-letters"
+RETRY_DEAD_PATH = API_PREFIX + "/extraction/retry-dead"
+#: The store: ``RemoteStore``'s batch route, and LangGraph Agent Server's store routes (``langgraph_sdk``).
+STORE_BATCH_PATH = "/store/batch"
+STORE_ITEMS_PATH = "/store/items"
+STORE_SEARCH_PATH = "/store/items/search"
+STORE_NAMESPACES_PATH = "/store/namespaces"
+#: Operations: liveness, readiness (both open without a key), Prometheus metrics.
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 #: What one thread holds (``{thread_id}`` percent-encoded), and the caller's threads added up.
 THREAD_STORAGE_PATH = API_PREFIX + "/threads/{thread_id}/storage"
 STORAGE_PATH = API_PREFIX + "/storage"
@@ -361,7 +381,9 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
 
     ``configurable`` keeps ``thread_id``, ``checkpoint_ns``, ``checkpoint_id``, the memory namespace,
     and the primitive values a saver merges into checkpoint metadata; ``metadata`` keeps its primitive
-    values. LangGraph's internal ``__pregel_*`` entries (callables, stores) stay behind.
+    values. An int beyond 64 bits among them travels in its typed form (``INT_TYPE``, a :class:`Blob`),
+    as it would in checkpoint metadata. LangGraph's internal ``__pregel_*`` entries (callables, stores)
+    stay behind.
     """
     if config is None:
         return None
@@ -375,11 +397,15 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
             configurable[key] = [str(label) for label in value]
         elif is_inline(value):
             configurable[key] = value
+        elif (typed := int_to_wire(value)) is not None:
+            configurable[key] = typed
     wire: dict[str, Any] = {"configurable": configurable}
     metadata = {
-        key: value
+        key: value if is_inline(value) else int_to_wire(value)
         for key, value in (config.get("metadata") or {}).items()
-        if is_inline(value) and not key.startswith("__") and key not in EXCLUDED_METADATA_KEYS
+        if (is_inline(value) or int_to_wire(value) is not None)
+        and not key.startswith("__")
+        and key not in EXCLUDED_METADATA_KEYS
     }
     if metadata:
         wire["metadata"] = metadata
@@ -403,10 +429,26 @@ def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "API_PREFIX",
     "CAPABILITIES_PATH",
+    "DEAD_LETTERS_PATH",
+    "DELTA_HISTORY_PATH",
+    "EXTRACTION_STATUS_PATH",
     "GET_PATH",
+    "HEALTH_PATH",
     "INT_TYPE",
     "LIST_PATH",
     "LITERAL_TYPE",
+    "METRICS_PATH",
+    "READY_PATH",
+    "RETRY_DEAD_PATH",
+    "RUNS_DELETE_PATH",
+    "STORE_BATCH_PATH",
+    "STORE_ITEMS_PATH",
+    "STORE_NAMESPACES_PATH",
+    "STORE_SEARCH_PATH",
+    "SWEEPS_STATUS_PATH",
+    "THREAD_COPY_PATH",
+    "THREAD_DELETE_PATH",
+    "THREAD_PRUNE_PATH",
     "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from reducing_saver.service import ops, schemas
 from reducing_saver.service.routes import ERRORS, ORJSONResponse, ServiceDep, msgpack_too
-from reducing_saver.wire import CAPABILITIES_PATH, GET_PATH, LIST_PATH, PUT_PATH, WRITES_PATH
+from reducing_saver.wire import CAPABILITIES_PATH, DELTA_HISTORY_PATH, GET_PATH, LIST_PATH, PUT_PATH, WRITES_PATH
 
 router = APIRouter(tags=["saver"])
 
@@ -69,7 +69,7 @@ async def list_checkpoints(body: schemas.ListCheckpointsRequest, service: Servic
 
 
 @router.post(
-    "/v1/checkpoints/delta-history",
+    DELTA_HISTORY_PATH,
     response_model=schemas.DeltaHistoryResponse,
     responses=ERRORS,
     summary="Per-channel writes and seed along a checkpoint's ancestors.",

@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, READY_PATH
 
 router = APIRouter(tags=["health"])
 
@@ -14,14 +15,14 @@ router = APIRouter(tags=["health"])
 READY_TIMEOUT_SECONDS = 2.0
 
 
-@router.get("/healthz", summary="The process is alive.")
+@router.get(HEALTH_PATH, summary="The process is alive.")
 async def healthz() -> dict[str, str]:
     # On the event loop, which never waits on the database: it answers while the database hangs.
     return {"status": "ok"}
 
 
 @router.get(
-    "/readyz",
+    READY_PATH,
     summary=f"The database answers: the checkpoint table is readable within {READY_TIMEOUT_SECONDS:g} s.",
     responses={503: ERRORS[503]},
 )
@@ -39,7 +40,7 @@ async def readyz(service: ServiceDep) -> dict[str, str]:
 
 
 @router.get(
-    "/metrics",
+    METRICS_PATH,
     summary="Prometheus metrics (of every worker, added up, with --workers N). Answers at once: the "
     "outbox figures read from the database carry their age (reducing_saver_outbox_status_age_seconds).",
     response_class=Response,

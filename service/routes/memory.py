@@ -8,12 +8,13 @@ from fastapi import APIRouter, Query
 
 from reducing_saver.service import ops, schemas
 from reducing_saver.service.routes import ServiceDep
+from reducing_saver.wire import DEAD_LETTERS_PATH, EXTRACTION_STATUS_PATH, RETRY_DEAD_PATH
 
 router = APIRouter(tags=["memory"])
 
 
 @router.get(
-    "/v1/extraction/status",
+    EXTRACTION_STATUS_PATH,
     response_model=schemas.ExtractionStatus,
     summary="Pruned messages pending, in flight, delivered and dead-lettered; oldest pending age; running "
     "summaries' batches.",
@@ -23,7 +24,7 @@ async def extraction_status(service: ServiceDep) -> Any:
 
 
 @router.get(
-    "/v1/extraction/dead-letters",
+    DEAD_LETTERS_PATH,
     response_model=schemas.DeadLettersResponse,
     summary="Messages whose extraction failed every attempt, oldest first.",
 )
@@ -32,7 +33,7 @@ async def dead_letters(service: ServiceDep, limit: Annotated[int, Query(ge=1, le
 
 
 @router.post(
-    "/v1/extraction/retry-dead",
+    RETRY_DEAD_PATH,
     response_model=schemas.RetryDeadResponse,
     summary="Put every dead letter back in the queue for another round of attempts.",
 )

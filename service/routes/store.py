@@ -8,127 +8,32 @@ Every route runs ``store_ops.run_batch`` in a worker thread.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
-from pydantic import BaseModel, ConfigDict, Field
 
 from reducing_saver.service import store_ops
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.service.schemas import (
+    BatchRequest,
+    BatchResponse,
+    DeleteItemRequest,
+    ListNamespacesRequest,
+    ListNamespacesResponse,
+    PutItemRequest,
+    SearchItemsRequest,
+    SearchItemsResponse,
+    StoreItem,
+)
 from reducing_saver.service.state import Service
+from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH, bodies
 
 router = APIRouter(tags=["store"])
 #: The routes that put values, which may hold ints beyond 64 bits (``store_ops`` decides per backend).
 BIG_INT_PATHS = frozenset({"/store/items", "/store/batch"})
-
-Labels = list[str]
-
-
-class _Body(BaseModel):
-    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class PutItemRequest(_Body):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = Field(None, description="Minutes; null: the store's default TTL (if any).")
-
-
-class DeleteItemRequest(_Body):
-    namespace: Labels
-    key: str
-
-
-class SearchItemsRequest(_Body):
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = None
-
-
-class ListNamespacesRequest(_Body):
-    prefix: Labels | None = None
-    suffix: Labels | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class StoreItem(BaseModel):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    created_at: str
-    updated_at: str
-    score: float | None = None
-
-
-class SearchItemsResponse(BaseModel):
-    items: list[StoreItem]
-
-
-class ListNamespacesResponse(BaseModel):
-    namespaces: list[Labels]
-
-
-class GetOpBody(_Body):
-    op: Literal["get"]
-    namespace: Labels
-    key: str
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class PutOpBody(_Body):
-    op: Literal["put"]
-    namespace: Labels
-    key: str
-    value: dict[str, Any] | None = Field(..., description="null deletes the item.")
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = None
-
-
-class SearchOpBody(_Body):
-    op: Literal["search"]
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class MatchConditionBody(_Body):
-    match_type: Literal["prefix", "suffix"]
-    path: Labels
-
-
-class ListNamespacesOpBody(_Body):
-    op: Literal["list_namespaces"]
-    match_conditions: list[MatchConditionBody] | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class BatchRequest(_Body):
-    ops: list[
-        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
-    ]
-
-
-class BatchResponse(BaseModel):
-    results: list[Any] = Field(
-        description="Per operation: an item or null (get), null (put), items (search), namespaces."
-    )
-
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
 #: than a database.
@@ -143,7 +48,7 @@ async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
     return await service.blocking(store_ops.run_batch, service, scope, ops, field, timeout=timeout)
 
 
-@router.put("/store/items", status_code=204, responses=ERRORS, summary="Store or replace an item.")
+@router.put(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Store or replace an item.")
 async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
     op = PutOp(tuple(body.namespace), body.key, body.value, body.index, body.ttl)
     await _run(service, [op], "body")
@@ -151,7 +56,7 @@ async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
 
 
 @router.get(
-    "/store/items",
+    STORE_ITEMS_PATH,
     response_model=None,
     responses={**ERRORS, 200: {"model": StoreItem | None, "description": "The item, or null."}},
     summary="Read an item (null if none).",
@@ -169,14 +74,14 @@ async def get_item(
     return item
 
 
-@router.delete("/store/items", status_code=204, responses=ERRORS, summary="Delete an item.")
+@router.delete(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Delete an item.")
 async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
     await _run(service, [PutOp(tuple(body.namespace), body.key, None)], "body")
     return Response(status_code=204)
 
 
 @router.api_route(
-    "/store/items", methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
+    STORE_ITEMS_PATH, methods=["POST", "PATCH", "OPTIONS", "HEAD", "TRACE"], include_in_schema=False
 )
 async def other_methods() -> Response:
     """405 naming every method of /store/items (three routes share the path; each alone would name one)."""
@@ -184,7 +89,7 @@ async def other_methods() -> Response:
 
 
 @router.post(
-    "/store/items/search",
+    STORE_SEARCH_PATH,
     response_model=SearchItemsResponse,
     responses=ERRORS,
     summary="Items under a namespace prefix: filtered by value, or ranked by a semantic query.",
@@ -194,11 +99,11 @@ async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
         tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query, body.refresh_ttl
     )
     (items,) = await _run(service, [op], "body")
-    return {"items": items}
+    return bodies.SearchItemsAnswer(items=items)
 
 
 @router.post(
-    "/store/namespaces",
+    STORE_NAMESPACES_PATH,
     response_model=ListNamespacesResponse,
     responses=ERRORS,
     summary="Namespaces holding items, by prefix and suffix ('*' matches any label), cut at max_depth.",
@@ -211,15 +116,15 @@ async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> A
         conditions.append(MatchCondition("suffix", tuple(body.suffix)))
     op = ListNamespacesOp(tuple(conditions), body.max_depth, body.limit, body.offset)
     (namespaces,) = await _run(service, [op], "body")
-    return {"namespaces": namespaces}
+    return bodies.ListNamespacesAnswer(namespaces=namespaces)
 
 
 @router.post(
-    "/store/batch",
+    STORE_BATCH_PATH,
     response_model=BatchResponse,
     responses=ERRORS,
     summary="Run BaseStore.batch: get, put (value null deletes), search and list_namespaces operations.",
 )
 async def batch(body: BatchRequest, service: ServiceDep) -> Any:
     ops = [store_ops.op_from_json(entry.model_dump()) for entry in body.ops]
-    return {"results": await _run(service, ops, "ops")}
+    return bodies.StoreBatchAnswer(results=await _run(service, ops, "ops"))

@@ -10,24 +10,25 @@ from fastapi.responses import Response
 from reducing_saver.service import ops, schemas
 from reducing_saver.service.routes import ERRORS, ServiceDep
 from reducing_saver.service.ttl.sweeper import SweepStatus
+from reducing_saver.wire import RUNS_DELETE_PATH, SWEEPS_STATUS_PATH, THREAD_COPY_PATH, THREAD_DELETE_PATH, THREAD_PRUNE_PATH
 
 router = APIRouter(tags=["threads"])
 
 
-@router.post("/v1/threads/delete", status_code=204, responses=ERRORS, summary="Delete every checkpoint and write of a thread.")
+@router.post(THREAD_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete every checkpoint and write of a thread.")
 async def delete_thread(body: schemas.DeleteThreadRequest, service: ServiceDep) -> Response:
     await service.call(ops.delete_thread, body)
     return Response(status_code=204)
 
 
-@router.post("/v1/threads/copy", status_code=204, responses=ERRORS, summary="Copy a thread's checkpoints and writes to another thread id.")
+@router.post(THREAD_COPY_PATH, status_code=204, responses=ERRORS, summary="Copy a thread's checkpoints and writes to another thread id.")
 async def copy_thread(body: schemas.CopyThreadRequest, service: ServiceDep) -> Response:
     await service.call(ops.copy_thread, body)
     return Response(status_code=204)
 
 
 @router.post(
-    "/v1/threads/prune",
+    THREAD_PRUNE_PATH,
     status_code=204,
     responses=ERRORS,
     summary="Prune threads: keep_latest keeps each namespace's head; delete removes all.",
@@ -37,14 +38,14 @@ async def prune(body: schemas.PruneRequest, service: ServiceDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v1/runs/delete", status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs.")
+@router.post(RUNS_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs.")
 async def delete_for_runs(body: schemas.DeleteRunsRequest, service: ServiceDep) -> Response:
     await service.call(ops.delete_for_runs, body)
     return Response(status_code=204)
 
 
 @router.get(
-    "/v1/sweeps/status",
+    SWEEPS_STATUS_PATH,
     response_model=SweepStatus,
     summary="TTL sweeps: settings, this process's figures, and every sweeper's from the sweep log "
     "(with API keys: the caller's threads only).",

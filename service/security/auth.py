@@ -10,9 +10,10 @@ from reducing_saver.service.errors import send_error
 from reducing_saver.service.security.keys import ApiKeys
 from reducing_saver.service.security.limits import Limits, _limits
 from reducing_saver.service.security.tenancy import UNAUTHORIZED, _tenant
+from reducing_saver.wire import HEALTH_PATH, READY_PATH
 
 #: Routes answered without a key (probes must work before anyone holds one).
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({HEALTH_PATH, READY_PATH})
 
 
 def _bearer(scope: Scope) -> bytes | None:

@@ -29,6 +29,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 import reducing_saver.client
+from reducing_saver.client import _transport as transport_errors
 from reducing_saver.client import (
     AuthenticationError,
     BadRequestError,
@@ -437,6 +438,29 @@ def test_503_is_retried_for_the_time_budget_past_max_retries(monkeypatch: pytest
     assert len(clock.delays) == 12
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ConnectError("[Errno 111] Connection refused"),
+        httpx.ReadError("[Errno 104] Connection reset by peer"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    ],
+)
+def test_a_restarting_service_is_retried_for_the_time_budget(
+    exc: Exception, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart refuses connections, and resets those it had, for seconds: as long as a 503.
+    clock = FakeClock()
+    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    service = FakeService()
+    saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
+    service.override = raising(exc)
+    with pytest.raises(ServerUnavailableError):
+        saver.get_tuple(config())
+    assert service.count("/checkpoints/get") > 10
+    assert 20.0 - 2.0 < sum(clock.delays) <= 20.0 and max(clock.delays) <= 2.0
+
+
 def test_the_time_budget_applies_to_503_only(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     monkeypatch.setattr("reducing_saver.client._client.time", clock)
@@ -490,18 +514,20 @@ async def test_copy_thread_is_not_retried_async() -> None:
 
 def test_connection_error_is_retried_then_raised() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=2)
+    saver = make_saver(service, max_retries=2, retry_unavailable_for=0)
     service.override = raising(httpx.ConnectError("connection refused"))
     with pytest.raises(ServerUnavailableError, match="could not reach the service") as info:
         saver.put_writes(config(checkpoint_id="c1"), [("x", 1)], "task")
-    assert isinstance(info.value.__cause__, httpx.ConnectError)
+    # The client's own transport error, mapped from httpx's at the transport boundary.
+    assert isinstance(info.value.__cause__, transport_errors.ConnectError)
+    assert isinstance(info.value.__cause__.__cause__, httpx.ConnectError)
     assert info.value.status_code is None
     assert service.count("/writes/put") == 3
 
 
 async def test_connection_error_is_retried_then_raised_async() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=2)
+    saver = make_saver(service, max_retries=2, retry_unavailable_for=0)
     service.override = raising(httpx.RemoteProtocolError("Server disconnected without sending a response."))
     with pytest.raises(ServerUnavailableError):
         await saver.aget_tuple(config())
@@ -518,7 +544,7 @@ def test_timeout_raises_request_timeout_error(exc: httpx.TimeoutException) -> No
     service.override = raising(exc)
     with pytest.raises(RequestTimeoutError, match="did not answer in time") as info:
         saver.get_tuple(config())
-    assert info.value.__cause__ is exc
+    assert info.value.__cause__.__cause__ is exc
     assert service.count("/checkpoints/get") == 1
 
 
@@ -533,12 +559,12 @@ async def test_timeout_raises_request_timeout_error_async() -> None:
 
 def test_connection_broken_while_sending_a_large_body_is_payload_too_large() -> None:
     service = FakeService()
-    saver = make_saver(service, max_retries=3)
+    saver = make_saver(service, max_retries=3, retry_unavailable_for=0)
     service.override = raising(httpx.WriteError("[Errno 104] Connection reset by peer"))
     big = make_checkpoint("c1", {"blob": "x" * (2 * 1024 * 1024)}, {"blob": "1"})
     with pytest.raises(PayloadTooLargeError, match="closed the connection") as info:
         saver.put(config(), big, {}, {"blob": "1"})
-    assert isinstance(info.value.__cause__, httpx.WriteError)
+    assert isinstance(info.value.__cause__, transport_errors.WriteError)
     assert service.count("/checkpoints/put") == 1
     # The same break on a small body is an ordinary connection failure, retried.
     with pytest.raises(ServerUnavailableError):
@@ -647,6 +673,7 @@ def test_public_surface_is_pinned() -> None:
             "AuthenticationError",
             "BadRequestError",
             "ConflictError",
+            "ConnectionSetupError",
             "NotFoundError",
             "PayloadTooLargeError",
             "ReducingSaverError",
@@ -1100,7 +1127,7 @@ def test_a_request_http_cannot_carry_is_no_outage_and_never_quoted() -> None:
     # What h11 raises for a header value it refuses; the constructor's checks make it unlikely, the
     # mapping keeps it out of messages and out of the outage class anyway.
     saver = make_saver(FakeService())
-    exc = httpx.LocalProtocolError("Illegal header value b'Bearer s3cret\\n'")
+    exc = transport_errors.from_httpx(httpx.LocalProtocolError("Illegal header value b'Bearer s3cret\\n'"))
     error = saver._http._transport_error(reducing_saver.client._client._capabilities_call(), exc)
     assert type(error) is ReducingSaverError
     assert "s3cret" not in str(error) and "not valid HTTP" in str(error)

@@ -83,7 +83,7 @@ def test_connection_refused_is_server_unavailable(service, api):
     saver.close()  # the capabilities request's connection
     saver._http = type(saver._http)(
         f"http://127.0.0.1:{free_port()}", api_key=None, timeout=5, max_retries=2, backoff=0.01,
-        headers=None, transport=None, async_transport=None,
+        retry_unavailable_for=0, headers=None, transport=None, async_transport=None,
     )  # nothing listens there
     with pytest.raises(ServerUnavailableError, match="could not reach"):
         if api == "sync":
