@@ -33,7 +33,7 @@ from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESP
 
 router = APIRouter(tags=["store"])
 #: The routes that put values, which may hold ints beyond 64 bits (``store_ops`` decides per backend).
-BIG_INT_PATHS = frozenset({"/store/items", "/store/batch"})
+BIG_INT_PATHS = frozenset({STORE_ITEMS_PATH, STORE_BATCH_PATH})
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
 #: than a database.
