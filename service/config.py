@@ -1,8 +1,8 @@
 """The service's settings: one class, read from CLI flags, ``REDUCING_SAVER_*`` variables and ``.env``.
 
 The fields come in groups, one model each, each field (and its default) written once: server,
-reducer, security, limits, extraction and sweeps. :class:`Settings` joins them, validates across them,
-and parses the API keys once (``api_key_set``).
+reducer, security, limits, extraction, sweeps, history and the store. :class:`Settings` joins them,
+validates across them, and parses the API keys once (``api_key_set``).
 """
 
 from __future__ import annotations
@@ -188,6 +188,20 @@ class SweepSettings(BaseModel):
     )
 
 
+class HistorySettings(BaseModel):
+    """How much checkpoint history each thread keeps (``docs/storage.md``)."""
+
+    keep_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
+        "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; every put "
+        "deletes the rest in its own transaction. A put's config['configurable']['keep_checkpoints'] "
+        "overrides it for its thread (0 keeps every checkpoint). Unset: every checkpoint is kept. Threads "
+        "with a DeltaChannel are kept whole.",
+    )
+
+
 class StoreSettings(BaseModel):
     """The long-term memory store, as ``langgraph.json`` configures Agent Server's (``service/store_config.py``)."""
 
@@ -224,6 +238,7 @@ class Settings(
     LimitSettings,
     ExtractionSettings,
     SweepSettings,
+    HistorySettings,
     StoreSettings,
     BaseSettings,
 ):

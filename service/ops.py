@@ -20,7 +20,7 @@ from reducing_saver.reducer import ReducingSaver, namespace_for, validate_namesp
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import (
@@ -183,6 +183,10 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     scope = _scope(service)
     config = _run_config(body.config)
     settings = service.settings
+    try:
+        keep_checkpoints_of(config, None)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     messages_key = settings.messages_key
     inline_ints = getattr(saver.inner, "keeps_big_ints_inline", False)
     values = {

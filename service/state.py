@@ -132,6 +132,7 @@ class Service:
             codec = self.metrics.measuring()
 
             def wrap(inner: Any) -> ReducingSaver:
+                inner.keep_checkpoints = settings.keep_checkpoints
                 return ReducingSaver(
                     inner, self.reducer, messages_key=settings.messages_key, codec=codec, record_pruned=self._record
                 )

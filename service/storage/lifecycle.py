@@ -132,3 +132,48 @@ def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
     return root if isinstance(root, str) else None
 
 
+
+
+# -- keep the last K checkpoints ---------------------------------------------------------------------
+
+#: ``config["configurable"]`` key with a thread's own keep-checkpoints count (0 keeps every checkpoint).
+KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
+
+
+def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int | None:
+    """How many newest checkpoints per namespace a put of this config keeps; ``None`` keeps them all.
+
+    ``config["configurable"]["keep_checkpoints"]`` wins when present (``0`` keeps every checkpoint of the
+    thread); otherwise ``default`` (the saver's, from ``--keep-checkpoints``) applies.
+
+    Raises:
+        ValueError: If the configured value is not a whole number >= 0.
+    """
+    value = (config.get("configurable") or {}).get(KEEP_CHECKPOINTS_KEY)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 "
+            f"(0 keeps every checkpoint), not {value!r}"
+        )
+    return value or None
+
+
+def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str]:
+    """The checkpoints of one namespace that keeping the last ``keep`` deletes.
+
+    ``parents`` maps each checkpoint id of the namespace to its parent's id. Kept: the ``keep`` newest
+    (checkpoint ids grow with time) and every branch head, a checkpoint no other one names as its
+    parent; every other checkpoint goes.
+    """
+    newest = set(sorted(parents, reverse=True)[:keep])
+    named = {parent for parent in parents.values() if parent is not None}
+    return {checkpoint_id for checkpoint_id in parents if checkpoint_id not in newest and checkpoint_id in named}
+
+
+def uses_delta_channel(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> bool:
+    """True when a put belongs to a thread with a DeltaChannel: its values are rebuilt from older
+    checkpoints' writes, so its history cannot be cut."""
+    values = checkpoint.get("channel_values") or {}
+    return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())
