@@ -344,46 +344,64 @@ def test_a_graph_with_subgraphs_interrupts_and_forks(kept_saver, keep: int) -> N
 # -- two replicas on one PostgreSQL --------------------------------------------------------------------
 
 
-def test_two_replicas_writing_and_pruning_one_thread_lose_nothing_kept(fresh_pg: str) -> None:
-    """Two savers on pools of their own (two replicas) extend branches of one thread at once, each put
-    pruning the same namespaces; what the rule keeps is all there and readable at the end."""
+@pytest.fixture
+def replicas(fresh_pg: str) -> Iterator[list[PostgresLifecycleSaver]]:
+    """Two savers on pools of their own: two replicas of the service on one database."""
     kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
-    keep = 3
     with (
         ConnectionPool(fresh_pg, min_size=1, max_size=2, kwargs=kwargs) as pool_a,
         ConnectionPool(fresh_pg, min_size=1, max_size=2, kwargs=kwargs) as pool_b,
     ):
-        replicas = [PostgresLifecycleSaver(pool) for pool in (pool_a, pool_b)]
-        for replica in replicas:
-            replica.keep_checkpoints = keep
-        replicas[0].setup()
-        tee = Tee(replicas[0])
-        history = History(tee, "shared")
-        root = history.put("", None, 7)
-        errors: list[BaseException] = []
+        savers = [PostgresLifecycleSaver(pool) for pool in (pool_a, pool_b)]
+        savers[0].setup()
+        yield savers
 
-        def writer(index: int) -> None:
-            branch = History(Tee(replicas[index]), "shared")
-            branch.tee.reference, branch.tee.lock = tee.reference, tee.lock
-            try:
-                last = {"": root, "tools:1": None}
-                for step in range(60):
-                    ns = NAMESPACES[step % 3 == 2]
-                    last[ns] = branch.put(ns, last[ns], 1 + step % 3)
-                    branch.writes(ns, last[ns])
-            except BaseException as exc:  # reported by the test thread
-                errors.append(exc)
 
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
-        kept = check_thread(replicas[1], tee.reference, "postgres", "shared", keep)
-        assert kept < sum(len(c) for c in tee.reference.storage["shared"].values())
-        with psycopg.connect(fresh_pg, autocommit=True, row_factory=dict_row) as conn:
-            stock = PostgresSaver(conn)
-            for t in stock.list({"configurable": {"thread_id": "shared", "checkpoint_ns": ""}}):
-                assert _readable(t) == _readable(tee.reference.get_tuple(t.config))
+WRITER_OPS = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 7), st.booleans()), min_size=5, max_size=40)
 
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keep=st.integers(1, 3), ops=st.tuples(WRITER_OPS, WRITER_OPS))
+def test_two_replicas_writing_and_pruning_one_thread_lose_nothing_kept(
+    replicas: list[PostgresLifecycleSaver], fresh_pg: str, keep: int, ops: tuple[list, list]
+) -> None:
+    """Two replicas extend branches of one thread at once (three branches each, in the root namespace and a
+    subgraph's), every put pruning the namespace it wrote; what the rule keeps is all there and readable
+    at the end, also by a stock PostgresSaver."""
+    for replica in replicas:
+        replica.keep_checkpoints = None
+    tee = Tee(replicas[0])
+    thread_id = f"shared-{next(_ids)}"
+    history = History(tee, thread_id)
+    root = history.put("", None, 7)
+    # Each writer's branches start before the race and before any prune: once the root has a child, a
+    # prune may delete it, and a fork from it after that would be a fork from a deleted checkpoint.
+    heads = [[(NAMESPACES[b % 2], history.put(NAMESPACES[b % 2], root if b % 2 == 0 else None, b)) for b in range(3)]
+             for _ in replicas]
+    for replica in replicas:
+        replica.keep_checkpoints = keep
+    errors: list[BaseException] = []
+
+    def writer(index: int) -> None:
+        branch = History(Tee(replicas[index]), thread_id)
+        branch.tee.reference, branch.tee.lock = tee.reference, tee.lock
+        try:
+            for choice, mask, with_writes in ops[index]:
+                ns, parent = heads[index][choice]
+                heads[index][choice] = (ns, branch.put(ns, parent, mask))
+                if with_writes:
+                    branch.writes(ns, heads[index][choice][1])
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    check_thread(replicas[1], tee.reference, "postgres", thread_id, keep)
+    with psycopg.connect(fresh_pg, autocommit=True, row_factory=dict_row) as conn:
+        stock = PostgresSaver(conn)
+        for t in stock.list({"configurable": {"thread_id": thread_id}}):
+            assert _readable(t) == _readable(tee.reference.get_tuple(t.config))
