@@ -113,6 +113,7 @@ class MemoryOutbox:
             rows = self._held(worker_id, list(keys))
             for row in rows:
                 row.status, row.delivered_at, row.lease_until = "done", time.time(), None
+                row.entry = replace(row.entry, message=None)  # the store has it
             return len(rows)
 
     def fail(

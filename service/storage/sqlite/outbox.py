@@ -169,7 +169,10 @@ class SqliteOutbox:
         if not keys:
             return 0
         return self._update_held(
-            "status = 'done', delivered_at = ?, lease_until = NULL", (time.time(),), worker_id, keys
+            "status = 'done', delivered_at = ?, lease_until = NULL, message = 'null'",
+            (time.time(),),
+            worker_id,
+            keys,
         )
 
     def fail(
