@@ -13,7 +13,8 @@ A row goes through three states:
   lease (``lease_until``) that it renews while its extractor runs. A pending row whose lease has expired
   (its worker crashed) is claimable again; a row that failed waits until its ``retry_at``.
 * ``done``: the extractor took it. The row stays with its key, so a late put of the same turn records
-  nothing, but without its message (JSON ``null``): the store holds the content, once.
+  nothing, but without its message (JSON ``null``) or what only delivery needed (``DELIVERED_DROPS``):
+  the store holds the content, once.
 * ``dead``: it failed ``max_attempts`` times (or failed for good). Kept, listed by :meth:`dead_letters`,
   sent back to ``pending`` by :meth:`retry_dead`.
 
@@ -46,6 +47,10 @@ from reducing_saver.service.messages_codec import EncodedMessage
 EntryKey: TypeAlias = tuple[tuple[str, ...], str]
 
 TABLE = "reducing_saver_outbox"
+#: What a delivered row drops (a ``SET`` list): its message (JSON null) and what only delivery needed.
+DELIVERED_DROPS = (
+    "message = 'null', message_class = NULL, checkpoint_id = NULL, claimed_by = NULL, last_error = NULL"
+)
 #: The columns an entry is read from, in every backend's table.
 COLUMNS = (
     "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, attempts, last_error"

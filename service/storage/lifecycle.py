@@ -169,7 +169,7 @@ def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str
     """
     newest = set(sorted(parents, reverse=True)[:keep])
     named = {parent for parent in parents.values() if parent is not None}
-    return {checkpoint_id for checkpoint_id in parents if checkpoint_id not in newest and checkpoint_id in named}
+    return {checkpoint for checkpoint in parents if checkpoint not in newest and checkpoint in named}
 
 
 def uses_delta_channel(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> bool:

@@ -14,6 +14,7 @@ from psycopg.types.json import Json
 
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
+    DELIVERED_DROPS,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -206,8 +207,9 @@ class PostgresOutbox:
             return cur.rowcount
 
     def complete(self, worker_id: str, keys: Iterable[EntryKey]) -> int:
-        """Mark rows ``worker_id`` holds as delivered, dropping their message: the store has it, and the
-        key alone keeps a later put from recording it again.
+        """Mark rows ``worker_id`` holds as delivered, dropping their message (and what only delivery
+        needed, ``DELIVERED_DROPS``): the store has it, and the key alone keeps a later put from
+        recording it again.
 
         A row whose lease expired is still completed when nobody else claimed it meanwhile.
 
@@ -220,7 +222,7 @@ class PostgresOutbox:
         with self._cursor() as cur:
             cur.execute(
                 f"UPDATE {TABLE} SET status = 'done', delivered_at = now(), lease_until = NULL, "
-                "message = 'null'::json "
+                f"{DELIVERED_DROPS} "
                 f"WHERE claimed_by = %s AND status = 'pending'{where}",
                 [worker_id, *params],
             )

@@ -14,6 +14,7 @@ import orjson
 
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
+    DELIVERED_DROPS,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -169,7 +170,7 @@ class SqliteOutbox:
         if not keys:
             return 0
         return self._update_held(
-            "status = 'done', delivered_at = ?, lease_until = NULL, message = 'null'",
+            f"status = 'done', delivered_at = ?, lease_until = NULL, {DELIVERED_DROPS}",
             (time.time(),),
             worker_id,
             keys,
