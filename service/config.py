@@ -193,12 +193,12 @@ class HistorySettings(BaseModel):
 
     keep_checkpoints: int | None = Field(
         None,
-        ge=1,
+        ge=0,
         description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
-        "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; every put "
-        "deletes the rest in its own transaction. A put's config['configurable']['keep_checkpoints'] "
-        "overrides it for its thread (0 keeps every checkpoint). Unset: every checkpoint is kept. Threads "
-        "with a DeltaChannel are kept whole.",
+        "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
+        "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "
+        "overrides it for its thread. Unset or 0: every checkpoint is kept. Threads with a DeltaChannel are "
+        "kept whole.",
     )
 
 
