@@ -25,7 +25,9 @@ Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoi
   ["keep_checkpoints"]``): after each put, the put's thread and namespace keep their newest K checkpoints
   and every branch head (a checkpoint no other one names as parent), with exactly the pending writes and
   blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
-  (``checkpoints_to_drop``). Puts of threads that use a DeltaChannel prune nothing.
+  (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
+  call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
+  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing.
 
 A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
 checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
@@ -176,6 +178,11 @@ def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str
     newest = set(sorted(parents, reverse=True)[:keep])
     named = {parent for parent in parents.values() if parent is not None}
     return {checkpoint for checkpoint in parents if checkpoint not in newest and checkpoint in named}
+
+
+def is_subgraph_call(checkpoint_ns: str) -> bool:
+    """A subgraph call's own namespace (``node:task_id``), not a ``checkpointer=True`` subgraph's."""
+    return ":" in checkpoint_ns
 
 
 def uses_delta_channel(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> bool:

@@ -26,6 +26,7 @@ from reducing_saver.service.storage.lifecycle import (
     checkpoints_to_drop,
     has_delta_metadata,
     is_snapshot_blob,
+    is_subgraph_call,
     keep_checkpoints_of,
     parents_root,
     refuse_delta_threads,
@@ -249,10 +250,16 @@ class InMemoryLifecycleSaver(InMemorySaver):
         """Delete what keeping the last ``keep`` checkpoints of one namespace drops (the lock is held)."""
         checkpoints = self.storage[thread_id][ns]
         doomed = checkpoints_to_drop({cid: parent for cid, (_, _, parent) in checkpoints.items()}, keep)
-        if doomed:
-            changes = _Changes()
-            self._drop(changes, thread_id, ns, doomed, detach_all=False)
-            self._apply(changes)
+        if not doomed:
+            return
+        changes = _Changes()
+        self._drop(changes, thread_id, ns, doomed, detach_all=False)
+        if ns == "":
+            for call_ns, calls in self.storage[thread_id].items():
+                if is_subgraph_call(call_ns) and calls:
+                    if parents_root(self.serde.loads_typed(calls[max(calls)][1])) in doomed:
+                        self._wipe(changes, thread_id, call_ns)
+        self._apply(changes)
 
     def _drop(
         self, changes: _Changes, thread_id: str, ns: str, doomed: set[str], *, detach_all: bool

@@ -40,7 +40,8 @@ _KEEP_LOCK_CLASS = 0x72736B6B  # "rskk"
 _KEEP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
 # One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop),
-# with their writes, the blobs no kept checkpoint references, and the kept children's parent link.
+# with their writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the
+# root namespace) the subgraph calls that started from a deleted root checkpoint.
 _PG_KEEP_LAST_SQL = """
 WITH cps AS (
     SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions
@@ -77,9 +78,32 @@ WITH cps AS (
       AND c.parent_checkpoint_id IN (SELECT checkpoint_id FROM doomed)
       AND c.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed)
     RETURNING 1
+), calls AS (
+    -- Pruning the root namespace: subgraph calls whose newest checkpoint started from a deleted root one.
+    SELECT checkpoint_ns FROM (
+        SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, metadata -> 'parents' ->> '' AS root
+        FROM checkpoints
+        WHERE thread_id = %(thread)s AND %(ns)s = '' AND position(':' in checkpoint_ns) > 0
+        ORDER BY checkpoint_ns, checkpoint_id DESC
+    ) AS heads
+    WHERE root IN (SELECT checkpoint_id FROM doomed)
+), call_checkpoints AS (
+    DELETE FROM checkpoints AS c USING calls
+    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
+), call_blobs AS (
+    DELETE FROM checkpoint_blobs AS b USING calls
+    WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
+), call_writes AS (
+    DELETE FROM checkpoint_writes AS w USING calls
+    WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) AS blobs,
-       (SELECT count(*) FROM writes) AS writes, (SELECT count(*) FROM detached) AS detached
+       (SELECT count(*) FROM writes) AS writes, (SELECT count(*) FROM detached) AS detached,
+       (SELECT count(*) FROM call_checkpoints) + (SELECT count(*) FROM call_blobs)
+       + (SELECT count(*) FROM call_writes) AS subgraph_call_rows
 """
 
 #: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).

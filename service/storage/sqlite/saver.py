@@ -8,7 +8,6 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
@@ -270,6 +269,22 @@ class SqliteLifecycleSaver(SqliteSaver):
             f" WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id {in_doomed}",
         ):
             cur.execute(statement, params)
+        if ns == "":
+            SqliteLifecycleSaver._drop_calls_of(cur, thread_id, set(doomed))
+
+    @staticmethod
+    def _drop_calls_of(cur: sqlite3.Cursor, thread_id: str, roots: set[str]) -> None:
+        """Delete the namespaces of subgraph calls that started from the root checkpoints ``roots``."""
+        heads = cur.execute(
+            "SELECT checkpoint_ns, metadata FROM checkpoints WHERE thread_id = ? AND instr(checkpoint_ns, ':') > 0"
+            " AND checkpoint_id = (SELECT MAX(h.checkpoint_id) FROM checkpoints h"
+            " WHERE h.thread_id = checkpoints.thread_id AND h.checkpoint_ns = checkpoints.checkpoint_ns)",
+            (thread_id,),
+        ).fetchall()
+        for call_ns, metadata in heads:
+            if parents_root(json.loads(metadata) if metadata is not None else None) in roots:
+                for table in ("writes", "checkpoints"):
+                    cur.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, call_ns))
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Cursor]:

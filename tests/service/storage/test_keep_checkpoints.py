@@ -81,6 +81,13 @@ def expected_ids(reference: InMemorySaver, thread_id: str, ns: str, keep: int) -
     return set(newest) | (set(parents) - set(parents.values()))
 
 
+def _call_root(reference: InMemorySaver, thread_id: str, ns: str) -> str | None:
+    """The root checkpoint a subgraph call started from: its newest checkpoint's ``parents[""]``."""
+    checkpoints = reference.storage[thread_id][ns]
+    metadata = reference.serde.loads_typed(checkpoints[max(checkpoints)][1])
+    return (metadata.get("parents") or {}).get("")
+
+
 def _readable(t: Any) -> tuple:
     return (t.checkpoint["id"], t.checkpoint["channel_values"], t.checkpoint["channel_versions"],
             t.metadata, sorted(t.pending_writes))
@@ -89,8 +96,13 @@ def _readable(t: Any) -> tuple:
 def check_thread(saver: Any, reference: InMemorySaver, kind: str, thread_id: str, keep: int) -> int:
     """Assert the rule on every namespace of a thread; return how many checkpoints are kept."""
     kept_total = 0
+    roots = reference.storage[thread_id].get("", {})
+    kept_roots = set(stored_ids(saver, thread_id, ""))
     for ns in reference.storage[thread_id]:
         kept = set(stored_ids(saver, thread_id, ns))
+        if ":" in ns and _call_root(reference, thread_id, ns) in set(roots) - kept_roots:
+            assert kept == set(), f"subgraph call {ns} outlived its root checkpoint"
+            continue
         assert kept == expected_ids(reference, thread_id, ns, keep), ns
         kept_total += len(kept)
         for checkpoint_id in kept:
@@ -151,7 +163,7 @@ class History:
     thread_id: str
     tasks: Iterator[int] = field(default_factory=itertools.count)
 
-    def put(self, ns: str, parent_id: str | None, mask: int) -> str:
+    def put(self, ns: str, parent_id: str | None, mask: int, root: str | None = None) -> str:
         saver, reference = self.tee.saver, self.tee.reference
         with self.tee.lock:
             parent = reference.get_tuple(_config(self.thread_id, ns, parent_id)) if parent_id else None
@@ -169,7 +181,7 @@ class History:
             "v": 4, "id": checkpoint_id, "ts": "2026-01-01T00:00:00+00:00", "channel_values": values,
             "channel_versions": versions, "versions_seen": {}, "updated_channels": sorted(new_versions),
         }
-        metadata = {"source": "loop", "step": len(versions), "parents": {"": "root"} if ns else {}}
+        metadata = {"source": "loop", "step": len(versions), "parents": {"": root or "root"} if ns else {}}
         saved = self.tee.put(_config(self.thread_id, ns, parent_id), checkpoint, metadata, new_versions)
         return saved["configurable"]["checkpoint_id"]
 
@@ -183,7 +195,7 @@ class History:
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["append", "append", "append", "fork", "writes"]),
-        st.sampled_from(NAMESPACES),
+        st.booleans(),
         st.integers(0, 10_000),
         st.integers(0, 7),
     ),
@@ -195,12 +207,17 @@ OPS = st.lists(
 def run_history(saver: Any, kind: str, keep: int, ops: list[tuple]) -> None:
     tee = Tee(saver)
     history = History(tee, f"t-{next(_ids)}")
-    for op, ns, choice, mask in ops:
+    for op, where, choice, mask in ops:
+        root = None
+        if where:  # a subgraph call from the newest root checkpoint, in a namespace of its own
+            roots = stored_ids(saver, history.thread_id, "")
+            root = max(roots) if roots else history.put("", None, mask)
+        ns = f"tools:{root}" if root else ""
         kept = sorted(stored_ids(saver, history.thread_id, ns))
         if op == "append" or not kept:
-            history.put(ns, kept[-1] if kept else None, mask)
+            history.put(ns, kept[-1] if kept else None, mask, root)
         elif op == "fork":  # from any checkpoint still kept, the newest included
-            history.put(ns, kept[choice % len(kept)], mask)
+            history.put(ns, kept[choice % len(kept)], mask, root)
         else:
             history.writes(ns, kept[choice % len(kept)])
     check_thread(saver, tee.reference, kind, history.thread_id, keep)
@@ -276,11 +293,14 @@ def _graph(checkpointer: Any) -> Any:
         return {"messages": [AIMessage(f"reply to {last.content}", id=f"reply-{last.id}")]}
 
     builder = StateGraph(State)
+    # "sub" keeps its state across calls in one namespace; "lookup" gets a namespace per call.
     builder.add_node("sub", sub.compile(checkpointer=True))
+    builder.add_node("lookup", sub.compile())
     builder.add_node("ask", ask)
     builder.add_node("reply", reply)
     builder.add_edge(START, "sub")
-    builder.add_edge("sub", "ask")
+    builder.add_edge("sub", "lookup")
+    builder.add_edge("lookup", "ask")
     builder.add_edge("ask", "reply")
     builder.add_edge("reply", END)
     return builder.compile(checkpointer=checkpointer)
@@ -339,6 +359,10 @@ def test_a_graph_with_subgraphs_interrupts_and_forks(kept_saver, keep: int) -> N
     kept = check_thread(saver, tee.reference, kind, "chat", keep)
     total = sum(len(c) for c in tee.reference.storage["chat"].values())
     assert kept < total
+    calls = [ns for ns in tee.reference.storage["chat"] if ns.startswith("lookup:")]
+    stored_calls = [ns for ns in calls if stored_ids(saver, "chat", ns)]
+    assert len(calls) >= 7 and len(stored_calls) < len(calls)
+    assert stored_ids(saver, "chat", "sub")
 
 
 # -- two replicas on one PostgreSQL --------------------------------------------------------------------
