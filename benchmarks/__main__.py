@@ -1,10 +1,10 @@
-"""The benchmark suite: storage, latency, a long thread, throughput and service cost, in one run.
+"""The benchmark suite: storage, growth, latency, a long thread, throughput and service cost, in one run.
 
     .venv/bin/python -m benchmarks [--quick] [--out benchmarks/results]
 
 Creates a PostgreSQL database of its own (dropped afterwards), starts ``reducing-saver serve`` on it
 (the real CLI, default settings but ``--max-messages``), runs the sections against that service and that
-database, writes ``results.json``, ``storage.png``, ``performance.png`` and ``long_thread.png`` into
+database, writes ``results.json``, ``storage.png``, ``growth.png``, ``performance.png`` and ``long_thread.png`` into
 ``--out``, and prints a summary with the ratios. Every comparison is measured in the same run, interleaved, so that a busy
 machine shifts both sides alike. ``--quick`` is a smoke version (seconds, not minutes) for CI.
 """
@@ -32,12 +32,15 @@ from benchmarks._common import DEFAULT_SERVER, scratch_database
 
 # Service cost runs before throughput: 32 agent processes leave PostgreSQL (autovacuum) and the load
 # average busy for a while after them.
-SECTIONS = ("storage", "latency", "long_thread", "service_cost", "throughput")
+SECTIONS = ("storage", "growth", "latency", "long_thread", "service_cost", "throughput")
 # The sections that share one service process.
 SINGLE_SERVICE_SECTIONS = ("storage", "latency", "long_thread", "service_cost")
 
 FULL = {
     "storage_turns": 100,
+    # Growth: thread bytes at these turns (plain add_messages only to the first), measured every N turns.
+    "growth_samples": [300, 3000],
+    "growth_every": 100,
     "window": 20,
     "latency_turns": 20,
     "latency_rounds": 10,
@@ -58,6 +61,8 @@ FULL = {
 }
 QUICK = {
     "storage_turns": 12,
+    "growth_samples": [10, 30],
+    "growth_every": 5,
     "window": 20,
     "latency_turns": 12,
     "latency_rounds": 1,
@@ -91,6 +96,9 @@ TARGET_NOTES = {
     "many_agents_agents_completed": "target: every agent through the service",
     "many_agents_service_connections_max": "target <= 16",
     "service_own_cpu_us_per_turn": "can only go down",
+    "growth_keep_last_vs_first_sample": "target <= 1.1",
+    "growth_keep_vs_delta_at_last": "target <= 0.2",
+    "growth_keep_outbox_vs_store": "target <= 0.05",
 }
 
 
@@ -182,6 +190,9 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
+    if "growth" in results:
+        for key, value in results["growth"]["ratios"].items():
+            out[f"growth_{key}"] = value
     if "storage" in results:
         ratios = results["storage"]["ratios"]
         out["newest_blob_final_vs_window_fill"] = ratios["service_blob_final_vs_window_fill"]
@@ -191,6 +202,43 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
 
 def _kb(value: float) -> str:
     return f"{value / 1024:,.1f} KB"
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1024 / 1024:,.2f} MB"
+
+
+def growth_table(growth: dict[str, Any]) -> list[str]:
+    """The growth section as a Markdown table: bytes at each sample turn, context reloaded, turn time."""
+    samples = growth["samples"]
+    head = "| | " + " | ".join(f"turn {t:,}" for t in samples) + " | context at the last turn | turn, ms |"
+    lines = [head, "|---" * (len(samples) + 3) + "|"]
+    for kind, label in growth["labels"].items():
+        s = growth["series"][kind]
+        cells = [_mb(growth["bytes_at"][kind][str(t)]) if str(t) in growth["bytes_at"][kind] else "not run"
+                 for t in samples]
+        context = f"{s['context_messages'][-1]} messages at turn {s['turn'][-1]:,}"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {context} | "
+                     f"{growth['turn_ms_median_last_tenth'][kind]} |")
+    for kind in ("service", "keep"):
+        m = growth["memory"][kind]
+        lines.append(f"| {growth['labels'][kind]}: long-term memory after delivery | store "
+                     f"{_mb(m['store_bytes'])} ({m['store_items']} items), outbox {_mb(m['outbox_bytes'])} |"
+                     + " |" * (len(samples) + 1))
+    return lines
+
+
+def print_growth(growth: dict[str, Any]) -> None:
+    samples = growth["samples"]
+    print(f"\nGrowth: one chat thread to {samples[-1]:,} turns (plain add_messages to {samples[0]:,}), "
+          "pg_column_size of the thread's rows; turn time: median of the last tenth")
+    for line in growth_table(growth):
+        print(f"  {line}")
+    r = growth["ratios"]
+    print(f"  keep {growth['keep_checkpoints']}: turn {samples[-1]:,} / turn {samples[0]:,} = "
+          f"{r['keep_last_vs_first_sample']:.2f}x (target <= 1.1); / DeltaChannel at turn {samples[-1]:,} = "
+          f"{r['keep_vs_delta_at_last']:.3f}x (target <= 0.2); outbox / store = {r['keep_outbox_vs_store']:.3f}x "
+          f"(target <= 0.05); turn time with / without keep = {r['keep_vs_service_turn_ms']:.2f}x")
 
 
 def print_summary(results: dict[str, Any]) -> None:
@@ -220,6 +268,8 @@ def print_summary(results: dict[str, Any]) -> None:
         m = s["long_term_memory"]
         print(f"  long-term memory for the service thread: outbox {_kb(m['outbox_bytes'])}, "
               f"store {_kb(m['store_bytes'])} ({m['store_items']} items)")
+    if "growth" in results:
+        print_growth(results["growth"])
     if "latency" in results:
         lat = results["latency"]
         print(f"\nLatency per turn: {lat['rounds']} rounds x {lat['turns_per_thread']}-turn threads per "
@@ -349,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown sections: {sorted(unknown)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from benchmarks import floors, latency, long_thread, service_cost, storage, throughput
+    from benchmarks import floors, growth, latency, long_thread, service_cost, storage, throughput
     from tests.support.server import run_service  # the real `reducing-saver serve` process
 
     try:
@@ -389,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     with scratch_database(args.postgres) as database:
         url = throughput.with_application_name(database, throughput.SERVICE_APP)
+        if "growth" in sections:
+            section("growth")
+            results["growth"] = growth.run(
+                database,
+                lambda *serve_args: run_service(out, "--database", url, "--pool-size", str(args.pool_size),
+                                                *serve_args),
+                samples=list(settings["growth_samples"]), every=settings["growth_every"], log=log,
+            )
         if set(SINGLE_SERVICE_SECTIONS) & set(sections):
             with run_service(out, "--database", url, *single_args) as service:
                 log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
@@ -436,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if "storage" in results:
         charts.storage_chart(results["storage"], results["meta"]["machine_line"], out / "storage.png")
+    if "growth" in results:
+        growth.chart(results["growth"], results["meta"]["machine_line"], out / "growth.png")
     if "latency" in results and "throughput" in results:
         charts.performance_chart(results["latency"], results["throughput"], results["meta"]["machine_line"],
                                  out / "performance.png")

@@ -1,8 +1,8 @@
 """The service's settings: one class, read from CLI flags, ``REDUCING_SAVER_*`` variables and ``.env``.
 
 The fields come in groups, one model each, each field (and its default) written once: server,
-reducer, security, limits, extraction and sweeps. :class:`Settings` joins them, validates across them,
-and parses the API keys once (``api_key_set``).
+reducer, security, limits, extraction, sweeps, history and the store. :class:`Settings` joins them,
+validates across them, and parses the API keys once (``api_key_set``).
 """
 
 from __future__ import annotations
@@ -266,6 +266,20 @@ class SweepSettings(BaseModel):
     )
 
 
+class HistorySettings(BaseModel):
+    """How much checkpoint history each thread keeps (``docs/storage.md``)."""
+
+    keep_checkpoints: int | None = Field(
+        None,
+        ge=0,
+        description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
+        "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
+        "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "
+        "overrides it for its thread. Unset or 0: every checkpoint is kept. Threads with a DeltaChannel are "
+        "kept whole.",
+    )
+
+
 class StoreSettings(BaseModel):
     """The long-term memory store, as ``langgraph.json`` configures Agent Server's (``service/store_config.py``)."""
 
@@ -303,6 +317,7 @@ class Settings(
     ExtractionSettings,
     SummarySettings,
     SweepSettings,
+    HistorySettings,
     StoreSettings,
     BaseSettings,
 ):

@@ -21,7 +21,7 @@ from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace
 from reducing_saver.service import schemas, security
 from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
@@ -224,6 +224,10 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     scope = _scope(service)
     config = run_config = _run_config(body.config)
     settings = service.settings
+    try:
+        keep_checkpoints_of(config, None)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     messages_key = settings.messages_key
     inline_ints = not _stores_wire_metadata(saver)
     values = {

@@ -150,6 +150,7 @@ class Service:
             sealer = self.sealer()
 
             def wrap(inner: Any) -> ReducingSaver:
+                inner.keep_checkpoints = settings.keep_checkpoints
                 if sealer is not None:
                     inner = encrypting(inner, sealer)
                 return ReducingSaver(

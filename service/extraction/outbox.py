@@ -12,7 +12,9 @@ A row goes through three states:
 * ``pending``: waiting for a worker. A worker *claims* a batch: the rows get its id (``claimed_by``) and a
   lease (``lease_until``) that it renews while its extractor runs. A pending row whose lease has expired
   (its worker crashed) is claimable again; a row that failed waits until its ``retry_at``.
-* ``done``: the extractor took it. The row stays, so a late put of the same turn records nothing.
+* ``done``: the extractor took it. The row stays with its key, so a late put of the same turn records
+  nothing, but without its message (JSON ``null``) or what only delivery needed (``DELIVERED_DROPS``):
+  the store holds the content, once.
 * ``dead``: it failed ``max_attempts`` times (or failed for good). Kept, listed by :meth:`dead_letters`,
   sent back to ``pending`` by :meth:`retry_dead`.
 
@@ -45,6 +47,10 @@ from reducing_saver.service.messages_codec import EncodedMessage
 EntryKey: TypeAlias = tuple[tuple[str, ...], str]
 
 TABLE = "reducing_saver_outbox"
+#: What a delivered row drops (a ``SET`` list): its message (JSON null) and what only delivery needed.
+DELIVERED_DROPS = (
+    "message = 'null', message_class = NULL, checkpoint_id = NULL, claimed_by = NULL, last_error = NULL"
+)
 #: The columns an entry is read from, in every backend's table.
 COLUMNS = (
     "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, attempts, last_error"
@@ -62,7 +68,8 @@ class OutboxEntry:
             (``reducer.message_key``).
         thread_id: The thread the message was pruned from.
         checkpoint_id: The checkpoint whose put pruned it, when known.
-        message: The message's ``model_dump()`` dict, JSON-clean.
+        message: The message's ``model_dump()`` dict, JSON-clean; ``None`` once delivered (the row
+            keeps its key, the store the message).
         pruned_at: When it was recorded (UTC).
         attempts: How many times a worker has claimed it (this claim included, for claimed entries).
         message_class: ``"module:Class"`` of the message as serialized, when known; lets the extractor
@@ -74,7 +81,7 @@ class OutboxEntry:
     key: str
     thread_id: str
     checkpoint_id: str | None
-    message: dict[str, Any]
+    message: dict[str, Any] | None
     pruned_at: datetime
     attempts: int = 0
     message_class: str | None = None

@@ -1,7 +1,7 @@
 """Thread-lifecycle pieces the three backends' savers share: argument checks, DeltaChannel markers,
-the copy conflict.
+the copy conflict, the keep-checkpoints rule.
 
-Semantics of ``copy_thread``, ``delete_for_runs`` and ``prune``, the same on every backend (each backend's
+Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoints``, the same on every backend (each backend's
 ``saver.py`` implements them against its own tables):
 
 * ``copy_thread(source, target)`` copies every checkpoint, blob and pending write of ``source`` to
@@ -20,6 +20,14 @@ Semantics of ``copy_thread``, ``delete_for_runs`` and ``prune``, the same on eve
   threads. These are PostgresSaver 3.2's rules (it also keeps a pre-v4 head's parent for the pending
   sends it reads from there; the other savers never read those). The SQLite and in-memory savers prune
   the whole batch in one transaction, PostgresSaver one thread per transaction.
+
+* ``keep_checkpoints`` (an attribute of each saver, and a put's ``config["configurable"]
+  ["keep_checkpoints"]``): after each put, the put's thread and namespace keep their newest K checkpoints
+  and every branch head (a checkpoint no other one names as parent), with exactly the pending writes and
+  blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
+  (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
+  call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
+  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing.
 
 A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
 checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
@@ -136,3 +144,53 @@ def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
     return root if isinstance(root, str) else None
 
 
+
+
+# -- keep the last K checkpoints ---------------------------------------------------------------------
+
+#: ``config["configurable"]`` key with a thread's own keep-checkpoints count (0 keeps every checkpoint).
+KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
+
+
+def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int | None:
+    """How many newest checkpoints per namespace a put of this config keeps; ``None`` keeps them all.
+
+    ``config["configurable"]["keep_checkpoints"]`` wins when present; otherwise ``default`` (the saver's,
+    from ``--keep-checkpoints``) applies. ``0`` keeps every checkpoint, as ``None`` does.
+
+    Raises:
+        ValueError: If the configured value is not a whole number >= 0.
+    """
+    value = (config.get("configurable") or {}).get(KEEP_CHECKPOINTS_KEY)
+    if value is None:
+        return default or None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 "
+            f"(0 keeps every checkpoint), not {value!r}"
+        )
+    return value or None
+
+
+def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str]:
+    """The checkpoints of one namespace that keeping the last ``keep`` deletes.
+
+    ``parents`` maps each checkpoint id of the namespace to its parent's id. Kept: the ``keep`` newest
+    (checkpoint ids grow with time) and every branch head, a checkpoint no other one names as its
+    parent; every other checkpoint goes.
+    """
+    newest = set(sorted(parents, reverse=True)[:keep])
+    named = {parent for parent in parents.values() if parent is not None}
+    return {checkpoint for checkpoint in parents if checkpoint not in newest and checkpoint in named}
+
+
+def is_subgraph_call(checkpoint_ns: str) -> bool:
+    """A subgraph call's own namespace (``node:task_id``), not a ``checkpointer=True`` subgraph's."""
+    return ":" in checkpoint_ns
+
+
+def uses_delta_channel(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> bool:
+    """True when a put belongs to a thread with a DeltaChannel: its values are rebuilt from older
+    checkpoints' writes, so its history cannot be cut."""
+    values = checkpoint.get("channel_values") or {}
+    return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())

@@ -34,7 +34,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out),
          "--postgres", f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=420, check=False,
     )
     assert completed.returncode == 0, f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
     results = json.loads((out / "results.json").read_text())
@@ -57,6 +57,28 @@ def test_storage_section(quick_run: tuple[Path, dict, str]) -> None:
                 "plain_vs_service_thread_bytes", "service_after_prune_vs_window_checkpoint",
                 "plain_vs_service_after_prune"):
         assert positive(storage["ratios"][key]), key
+
+
+def test_growth_section(quick_run: tuple[Path, dict, str]) -> None:
+    growth = quick_run[1]["growth"]
+    first, last = growth["samples"]
+    for kind in ("plain", "delta", "service", "keep"):
+        series = growth["series"][kind]
+        assert series["turn"][-1] == (first if kind == "plain" else last), kind
+        assert all(positive(value) for value in series["checkpoint_bytes"]), kind
+        assert all(positive(value) for value in series["context_messages"]), kind
+        assert positive(growth["turn_ms_median_last_tenth"][kind]), kind
+    # Reduced threads reload a window; the others everything written.
+    assert growth["series"]["keep"]["context_messages"][-1] <= 20
+    assert growth["series"]["delta"]["context_messages"][-1] == 2 * last
+    # With keep_checkpoints a thread holds at most its K checkpoints (a linear chat has no other branch).
+    assert max(growth["series"]["keep"]["checkpoints"]) <= growth["keep_checkpoints"]
+    for kind in ("service", "keep"):
+        memory = growth["memory"][kind]
+        assert positive(memory["store_items"]) and positive(memory["store_bytes"]), kind
+    for key in ("keep_last_vs_first_sample", "keep_vs_delta_at_last", "keep_outbox_vs_store",
+                "keep_vs_service_turn_ms"):
+        assert positive(growth["ratios"][key]), key
 
 
 def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
@@ -175,7 +197,9 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
     assert targets["many_agents_agents_completed"]["service"] == 8
     for mode in ("service", "inprocess", "plain"):
         assert positive(targets["many_agents_turns_per_s"][mode]) and positive(targets["many_agents_p95_ms"][mode])
-    for name in ("storage.png", "performance.png", "long_thread.png"):
+    for key in ("growth_keep_last_vs_first_sample", "growth_keep_vs_delta_at_last", "growth_keep_outbox_vs_store"):
+        assert positive(targets[key]), key
+    for name in ("storage.png", "growth.png", "performance.png", "long_thread.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 10_000, (name, len(data))

@@ -114,6 +114,8 @@ class MemoryOutbox:
             rows = self._held(worker_id, list(keys))
             for row in rows:
                 row.status, row.delivered_at, row.lease_until = "done", time.time(), None
+                row.entry = replace(row.entry, message=None, message_class=None, checkpoint_id=None)
+                row.claimed_by = row.last_error = None
             return len(rows)
 
     def fail(

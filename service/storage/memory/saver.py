@@ -24,11 +24,15 @@ from reducing_saver.service.storage.lifecycle import (
     check_copy_ids,
     check_prune_args,
     check_run_ids,
+    checkpoints_to_drop,
     has_delta_metadata,
     is_snapshot_blob,
+    is_subgraph_call,
+    keep_checkpoints_of,
     parents_root,
     refuse_delta_threads,
     run_id_of,
+    uses_delta_channel,
 )
 
 
@@ -48,11 +52,23 @@ class InMemoryLifecycleSaver(InMemorySaver):
     the lifecycle methods, which compute all their changes before applying any, are atomic to every
     other call. ``list`` collects its results under the lock and yields them after, newest first across
     threads and namespaces.
+
+    Args:
+        keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
+            branch heads (see ``lifecycle``); ``None`` keeps every one. A put's
+            ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
     """
 
-    def __init__(self, *, serde: Any = None, factory: type[defaultdict] = defaultdict) -> None:
+    def __init__(
+        self,
+        *,
+        serde: Any = None,
+        factory: type[defaultdict] = defaultdict,
+        keep_checkpoints: int | None = None,
+    ) -> None:
         super().__init__(serde=serde, factory=factory)
         self.lock = threading.RLock()
+        self.keep_checkpoints = keep_checkpoints
 
     # -- the base methods, under the lock ----------------------------------------------------------
 
@@ -86,8 +102,13 @@ class InMemoryLifecycleSaver(InMemorySaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        keep = keep_checkpoints_of(config, self.keep_checkpoints)
         with self.lock:
-            return super().put(config, checkpoint, metadata, new_versions)
+            next_config = super().put(config, checkpoint, metadata, new_versions)
+            if keep is not None and not uses_delta_channel(checkpoint, metadata):
+                configurable = next_config["configurable"]
+                self._keep_last(configurable["thread_id"], configurable["checkpoint_ns"], keep)
+            return next_config
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
@@ -229,6 +250,21 @@ class InMemoryLifecycleSaver(InMemorySaver):
                     self._wipe(changes, thread_id, ns)
                     continue
             self._drop(changes, thread_id, ns, set(checkpoints) - {head}, detach_all=True)
+
+    def _keep_last(self, thread_id: str, ns: str, keep: int) -> None:
+        """Delete what keeping the last ``keep`` checkpoints of one namespace drops (the lock is held)."""
+        checkpoints = self.storage[thread_id][ns]
+        doomed = checkpoints_to_drop({cid: parent for cid, (_, _, parent) in checkpoints.items()}, keep)
+        if not doomed:
+            return
+        changes = _Changes()
+        self._drop(changes, thread_id, ns, doomed, detach_all=False)
+        if ns == "":
+            for call_ns, calls in self.storage[thread_id].items():
+                if is_subgraph_call(call_ns) and calls:
+                    if parents_root(self.serde.loads_typed(calls[max(calls)][1])) in doomed:
+                        self._wipe(changes, thread_id, call_ns)
+        self._apply(changes)
 
     def _drop(
         self, changes: _Changes, thread_id: str, ns: str, doomed: set[str], *, detach_all: bool

@@ -14,6 +14,7 @@ from psycopg.types.json import Json
 
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
+    DELIVERED_DROPS,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -174,7 +175,9 @@ class PostgresOutbox:
             return cur.rowcount
 
     def complete(self, worker_id: str, keys: Iterable[EntryKey]) -> int:
-        """Mark rows ``worker_id`` holds as delivered.
+        """Mark rows ``worker_id`` holds as delivered, dropping their message (and what only delivery
+        needed, ``DELIVERED_DROPS``): the store has it, and the key alone keeps a later put from
+        recording it again.
 
         A row whose lease expired is still completed when nobody else claimed it meanwhile.
 
@@ -186,7 +189,8 @@ class PostgresOutbox:
             return 0
         with self._cursor() as cur:
             cur.execute(
-                f"UPDATE {TABLE} SET status = 'done', delivered_at = now(), lease_until = NULL "
+                f"UPDATE {TABLE} SET status = 'done', delivered_at = now(), lease_until = NULL, "
+                f"{DELIVERED_DROPS} "
                 f"WHERE claimed_by = %s AND status = 'pending'{where}",
                 [worker_id, *params],
             )

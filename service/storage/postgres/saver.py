@@ -4,12 +4,14 @@ snapshots stored verbatim; the SQL as constants.
 
 from __future__ import annotations
 
+import contextvars
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
 
@@ -22,14 +24,93 @@ from reducing_saver.service.storage.lifecycle import (
     check_copy_ids,
     check_prune_args,
     check_run_ids,
+    keep_checkpoints_of,
     like_prefix,
     refuse_delta_threads,
+    uses_delta_channel,
 )
 from reducing_saver.service.storage.postgres.outbox import insert_entries
 
 # Two-key advisory locks live apart from one-key ones (the service's set-up lock is one key).
 _COPY_LOCK_CLASS = 0x72736374  # "rsct"
 _COPY_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+# Puts that keep the last K checkpoints of a thread take this lock before they prune it, so two replicas
+# never prune one thread at once, and each prune sees what the one before it left.
+_KEEP_LOCK_CLASS = 0x72736B6B  # "rskk"
+_KEEP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop),
+# with their writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the
+# root namespace) the subgraph calls that started from a deleted root checkpoint.
+_PG_KEEP_LAST_SQL = """
+WITH cps AS (
+    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions
+    FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+), newest AS (
+    SELECT checkpoint_id FROM cps ORDER BY checkpoint_id DESC LIMIT %(keep)s
+), doomed AS (
+    SELECT checkpoint_id, versions FROM cps
+    WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM newest)
+      AND checkpoint_id IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
+), freed AS (
+    SELECT v.key AS channel, v.value AS version
+    FROM doomed CROSS JOIN LATERAL jsonb_each_text(doomed.versions) AS v
+    EXCEPT
+    SELECT v.key, v.value
+    FROM cps CROSS JOIN LATERAL jsonb_each_text(cps.versions) AS v
+    WHERE cps.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed)
+), blobs AS (
+    DELETE FROM checkpoint_blobs AS b USING freed
+    WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = %(ns)s
+      AND b.channel = freed.channel AND b.version = freed.version
+    RETURNING 1
+), writes AS (
+    DELETE FROM checkpoint_writes AS w USING doomed
+    WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = %(ns)s AND w.checkpoint_id = doomed.checkpoint_id
+    RETURNING 1
+), gone AS (
+    DELETE FROM checkpoints AS c USING doomed
+    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = doomed.checkpoint_id
+    RETURNING 1
+), detached AS (
+    UPDATE checkpoints AS c SET parent_checkpoint_id = NULL
+    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = %(ns)s
+      AND c.parent_checkpoint_id IN (SELECT checkpoint_id FROM doomed)
+      AND c.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed)
+    RETURNING 1
+), calls AS (
+    -- Pruning the root namespace: subgraph calls whose newest checkpoint started from a deleted root one.
+    SELECT checkpoint_ns FROM (
+        SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, metadata -> 'parents' ->> '' AS root
+        FROM checkpoints
+        WHERE thread_id = %(thread)s AND %(ns)s = '' AND position(':' in checkpoint_ns) > 0
+        ORDER BY checkpoint_ns, checkpoint_id DESC
+    ) AS heads
+    WHERE root IN (SELECT checkpoint_id FROM doomed)
+), call_checkpoints AS (
+    DELETE FROM checkpoints AS c USING calls
+    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
+), call_blobs AS (
+    DELETE FROM checkpoint_blobs AS b USING calls
+    WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
+), call_writes AS (
+    DELETE FROM checkpoint_writes AS w USING calls
+    WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = calls.checkpoint_ns
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) AS blobs,
+       (SELECT count(*) FROM writes) AS writes, (SELECT count(*) FROM detached) AS detached,
+       (SELECT count(*) FROM call_checkpoints) + (SELECT count(*) FROM call_blobs)
+       + (SELECT count(*) FROM call_writes) AS subgraph_call_rows
+"""
+
+#: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).
+_keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextvars.ContextVar(
+    "keep_after_put", default=None
+)
 
 _PG_THREAD_IN_USE_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
@@ -125,7 +206,13 @@ class PostgresLifecycleSaver(PostgresSaver):
 
     Each method runs in one transaction on one connection, under the saver's lock, as
     ``PostgresSaver.prune`` does. Only the sync methods exist, as on PostgresSaver.
+
+    ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
+    of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
+    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
     """
+
+    keep_checkpoints: int | None = None
 
     #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
     lists_by_thread_prefix = True
@@ -215,6 +302,30 @@ class PostgresLifecycleSaver(PostgresSaver):
             refuse_delta_threads(delta)
         super().prune(ids, strategy=strategy)
 
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """PostgresSaver's ``put``; when a keep-checkpoints count applies, the put's pipeline also prunes
+        its namespace (``_cursor``), in the same transaction: one round trip, as without the policy.
+
+        The prune waits for the thread's advisory lock, so prunes of one thread run one after another
+        across replicas, each on a snapshot that holds every put committed before it; a put committing
+        meanwhile is newer than anything the prune deletes. Threads with a DeltaChannel are left whole.
+        """
+        keep = keep_checkpoints_of(config, self.keep_checkpoints)
+        if keep is None or uses_delta_channel(checkpoint, metadata):
+            return super().put(config, checkpoint, metadata, new_versions)
+        configurable = config["configurable"]
+        token = _keep_after_put.set((str(configurable["thread_id"]), configurable["checkpoint_ns"], keep))
+        try:
+            return super().put(config, checkpoint, metadata, new_versions)
+        finally:
+            _keep_after_put.reset(token)
+
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
     ) -> tuple[str, list[Any]]:
@@ -239,14 +350,23 @@ class PostgresLifecycleSaver(PostgresSaver):
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
         """PostgresSaver's cursor; a put's outbox entries (``checkpoint_records``) are queued first in its
-        pipeline. PostgreSQL runs a pipeline up to its sync as one transaction, so the entries and the
-        checkpoint (its blobs and its row) are committed together, or neither is."""
+        pipeline, and its keep-checkpoints prune (``_keep_after_put``) last. PostgreSQL runs a pipeline up
+        to its sync as one transaction, so the entries, the checkpoint (its blobs and its row) and the
+        prune are committed together, or none is."""
         with super()._cursor(pipeline=pipeline) as cur:
             records = checkpoint_records.get() if pipeline else None
             if records is not None and records.entries and not records.written:
                 insert_entries(cur, records.entries)
                 records.written = True
             yield cur
+            keep = _keep_after_put.get() if pipeline else None
+            if keep is not None:
+                _keep_after_put.set(None)
+                thread_id, ns, count = keep
+                # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
+                # takes several times as long as running it on a namespace of K + 1 checkpoints.
+                cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
+                cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:

@@ -14,6 +14,7 @@ import orjson
 
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
+    DELIVERED_DROPS,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -144,7 +145,10 @@ class SqliteOutbox:
         if not keys:
             return 0
         return self._update_held(
-            "status = 'done', delivered_at = ?, lease_until = NULL", (time.time(),), worker_id, keys
+            f"status = 'done', delivered_at = ?, lease_until = NULL, {DELIVERED_DROPS}",
+            (time.time(),),
+            worker_id,
+            keys,
         )
 
     def fail(

@@ -11,7 +11,7 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from reducing_saver.service.storage.lifecycle import (
@@ -20,9 +20,12 @@ from reducing_saver.service.storage.lifecycle import (
     check_copy_ids,
     check_prune_args,
     check_run_ids,
+    checkpoints_to_drop,
     is_snapshot_value,
+    keep_checkpoints_of,
     parents_root,
     refuse_delta_threads,
+    uses_delta_channel,
 )
 
 _SQ_METADATA = "CAST(metadata AS TEXT)"
@@ -48,7 +51,31 @@ class SqliteLifecycleSaver(SqliteSaver):
     Works on connections in autocommit mode (``isolation_level=None``, as the service opens them) and in
     sqlite3's default mode. SqliteSaver keeps the whole checkpoint, values included, in one row: there
     are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
+
+    ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
+    of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
+    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
     """
+
+    keep_checkpoints: int | None = None
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """SqliteSaver's ``put``; then, when a keep-checkpoints count applies, the checkpoints of the
+        put's namespace it drops are deleted in a transaction of their own (``BEGIN IMMEDIATE``: one
+        writer of the file at a time, so concurrent puts and prunes of a thread serialize)."""
+        keep = keep_checkpoints_of(config, self.keep_checkpoints)
+        next_config = super().put(config, checkpoint, metadata, new_versions)
+        if keep is not None and not uses_delta_channel(checkpoint, metadata):
+            configurable = next_config["configurable"]
+            with self._transaction() as cur:
+                self._keep_last(cur, configurable["thread_id"], configurable["checkpoint_ns"], keep)
+        return next_config
 
     def list(
         self,
@@ -245,6 +272,43 @@ class SqliteLifecycleSaver(SqliteSaver):
                 " WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? AND parent_checkpoint_id IS NOT NULL",
                 params,
             )
+
+    @staticmethod
+    def _keep_last(cur: sqlite3.Cursor, thread_id: str, ns: str, keep: int) -> None:
+        parents = dict(
+            cur.execute(
+                "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
+                (thread_id, ns),
+            ).fetchall()
+        )
+        doomed = sorted(checkpoints_to_drop(parents, keep))
+        if not doomed:
+            return
+        params = (thread_id, ns, json.dumps(doomed))
+        in_doomed = "IN (SELECT value FROM json_each(?))"
+        for statement in (
+            f"DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id {in_doomed}",
+            f"DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id {in_doomed}",
+            "UPDATE checkpoints SET parent_checkpoint_id = NULL"
+            f" WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id {in_doomed}",
+        ):
+            cur.execute(statement, params)
+        if ns == "":
+            SqliteLifecycleSaver._drop_calls_of(cur, thread_id, set(doomed))
+
+    @staticmethod
+    def _drop_calls_of(cur: sqlite3.Cursor, thread_id: str, roots: set[str]) -> None:
+        """Delete the namespaces of subgraph calls that started from the root checkpoints ``roots``."""
+        heads = cur.execute(
+            "SELECT checkpoint_ns, metadata FROM checkpoints WHERE thread_id = ? AND instr(checkpoint_ns, ':') > 0"
+            " AND checkpoint_id = (SELECT MAX(h.checkpoint_id) FROM checkpoints h"
+            " WHERE h.thread_id = checkpoints.thread_id AND h.checkpoint_ns = checkpoints.checkpoint_ns)",
+            (thread_id,),
+        ).fetchall()
+        for call_ns, metadata in heads:
+            if parents_root(json.loads(metadata) if metadata is not None else None) in roots:
+                for table in ("writes", "checkpoints"):
+                    cur.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, call_ns))
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Cursor]:

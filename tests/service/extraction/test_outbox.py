@@ -199,6 +199,40 @@ def test_status_claim_complete_fail_release_at_each_stage(outbox):
     assert final["oldest_pending_age_seconds"] >= 0
 
 
+def stored_messages(box) -> dict[str, object]:
+    """key -> the message column as the backend holds it (``None`` for SQL or JSON null)."""
+    if isinstance(box, MemoryOutbox):
+        return {key: row.entry.message for (_, key), row in box._rows.items()}
+    if isinstance(box, SqliteOutbox):
+        rows = box._conn().execute("SELECT key, json(message) FROM reducing_saver_outbox").fetchall()
+        return {key: None if text in (None, "null") else text for key, text in rows}
+    with box._pool.connection() as conn:
+        rows = conn.execute("SELECT key, message::text AS text FROM reducing_saver_outbox").fetchall()
+        return {row["key"]: None if row["text"] == "null" else row["text"] for row in rows}
+
+
+def test_delivered_rows_keep_their_key_and_drop_the_message(outbox):
+    recorded = entries(3)
+    assert outbox.record(recorded) == 3
+    first, second, third = outbox.claim("w", 3, 30)
+    assert outbox.complete("w", [first.ident, second.ident]) == 2
+    assert outbox.fail("w", third.ident, "RuntimeError: broken", dead=True)
+    held = stored_messages(outbox)
+    assert held[first.key] is None and held[second.key] is None
+    assert held[third.key] is not None
+    # The keys still deduplicate: a later put pruning the same messages records nothing.
+    assert outbox.record(recorded) == 0
+    status(outbox, pending=0, delivered=2, dead=1)
+    # A dead letter keeps its payload, so it can be retried and delivered.
+    (dead,) = outbox.dead_letters()
+    assert dead.message == third.message == recorded[2].message
+    assert outbox.retry_dead() == 1
+    (retried,) = outbox.claim("w2", 10, 30)
+    assert retried.message == recorded[2].message
+    assert outbox.complete("w2", [retried.ident]) == 1
+    assert set(stored_messages(outbox).values()) == {None}
+
+
 def test_fail_needs_exactly_one_outcome(outbox):
     outbox.record(entries(1))
     (e,) = outbox.claim("w", 1, 30)
