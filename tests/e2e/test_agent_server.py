@@ -6,7 +6,9 @@ installs into .venv-agent-server: its pins conflict with the test extra's) on te
 drives it with langgraph_sdk (runs, and Agent Server's own /store routes), and checks what the service
 stored and extracted, and that the graph's runtime.store found the extracted memories: once with a shared
 loop on the memory backend, once with BG_JOB_ISOLATED_LOOPS=true on PostgreSQL with an API key (the items
-then live under the tenant's prefix). Offline: no telemetry, no browser, no
+then live under the tenant's prefix). A second graph of the project runs with the service's running summaries
+(a deterministic ``--summarizer``): Agent Server's get_state, forks from its history and update_state see
+the one summary each checkpoint carries. Offline: no telemetry, no browser, no
 LangSmith key, loopback only. Without `langgraph` it skips on a developer's machine and fails in CI
 (``CI=true``).
 """
@@ -18,6 +20,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -580,3 +583,170 @@ def _check_the_store(
     assert [tuple(n) for n in listed] == [("notes", thread)]
     client.store.delete_item(["profile", thread], key="color")
     assert stored.get("profile", thread, key="color") is None
+
+
+# -- end to end: running summaries through langgraph dev ----------------------------------------------------
+
+
+def _pending_summaries(service_url: str) -> float:
+    for line in httpx.get(f"{service_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("reducing_saver_summary_pending_steps "):
+            return float(line.split()[1])
+    raise AssertionError("reducing_saver_summary_pending_steps not in /metrics")
+
+
+def _wait_summarized(service_url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _pending_summaries(service_url):
+        assert time.monotonic() < deadline, "the summarizer did not catch up"
+        time.sleep(0.05)
+
+
+def _turn(n: int) -> dict:
+    return {"role": "user", "content": f"FACT: fact {n:03d}\nquestion {n}", "id": f"h-{n:03d}"}
+
+
+def _turns_in(text: str) -> set[int]:
+    """The turns a text holds facts of: the user's (``fact 007``), the model's (``answered question 7``)."""
+    return {int(n) for n in re.findall(r"FACT: (?:fact |answered question )(\d+)", text)}
+
+
+def _summaries(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if (m.get("additional_kwargs") or {}).get("lc_source") == "summarization"]
+
+
+def _seen_version(answer: dict) -> int:
+    """The version of the running summary the model was sent (the sample graph says it in its answer)."""
+    line = str(answer["content"]).splitlines()[-1]
+    assert line.startswith("saw summary version "), line
+    return int(line.split()[3])
+
+
+@pytest.mark.timeout(240)
+def test_langgraph_dev_threads_carry_the_running_summary(tmp_path: Path) -> None:
+    from langgraph_sdk import get_sync_client
+
+    from reducing_saver.reducer import MARK_KEY, SUMMARY_PREFIX, summary_message_id
+
+    cli = _langgraph_cli()
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    args = ("--database", "memory://", "--max-messages", "6", "--min-messages", "4")
+    with run_service(tmp_path, *args, "--summarizer", "tests.support.summarizers:facts") as service:
+        config_file = project / "langgraph.json"
+        config = json.loads(config_file.read_text())
+        config["env"] = {"REDUCING_SAVER_URL": service.url}
+        config_file.write_text(json.dumps(config))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = tmp_path / "langgraph-dev.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(cli), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=project,
+                env=_offline_env({}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_ok(url, process, log)
+            with get_sync_client(url=url, api_key=None) as client:
+                _drive_summaries(client, service.url, summary_message_id, MARK_KEY, SUMMARY_PREFIX)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        text = log.read_text(errors="replace")
+        assert "Using custom checkpointer: RemoteReducingSaver" in text
+
+
+def _drive_summaries(client, service_url: str, summary_message_id, mark_key: str, prefix: str) -> None:
+    thread = client.threads.create()["thread_id"]
+    summary_id = summary_message_id(thread, "")
+    turns = 14
+    for n in range(turns):
+        first = [{"role": "system", "content": "You are terse.", "id": "sys"}] if n == 0 else []
+        client.runs.wait(thread, "summarized", input={"messages": [*first, _turn(n)]}, raise_error=True)
+        # Each cut waits in the window for its summary; the next put folds the summary in.
+        _wait_summarized(service_url)
+
+    # get_state: the system message, then the one summary, then a human turn; nothing was forgotten.
+    messages = client.threads.get_state(thread)["values"]["messages"]
+    assert messages[0]["type"] == "system" and messages[0]["id"] == "sys"
+    summary = messages[1]
+    assert _summaries(messages) == [summary], [m["id"] for m in messages]
+    assert summary["id"] == summary_id and summary["type"] == "human"
+    assert summary["additional_kwargs"]["lc_source"] == "summarization"
+    assert str(summary["content"]).startswith(prefix)
+    newest = summary["additional_kwargs"][mark_key]
+    assert messages[2]["type"] == "human"
+    assert len(messages) <= 1 + 1 + 6, [m["id"] for m in messages]
+    kept = {m["id"] for m in messages}
+    cut = [n for n in range(turns) if f"h-{n:03d}" not in kept]
+    assert cut, "the window cut messages"
+    # The summary covers every turn the window no longer holds (its question and the model's answer).
+    assert set(cut) <= _turns_in(str(summary["content"])), (cut, summary["content"])
+    assert _turns_in("\n".join(str(m["content"]) for m in messages)) == set(range(turns))
+    # And the agent was sent it: the model's last answer names the summary's version.
+    assert _seen_version(messages[-1]) >= newest["version"] - 1 >= 2
+
+    # A fork from an earlier checkpoint resumes with the summary that covered that checkpoint's own cut.
+    history = client.threads.get_history(thread, limit=1000)
+    assert history[0]["checkpoint"]["checkpoint_id"] == client.threads.get_state(thread)["checkpoint"][
+        "checkpoint_id"
+    ]
+    candidates = []
+    for state in history:
+        window = state["values"].get("messages", [])
+        found = _summaries(window)
+        assert len(found) <= 1, [m["id"] for m in window]
+        if found and window[-1]["type"] == "ai" and not state["next"]:
+            version = found[0]["additional_kwargs"][mark_key]["version"]
+            if version <= newest["version"] - 2:
+                candidates.append((state, found[0]))
+    assert candidates, "an earlier checkpoint carries an older summary"
+    at, old = candidates[-1]  # the oldest
+    old_version = old["additional_kwargs"][mark_key]["version"]
+    last_turn = max(_turns_in("\n".join(str(m["content"]) for m in at["values"]["messages"])))
+    later = {n for n in _turns_in(str(summary["content"])) if n > last_turn}
+    assert later, "the newest summary covers turns the fork point never had"
+    fork_turn = 900
+    client.runs.wait(
+        thread,
+        "summarized",
+        input={"messages": [_turn(fork_turn)]},
+        checkpoint_id=at["checkpoint"]["checkpoint_id"],
+        raise_error=True,
+    )
+    forked = client.threads.get_state(thread)
+    assert forked["parent_checkpoint"]["checkpoint_id"] != history[0]["checkpoint"]["checkpoint_id"]
+    window = forked["values"]["messages"]
+    ids = [m["id"] for m in window]
+    assert f"h-{fork_turn}" in ids and not any(f"h-{n:03d}" in ids for n in range(last_turn + 1, turns))
+    (fork_summary,) = _summaries(window)
+    assert fork_summary["id"] == summary_id
+    fork_facts = _turns_in(str(fork_summary["content"]))
+    assert not fork_facts & later, (sorted(fork_facts), sorted(later))
+    assert _turns_in(str(old["content"])) <= fork_facts
+    assert old_version <= fork_summary["additional_kwargs"][mark_key]["version"] < newest["version"]
+    seen = _seen_version(window[-1])
+    assert old_version <= seen < newest["version"], (old_version, seen, newest)
+
+    # update_state adding a message keeps exactly one summary, before and after the next turns fold more in.
+    client.threads.update_state(
+        thread, {"messages": [{"role": "user", "content": "FACT: fact 950\nadded", "id": "added"}]}
+    )
+    window = client.threads.get_state(thread)["values"]["messages"]
+    assert "added" in [m["id"] for m in window]
+    assert [m["id"] for m in _summaries(window)] == [summary_id]
+    for n in range(901, 906):
+        client.runs.wait(thread, "summarized", input={"messages": [_turn(n)]}, raise_error=True)
+        _wait_summarized(service_url)
+        window = client.threads.get_state(thread)["values"]["messages"]
+        assert [m["id"] for m in _summaries(window)] == [summary_id], [m["id"] for m in window]
+        assert window[0]["id"] == "sys" and window[1]["id"] == summary_id
+    assert 950 in _turns_in(str(window[1]["content"])), "the added message was summarized once it was cut"
+    assert not _turns_in(str(window[1]["content"])) & later
