@@ -235,7 +235,8 @@ class SummarySettings(BaseModel):
     summarize_tenants: Annotated[list[str] | None, NoDecode] = Field(
         None,
         description="Tenants whose conversations are summarized, comma-separated (conversations go to the "
-        "summarizer's model, which some tenants refuse); default: every tenant.",
+        "summarizer's model, which some tenants refuse); default: every tenant but those whose keys carry "
+        "no-summary in api_keys_file.",
     )
     summary_lease_seconds: float = Field(
         300.0, gt=0, description="How long a summarizer holds a batch (a crashed one's batch returns after it)."
@@ -362,6 +363,12 @@ class Settings(
     def _check_api_keys(self) -> Settings:
         # The keys are parsed here, once; a malformed line or pair raises ValueError naming it, never a key.
         self._api_key_set = load_api_keys(self)
+        opted_out = self._api_key_set.no_summary if self._api_key_set is not None else frozenset()
+        if both := sorted(opted_out & set(self.summarize_tenants or ())):
+            raise ValueError(
+                f"summarize_tenants names {', '.join(both)}, whose keys carry no-summary: "
+                "drop one or the other"
+            )
         return self
 
     @field_validator("summarize_tenants", mode="before")

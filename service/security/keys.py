@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: The attribute a line of the keys file may carry after the digest: the tenant's conversations are never
+#: sent to the summarizer (running summaries), whatever ``summarize_tenants`` says.
+NO_SUMMARY = "no-summary"
+KEY_ATTRIBUTES = frozenset({NO_SUMMARY})
 
 # -- API keys ---------------------------------------------------------------------------------------
 
@@ -19,9 +23,13 @@ TENANT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 class ApiKeys:
     """SHA-256 digests of the configured keys and their tenants; never a plain key."""
 
-    def __init__(self, entries: Sequence[tuple[str, bytes]]) -> None:
+    def __init__(
+        self, entries: Sequence[tuple[str, bytes]], *, no_summary: frozenset[str] = frozenset()
+    ) -> None:
         self._entries = tuple(entries)
         self.tenants = frozenset(tenant for tenant, _ in entries)
+        #: Tenants whose keys carry ``no-summary``: never summarized.
+        self.no_summary = frozenset(no_summary)
 
     def __repr__(self) -> str:
         return f"ApiKeys({len(self._entries)} keys for tenants {sorted(self.tenants)})"
@@ -60,7 +68,13 @@ def parse_api_keys(text: str) -> list[tuple[str, bytes]]:
 
 
 def parse_api_keys_file(path: str) -> list[tuple[str, bytes]]:
-    """Lines ``tenant sha256-hex`` (blank lines and ``#`` comments skipped)."""
+    """Lines ``tenant sha256-hex [attribute ...]`` (blank lines and ``#`` comments skipped)."""
+    return [(tenant, digest) for tenant, digest, _ in parse_api_keys_file_lines(path)]
+
+
+def parse_api_keys_file_lines(path: str) -> list[tuple[str, bytes, frozenset[str]]]:
+    """Lines ``tenant sha256-hex [attribute ...]`` as ``(tenant, digest, attributes)``; the only attribute is
+    ``no-summary``, any other word is refused with its line number."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -71,10 +85,21 @@ def parse_api_keys_file(path: str) -> list[tuple[str, bytes]]:
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2 or not re.fullmatch(r"[0-9a-fA-F]{64}", parts[1]):
-            raise ValueError(f"api_keys_file {path}, line {number}: expected `tenant sha256-hex-of-key`")
+        if len(parts) < 2 or not re.fullmatch(r"[0-9a-fA-F]{64}", parts[1]):
+            raise ValueError(
+                f"api_keys_file {path}, line {number}: expected `tenant sha256-hex-of-key [{NO_SUMMARY}]`"
+            )
         _check_tenant(parts[0], f"api_keys_file {path}, line {number}")
-        entries.append((parts[0], bytes.fromhex(parts[1])))
+        attributes = parts[2:]
+        for attribute in attributes:
+            if attribute not in KEY_ATTRIBUTES:
+                raise ValueError(
+                    f"api_keys_file {path}, line {number}: unknown attribute {attribute[:64]!r} "
+                    f"(known: {', '.join(sorted(KEY_ATTRIBUTES))})"
+                )
+        if len(set(attributes)) != len(attributes):
+            raise ValueError(f"api_keys_file {path}, line {number}: an attribute is given twice")
+        entries.append((parts[0], bytes.fromhex(parts[1]), frozenset(attributes)))
     return entries
 
 
@@ -82,13 +107,15 @@ def load_api_keys(settings: Any) -> ApiKeys | None:
     """The configured keys (both sources together), or ``None`` when none is: single-tenant mode.
 
     Raises:
-        ValueError: A malformed pair or line, or one key given to two tenants.
+        ValueError: A malformed pair or line, one key given to two tenants, or a tenant with keys that
+            disagree on ``no-summary`` (the attribute is the tenant's: every key of it carries it, or none).
     """
-    entries: list[tuple[str, bytes]] = []
+    lines: list[tuple[str, bytes, frozenset[str]]] = []
     if settings.api_keys is not None:
-        entries += parse_api_keys(settings.api_keys.get_secret_value())
+        lines += [(t, d, frozenset()) for t, d in parse_api_keys(settings.api_keys.get_secret_value())]
     if settings.api_keys_file:
-        entries += parse_api_keys_file(settings.api_keys_file)
+        lines += parse_api_keys_file_lines(settings.api_keys_file)
+    entries = [(tenant, digest) for tenant, digest, _ in lines]
     if not entries:
         if settings.api_keys is not None or settings.api_keys_file:
             raise ValueError("api_keys / api_keys_file are set but hold no key")
@@ -97,7 +124,14 @@ def load_api_keys(settings: Any) -> ApiKeys | None:
     for tenant, digest in entries:
         if owners.setdefault(digest, tenant) != tenant:
             raise ValueError(f"api keys: one key is given to two tenants ({owners[digest]!r} and {tenant!r})")
-    return ApiKeys(entries)
+    opted_out = {tenant for tenant, _, attributes in lines if NO_SUMMARY in attributes}
+    for tenant in sorted(opted_out):
+        if any(t == tenant and NO_SUMMARY not in attributes for t, _, attributes in lines):
+            raise ValueError(
+                f"api keys: tenant {tenant!r} has keys with and without {NO_SUMMARY}; "
+                "the attribute is the tenant's, give it on every key of the tenant"
+            )
+    return ApiKeys(entries, no_summary=frozenset(opted_out))
 
 
 def hash_key(key: str) -> str:

@@ -38,11 +38,19 @@ class RunningSummaries:
         self.backend = backend
         self.metrics = SummaryMetrics(registry, self.book) if registry is not None else None
         tenants = set(settings.summarize_tenants) if settings.summarize_tenants else None
+        keys = settings.api_key_set
+        # Tenants whose keys carry no-summary (the keys file): never sent to the summarizer.
+        opted_out = keys.no_summary if keys is not None and tenant_mode else frozenset()
+
+        def enabled(thread_id: str) -> bool:
+            tenant = tenant_of(thread_id, tenant_mode)
+            return tenant not in opted_out and (tenants is None or tenant in tenants)
+
         self.summaries = Summaries(
             self.book,
             hard_limit=MessageReducer(settings.summary_hard_reducer()),
             wrap=wrap,
-            enabled=(lambda thread_id: tenant_of(thread_id, tenant_mode) in tenants) if tenants else None,
+            enabled=enabled if tenants or opted_out else None,
             on_uncovered=self._uncovered,
             on_request=self._wake,
         )

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from langchain_core.messages import HumanMessage
 
-from reducing_saver.client import RemoteReducingSaver
+from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.reducer import MARK_KEY, summary_message_id
 from tests.conftest import api_window_problems, build_chat_graph
 from tests.support.server import run_service
@@ -162,3 +162,57 @@ def metric_with_key(url: str, key: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_tenant_whose_keys_carry_no_summary_is_never_summarized(tmp_path: Path):
+    """``no-summary`` on a tenant's lines of the keys file: its cuts are those of a service without
+    ``--summarizer`` (the same windows, turn by turn), and nothing of it reaches the summarizer."""
+    from reducing_saver.service.security.keys import hash_key
+
+    keys = tmp_path / "api-keys"
+    keys.write_text(
+        f"acme {hash_key('acme-key')}\n"
+        f"globex {hash_key('globex-key')} no-summary  # conversations stay out of the summarizer\n"
+        f"globex {hash_key('globex-rotated')} no-summary\n"
+    )
+    window_args = ["--max-messages", "6", "--min-messages", "4", "--api-keys-file", str(keys)]
+    summarized = [f"--database=sqlite:///{tmp_path}/summarized.sqlite", *window_args]
+    plain = [f"--database=sqlite:///{tmp_path}/plain.sqlite", *window_args]
+    with (
+        run_service(tmp_path, *summarized, "--summarizer", "tests.support.summarizers:facts") as service,
+        run_service(tmp_path, *plain) as without,
+        RemoteReducingSaver(service.url, api_key="acme-key") as acme,
+        RemoteReducingSaver(service.url, api_key="globex-key") as globex,
+        RemoteReducingSaver(without.url, api_key="globex-rotated") as globex_without,
+    ):
+        graphs = {
+            "acme": build_chat_graph(acme, prefix="a", length=40),
+            "globex": build_chat_graph(globex, prefix="g", length=40),
+            "without": build_chat_graph(globex_without, prefix="g", length=40),
+        }
+        for n in range(11):
+            for graph in graphs.values():
+                ask(graph, "t", n)
+            deadline = time.monotonic() + 30
+            while metric_with_key(service.url, "acme-key", "reducing_saver_summary_pending_steps"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert [m.id for m in window(graphs["globex"], "t")] == [
+                m.id for m in window(graphs["without"], "t")
+            ], n
+        acme_window, globex_window = window(graphs["acme"], "t"), window(graphs["globex"], "t")
+        assert acme_window[0].additional_kwargs.get("lc_source") == "summarization"
+        assert "FACT: t 0" in acme_window[0].content
+        assert not any(m.additional_kwargs.get("lc_source") for m in globex_window)
+        assert len(globex_window) <= 6
+        assert "FACT: t 0" not in "\n".join(str(m.content) for m in globex_window)
+        for key in ("globex-key", "globex-rotated"):
+            headers = {"Authorization": f"Bearer {key}"}
+            status = httpx.get(f"{service.url}/v1/extraction/status", headers=headers, timeout=5).json()
+            summaries = status["summaries"]
+            assert summaries["done_steps"] == summaries["pending_steps"] == summaries["dead_steps"] == 0
+            assert status["delivered"] + status["pending"] + status["in_flight"] > 0  # its cuts: to memory
+        text = metrics_text(service.url, "acme-key")
+        assert 'reducing_saver_summary_calls_total{tenant="acme"}' in text and 'tenant="globex"' not in text
+        with RemoteStore(service.url, api_key="globex-key") as store:
+            assert store.get(("threads", "t", "summary"), "running") is None

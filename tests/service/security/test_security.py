@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -91,6 +92,48 @@ def test_a_bad_key_file_line_is_named(tmp_path):
         Settings(database="memory://", api_keys_file=str(bad))
     with pytest.raises(ValidationError, match="cannot read"):
         Settings(database="memory://", api_keys_file=str(tmp_path / "missing"))
+
+
+def test_no_summary_on_a_key_file_line_opts_its_tenant_out_of_summaries(tmp_path):
+    hashes = tmp_path / "keys"
+    hashes.write_text(
+        f"acme {security.hash_key('a')}\n"
+        f"globex {security.hash_key('g1')} no-summary\n"
+        f"globex {security.hash_key('g2')}   no-summary   # rotated\n"
+    )
+    keys = Settings(database="memory://", api_keys_file=str(hashes)).api_key_set
+    assert keys.tenant_for("g2") == "globex" and keys.tenant_for("a") == "acme"
+    assert keys.no_summary == {"globex"}
+    assert security.load_api_keys(Settings(database="memory://", api_keys="x=y")).no_summary == frozenset()
+    # --summarize-tenants may name the others, not an opted-out tenant.
+    assert Settings(database="memory://", api_keys_file=str(hashes), summarize_tenants="acme")
+    with pytest.raises(ValidationError, match="globex, whose keys carry no-summary"):
+        Settings(database="memory://", api_keys_file=str(hashes), summarize_tenants="acme,globex")
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["acme {a} no-sumary"], "line 1: unknown attribute 'no-sumary'"),
+        (["acme {a} NO-SUMMARY"], "line 1: unknown attribute"),
+        (["acme {a} no-summary no-summary"], "line 1: an attribute is given twice"),
+        (["acme no-summary {a}"], "line 1: expected `tenant sha256-hex-of-key [no-summary]`"),
+        (["acme {a} no-summary", "acme {b}"], "tenant 'acme' has keys with and without no-summary"),
+    ],
+)
+def test_a_key_attribute_is_parsed_strictly(tmp_path, lines, message):
+    hashes = tmp_path / "keys"
+    a, b = security.hash_key("a"), security.hash_key("b")
+    hashes.write_text("\n".join(line.format(a=a, b=b) for line in lines) + "\n")
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        Settings(database="memory://", api_keys_file=str(hashes))
+
+
+def test_a_tenant_with_plain_keys_too_cannot_opt_out_on_its_file_lines_only(tmp_path):
+    hashes = tmp_path / "keys"
+    hashes.write_text(f"acme {security.hash_key('a')} no-summary\n")
+    with pytest.raises(ValidationError, match="tenant 'acme' has keys with and without no-summary"):
+        Settings(database="memory://", api_keys="acme=plain-key", api_keys_file=str(hashes))
 
 
 def test_the_cli_reports_a_bad_key_without_echoing_it(capsys):
