@@ -339,7 +339,7 @@ def _frame_name(frame: str) -> str:
 COMPONENTS = (
     ("reducer + messages codec", ("service/reducer.py", "service/saver.py", "service/messages_codec.py")),
     ("outbox (recording pruned messages)", ("service/outbox.py",)),
-    ("extraction delivery", ("service/extraction.py", "service/memory.py", "langgraph/store/")),
+    ("extraction delivery", ("service/extraction/", "langgraph/store/")),
     ("psycopg + pool", ("psycopg/", "psycopg_pool/")),
     ("PostgresSaver + serde", ("langgraph/checkpoint/", "service/savers.py", "service/serde.py",
                                "service/backends.py")),

@@ -582,7 +582,7 @@ def worker(settings: Settings) -> None:
     back when their lease ends.
     """
     from reducing_saver.service import store_config
-    from reducing_saver.service.extraction.memory import Memory
+    from reducing_saver.service.extraction.recorder import Memory
     from reducing_saver.service.observability import configure_logging
     from reducing_saver.service.state import finish_within
     from reducing_saver.service.storage import open_backend

@@ -23,7 +23,7 @@ from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.config import Settings
 from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
 from reducing_saver.service.errors import Unavailable
-from reducing_saver.service.extraction.memory import Memory
+from reducing_saver.service.extraction.recorder import Memory
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.observability import ServiceMetrics
