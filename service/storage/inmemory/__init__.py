@@ -29,7 +29,7 @@ class MemoryBackend:
         self._outbox = MemoryOutbox()
         self._summaries: MemoryBook | None = None
         self._store: InMemoryStore | None = None
-        #: InMemoryStore's ``index`` (``service/store_config.py``), set before the first store().
+        #: InMemoryStore's ``index`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from reducing_saver.service.errors import error_answer
+from reducing_saver.service.http.errors import error_answer
 from reducing_saver.service.storage import DatabaseUnavailable, ValueRefused
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions as pg_wrap
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions as sqlite_wrap

@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service.errors import send_error
+from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 
