@@ -4,8 +4,8 @@
 request passes, outermost first: request id, access log and metrics (``observability``); the API key,
 tenant and caps (``security.auth``); the body size limit and the JSON body guard (``security.guard``);
 the per-step routes (``hotpath``, the front of the app). Everything else reaches FastAPI's own stack and
-the routes of ``routes/``. Both the hot path and the routes call the operations of ``ops``, which reach
-the database only in worker threads, and map errors through ``errors``.
+the routes of ``routes/``. Both the hot path and the routes call the operations of
+``operations/saver.py``, which reach the database only in worker threads, and map errors through ``errors``.
 """
 
 from __future__ import annotations
