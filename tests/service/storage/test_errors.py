@@ -66,5 +66,5 @@ def test_a_locked_sqlite_file_is_a_503(tmp_path):
 
 def test_the_status_table_knows_no_driver():
     """The mapping to statuses sees the service's own errors only: drivers stay inside their backends."""
-    source = (SERVICE / "errors.py").read_text()
+    source = (SERVICE / "http" / "errors.py").read_text()
     assert "psycopg" not in source and "sqlite3" not in source
