@@ -5,7 +5,7 @@
 
 Creates a PostgreSQL database of its own (dropped afterwards) and starts, at once and on that database,
 the real ``reducing-saver serve`` (uvicorn, one process) and the same app under granian, one server per
-granian variant (``GRANIAN_VARIANTS``), each built by ``reducing_saver.service.app:app_from_env`` from the
+granian variant (``GRANIAN_VARIANTS``), each built by ``reducing_saver.service.http.app:app_from_env`` from the
 same settings (``--max-messages 20 --pool-size 2``), its lifespan run before ``/readyz`` answers 200.
 
 Then the suite's chat graph runs through ``RemoteReducingSaver`` to every server, sync (``invoke``) and
@@ -108,7 +108,7 @@ def service_servers(database: str, variants: list[str], folder: Path) -> Iterato
         for variant in variants:
             port = free_port()
             command = [sys.executable, "-m", "granian", *GRANIAN_COMMON, *GRANIAN_VARIANTS[variant], "--factory",
-                       "reducing_saver.service.app:app_from_env", "--host", "127.0.0.1", "--port", str(port)]
+                       "reducing_saver.service.http.app:app_from_env", "--host", "127.0.0.1", "--port", str(port)]
             servers.append(stack.enter_context(_started(f"granian-{variant}", command, folder, granian_env, port)))
         yield servers
 

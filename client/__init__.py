@@ -24,7 +24,7 @@ from reducing_saver.client._errors import (
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
 from reducing_saver.client._store import RemoteStore
-from reducing_saver.wire.memory import decode_memory_value
+from reducing_saver.wire.nul import decode_memory_value
 
 __all__ = [
     "AuthenticationError",

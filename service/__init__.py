@@ -1,6 +1,6 @@
 """reducing_saver.service: the HTTP service that hosts the reducer over a LangGraph checkpointer.
 
-The web application is ``reducing_saver.service.app.create_app``; the command line is
+The web application is ``reducing_saver.service.http.app.create_app``; the command line is
 ``reducing_saver.service.cli``. The reducer core moved to :mod:`reducing_saver.reducer`; its names are
 still importable from here for this release, with a ``DeprecationWarning``.
 """

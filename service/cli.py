@@ -22,7 +22,7 @@ from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
 
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
@@ -450,7 +450,7 @@ def _check_backend(settings: Settings) -> None:
     and close it, so a database that is unreachable, missing, not UTF-8, behind or too new ends ``serve``
     with one line (``StorageError``) instead of a traceback from the app's start-up, and worker processes
     find the tables current."""
-    from reducing_saver.service import store_config
+    from reducing_saver.service.configuration import store as store_config
     from reducing_saver.service.storage import open_backend
 
     backend = open_backend(
@@ -493,9 +493,9 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     # The commands import what they run only when they run: `--help` stays quick and light.
     import uvicorn
 
-    from reducing_saver.service import store_config
-    from reducing_saver.service.app import create_app
-    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.configuration import store as store_config
+    from reducing_saver.service.http.app import create_app
+    from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.security import check_exposure
 
     flags = flags or {}
@@ -581,9 +581,9 @@ def worker(settings: Settings) -> None:
     database get ``db_timeout_seconds``. A database that does not answer is left behind; the rows come
     back when their lease ends.
     """
-    from reducing_saver.service import store_config
-    from reducing_saver.service.extraction.memory import Memory
-    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.configuration import store as store_config
+    from reducing_saver.service.extraction.recorder import Memory
+    from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.state import finish_within
     from reducing_saver.service.storage import open_backend
 
@@ -637,7 +637,7 @@ def worker(settings: Settings) -> None:
 
 def migrate(settings: Settings) -> None:
     """Apply the migrations the database lacks; print each one applied, or that the schema is current."""
-    from reducing_saver.service import store_config
+    from reducing_saver.service.configuration import store as store_config
     from reducing_saver.service.storage import open_backend
 
     if settings.backend == "memory":
@@ -676,7 +676,7 @@ def extraction(settings: Settings, action: str) -> None:
 
 def sweep(settings: Settings, *, dry_run: bool) -> int:
     """One TTL sweep; prints its report as JSON. Exit 1 when a thread failed (the next sweep retries it)."""
-    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.storage import open_backend
     from reducing_saver.service.ttl.sweeper import open_sweeper
 
@@ -705,7 +705,7 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
 
 def report(settings: Settings, *, top: int, png: str | None) -> int:
     """Print the largest threads' storage; with ``png``, write the chart too."""
-    from reducing_saver.service import storage_report
+    from reducing_saver.service.storage import report as storage_report
     from reducing_saver.service.storage import open_backend
     from reducing_saver.service.storage.usage import Selection
 
@@ -737,7 +737,7 @@ def encrypt_sweep(settings: Settings) -> int:
     """Passes of the encryption sweep until no row is left behind; prints the last report as JSON."""
     from reducing_saver.service.encryption import Cipher, Sealer
     from reducing_saver.service.encryption.sweep import PostgresEncryptSweep
-    from reducing_saver.service.observability import configure_logging
+    from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)

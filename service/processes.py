@@ -33,7 +33,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.supervisors import Multiprocess
 
 from reducing_saver.service.cli import THREAD_END_SECONDS, exit_now_if_threads_stuck
-from reducing_saver.service.observability import MULTIPROCESS_ENV
+from reducing_saver.service.http.observability import MULTIPROCESS_ENV
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -119,7 +119,7 @@ def run_workers(settings: Any, common: dict[str, Any], sockets: list[socket]) ->
 
 def _supervise(settings: Any, common: dict[str, Any], sockets: list[socket]) -> None:
     config = WorkerConfig(
-        "reducing_saver.service.app:app_from_env",
+        "reducing_saver.service.http.app:app_from_env",
         factory=True,
         workers=settings.workers,
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,

@@ -20,17 +20,17 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
-from reducing_saver.service.errors import Unavailable
-from reducing_saver.service.extraction.memory import Memory
+from reducing_saver.service.http.errors import Unavailable
+from reducing_saver.service.extraction.recorder import Memory
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
-from reducing_saver.service.observability import ServiceMetrics
+from reducing_saver.service.http.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
-from reducing_saver.service.storage_watch import StorageWatch
-from reducing_saver.service.store_config import store_options
+from reducing_saver.service.storage.watch import StorageWatch
+from reducing_saver.service.configuration.store import store_options
 from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 

@@ -1,6 +1,6 @@
 """One source for each setting: the reference, .env.example and the ConfigMap are rendered from Settings.
 
-``python -m reducing_saver.service.config_docs`` rewrites them; these tests fail while a committed file
+``python -m reducing_saver.service.configuration.docs`` rewrites them; these tests fail while a committed file
 differs from its rendering, or while a setting has neither a flag nor a reason for having none.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 from pydantic import Field
 
-from reducing_saver.service import config_docs
+from reducing_saver.service.configuration import docs as config_docs
 from reducing_saver.service.cli import ENV_ONLY, SERVE_FLAGS, build_parser
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,7 +46,7 @@ import yaml
 
 from reducing_saver.client._client import API_KEY_ENV
 from reducing_saver.service.cli import build_parser
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from tests.support.server import ROOT, free_port, wait_ready
 
 DOCKERFILE = ROOT / "Dockerfile"

@@ -158,8 +158,8 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
 
 
 def test_the_http_api_page_lists_every_route():
-    from reducing_saver.service.app import create_app
-    from reducing_saver.service.config import Settings
+    from reducing_saver.service.http.app import create_app
+    from reducing_saver.service.configuration.settings import Settings
 
     document = create_app(Settings(database="memory://", sweep=False, extract=False, _env_file=None)).openapi()
     page = (ROOT / "docs" / "http-api.md").read_text()

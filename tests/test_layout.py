@@ -135,8 +135,8 @@ def _keys(body: type) -> set[str]:
 
 
 def test_the_service_models_have_the_fields_of_the_wire_bodies() -> None:
-    """schemas.py's models validate and write exactly the bodies wire/bodies.py declares."""
-    from reducing_saver.service import schemas
+    """http/schemas.py's models validate and write exactly the bodies wire/bodies.py declares."""
+    from reducing_saver.service.http import schemas
     from reducing_saver.wire import bodies
 
     models = schemas.WIRE_BODIES
@@ -165,7 +165,14 @@ def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[s
 
 #: The service's HTTP edge: what reads requests and writes answers (storage and sweeps write LangGraph
 #: configs, ``{"configurable": ...}``, which are no bodies).
-_HTTP_EDGE = ("ops.py", "store_ops.py", "errors.py", "hotpath.py", "schemas.py", "routes/*.py")
+_HTTP_EDGE = (
+    "operations/saver.py",
+    "operations/store.py",
+    "http/errors.py",
+    "http/hotpath.py",
+    "http/schemas.py",
+    "http/routes/*.py",
+)
 
 
 def test_neither_side_writes_a_body_of_its_own() -> None:

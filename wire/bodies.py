@@ -1,6 +1,6 @@
 """The request and answer bodies of the protocol, as TypedDicts both sides import (no dependency beyond typing).
 
-The client builds its requests with them; the service's request and answer models (``service/schemas.py``,
+The client builds its requests with them; the service's request and answer models (``service/http/schemas.py``,
 which also carry the checks and the OpenAPI document) have exactly these fields, and ``tests/test_layout.py``
 checks both. A value typed ``Any`` below travels in the wire's value forms (``wire/__init__.py``).
 """

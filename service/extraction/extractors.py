@@ -14,7 +14,7 @@ from reducing_saver.reducer import validate_namespace
 from reducing_saver.service.extraction.outbox import OutboxEntry
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
-from reducing_saver.wire.memory import encode_memory_value
+from reducing_saver.wire.nul import encode_memory_value
 
 Extractor = Callable[[list[OutboxEntry], tuple[str, ...]], Any]
 
@@ -45,7 +45,7 @@ class StoreExtractor:
     messages) and ``value`` is ``{**message_to_dict(message), "thread_id": ..., "pruned_at": <ISO 8601>}``
     (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). A value holding
     U+0000 anywhere is stored escaped and marked ``"nul_escaped": true``
-    (``reducing_saver.wire.memory``; ``decode_memory_value`` restores it). Idempotent:
+    (``reducing_saver.wire.nul``; ``decode_memory_value`` restores it). Idempotent:
     delivering a message again overwrites its item. One ``store.batch`` per namespace group.
 
     Args:
@@ -86,7 +86,7 @@ class StoreExtractor:
         else:
             body = {"type": entry.message.get("type"), "data": dict(entry.message)}
         # PostgreSQL's jsonb cannot hold U+0000 (tool output has it): such a value is stored escaped and
-        # marked, losslessly (wire.memory; readers decode with decode_memory_value).
+        # marked, losslessly (wire.nul; readers decode with decode_memory_value).
         value = {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}
         return encode_memory_value(value)
 

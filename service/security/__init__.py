@@ -14,7 +14,7 @@
   id. :class:`TenantScope` maps ids in and out of the ops; another tenant's thread looks exactly like a
   missing one. Without keys (single-tenant mode) nothing is mapped: stored ids are the agent's own.
 * **Caps.** :class:`Limits` (settings ``max_*``) are read by the request models' validators
-  (``service/schemas.py``) through a contextvar the middleware sets, so the FastAPI routes and the hot
+  (``service/http/schemas.py``) through a contextvar the middleware sets, so the FastAPI routes and the hot
   path enforce the same numbers, and the OpenAPI document shows them. :class:`BodyGuard` refuses JSON
   bodies that are not UTF-8, nest deeper than ``max_nesting_depth`` or repeat a key in an object (orjson
   and pydantic would silently keep the last one) before anything parses them for real.

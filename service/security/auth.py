@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reducing_saver.service.errors import send_error
+from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.security.keys import ApiKeys
 from reducing_saver.service.security.limits import Limits, _limits
 from reducing_saver.service.security.tenancy import UNAUTHORIZED, _tenant

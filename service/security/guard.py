@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service.asgi import is_msgpack, read_body
-from reducing_saver.service.errors import send_error
+from reducing_saver.service.http.asgi import is_msgpack, read_body
+from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.security.limits import Limits
 
 
@@ -72,7 +72,7 @@ class BodyGuard:
     PostgreSQL keeps exactly).
 
     An ``application/msgpack`` body passes untouched to the paths in ``msgpack_paths`` (whose handler
-    checks it as it decodes: ``service/msgpack_body.py``); any other path answers it 415.
+    checks it as it decodes: ``service/http/msgpack_body.py``); any other path answers it 415.
     """
 
 

@@ -1,6 +1,6 @@
 """Storage by backend: PostgreSQL, SQLite or memory, chosen once, from the database URL.
 
-Each backend is a package of its own (``postgres/``, ``sqlite/``, ``memory/``) holding its saver
+Each backend is a package of its own (``postgres/``, ``sqlite/``, ``inmemory/``) holding its saver
 extensions, outbox, TTL ledger, connection handling and SQL. What a backend provides is
 :class:`Backend`; :func:`open_backend` is the one place that picks one. :class:`SaverPool` lends the
 service's reducing savers to calls, off the event loop and with a bounded wait.
@@ -31,7 +31,7 @@ BACKEND_SCHEMES = {"postgresql": "postgres", "postgres": "postgres", "sqlite": "
 _MODULES = {
     "postgres": "reducing_saver.service.storage.postgres",
     "sqlite": "reducing_saver.service.storage.sqlite",
-    "memory": "reducing_saver.service.storage.memory",
+    "memory": "reducing_saver.service.storage.inmemory",
 }
 
 

@@ -341,7 +341,7 @@ for location in importlib.util.find_spec("reducing_saver").submodule_search_loca
 try:
     client = importlib.import_module("reducing_saver.client")
     names = {name: type(getattr(client, name)).__name__ for name in client.__all__}
-    importlib.import_module("reducing_saver.service.app")
+    importlib.import_module("reducing_saver.service.http.app")
 except Exception as exc:
     names = repr(exc)
 print(json.dumps({"files": found, "client": names, "src": os.path.exists("/src"), "uid": os.getuid()}))

@@ -21,8 +21,8 @@ from psycopg.rows import dict_row
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.wire import blob_to_wire
 from tests.conftest import build_chat_graph, human
 from tests.support.bodies import messages_put_body

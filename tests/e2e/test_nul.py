@@ -1,7 +1,7 @@
 """A tool output holding NUL (U+0000), through a real service on PostgreSQL, into long-term memory.
 
 PostgreSQL's jsonb and text cannot hold U+0000; the outbox column is ``json``, which keeps the ``\\u0000``
-escape as text. The default extractor stores such a message escaped and marked (``wire.memory``), and
+escape as text. The default extractor stores such a message escaped and marked (``wire.nul``), and
 ``decode_memory_value`` gives the original back.
 """
 

@@ -22,7 +22,7 @@ from langgraph.store.postgres import PostgresStore
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import RemoteStore
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from tests.support.embeddings import DIMS
 from tests.support.server import CLI, ROOT, run_service
 from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs

@@ -17,8 +17,8 @@ import httpx
 import psycopg
 from fastapi.testclient import TestClient
 
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 from tests.support.server import run_service
 from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 

@@ -39,7 +39,7 @@ class PostgresBackend:
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
         self._store: PostgresStore | None = None
-        #: PostgresStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
+        #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
         self.migrates = migrate
         self._schema_checked = False

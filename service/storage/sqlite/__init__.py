@@ -45,7 +45,7 @@ class SqliteBackend:
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
         self._store: SqliteStore | None = None
-        #: SqliteStore's ``index`` and ``ttl`` (``service/store_config.py``), set before the first store().
+        #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import Cipher, IntegrityError, KeyRingError, UnknownKeyError, load_keyring
 from reducing_saver.service.encryption.envelope import NONCE_BYTES, key_id_of
 from tests.support.encryption import new_key, ring_json

@@ -27,10 +27,10 @@ from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, entry_message, load_extractor
 from reducing_saver.service.extraction.outbox import make_entries
 from reducing_saver.service.messages_codec import EncodedMessage, SafeMessagesCodec
-from reducing_saver.service.storage.memory.outbox import MemoryOutbox
+from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.wire import Blob
-from reducing_saver.wire.memory import decode_memory_value
+from reducing_saver.wire.nul import decode_memory_value
 from tests.support.storage import OwnPoolOutbox as PostgresOutbox
 from tests.support.storage import open_store
 

@@ -21,7 +21,7 @@ from reducing_saver.reducer import message_key
 from reducing_saver.service.extraction.deliverer import Deliverer, _LeaseRenewer
 from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import EncodedMessage
-from reducing_saver.service.storage.memory.outbox import MemoryOutbox
+from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox as PoolOutbox
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from tests.support.storage import OwnPoolOutbox as PostgresOutbox

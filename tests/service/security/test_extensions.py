@@ -25,8 +25,8 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.security import extensions
 from reducing_saver.service.security.extensions import (
     MAX_EXTENSION_DEPTH,

@@ -31,9 +31,9 @@ from pydantic import ValidationError
 
 from reducing_saver.client import AuthenticationError, RemoteReducingSaver
 from reducing_saver.service import security
-from reducing_saver.service.app import create_app
+from reducing_saver.service.http.app import create_app
 from reducing_saver.service.cli import main as cli_main
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.wire import blob_to_wire
 from tests.support.server import CLI, ROOT, free_port, run_service
 

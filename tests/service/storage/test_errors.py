@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from reducing_saver.service.errors import error_answer
+from reducing_saver.service.http.errors import error_answer
 from reducing_saver.service.storage import DatabaseUnavailable, ValueRefused
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions as pg_wrap
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions as sqlite_wrap
@@ -66,5 +66,5 @@ def test_a_locked_sqlite_file_is_a_503(tmp_path):
 
 def test_the_status_table_knows_no_driver():
     """The mapping to statuses sees the service's own errors only: drivers stay inside their backends."""
-    source = (SERVICE / "errors.py").read_text()
+    source = (SERVICE / "http" / "errors.py").read_text()
     assert "psycopg" not in source and "sqlite3" not in source

@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
-from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver

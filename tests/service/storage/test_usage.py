@@ -26,8 +26,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from reducing_saver.client import NotFoundError, RemoteReducingSaver
-from reducing_saver.service.app import Service, create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import Service, create_app
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.storage.usage import Head, msgpack_array_length, plain_messages
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}

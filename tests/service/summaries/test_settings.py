@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from reducing_saver.service.cli import build_parser, load_settings
-from reducing_saver.service.config import Settings
+from reducing_saver.service.configuration.settings import Settings
 
 
 def test_off_by_default_and_the_hard_limit_defaults_to_twice_the_window(monkeypatch):

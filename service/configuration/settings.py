@@ -282,7 +282,7 @@ class HistorySettings(BaseModel):
 
 
 class StoreSettings(BaseModel):
-    """The long-term memory store, as ``langgraph.json`` configures Agent Server's (``service/store_config.py``)."""
+    """The long-term memory store, as ``langgraph.json`` configures Agent Server's (``service/configuration/store.py``)."""
 
     store_index: Annotated[dict[str, Any] | None, NoDecode] = Field(
         None,
@@ -298,14 +298,14 @@ class StoreSettings(BaseModel):
     @field_validator("store_index", mode="before")
     @classmethod
     def _parse_store_index(cls, value: object) -> object:
-        from reducing_saver.service.store_config import parse_index
+        from reducing_saver.service.configuration.store import parse_index
 
         return parse_index(value)
 
     @field_validator("store_ttl", mode="before")
     @classmethod
     def _parse_store_ttl(cls, value: object) -> object:
-        from reducing_saver.service.store_config import parse_ttl
+        from reducing_saver.service.configuration.store import parse_ttl
 
         return parse_ttl(value)
 

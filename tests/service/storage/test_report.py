@@ -10,7 +10,7 @@ import pytest
 from reducing_saver.service.cli import main
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.storage.usage import Selection
-from reducing_saver.service.storage_report import NO_MATPLOTLIB, human_bytes
+from reducing_saver.service.storage.report import NO_MATPLOTLIB, human_bytes
 from tests.service.storage.test_usage import KEYS, converse, running
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

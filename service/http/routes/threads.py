@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from reducing_saver.service import ops, schemas
-from reducing_saver.service.routes import ERRORS, ServiceDep
+from reducing_saver.service.http import schemas
+from reducing_saver.service.operations import saver as ops
+from reducing_saver.service.http.routes import ERRORS, ServiceDep
 from reducing_saver.service.ttl.sweeper import SweepStatus
 from reducing_saver.wire import RUNS_DELETE_PATH, SWEEPS_STATUS_PATH, THREAD_COPY_PATH, THREAD_DELETE_PATH, THREAD_PRUNE_PATH
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reducing_saver.service import storage_watch
+from reducing_saver.service.storage import watch as storage_watch
 from reducing_saver.service.storage.usage import ThreadStorage
-from reducing_saver.service.storage_watch import KINDS, per_tenant
+from reducing_saver.service.storage.watch import KINDS, per_tenant
 from tests.service.storage.test_usage import KEYS, converse, database, running  # noqa: F401 (fixture)
 
 

@@ -4,8 +4,8 @@
 request passes, outermost first: request id, access log and metrics (``observability``); the API key,
 tenant and caps (``security.auth``); the body size limit and the JSON body guard (``security.guard``);
 the per-step routes (``hotpath``, the front of the app). Everything else reaches FastAPI's own stack and
-the routes of ``routes/``. Both the hot path and the routes call the operations of ``ops``, which reach
-the database only in worker threads, and map errors through ``errors``.
+the routes of ``routes/``. Both the hot path and the routes call the operations of
+``operations/saver.py``, which reach the database only in worker threads, and map errors through ``errors``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from starlette.types import ASGIApp
 
 from reducing_saver.service import security
 from reducing_saver.service.cli import FLAGS_ENV
-from reducing_saver.service.config import Settings
-from reducing_saver.service.errors import ANSWERED, error_answer, error_body, headers_for
-from reducing_saver.service.hotpath import ROUTES, HotPath
-from reducing_saver.service.observability import ObservabilityMiddleware, configure_logging
-from reducing_saver.service.routes import ORJSONResponse, checkpoints, health, memory, storage, store, threads
+from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
+from reducing_saver.service.http.hotpath import ROUTES, HotPath
+from reducing_saver.service.http.observability import ObservabilityMiddleware, configure_logging
+from reducing_saver.service.http.routes import ORJSONResponse, checkpoints, extraction, health, storage, store, threads
 from reducing_saver.service.state import Service
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import METRICS_PATH
@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         | (docs if settings.docs_public else set())
     )
     limits = settings.limits
-    routers = (health.router, checkpoints.router, threads.router, storage.router, memory.router, store.router)
+    routers = (health.router, checkpoints.router, threads.router, storage.router, extraction.router, store.router)
     paths = frozenset(route.path for router in routers for route in router.routes) | docs
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.
@@ -181,7 +181,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory: ``uvicorn --factory reducing_saver.service.app:app_from_env``."""
+    """uvicorn factory: ``uvicorn --factory reducing_saver.service.http.app:app_from_env``."""
     settings = Settings(**json.loads(os.environ.get(FLAGS_ENV) or "{}"))
     configure_logging(settings)
     return create_app(settings)

@@ -1,4 +1,4 @@
-"""The memory backend (``memory://``, tests): InMemorySaver with the lifecycle capabilities, an outbox, a
+"""The in-memory backend (``memory://``, tests): InMemorySaver with the lifecycle capabilities, an outbox, a
 TTL ledger and InMemoryStore, all inside the service process."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 from langgraph.store.memory import InMemoryStore
 
-from reducing_saver.service.storage.memory import usage
-from reducing_saver.service.storage.memory.ledger import MemoryLedger
-from reducing_saver.service.storage.memory.outbox import MemoryOutbox
-from reducing_saver.service.storage.memory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.inmemory import usage
+from reducing_saver.service.storage.inmemory.ledger import MemoryLedger
+from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
+from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.summaries.book import MemoryBook
@@ -29,7 +29,7 @@ class MemoryBackend:
         self._outbox = MemoryOutbox()
         self._summaries: MemoryBook | None = None
         self._store: InMemoryStore | None = None
-        #: InMemoryStore's ``index`` (``service/store_config.py``), set before the first store().
+        #: InMemoryStore's ``index`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
     def setup(self) -> None:

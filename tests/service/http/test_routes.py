@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.wire import blob_to_wire
 from tests.support.bodies import messages_put_body as _put_body
 

@@ -3,7 +3,7 @@
 * ``ServiceMetrics`` owns one Prometheus registry per app: HTTP requests by route template, the bytes of
   the messages channel received and stored, messages pruned, unreadable messages channels, the backend's
   savers and the PostgreSQL pool, the extraction outbox's figures with their age, and the storage figures
-  per tenant (``storage_watch``: measured in a thread of their own, never during a scrape).
+  per tenant (``storage/watch.py``: measured in a thread of their own, never during a scrape).
 * ``ObservabilityMiddleware`` is pure ASGI: it accepts or makes the request id, echoes it in
   ``X-Request-ID``, exposes it to log records, counts and times the request, and writes one access log
   line.
@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service.errors import send_error
+from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 

@@ -22,10 +22,10 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.messages_codec import SafeMessagesCodec
-from reducing_saver.service.observability import (
+from reducing_saver.service.http.observability import (
     JsonFormatter,
     ObservabilityMiddleware,
     ServiceMetrics,

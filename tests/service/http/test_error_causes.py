@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from reducing_saver.service.app import create_app
-from reducing_saver.service.config import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.configuration.settings import Settings
 
 BACKENDS = ("memory", "sqlite", "postgres")
 
@@ -109,7 +109,7 @@ def test_a_fractional_ttl_is_refused_where_the_store_keeps_whole_minutes(ttl_cli
 
 
 def test_a_fractional_default_ttl_is_refused_at_start_on_postgresql(fresh_pg: str, tmp_path: Path) -> None:
-    from reducing_saver.service import store_config
+    from reducing_saver.service.configuration import store as store_config
 
     settings = Settings(database=fresh_pg, store_ttl='{"default_ttl": 0.4}')
     refusal = store_config.refusal(settings)

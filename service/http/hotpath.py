@@ -5,9 +5,9 @@ another, so every microsecond the service spends on them shows in the agent's tu
 the innermost of the service's ASGI middleware and answers exactly those three routes: it reads the
 body, validates it with the same pydantic models the OpenAPI document describes (straight from JSON
 bytes, or from the plain values of an ``application/msgpack`` body: see ``msgpack_body``), runs the
-operation of ``service/ops.py`` in a worker thread with a saver (``Service.call``: the event loop never
+operation of ``service/operations/saver.py`` in a worker thread with a saver (``Service.call``: the event loop never
 waits on the database), and encodes the answer in the request's format. Errors go through the one table
-of ``service/errors.py``. Every other request, and these routes' documentation, goes on to FastAPI.
+of ``service/http/errors.py``. Every other request, and these routes' documentation, goes on to FastAPI.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import ormsgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reducing_saver.service import msgpack_body, ops, schemas, security
-from reducing_saver.service.asgi import is_msgpack, read_body
-from reducing_saver.service.errors import error_answer, send_error
+from reducing_saver.service import security
+from reducing_saver.service.http import msgpack_body, schemas
+from reducing_saver.service.operations import saver as ops
+from reducing_saver.service.http.asgi import is_msgpack, read_body
+from reducing_saver.service.http.errors import error_answer, send_error
 from reducing_saver.service.state import Service
 from reducing_saver.wire import GET_PATH, JSON, MSGPACK, PUT_PATH, WRITES_PATH, json_default, msgpack_default
 

@@ -1,7 +1,7 @@
-"""The FastAPI routes, one module per resource; every route calls an operation of ``service/ops.py``.
+"""The FastAPI routes, one module per resource; every route calls an operation of ``service/operations/saver.py``.
 
 The per-step routes' FastAPI twins (``checkpoints.py``) document them in OpenAPI and share their
-operations; the hot path answers those requests first (``service/hotpath.py``).
+operations; the hot path answers those requests first (``service/http/hotpath.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
-from reducing_saver.service import schemas
-from reducing_saver.service.errors import Untransportable
+from reducing_saver.service.http import schemas
+from reducing_saver.service.http.errors import Untransportable
 from reducing_saver.service.state import Service
 from reducing_saver.wire import MSGPACK, json_dumps
 

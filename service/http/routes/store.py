@@ -14,10 +14,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
-from reducing_saver.service import store_ops
-from reducing_saver.service.errors import BadRequest
-from reducing_saver.service.routes import ERRORS, ServiceDep
-from reducing_saver.service.schemas import (
+from reducing_saver.service.operations import store as store_ops
+from reducing_saver.service.http.errors import BadRequest
+from reducing_saver.service.http.routes import ERRORS, ServiceDep
+from reducing_saver.service.http.schemas import (
     BatchRequest,
     BatchResponse,
     DeleteItemRequest,
@@ -32,7 +32,7 @@ from reducing_saver.service.state import Service
 from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH, bodies
 
 router = APIRouter(tags=["store"])
-#: The routes that put values, which may hold ints beyond 64 bits (``store_ops`` decides per backend).
+#: The routes that put values, which may hold ints beyond 64 bits (``operations/store.py`` decides per backend).
 BIG_INT_PATHS = frozenset({STORE_ITEMS_PATH, STORE_BATCH_PATH})
 
 #: Seconds a store call may take when it embeds (--store-index): an embedding provider answers slower
