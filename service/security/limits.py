@@ -128,8 +128,9 @@ def check_filter_keys(filter: dict[str, Any] | None, field: str) -> dict[str, An
     for key in filter or ():
         if not isinstance(key, str) or len(key) > MAX_FILTER_KEY_LENGTH or not _FILTER_KEY.fullmatch(key):
             shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:77] + "..."
+            nul = " (it holds a NUL character, U+0000)" if isinstance(key, str) and "\x00" in key else ""
             raise ValueError(
-                f"{field}: key {shown} is refused; a filter key is 1 to {MAX_FILTER_KEY_LENGTH} ASCII "
+                f"{field}: key {shown} is refused{nul}; a filter key is 1 to {MAX_FILTER_KEY_LENGTH} ASCII "
                 "letters, digits, '_', '.' and '-'"
             )
     return filter
