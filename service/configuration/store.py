@@ -15,10 +15,10 @@ when the service opens (importing the embedder then).
 
 from __future__ import annotations
 
-import importlib
 import json
 from typing import Any
 
+from reducing_saver.service.imports import import_attribute_or_provider
 from reducing_saver.service.storage import backend_module
 
 #: The keys of --store-index and --store-ttl (the stores' IndexConfig and TTLConfig).
@@ -97,16 +97,10 @@ def _embedder(embed: str) -> Any:
     A dotted module part (``pkg.mod:fn``) is always an import path; a bare one (``openai:...``) is a
     provider unless such a module exists and holds that attribute.
     """
-    module_name, _, attribute = embed.partition(":")
-    target: Any = None
     try:
-        target = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        if "." in module_name:
-            raise StoreConfigError(f"--store-index embed {embed!r} cannot be imported: {exc}") from None
-        target = None
+        target = import_attribute_or_provider(embed)
+    except ValueError as exc:
+        raise StoreConfigError(f"--store-index embed {embed!r} {exc}") from None
     if target is not None:
         if isinstance(target, type):
             target = target()

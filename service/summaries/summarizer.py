@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import inspect
 import logging
 import random
@@ -39,6 +38,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
+from reducing_saver.service.imports import import_attribute_or_provider
 from reducing_saver.reducer import escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
@@ -214,18 +214,13 @@ def load_summarizer(
     Raises:
         SummarizerError: Naming the spec and what is missing.
     """
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
+    provider_or_module, _, model_or_attribute = spec.partition(":")
+    if not provider_or_module or not model_or_attribute:
         raise SummarizerError(f"--summarizer {spec!r}: expected provider:model or module:attribute")
-    target: Any = None
     try:
-        target = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        if "." in module_name:
-            raise SummarizerError(f"--summarizer {spec!r} cannot be imported: {exc}") from None
-        target = None
+        target = import_attribute_or_provider(spec)
+    except ValueError as exc:
+        raise SummarizerError(f"--summarizer {spec!r} {exc}") from None
     if target is not None:
         if isinstance(target, BaseChatModel):
             return ModelSummarizer(target, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
