@@ -81,6 +81,12 @@ def test_sigterm_ends_two_workers_within_the_grace_while_the_database_hangs(
             "--no-extract",
         )  # fmt: skip
         with run_service(tmp_path, *args) as service:
+            # Both workers up first: this case is about workers stuck while serving, not while starting
+            # (uvicorn's supervisor waits out a worker's start before it acts on SIGTERM).
+            deadline = time.monotonic() + 60
+            while service.output().count("Application startup complete") < 2:
+                assert time.monotonic() < deadline, service.output()[-3000:]
+                time.sleep(0.1)
             proxy.hang()
 
             def call(path: str, body: dict | None) -> None:
