@@ -7,8 +7,8 @@ summary by compare-and-set: ``complete`` succeeds only on a step still pending, 
 (two replicas, a lease that ran out, kill -9 mid-call) advances the summary once.
 
 A row's life: ``pending`` (claimable when its base is done, its ``available_at`` has come and no live lease
-holds it) -> ``done`` (``text``, ``model``, ``prompt_hash``, token counts) or, after ``max_attempts``
-failures, ``dead`` (``last_error``; ``retry_dead`` sends it back). A thread's steps go with it:
+holds it; the holder ``renew``s its lease while its model call runs) -> ``done`` (``text``, ``model``,
+``prompt_hash``, token counts) or, after ``max_attempts`` failures, ``dead`` (``last_error``; ``retry_dead`` sends it back). A thread's steps go with it:
 ``delete_thread``, ``copy_thread``, and ``forget_orphans`` for threads whose checkpoints are gone (TTL
 sweeps, ``delete_for_runs``).
 
@@ -190,6 +190,19 @@ class SqlSummaryBook:
             covered=row["covered"],
         )
         return ClaimedStep(request, previous, row["attempts"] + 1)
+
+    def renew(self, worker_id: str, step: StepRequest, lease_seconds: float) -> bool:
+        """Extend ``worker_id``'s lease of a step it holds to ``lease_seconds`` from now; whether it still
+        held it (``False``: the lease was lost, to another worker or because the step is no longer pending)."""
+        with self._tx() as cur:
+            cur.execute(
+                self._sql(
+                    f"UPDATE {TABLE} SET lease_until = ? WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ? "
+                    "AND status = 'pending' AND claimed_by = ?"
+                ),
+                (time.time() + lease_seconds, step.thread_id, step.checkpoint_ns, step.step_id, worker_id),
+            )
+            return cur.rowcount == 1
 
     def complete(
         self,
@@ -389,6 +402,15 @@ class MemoryBook(MemorySummaryBook):
                 )
                 return ClaimedStep(request, previous, meta["attempts"])
         return None
+
+    def renew(self, worker_id: str, step: StepRequest, lease_seconds: float) -> bool:
+        key = (step.thread_id, step.checkpoint_ns, step.step_id)
+        with self._lock:
+            row, meta = self._steps.get(key), self._meta.get(key)
+            if row is None or meta is None or row["status"] != "pending" or meta["claimed_by"] != worker_id:
+                return False
+            meta["lease_until"] = time.time() + lease_seconds
+            return True
 
     def complete(self, step: StepRequest, text: str, **details: Any) -> bool:
         done = super().complete(step, text)

@@ -13,7 +13,8 @@ as data between delimiters carrying a random nonce, each message a JSON string, 
 the delimiter or pass for an instruction. The answer is cut to ``summary_max_tokens``.
 
 :class:`SummaryWorker` claims steps from the book (per thread and namespace in order: a step is claimable
-once its base is done), calls the summarizer, and stores the result by compare-and-set; a failure is retried
+once its base is done), calls the summarizer (renewing its lease meanwhile, so a call longer than the lease is
+not run again by another worker), and stores the result by compare-and-set; a failure is retried
 with exponential backoff and jitter, and after ``max_attempts`` the step is a dead letter (the window falls
 back to the hard limit meanwhile; ``retry-dead`` re-runs it). Each new summary is also written to the
 store under ``("threads", thread_id, "summary")``, key ``running``, in the tenant's subtree.
@@ -29,7 +30,8 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +41,7 @@ from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, Syst
 from langchain_core.messages.utils import count_tokens_approximately
 
 from reducing_saver.service.imports import import_attribute_or_provider
-from reducing_saver.reducer import escape_label
+from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
 from reducing_saver.service.summaries.book import ClaimedStep
@@ -261,6 +263,14 @@ def summary_namespace(thread_id: str, tenant_mode: bool) -> tuple[str, ...]:
     return (TENANTS_LABEL, tenant, *namespace) if tenant is not None else namespace
 
 
+class _Held:
+    """The step a worker's call is working on, as its lease keeper sees it."""
+
+    def __init__(self, step: StepRequest) -> None:
+        self.step = step
+        self.active = True
+
+
 class SummaryWorker:
     """Claims steps, summarizes them, stores the result once; retries, then parks dead letters.
 
@@ -276,6 +286,11 @@ class SummaryWorker:
         max_backoff: The longest wait between attempts.
         idle_sleep: How long to sleep when there is nothing to claim.
         orphan_interval: Seconds between sweeps of steps whose thread is gone.
+        renew_leases: Renew the lease of the step in hand every third of ``lease_seconds`` while its call
+            runs (from a thread of the worker's own, so a call longer than the lease is not claimed again
+            by another worker); a renewal that finds the lease lost stops renewing and lets the call
+            finish. Off, a call outliving its lease may be run again elsewhere (compare-and-set still
+            advances the summary once).
     """
 
     def __init__(
@@ -294,6 +309,7 @@ class SummaryWorker:
         idle_sleep: float = 1.0,
         orphan_interval: float = 300.0,
         rng: random.Random | None = None,
+        renew_leases: bool = True,
     ) -> None:
         self.book = book
         self.summarizer = summarizer
@@ -313,6 +329,12 @@ class SummaryWorker:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_orphan_sweep = time.monotonic() + orphan_interval
+        self.renew_leases = renew_leases
+        #: The step whose lease the keeper renews (None between calls), and the keeper thread.
+        self._held: _Held | None = None
+        self._held_changed = threading.Condition()
+        self._keeper: threading.Thread | None = None
+        self._keeper_stopping = False
 
     def __repr__(self) -> str:
         return f"SummaryWorker({self.worker_id!r})"
@@ -326,7 +348,8 @@ class SummaryWorker:
         tenant = tenant_of(step.thread_id, self.tenant_mode)
         started = time.monotonic()
         try:
-            summary = self._loop_run(self.summarizer(claimed.previous, as_messages(step.batch)))
+            with self._renewing(step):
+                summary = self._loop_run(self.summarizer(claimed.previous, as_messages(step.batch)))
         except Exception as exc:  # noqa: BLE001 - a model or callable failing is a retry, never a crash
             self._failed(claimed, exc, tenant)
             return True
@@ -349,6 +372,76 @@ class SummaryWorker:
                 step.thread_id,
             )
         return True
+
+    # -- the lease of the step in hand -------------------------------------------------------------
+
+    @contextmanager
+    def _renewing(self, step: StepRequest) -> Iterator[None]:
+        """Renew ``step``'s lease while the block runs (see ``renew_leases``)."""
+        if not self.renew_leases or self.lease_seconds <= 0:
+            yield
+            return
+        held = _Held(step)
+        with self._held_changed:
+            if self._keeper is None or not self._keeper.is_alive():
+                self._keeper_stopping = False
+                self._keeper = threading.Thread(
+                    target=self._keep_leases, name=f"summary-lease-{self.worker_id}", daemon=True
+                )
+                self._keeper.start()
+            self._held = held
+            self._held_changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._held_changed:
+                held.active = False
+                self._held = None
+                self._held_changed.notify_all()
+
+    def _keep_leases(self) -> None:
+        """The keeper thread: every third of the lease, renew the held step's lease, until told to stop."""
+        every = self.lease_seconds / 3
+        while True:
+            with self._held_changed:
+                while self._held is None and not self._keeper_stopping:
+                    self._held_changed.wait()
+                if self._keeper_stopping:
+                    return
+                held = self._held
+                self._held_changed.wait_for(
+                    lambda: self._held is not held or self._keeper_stopping, timeout=every
+                )
+                if self._held is not held or self._keeper_stopping:
+                    continue
+            try:
+                kept = self.book.renew(self.worker_id, held.step, self.lease_seconds)
+            except Exception:  # noqa: BLE001 - the next renewal tries again; the call goes on meanwhile
+                logger.warning(
+                    "%s: could not renew the lease of summary step %s", self.worker_id, held.step.step_id,
+                    exc_info=True,
+                )
+                continue
+            if not kept:
+                with self._held_changed:
+                    if held.active:  # not merely the call ending as the renewal ran
+                        logger.info(
+                            "%s: lost the lease of summary step %s of thread %r (claimed elsewhere, or no "
+                            "longer pending); the call in hand finishes, its result stored only if first",
+                            self.worker_id,
+                            held.step.step_id,
+                            held.step.thread_id,
+                        )
+                    if self._held is held:
+                        self._held = None
+
+    def _stop_keeper(self) -> None:
+        with self._held_changed:
+            self._keeper_stopping = True
+            self._held_changed.notify_all()
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join(5)
 
     def _failed(self, claimed: ClaimedStep, exc: Exception, tenant: str | None) -> None:
         step = claimed.request
@@ -468,6 +561,7 @@ class SummaryWorker:
                 self._thread = None
 
     def release(self) -> None:
+        self._stop_keeper()
         try:
             self.book.release(self.worker_id)
         except Exception:  # noqa: BLE001

@@ -144,3 +144,21 @@ def test_retry_dead_on_the_command_line_sends_dead_batches_back(tmp_path):
         assert opened.summaries().claim("w2", 60).request.step_id == first.step_id
     finally:
         opened.close()
+
+
+def test_a_lease_is_renewed_only_by_its_holder_while_the_step_is_pending(backend):
+    book = backend.summaries()
+    first = step(None, ["a"])
+    book.request(first)
+    claimed = book.claim("w1", 0.2)
+    assert book.renew("w1", claimed.request, 60)
+    time.sleep(0.3)  # past the claim's own lease: the renewal holds it
+    assert book.claim("w2", 60) is None
+    assert not book.renew("w2", claimed.request, 60)  # not its step
+    # The lease lost (a renewal that came too late, another worker claimed it): no renewal takes it back.
+    book.renew("w1", claimed.request, 0.01)
+    time.sleep(0.05)
+    assert book.claim("w2", 60).request.step_id == first.step_id
+    assert not book.renew("w1", claimed.request, 60)
+    assert book.complete(first, "done by w2")
+    assert not book.renew("w2", claimed.request, 60)  # done: nothing to hold

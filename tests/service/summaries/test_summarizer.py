@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -164,7 +165,11 @@ def test_a_batch_summarized_twice_advances_the_summary_once():
 
     def run(worker_id):
         worker = SummaryWorker(
-            book, CallableSummarizer(slow, "slow", max_tokens=100), worker_id=worker_id, lease_seconds=0.001
+            book,
+            CallableSummarizer(slow, "slow", max_tokens=100),
+            worker_id=worker_id,
+            lease_seconds=0.001,
+            renew_leases=False,  # a worker whose renewals never land (a stalled process, the database away)
         )
         results.append(worker.run_once())
         worker.release()
@@ -181,6 +186,52 @@ def test_a_batch_summarized_twice_advances_the_summary_once():
     info = book.steps("t", "", [request.step_id])[request.step_id]
     assert info.status == "done" and info.text == "summary"
     assert book.complete(request, "late") is False
+
+
+def test_a_call_longer_than_the_lease_is_not_run_again_by_another_replica(fresh_pg):
+    """Two replicas on one database, a 1 s lease and a 3 s model call: the holder renews its lease while
+    the call runs, so the other replica never claims the step, and the model is called once."""
+    from reducing_saver.service.storage import open_backend
+
+    backends = [open_backend(fresh_pg, pool_size=2, timeout=10.0) for _ in range(2)]
+    for backend in backends:
+        backend.setup()
+    calls: list[str] = []
+
+    def slow(previous, messages):
+        calls.append(messages[0].id)
+        time.sleep(3)
+        return "the user lives in Lyon"
+
+    (request,) = _requests(1)
+    backends[0].summaries().request(request)
+    workers = [
+        SummaryWorker(
+            backend.summaries(),
+            CallableSummarizer(slow, "slow", max_tokens=100),
+            worker_id=f"replica-{i}",
+            lease_seconds=1.0,
+            idle_sleep=0.05,
+        )
+        for i, backend in enumerate(backends)
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        book = backends[1].summaries()
+        deadline = time.monotonic() + 15
+        while book.steps("t", "", [request.step_id])[request.step_id].status != "done":
+            assert time.monotonic() < deadline, "the step was never summarized"
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second claim, had there been one, would have called the model by now
+        info = book.steps("t", "", [request.step_id])[request.step_id]
+    finally:
+        for worker in workers:
+            worker.stop(10)
+        for backend in backends:
+            backend.close()
+    assert calls == [request.keys[0]]
+    assert info.status == "done" and info.text == "the user lives in Lyon" and info.version == 1
 
 
 def test_dead_letters_after_max_attempts_then_retry_dead():
