@@ -239,7 +239,10 @@ class SummarySettings(BaseModel):
         "no-summary in api_keys_file.",
     )
     summary_lease_seconds: float = Field(
-        300.0, gt=0, description="How long a summarizer holds a batch (a crashed one's batch returns after it)."
+        300.0,
+        gt=0,
+        description="How long a summarizer's claim of a batch lasts; renewed every third of it while the model "
+        "call runs (a crashed summarizer's batch returns after it).",
     )
     summary_concurrency: int = Field(
         1, ge=1, le=64, description="Summarizer calls a process makes at once (batches of different threads)."

@@ -8,9 +8,11 @@ summary by compare-and-set: ``complete`` succeeds only on a step still pending, 
 
 A row's life: ``pending`` (claimable when its base is done, its ``available_at`` has come and no live lease
 holds it; the holder ``renew``s its lease while its model call runs) -> ``done`` (``text``, ``model``,
-``prompt_hash``, token counts) or, after ``max_attempts`` failures, ``dead`` (``last_error``; ``retry_dead`` sends it back). A thread's steps go with it:
-``delete_thread``, ``copy_thread``, and ``forget_orphans`` for threads whose checkpoints are gone (TTL
-sweeps, ``delete_for_runs``).
+``prompt_hash``, token counts) or, after ``max_attempts`` failures, ``dead`` (``last_error``;
+``retry_dead`` sends it back). A thread's steps go with it: ``delete_thread`` and ``copy_thread`` here;
+``delete_for_runs``, ``prune`` and TTL sweeps delete the steps of the namespaces they empty themselves
+(the savers' ``summaries_table``, the ledgers; in their transaction on PostgreSQL and SQLite); and
+``forget_orphans`` catches whatever else lost its checkpoints (a thread deleted by a stock saver, say).
 
 :class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
 ``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
@@ -56,6 +58,8 @@ class DeadStep:
     step_id: str
     attempts: int
     last_error: str | None
+    #: Messages in the batch (still in their windows, or cut past the hard limit).
+    messages: int = 0
 
 
 def _info(row: Any) -> StepInfo:
@@ -278,12 +282,14 @@ class SqlSummaryBook:
 
     def dead_letters(self, limit: int = 100, *, thread_prefix: str = "") -> list[DeadStep]:
         rows = self._run(
-            f"SELECT thread_id, checkpoint_ns, step_id, attempts, last_error FROM {TABLE} WHERE status = 'dead' "
-            "AND substr(thread_id, 1, ?) = ? ORDER BY created_at LIMIT ?",
+            f"SELECT thread_id, checkpoint_ns, step_id, attempts, last_error, batch_size FROM {TABLE} "
+            "WHERE status = 'dead' AND substr(thread_id, 1, ?) = ? ORDER BY created_at LIMIT ?",
             (len(thread_prefix), thread_prefix, limit),
         )
         return [
-            DeadStep(r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"])
+            DeadStep(
+                r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"], r["batch_size"]
+            )
             for r in rows
         ]
 
@@ -454,7 +460,12 @@ class MemoryBook(MemorySummaryBook):
     def dead_letters(self, limit: int = 100, *, thread_prefix: str = "") -> list[DeadStep]:
         with self._lock:
             return [
-                DeadStep(*key, self._meta_of(key)["attempts"], self._meta_of(key)["last_error"])
+                DeadStep(
+                    *key,
+                    self._meta_of(key)["attempts"],
+                    self._meta_of(key)["last_error"],
+                    len(self._steps[key]["keys"]),
+                )
                 for key in self._order
                 if self._steps[key]["status"] == "dead" and key[0].startswith(thread_prefix)
             ][:limit]
@@ -479,6 +490,28 @@ class MemoryBook(MemorySummaryBook):
                 self._order.remove(key)
                 self._steps.pop(key, None)
                 self._meta.pop(key, None)
+
+    def forget_namespaces(self, namespaces: Sequence[tuple[str, str]]) -> int:
+        """Delete the steps of these ``(thread_id, checkpoint_ns)`` (their checkpoints are gone)."""
+        wanted = set(namespaces)
+        with self._lock:
+            gone = [k for k in self._order if (k[0], k[1]) in wanted]
+            for key in gone:
+                self._order.remove(key)
+                self._steps.pop(key, None)
+                self._meta.pop(key, None)
+            return len(gone)
+
+    def forget_gone(self, thread_ids: Sequence[str]) -> int:
+        """Delete the steps of these threads' namespaces that have no checkpoint left (no grace)."""
+        if self._has_checkpoints is None:
+            return 0
+        wanted = set(thread_ids)
+        with self._lock:
+            candidates = [k for k in self._order if k[0] in wanted]
+        return self.forget_namespaces(
+            [(k[0], k[1]) for k in candidates if not self._has_checkpoints(k[0], k[1])]
+        )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         with self._lock:

@@ -53,9 +53,11 @@ replica is sweeping is skipped. A put touches the row before it writes, so:
   (the thread is then pruned, or gone, as if the put had come a moment later).
 
 ``delete`` on PostgreSQL is one transaction with the check: the window's messages go into the outbox
-table, the thread's rows are deleted and the ledger row with them, all or nothing. ``keep_latest`` runs
+table, the thread's rows are deleted, its running-summary steps and the ledger row with them, all or
+nothing. ``keep_latest`` runs
 PostgresSaver's ``prune`` (its own REPEATABLE READ transaction, on a second connection) while the row is
-held. SQLite sweeps hold the database's write lock (``BEGIN IMMEDIATE``) over the check and the change;
+held, and deletes right after it the summary steps of the subgraph calls it dropped. SQLite sweeps hold
+the database's write lock (``BEGIN IMMEDIATE``) over the check and the change (summary steps included);
 ``delete`` records the window in the outbox (a connection of its own) just before. Memory sweeps run
 under the saver's lock.
 

@@ -53,6 +53,7 @@ class MemoryBackend:
         if self._summaries is None:
             saver = self.saver
             self._summaries = MemoryBook(lambda thread_id, ns: bool(saver.storage.get(thread_id, {}).get(ns)))
+            saver.summary_book = self._summaries  # namespaces the saver removes lose their steps at once
         return self._summaries
 
     def store(self) -> InMemoryStore:

@@ -69,6 +69,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
         super().__init__(serde=serde, factory=factory)
         self.lock = threading.RLock()
         self.keep_checkpoints = keep_checkpoints
+        #: The backend's book of running summaries, once it has one (``MemoryBackend.summaries``): every
+        #: namespace this saver removes (``delete_thread``, ``delete_for_runs``, ``prune``, kept counts)
+        #: loses its summary steps under the lock, right after.
+        self.summary_book: Any = None
 
     # -- the base methods, under the lock ----------------------------------------------------------
 
@@ -119,6 +123,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
     def delete_thread(self, thread_id: str) -> None:
         with self.lock:
             super().delete_thread(thread_id)
+            if self.summary_book is not None:
+                self.summary_book.delete_thread(str(thread_id))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -207,6 +213,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
                 for thread_id in ids:
                     self._keep_latest(changes, thread_id)
             self._apply(changes)
+            if self.summary_book is not None:
+                for thread_id in ids if strategy == "delete" else ():
+                    self.summary_book.delete_thread(thread_id)
+                self.summary_book.forget_gone(ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         return self.copy_thread(source_thread_id, target_thread_id)
@@ -329,3 +339,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
                 self.blobs[key] = blob
             else:
                 self.blobs.pop(key, None)
+        if self.summary_book is not None:
+            gone = [
+                (thread_id, ns)
+                for (thread_id, ns), checkpoints in changes.namespaces.items()
+                if not self.storage.get(thread_id, {}).get(ns)
+            ]
+            if gone:
+                self.summary_book.forget_namespaces(gone)

@@ -27,6 +27,7 @@ from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
+from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
 
 
 class PostgresBackend:
@@ -84,7 +85,10 @@ class PostgresBackend:
         self._schema_checked = True
 
     def savers(self, count: int) -> list[PostgresLifecycleSaver]:
-        return [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
+        savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
+        for saver in savers:  # the service's tables are there (setup): a thread's summary steps go with it
+            saver.summaries_table = SUMMARIES_TABLE
+        return savers
 
     def outbox(self) -> PostgresOutbox:
         self._own_schema()

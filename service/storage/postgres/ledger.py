@@ -18,6 +18,7 @@ from reducing_saver.service.storage.postgres.connections import connect
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
 from reducing_saver.service.ttl.ledger import (
     LOG_TABLE,
     TABLE,
@@ -112,6 +113,9 @@ SELECT h.thread_id, h.head FROM (
 ) AS h
 WHERE NOT EXISTS (SELECT 1 FROM {TABLE} t WHERE t.thread_id = h.thread_id)
 """
+
+# A deleted thread's running-summary steps go in the transaction that deletes its checkpoints.
+_PG_FORGET_SUMMARIES = f"DELETE FROM {SUMMARIES_TABLE} WHERE thread_id = %s"
 
 _PG_LOG = f"INSERT INTO {LOG_TABLE} (thread_id, action, bytes, swept_by) VALUES (%s, %s, %s, %s)"
 
@@ -240,6 +244,7 @@ class PostgresLedger:
                 PostgresOutbox(_OneConnection(conn)).record(entries)
             for statement in PRUNE_DELETE_THREADS_SQL:
                 conn.execute(statement, ([thread_id],))
+            conn.execute(_PG_FORGET_SUMMARIES, (thread_id,))
 
     def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         swept = "AND t.swept_at IS NULL" if policy.strategy == "keep_latest" else ""
@@ -294,6 +299,8 @@ class _PgSession:
         if self._prune_conn is None or self._prune_conn.closed:
             self._prune_conn = connect(self.ledger.database)
             self._saver = PostgresLifecycleSaver(self._prune_conn, serde=VerbatimSerde())
+            # The summary steps of the subgraph calls keep_latest deletes go right after it.
+            self._saver.summaries_table = SUMMARIES_TABLE
         return self._saver
 
     def measure(self, thread_id: str) -> int:
@@ -328,6 +335,7 @@ class _PgSession:
                     PostgresOutbox(_OneConnection(conn)).record(entries)
                 for statement in PRUNE_DELETE_THREADS_SQL:
                     conn.execute(statement, ([thread_id],))
+                conn.execute(_PG_FORGET_SUMMARIES, (thread_id,))
                 conn.execute(f"DELETE FROM {TABLE} WHERE thread_id = %s", (thread_id,))
                 conn.execute(_PG_LOG, (thread_id, "deleted", before, self.ledger.worker_id))
                 return Outcome(thread_id, "deleted", before)

@@ -13,7 +13,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.postgres import PostgresSaver
-from langgraph.checkpoint.postgres.base import PRUNE_DELTA_THREADS_SQL
+from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
 
 from reducing_saver.service.extraction.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
@@ -172,6 +172,25 @@ DELETE FROM checkpoint_blobs
 WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = ANY(%s)
 """
 
+# The running-summary steps (the service's table, named by the saver's ``summaries_table``) of namespaces
+# left without a checkpoint: of one namespace (delete_for_runs), of every namespace of threads (prune).
+_PG_FORGET_NAMESPACE_SUMMARIES_SQL = """
+DELETE FROM {table} AS s WHERE s.thread_id = %s AND s.checkpoint_ns = %s
+  AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns)
+"""
+_PG_FORGET_THREAD_SUMMARIES_SQL = """
+DELETE FROM {table} AS s WHERE s.thread_id = ANY(%s)
+  AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns)
+"""
+
+
+def forget_summaries(cur: Any, table: str | None, thread_ids: Sequence[str]) -> None:
+    """Delete the running-summary steps of the namespaces of ``thread_ids`` that have no checkpoint left
+    (``table`` ``None``: the database has no such table; nothing)."""
+    if table is not None and thread_ids:
+        cur.execute(_PG_FORGET_THREAD_SUMMARIES_SQL.format(table=table), (list(thread_ids),), prepare=False)
+
+
 # PostgresSaver marks a `_DeltaSnapshot` with an inline `true`; a snapshot stored verbatim from a client
 # blob has no such marker, only its bytes: msgpack extension 7 as the whole value. CASE keeps the reads
 # inside the value.
@@ -213,6 +232,10 @@ class PostgresLifecycleSaver(PostgresSaver):
     """
 
     keep_checkpoints: int | None = None
+    #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
+    #: it: ``delete_for_runs`` and ``prune`` then delete the steps of the namespaces they leave without a
+    #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
+    summaries_table: str | None = None
 
     #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
     lists_by_thread_prefix = True
@@ -251,7 +274,8 @@ class PostgresLifecycleSaver(PostgresSaver):
         A checkpoint belongs to a run when its metadata ``run_id`` is that string. Blobs a deleted
         checkpoint referenced stay while any remaining checkpoint of the same thread and namespace
         references them; a remaining checkpoint whose parent is deleted is left with no parent. All in
-        one transaction. Like ``prune``, deleting checkpoints a run in progress is building on is not
+        one transaction, with the running-summary steps of each namespace left without a checkpoint
+        (``summaries_table``). Like ``prune``, deleting checkpoints a run in progress is building on is not
         safe.
 
         Args:
@@ -277,6 +301,12 @@ class PostgresLifecycleSaver(PostgresSaver):
                     garbage[channel].append(version)
                 for channel, versions in garbage.items():
                     cur.execute(_PG_DELETE_BLOBS_SQL, (thread_id, ns, channel, versions), prepare=False)
+                if self.summaries_table is not None:
+                    cur.execute(
+                        _PG_FORGET_NAMESPACE_SUMMARIES_SQL.format(table=self.summaries_table),
+                        (thread_id, ns),
+                        prepare=False,
+                    )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``PostgresSaver.prune``, refusing also DeltaChannel snapshots stored verbatim.
@@ -285,7 +315,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         inline marker its own ``put`` leaves for a ``_DeltaSnapshot``. A saver with a pass-through serde
         (the service's) stores a client's snapshot as an ordinary blob, so ``keep_latest`` first looks for
         blobs that are a snapshot as a whole, in all requested threads, before anything is pruned.
-        Everything else is PostgresSaver's: see its docstring.
+        Everything else is PostgresSaver's: see its docstring. With ``summaries_table``, ``delete`` also
+        deletes the threads' running-summary steps in its transaction, and ``keep_latest`` those of the
+        namespaces it deleted (subgraph calls) right after its own.
 
         Raises:
             TypeError: If ``thread_ids`` is a single string.
@@ -300,7 +332,16 @@ class PostgresLifecycleSaver(PostgresSaver):
                 cur.execute(_PG_SNAPSHOT_BLOB_THREADS_SQL, (ids,), prepare=False)
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
+        if ids and strategy == "delete" and self.summaries_table is not None:
+            with self._transaction() as cur:
+                for statement in PRUNE_DELETE_THREADS_SQL:
+                    cur.execute(statement, (ids,), prepare=False)
+                forget_summaries(cur, self.summaries_table, ids)
+            return
         super().prune(ids, strategy=strategy)
+        if ids and self.summaries_table is not None:
+            with self._transaction() as cur:
+                forget_summaries(cur, self.summaries_table, ids)
 
     def put(
         self,

@@ -20,6 +20,7 @@ from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
+from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -93,6 +94,8 @@ class SqliteBackend:
         self._schema_checked = True
 
     def savers(self, count: int) -> list[SqliteLifecycleSaver]:
+        # The service's tables are there (setup): a thread's summary steps go with its checkpoints.
+        self.saver.summaries_table = SUMMARIES_TABLE
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
@@ -129,6 +132,7 @@ class SqliteBackend:
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
         self._own_schema()
+        self.saver.summaries_table = SUMMARIES_TABLE
         return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:

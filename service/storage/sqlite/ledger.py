@@ -14,6 +14,7 @@ import orjson
 
 from reducing_saver.reducer import thread_namespace
 from reducing_saver.service.storage.sqlite import migrations
+from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
 from reducing_saver.service.ttl.ledger import (
     LOG_TABLE,
     TABLE,
@@ -160,7 +161,9 @@ class SqliteLedger:
         entries = self.window(self.saver, thread_id, row_namespace(self, thread_id, row[0] if row else None))
         if entries and recorder is not None:
             recorder.record(entries)
-        self.saver.delete_thread(thread_id)
+        with self.saver._transaction() as cur:  # its running-summary steps with it, in one transaction
+            for table in ("writes", "checkpoints", SUMMARIES_TABLE):
+                cur.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
 
     def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         swept = "AND swept_at IS NULL" if policy.strategy == "keep_latest" else ""
@@ -229,7 +232,7 @@ class _SqliteSession:
                 cur.execute(f"DELETE FROM {TABLE} WHERE thread_id = ?", (thread_id,))
                 return None
             if self.policy.strategy == "delete":
-                for table in ("writes", "checkpoints", TABLE):
+                for table in ("writes", "checkpoints", SUMMARIES_TABLE, TABLE):
                     cur.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
                 self._log(cur, thread_id, "deleted", before)
                 return Outcome(thread_id, "deleted", before)
@@ -238,6 +241,11 @@ class _SqliteSession:
                 logger.warning("TTL sweep left thread %r as it is: it uses a DeltaChannel", thread_id)
                 return Outcome(thread_id, "refused", 0)
             saver._keep_latest(cur, thread_id)
+            cur.execute(
+                f"DELETE FROM {SUMMARIES_TABLE} WHERE thread_id = ? AND NOT EXISTS (SELECT 1 FROM checkpoints c "
+                f"WHERE c.thread_id = ? AND c.checkpoint_ns = {SUMMARIES_TABLE}.checkpoint_ns)",
+                (thread_id, thread_id),
+            )
             freed = max(0, before - int(cur.execute(_SQ_THREAD_BYTES, {"thread": thread_id}).fetchone()[0]))
             cur.execute(f"UPDATE {TABLE} SET swept_at = ? WHERE thread_id = ?", (time.time(), thread_id))
             self._log(cur, thread_id, "pruned", freed)

@@ -58,6 +58,10 @@ class SqliteLifecycleSaver(SqliteSaver):
     """
 
     keep_checkpoints: int | None = None
+    #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
+    #: it: ``delete_for_runs`` and ``prune`` then delete, in their transaction, the steps of the namespaces
+    #: they leave without a checkpoint. ``None``: nothing.
+    summaries_table: str | None = None
 
     def put(
         self,
@@ -140,7 +144,8 @@ class SqliteLifecycleSaver(SqliteSaver):
         ``thread_id_prefix`` restricts it to threads whose id starts so (the service's tenant scoping).
 
         A checkpoint belongs to a run when its metadata ``run_id`` is that string. A remaining checkpoint
-        whose parent is deleted is left with no parent.
+        whose parent is deleted is left with no parent. The running-summary steps of each namespace left
+        without a checkpoint go in the same transaction (``summaries_table``).
 
         Args:
             run_ids: The run ids; empty deletes nothing.
@@ -174,6 +179,12 @@ class SqliteLifecycleSaver(SqliteSaver):
                     f" WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id {in_ids}",
                     params,
                 )
+                if self.summaries_table is not None:
+                    cur.execute(
+                        f"DELETE FROM {self.summaries_table} WHERE thread_id = ? AND checkpoint_ns = ? AND NOT EXISTS "
+                        "(SELECT 1 FROM checkpoints c WHERE c.thread_id = ? AND c.checkpoint_ns = ?)",
+                        (thread_id, ns, thread_id, ns),
+                    )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads, all of them in one transaction.
@@ -181,7 +192,8 @@ class SqliteLifecycleSaver(SqliteSaver):
         ``"delete"`` removes every checkpoint and write of the threads. ``"keep_latest"`` keeps the
         latest checkpoint of each namespace (the one ``get_tuple`` loads) with its pending writes, and
         leaves it with no parent; a subgraph call's namespace (a ``:`` in it) is deleted with the root
-        checkpoint its call started from, when that one is saved and pruned.
+        checkpoint its call started from, when that one is saved and pruned. With ``summaries_table``,
+        the running-summary steps of every namespace left without a checkpoint go in the same transaction.
 
         Args:
             thread_ids: The thread IDs to prune.
@@ -198,15 +210,29 @@ class SqliteLifecycleSaver(SqliteSaver):
             return
         with self._transaction() as cur:
             if strategy == "delete":
-                for table in ("writes", "checkpoints"):
-                    cur.execute(
-                        f"DELETE FROM {table} WHERE thread_id IN (SELECT value FROM json_each(?))",
-                        (json.dumps(ids),),
-                    )
+                for table in ("writes", "checkpoints", self.summaries_table):
+                    if table is not None:
+                        cur.execute(
+                            f"DELETE FROM {table} WHERE thread_id IN (SELECT value FROM json_each(?))",
+                            (json.dumps(ids),),
+                        )
                 return
             refuse_delta_threads(self._delta_threads(cur, ids))
             for thread_id in ids:
                 self._keep_latest(cur, thread_id)
+            self.forget_summaries(cur, ids)
+
+    def forget_summaries(self, cur: sqlite3.Cursor, thread_ids: Sequence[str]) -> None:
+        """Delete the running-summary steps of the namespaces of ``thread_ids`` left without a checkpoint
+        (nothing without ``summaries_table``)."""
+        if self.summaries_table is None or not thread_ids:
+            return
+        table = self.summaries_table
+        cur.execute(
+            f"DELETE FROM {table} WHERE thread_id IN (SELECT value FROM json_each(?)) AND NOT EXISTS (SELECT 1 "
+            f"FROM checkpoints c WHERE c.thread_id = {table}.thread_id AND c.checkpoint_ns = {table}.checkpoint_ns)",
+            (json.dumps(list(thread_ids)),),
+        )
 
     def _delta_threads(self, cur: sqlite3.Cursor, thread_ids: list[str]) -> set[str]:
         found = {

@@ -162,3 +162,73 @@ def test_a_lease_is_renewed_only_by_its_holder_while_the_step_is_pending(backend
     assert not book.renew("w1", claimed.request, 60)
     assert book.complete(first, "done by w2")
     assert not book.renew("w2", claimed.request, 60)  # done: nothing to hold
+
+
+def _checkpoint(saver, thread: str, run_id: str, ns: str = "") -> None:
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+    saver.put(config, empty_checkpoint(), {"run_id": run_id}, {})
+
+
+def _steps_of(book, thread: str, ns: str = "") -> list[str]:
+    return [c.step_id for c in book.children(thread, ns, None)]
+
+
+def test_delete_for_runs_forgets_the_steps_of_the_namespaces_it_empties_at_once(backend):
+    book = backend.summaries()
+    saver = backend.savers(1)[0]
+    gone, kept, other = step(None, ["a"], thread="gone"), step(None, ["b"], thread="kept"), step(None, ["c"])
+    for thread, request in (("gone", gone), ("kept", kept), ("t", other)):
+        book.request(request)
+    _checkpoint(saver, "gone", "run-1")
+    _checkpoint(saver, "kept", "run-1")
+    _checkpoint(saver, "kept", "run-2")  # the thread keeps a checkpoint of another run
+    _checkpoint(saver, "t", "run-2")
+    saver.delete_for_runs(["run-1"])
+    assert _steps_of(book, "gone") == []  # at once, not after the orphan sweep's grace
+    assert _steps_of(book, "kept") == [kept.step_id]
+    assert _steps_of(book, "t") == [other.step_id]
+    # Tenant-scoped (the service's prefix): only the tenant's threads, their steps with them.
+    for thread in ("acme:x", "rival:x"):
+        book.request(step(None, ["d"], thread=thread))
+        _checkpoint(saver, thread, "run-3")
+    saver.delete_for_runs(["run-3"], thread_id_prefix="acme:")
+    assert _steps_of(book, "acme:x") == [] and _steps_of(book, "rival:x") != []
+
+
+@pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
+def test_a_ttl_sweep_forgets_the_steps_of_what_it_deletes_at_once(backend, strategy):
+    from reducing_saver.service.ttl.ledger import Policy
+
+    book = backend.summaries()
+    saver = backend.savers(1)[0]
+    ledger = backend.ledger(window=lambda *args: [], recorder=None, worker_id="sweeper")
+    root, call = step(None, ["a"], thread="idle"), step(None, ["s"], thread="idle", ns="child:1")
+    book.request(root)
+    book.request(call)
+    _checkpoint(saver, "idle", "run-1")
+    _checkpoint(saver, "idle", "run-2")
+    ledger.touch("idle", 0.01, None)
+    time.sleep(0.05)
+    if strategy == "keep_latest":
+        book.request(step(None, ["z"], thread="idle", ns="never-stored"))  # no checkpoint: forgotten too
+    with ledger.session(Policy(strategy, None)) as session:
+        outcome = session.handle("idle")
+    assert outcome is not None and outcome.action == ("deleted" if strategy == "delete" else "pruned")
+    # Deleted: every step of the thread; pruned to its head: the steps of namespaces it still has.
+    assert _steps_of(book, "idle") == ([] if strategy == "delete" else [root.step_id])
+    assert _steps_of(book, "idle", "child:1") == []
+    assert _steps_of(book, "idle", "never-stored") == []
+    ledger.close()
+
+
+def test_delete_thread_with_extraction_and_prune_delete_forget_the_steps(backend):
+    book = backend.summaries()
+    saver = backend.savers(1)[0]
+    ledger = backend.ledger(window=lambda *args: [], recorder=None, worker_id="w")
+    for thread in ("extracted", "pruned"):
+        book.request(step(None, ["a"], thread=thread))
+        _checkpoint(saver, thread, "run-1")
+    ledger.delete_extracting("extracted", None)  # a client's delete_thread under --extract-on-delete
+    saver.prune(["pruned"], strategy="delete")
+    assert _steps_of(book, "extracted") == [] and _steps_of(book, "pruned") == []
+    ledger.close()
