@@ -80,6 +80,9 @@ SWEEPS_STATUS_PATH = API_PREFIX + "/sweeps/status"
 EXTRACTION_STATUS_PATH = API_PREFIX + "/extraction/status"
 DEAD_LETTERS_PATH = API_PREFIX + "/extraction/dead-letters"
 RETRY_DEAD_PATH = API_PREFIX + "/extraction/retry-dead"
+#: Running summaries: the batches whose summary failed every attempt, and sending them back.
+SUMMARY_DEAD_PATH = API_PREFIX + "/summaries/dead"
+SUMMARY_RETRY_DEAD_PATH = API_PREFIX + "/summaries/retry-dead"
 #: The store: ``RemoteStore``'s batch route, and LangGraph Agent Server's store routes (``langgraph_sdk``).
 STORE_BATCH_PATH = "/store/batch"
 STORE_ITEMS_PATH = "/store/items"
@@ -445,6 +448,8 @@ __all__ = [
     "STORE_ITEMS_PATH",
     "STORE_NAMESPACES_PATH",
     "STORE_SEARCH_PATH",
+    "SUMMARY_DEAD_PATH",
+    "SUMMARY_RETRY_DEAD_PATH",
     "SWEEPS_STATUS_PATH",
     "THREAD_COPY_PATH",
     "THREAD_DELETE_PATH",

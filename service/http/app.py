@@ -31,7 +31,16 @@ from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
 from reducing_saver.service.http.hotpath import ROUTES, HotPath
 from reducing_saver.service.http.observability import ObservabilityMiddleware, configure_logging
-from reducing_saver.service.http.routes import ORJSONResponse, checkpoints, extraction, health, storage, store, threads
+from reducing_saver.service.http.routes import (
+    ORJSONResponse,
+    checkpoints,
+    extraction,
+    health,
+    storage,
+    store,
+    summaries,
+    threads,
+)
 from reducing_saver.service.state import Service
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import METRICS_PATH
@@ -153,7 +162,15 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         | (docs if settings.docs_public else set())
     )
     limits = settings.limits
-    routers = (health.router, checkpoints.router, threads.router, storage.router, extraction.router, store.router)
+    routers = (
+        health.router,
+        checkpoints.router,
+        threads.router,
+        storage.router,
+        extraction.router,
+        summaries.router,
+        store.router,
+    )
     paths = frozenset(route.path for router in routers for route in router.routes) | docs
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.

@@ -324,6 +324,23 @@ class RetryDeadResponse(BaseModel):
     )
 
 
+class DeadSummaryStep(BaseModel):
+    thread_id: str
+    checkpoint_ns: str
+    step_id: str = Field(description="The batch's step (``additional_kwargs.reducing_saver_summary.step``).")
+    messages: int = Field(description="Messages in the batch.")
+    attempts: int
+    last_error: str | None = Field(description="What the summarizer's last attempt raised.")
+
+
+class DeadSummaryStepsResponse(BaseModel):
+    dead_steps: list[DeadSummaryStep] = Field(description="Oldest first.")
+
+
+class SummaryRetryDeadResponse(BaseModel):
+    requeued: int = Field(description="Summary batches sent back to the summarizer.")
+
+
 # -- storage you can see (service/storage/usage.py; docs/storage.md) -------------------------------
 
 #: The most threads a storage summary lists.

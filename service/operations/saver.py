@@ -457,6 +457,47 @@ def retry_dead(service: Service) -> dict[str, Any]:
     return answer
 
 
+def _summary_book(service: Service) -> Any:
+    if service.running_summaries is None:
+        raise NotFound("running summaries are off: this service was started without --summarizer")
+    return service.running_summaries.book
+
+
+def summary_dead_steps(service: Service, limit: int) -> dict[str, Any]:
+    """The caller's summary batches that failed every attempt, oldest first (``limit`` of them).
+
+    Raises:
+        NotFound: If the service runs without ``--summarizer``.
+    """
+    scope = _scope(service)
+    steps = _summary_book(service).dead_letters(limit, thread_prefix=scope.prefix)
+    return {
+        "dead_steps": [
+            {
+                "thread_id": scope.unthread(step.thread_id),
+                "checkpoint_ns": step.checkpoint_ns,
+                "step_id": step.step_id,
+                "messages": step.messages,
+                "attempts": step.attempts,
+                "last_error": None if step.last_error is None else scope.text(step.last_error),
+            }
+            for step in steps
+        ]
+    }
+
+
+def summary_retry_dead(service: Service) -> dict[str, Any]:
+    """Send the caller's dead summary batches back to the summarizer.
+
+    Raises:
+        NotFound: If the service runs without ``--summarizer``.
+    """
+    requeued = _summary_book(service).retry_dead(thread_prefix=_scope(service).prefix)
+    if requeued:
+        service.running_summaries.wake()
+    return {"requeued": requeued}
+
+
 def sweeps_status(service: Service) -> dict[str, Any]:
     if service.sweeper is None:
         raise Unavailable("the service is starting or stopping")

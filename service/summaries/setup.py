@@ -57,6 +57,10 @@ class RunningSummaries:
         self.workers: list[SummaryWorker] = []
 
     def _wake(self, thread_id: str) -> None:
+        self.wake()
+
+    def wake(self) -> None:
+        """Cut this process's summarizers' idle sleep short (a batch became claimable)."""
         for worker in self.workers:
             worker.wake()
 

@@ -3,7 +3,8 @@
 ``facts`` keeps every line tagged ``FACT:`` of the previous summary and of the batch, in order. ``flaky``
 does the same but fails a share RS_TEST_SUMMARY_FAIL_RATE of its calls, and records every call that
 returned in the table ``summarizer_calls`` of the database RS_TEST_CALLS_DB (when set), so a test can
-count model calls across processes; RS_TEST_SUMMARY_DELAY slows each call down (seconds).
+count model calls across processes; RS_TEST_SUMMARY_DELAY slows each call down (seconds). ``failing``
+fails every call.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def flaky(previous: str | None, messages: list[BaseMessage]) -> str:
                 (os.getpid(), messages[0].id, len(messages)),
             )
     return text
+
+
+def failing(previous: str | None, messages: list[BaseMessage]) -> str:
+    """A summarizer whose every call fails: its batches become dead letters."""
+    raise FlakySummarizerError(f"no model for {messages[0].id if messages else 'an empty batch'}")
 
 
 #: A chat model answering every prompt with the same summary (`--summarizer` naming a BaseChatModel).
