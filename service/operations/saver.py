@@ -454,6 +454,8 @@ def retry_dead(service: Service) -> dict[str, Any]:
     answer = {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=scope.namespace_prefix)}
     if service.running_summaries is not None:
         answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(thread_prefix=scope.prefix)
+        if answer["summary_steps_requeued"]:
+            service.running_summaries.wake()
     return answer
 
 
