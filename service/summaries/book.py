@@ -197,12 +197,12 @@ class SqlSummaryBook:
 
     def renew(self, worker_id: str, step: StepRequest, lease_seconds: float) -> bool:
         """Extend ``worker_id``'s lease of a step it holds to ``lease_seconds`` from now; whether it still
-        held it (``False``: the lease was lost, to another worker or because the step is no longer pending)."""
+        held it (``False``: the lease was lost, to another worker, or the step is no longer pending)."""
         with self._tx() as cur:
             cur.execute(
                 self._sql(
-                    f"UPDATE {TABLE} SET lease_until = ? WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ? "
-                    "AND status = 'pending' AND claimed_by = ?"
+                    f"UPDATE {TABLE} SET lease_until = ? WHERE thread_id = ? AND checkpoint_ns = ? "
+                    "AND step_id = ? AND status = 'pending' AND claimed_by = ?"
                 ),
                 (time.time() + lease_seconds, step.thread_id, step.checkpoint_ns, step.step_id, worker_id),
             )

@@ -418,7 +418,9 @@ class SummaryWorker:
                 kept = self.book.renew(self.worker_id, held.step, self.lease_seconds)
             except Exception:  # noqa: BLE001 - the next renewal tries again; the call goes on meanwhile
                 logger.warning(
-                    "%s: could not renew the lease of summary step %s", self.worker_id, held.step.step_id,
+                    "%s: could not renew the lease of summary step %s",
+                    self.worker_id,
+                    held.step.step_id,
                     exc_info=True,
                 )
                 continue
