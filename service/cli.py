@@ -736,20 +736,24 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
 def encrypt_sweep(settings: Settings) -> int:
     """Passes of the encryption sweep until no row is left behind; prints the last report as JSON."""
     from reducing_saver.service.encryption import Cipher, Sealer
-    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep
+    from reducing_saver.service.encryption.sweep import encrypt_sweep_of
     from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
     if settings.keyring is None:
         raise CommandError("encrypt-sweep needs the key ring: set REDUCING_SAVER_ENCRYPTION_KEYS", code=2)
-    if settings.backend != "postgres":
-        raise CommandError(f"encrypt-sweep rewrites PostgreSQL databases; {settings.backend} is not supported", code=2)
+    if settings.backend == "memory":
+        raise CommandError(
+            "encrypt-sweep rewrites PostgreSQL and SQLite databases; memory:// keeps nothing beyond the "
+            "service process (start the service with --encryption required instead)",
+            code=2,
+        )
     backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:
-        sweep = PostgresEncryptSweep(backend.pool, sealer)
+        sweep = encrypt_sweep_of(backend, sealer)
         for _ in range(ENCRYPT_SWEEP_PASSES):
             report = sweep.run()
             if not report.remaining or report.errors:
