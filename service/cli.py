@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     encrypt_sweep_parser = commands.add_parser(
         "encrypt-sweep",
-        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL)",
+        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL, SQLite)",
         description="Rewrite every plain row, and every row encrypted under a key other than the primary, "
         "as ciphertext under the primary key of REDUCING_SAVER_ENCRYPTION_KEYS, by compare-and-set (safe "
         "while services write and sweep the same database), until none is left; print rows per key id as "

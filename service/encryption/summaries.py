@@ -49,7 +49,9 @@ def batch_key_id(stored: bytes) -> str | None:
 
 def seal_text(sealer: Sealer, text: str, thread_id: str, ns: str, step_id: str) -> str:
     """A step's summary text sealed for its place."""
-    envelope = sealer.cipher.seal(text.encode(), sealer.tenant(thread_id), _context("text", thread_id, ns, step_id))
+    envelope = sealer.cipher.seal(
+        text.encode(), sealer.tenant(thread_id), _context("text", thread_id, ns, step_id)
+    )
     return SEALED_PREFIX + base64.b64encode(envelope).decode()
 
 

@@ -97,7 +97,14 @@ class EncryptSweep:
     def run(self) -> SweepReport:
         report = SweepReport()
         with self._connect() as conn:
-            for step in (self._channel_values, self._writes, self._metadata, self._outbox, self._store, self._summaries):
+            for step in (
+                self._channel_values,
+                self._writes,
+                self._metadata,
+                self._outbox,
+                self._store,
+                self._summaries,
+            ):
                 step(conn, report)
         return report
 
@@ -139,7 +146,9 @@ class EncryptSweep:
         columns = [c.strip() for c in order.split(",")]
         while True:
             where = "" if last is None else f"WHERE ({order}) > ({', '.join(['?'] * len(columns))})"
-            rows = self._fetch(conn, self._sql(f"SELECT * FROM ({sql}) s {where} ORDER BY {order} LIMIT {_PAGE}"), last or ())
+            rows = self._fetch(
+                conn, self._sql(f"SELECT * FROM ({sql}) s {where} ORDER BY {order} LIMIT {_PAGE}"), last or ()
+            )
             yield from rows
             if len(rows) < _PAGE:
                 return
@@ -191,7 +200,9 @@ class EncryptSweep:
             ids = (row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"], row["task_id"])
             _, value = self.sealer.open_write(_blob(row), *ids, row["channel"])
             sealed = self.sealer.seal_write(value, *ids, row["idx"], row["channel"])
-            return self._update(conn, update, (sealed.type, sealed.data, *ids, row["idx"], row["type"], row["blob"]))
+            return self._update(
+                conn, update, (sealed.type, sealed.data, *ids, row["idx"], row["type"], row["blob"])
+            )
 
         rows = self._pages(conn, sql, "thread_id, checkpoint_ns, checkpoint_id, task_id, idx")
         self._sweep(report, table, rows, lambda row: sealed_key_id(_blob(row), write=True), rewrite)
@@ -207,7 +218,11 @@ class EncryptSweep:
 
         def key_id(row: dict) -> str | None:
             metadata = self._metadata_of(row["metadata"])
-            stale = [v for k, v in metadata.items() if k not in PLAIN_METADATA_KEYS and sealed_key_id(v) != self.primary]
+            stale = [
+                v
+                for k, v in metadata.items()
+                if k not in PLAIN_METADATA_KEYS and sealed_key_id(v) != self.primary
+            ]
             return sealed_key_id(stale[0]) if stale else self.primary
 
         def rewrite(row: dict) -> bool:
@@ -228,14 +243,19 @@ class EncryptSweep:
             namespace = _namespace(row["namespace"])
             opened = open_record(self.sealer, kind, json.loads(row["text"]), namespace, row["key"])
             sealed = seal_record(self.sealer, kind, opened, namespace, row["key"])
-            return self._update(conn, self._sql(update), (json.dumps(sealed), row["namespace"], row["key"], row["text"]))
+            return self._update(
+                conn, self._sql(update), (json.dumps(sealed), row["namespace"], row["key"], row["text"])
+            )
 
         rows = self._pages(conn, sql, "namespace, key")
         self._sweep(report, table, rows, lambda row: record_key_id(json.loads(row["text"])), rewrite)
 
     def _outbox(self, conn: Any, report: SweepReport) -> None:
         self._records(
-            conn, report, "reducing_saver_outbox", "outbox",
+            conn,
+            report,
+            "reducing_saver_outbox",
+            "outbox",
             f"SELECT namespace, key, {self.outbox_text} AS text FROM reducing_saver_outbox",
             f"UPDATE reducing_saver_outbox SET message = {self.outbox_set} WHERE namespace = ? AND key = ? "
             f"AND {self.outbox_old} = ?",
@@ -243,7 +263,10 @@ class EncryptSweep:
 
     def _store(self, conn: Any, report: SweepReport) -> None:
         self._records(
-            conn, report, "store", "store",
+            conn,
+            report,
+            "store",
+            "store",
             f"SELECT prefix AS namespace, key, {self.store_text} AS text FROM store",
             f"UPDATE store SET value = {self.store_set} WHERE prefix = ? AND key = ? AND {self.store_old} = ?",
         )
@@ -469,7 +492,7 @@ class SweepStep:
 
             self.gauge = Gauge(
                 "reducing_saver_encrypted_rows",
-                "Rows of conversation content per encryption key id (key_id=\"plain\": not encrypted yet), as "
+                'Rows of conversation content per encryption key id (key_id="plain": not encrypted yet), as '
                 "the last encryption sweep counted them.",
                 ["key_id"],
                 registry=registry,

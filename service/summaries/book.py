@@ -15,6 +15,10 @@ sweeps, ``delete_for_runs``).
 :class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
 ``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
 backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the same contract in one process.
+
+Under ``--encryption`` a SQL book's :attr:`SqlSummaryBook.sealer` seals each step's ``text`` and ``batch``
+on the way in and opens them on the way out (``service/encryption/summaries.py``); ``copy_thread`` seals
+them again for the target thread.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ THREAD = "acme:t-1"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request, tmp_path):
-    url = f"sqlite:///{tmp_path}/s.sqlite" if request.param == "sqlite" else request.getfixturevalue("fresh_pg")
+    url = (
+        f"sqlite:///{tmp_path}/s.sqlite" if request.param == "sqlite" else request.getfixturevalue("fresh_pg")
+    )
     opened = open_backend(url, pool_size=2)
     opened.setup()
     yield opened
@@ -57,7 +59,9 @@ def _query(backend, sql: str, params: tuple = ()) -> list[tuple]:
 
 def _step(thread_id: str, base: str | None, keys: list[str], version: int) -> StepRequest:
     batch = [HumanMessage(f"{key} {SENTINEL}", id=key) for key in keys]
-    return StepRequest(thread_id, "", step_id(base, keys), base, version, tuple(keys), batch, version * len(keys))
+    return StepRequest(
+        thread_id, "", step_id(base, keys), base, version, tuple(keys), batch, version * len(keys)
+    )
 
 
 def _summarize(book, thread_id: str = THREAD) -> tuple[StepRequest, StepRequest]:
@@ -76,7 +80,7 @@ def _summarize(book, thread_id: str = THREAD) -> tuple[StepRequest, StepRequest]
 def test_text_and_batch_are_sealed_and_read_back(backend, ring):
     book = backend.summaries()
     book.sealer = _sealer(ring)
-    first, second = _summarize(book)
+    _, second = _summarize(book)
     stored = _query(backend, "SELECT text, batch FROM reducing_saver_summaries")
     assert len(stored) == 2
     for text, batch in stored:
@@ -93,9 +97,15 @@ def test_a_changed_or_moved_summary_fails_naming_the_thread(backend, ring, tampe
     _summarize(book, "acme:t-2")
     where = "thread_id = ? AND step_id = ?"
     if tamper == "flip":
-        (text,) = _query(backend, f"SELECT text FROM reducing_saver_summaries WHERE {where}", (THREAD, second.step_id))[0]
+        (text,) = _query(
+            backend, f"SELECT text FROM reducing_saver_summaries WHERE {where}", (THREAD, second.step_id)
+        )[0]
         changed = text[:-6] + ("A" if text[-6] != "A" else "B") + text[-5:]
-        _query(backend, f"UPDATE reducing_saver_summaries SET text = ? WHERE {where}", (changed, THREAD, second.step_id))
+        _query(
+            backend,
+            f"UPDATE reducing_saver_summaries SET text = ? WHERE {where}",
+            (changed, THREAD, second.step_id),
+        )
     else:
         source = {
             "another step": (THREAD, first.step_id),
@@ -107,8 +117,15 @@ def test_a_changed_or_moved_summary_fails_naming_the_thread(backend, ring, tampe
         if column == "batch":  # the batch's envelope, as a sealed text would carry it
             import base64
 
-            value = "reducing-saver/aesgcm:" + base64.b64encode(bytes(value)[len(b"reducing-saver/aesgcm:") :]).decode()
-        _query(backend, f"UPDATE reducing_saver_summaries SET text = ? WHERE {where}", (value, THREAD, second.step_id))
+            value = (
+                "reducing-saver/aesgcm:"
+                + base64.b64encode(bytes(value)[len(b"reducing-saver/aesgcm:") :]).decode()
+            )
+        _query(
+            backend,
+            f"UPDATE reducing_saver_summaries SET text = ? WHERE {where}",
+            (value, THREAD, second.step_id),
+        )
     with pytest.raises(IntegrityError, match="integrity check failed") as caught:
         book.steps(THREAD, "", [second.step_id])
     assert f"thread {THREAD!r}" in str(caught.value) and second.step_id in str(caught.value)
@@ -122,8 +139,12 @@ def test_a_moved_batch_makes_its_step_a_dead_letter(backend, ring):
     moved = _step(THREAD, None, ["m1"], 1)
     book.request(moved)  # the older one: claimed first
     book.request(other)
-    (batch,) = _query(backend, "SELECT batch FROM reducing_saver_summaries WHERE thread_id = ?", ("acme:t-2",))[0]
-    _query(backend, "UPDATE reducing_saver_summaries SET batch = ? WHERE thread_id = ?", (bytes(batch), THREAD))
+    (batch,) = _query(
+        backend, "SELECT batch FROM reducing_saver_summaries WHERE thread_id = ?", ("acme:t-2",)
+    )[0]
+    _query(
+        backend, "UPDATE reducing_saver_summaries SET batch = ? WHERE thread_id = ?", (bytes(batch), THREAD)
+    )
     claimed = book.claim("w", 30)  # the moved step is parked, the other one claimed
     assert claimed.request.thread_id == "acme:t-2" and claimed.request.batch[0]["content"] == f"x1 {SENTINEL}"
     (dead,) = book.dead_letters()
