@@ -208,6 +208,11 @@ def _plain_text_of(database: str, path: Any) -> str:
         return "\n".join(conn.iterdump())
 
 
+def _holds(text: str, sentinel: str) -> bool:
+    """The sentinel as text or as hex (bytea in pg_dump, blobs in SQLite's dump)."""
+    return any(form in text for form in (sentinel, sentinel.encode().hex(), sentinel.encode().hex().upper()))
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, request):
     """Plain rows of every kind (a summarized cut included), written without encryption, swept; then
@@ -230,7 +235,7 @@ def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, requ
                 time.sleep(0.1)
         with RemoteReducingSaver(process.url, api_key=key) as saver:
             before = saver.get_tuple({"configurable": {"thread_id": "t1"}})
-    assert sentinel in _plain_text_of(database, path) or sentinel.encode().hex() in _plain_text_of(database, path)
+    assert _holds(_plain_text_of(database, path), sentinel)
 
     ring = ring_json("k1", k1=new_key())
     report = _sweep_tenants(database, ring)
@@ -240,8 +245,7 @@ def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, requ
     tables = {channel_values, writes, "checkpoints.metadata", "reducing_saver_outbox", "store", "reducing_saver_summaries"}
     assert tables <= set(report["rewritten"]), report
     assert _sweep_tenants(database, ring)["rewritten"] == {}  # nothing left to do
-    dump = _plain_text_of(database, path)
-    assert sentinel not in dump and sentinel.encode().hex() not in dump and sentinel.encode().hex().upper() not in dump
+    assert not _holds(_plain_text_of(database, path), sentinel)
 
     env = {"REDUCING_SAVER_API_KEYS": API_KEYS, "REDUCING_SAVER_ENCRYPTION_KEYS": ring}
     with run_service(tmp_path, *serve, "--encryption", "required", env=env) as process:
@@ -269,3 +273,29 @@ def test_the_sweep_refuses_memory(tmp_path):
         [str(CLI), "encrypt-sweep", "--database", "memory://"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "memory:// keeps nothing beyond the service process" in done.stderr
+
+
+def test_the_ttl_sweeper_encrypts_sqlite_under_migrate(tmp_path):
+    """The TTL sweeper's pass of the encryption sweep, on a SQLite file a service without encryption wrote."""
+    import re
+
+    import httpx
+
+    path = tmp_path / "db.sqlite"
+    sentinel = f"SENTINEL-{uuid.uuid4().hex}"
+    with run_service(tmp_path, "--database", f"sqlite:///{path}", "--no-sweep") as process:
+        with RemoteReducingSaver(process.url) as saver:
+            graph(saver).invoke({"messages": [HumanMessage(f"hello {sentinel}")]}, {"configurable": {"thread_id": "t"}})
+    assert _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
+    args = ("--database", f"sqlite:///{path}", "--encryption", "migrate", "--sweep-interval", "1s")
+    with run_service(tmp_path, *args, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}) as process:
+        deadline, rows = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            metrics = httpx.get(process.url + "/metrics").text
+            rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
+            if rows and "plain" not in rows:
+                break
+            time.sleep(0.5)
+        assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
+        assert _read(process.url, "t")["values"]["messages"][0].content == f"hello {sentinel}"
+    assert not _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
