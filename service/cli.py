@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     encrypt_sweep_parser = commands.add_parser(
         "encrypt-sweep",
-        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL)",
+        help="encrypt plain rows and re-encrypt rows under an old key (PostgreSQL, SQLite)",
         description="Rewrite every plain row, and every row encrypted under a key other than the primary, "
         "as ciphertext under the primary key of REDUCING_SAVER_ENCRYPTION_KEYS, by compare-and-set (safe "
         "while services write and sweep the same database), until none is left; print rows per key id as "
@@ -736,20 +736,24 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
 def encrypt_sweep(settings: Settings) -> int:
     """Passes of the encryption sweep until no row is left behind; prints the last report as JSON."""
     from reducing_saver.service.encryption import Cipher, Sealer
-    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep
+    from reducing_saver.service.encryption.sweep import encrypt_sweep_of
     from reducing_saver.service.http.observability import configure_logging
     from reducing_saver.service.storage import open_backend
 
     configure_logging(settings)
     if settings.keyring is None:
         raise CommandError("encrypt-sweep needs the key ring: set REDUCING_SAVER_ENCRYPTION_KEYS", code=2)
-    if settings.backend != "postgres":
-        raise CommandError(f"encrypt-sweep rewrites PostgreSQL databases; {settings.backend} is not supported", code=2)
+    if settings.backend == "memory":
+        raise CommandError(
+            "encrypt-sweep rewrites PostgreSQL and SQLite databases; memory:// keeps nothing beyond the "
+            "service process (start the service with --encryption required instead)",
+            code=2,
+        )
     backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:
-        sweep = PostgresEncryptSweep(backend.pool, sealer)
+        sweep = encrypt_sweep_of(backend, sealer)
         for _ in range(ENCRYPT_SWEEP_PASSES):
             report = sweep.run()
             if not report.remaining or report.errors:

@@ -17,20 +17,29 @@ holds it; the holder ``renew``s its lease while its model call runs) -> ``done``
 :class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
 ``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
 backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the same contract in one process.
+
+Under ``--encryption`` a SQL book's :attr:`SqlSummaryBook.sealer` seals each step's ``text`` and ``batch``
+on the way in and opens them on the way out (``service/encryption/summaries.py``); ``copy_thread`` seals
+them again for the target thread.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from reducing_saver.reducer import MemorySummaryBook, StepInfo, StepRequest
+from reducing_saver.service.encryption import Sealer, StoredDataError
+from reducing_saver.service.encryption.summaries import open_batch, open_text, seal_batch, seal_text
 from reducing_saver.service.extraction.outbox import error_text, json_clean
+
+logger = logging.getLogger("reducing_saver.service")
 
 TABLE = "reducing_saver_summaries"
 #: A step's base column for the first step of a namespace (NULL would need IS NOT DISTINCT FROM).
@@ -40,6 +49,11 @@ ROOT = ""
 ORPHAN_GRACE_SECONDS = 300.0
 
 _INFO = "step_id, base_step, version, keys, status, covered, text"
+#: The columns ``copy_thread`` copies (a copy holds no lease).
+_COPIED = (
+    "checkpoint_ns, step_id, base_step, version, keys, batch, batch_size, covered, status, text, model, "
+    "prompt_hash, input_tokens, output_tokens, attempts, available_at, last_error, created_at, done_at"
+)
 
 
 @dataclass(frozen=True)
@@ -62,19 +76,6 @@ class DeadStep:
     messages: int = 0
 
 
-def _info(row: Any) -> StepInfo:
-    base = row["base_step"]
-    return StepInfo(
-        row["step_id"],
-        None if base == ROOT else base,
-        row["version"],
-        tuple(orjson.loads(bytes(row["keys"]))),
-        row["status"],
-        row["covered"],
-        row["text"],
-    )
-
-
 def batch_data(batch: Sequence[Any]) -> bytes:
     """A batch's messages as JSON bytes (``model_dump()`` dicts; bytea/blob, which can hold NUL)."""
     dumps = []
@@ -90,10 +91,13 @@ class SqlSummaryBook:
     Attributes:
         placeholder: The driver's parameter marker.
         lock_clause: How a claim's ``SELECT`` locks the rows it picks.
+        sealer: Under ``--encryption``, what seals each step's ``text`` and ``batch``, bound to the step's
+            thread, namespace and id (``service/encryption/summaries.py``); ``None`` stores them plain.
     """
 
     placeholder = "?"
     lock_clause = ""
+    sealer: Sealer | None = None
 
     def _tx(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
@@ -106,6 +110,34 @@ class SqlSummaryBook:
             cur.execute(self._sql(text), tuple(params))
             return cur.fetchall() if cur.description else []
 
+    # -- the sealed columns ------------------------------------------------------------------------
+
+    def _text_in(self, text: str, thread_id: str, ns: str, step_id: str) -> str:
+        text = text.replace("\x00", "")
+        return text if self.sealer is None else seal_text(self.sealer, text, thread_id, ns, step_id)
+
+    def _text_out(self, stored: str | None, thread_id: str, ns: str, step_id: str) -> str | None:
+        return stored if self.sealer is None else open_text(self.sealer, stored, thread_id, ns, step_id)
+
+    def _batch_in(self, data: bytes, thread_id: str, ns: str, step_id: str) -> bytes:
+        return data if self.sealer is None else seal_batch(self.sealer, data, thread_id, ns, step_id)
+
+    def _batch_out(self, stored: Any, thread_id: str, ns: str, step_id: str) -> bytes:
+        stored = bytes(stored)
+        return stored if self.sealer is None else open_batch(self.sealer, stored, thread_id, ns, step_id)
+
+    def _info(self, row: Any, thread_id: str, ns: str) -> StepInfo:
+        base = row["base_step"]
+        return StepInfo(
+            row["step_id"],
+            None if base == ROOT else base,
+            row["version"],
+            tuple(orjson.loads(bytes(row["keys"]))),
+            row["status"],
+            row["covered"],
+            self._text_out(row["text"], thread_id, ns, row["step_id"]),
+        )
+
     # -- the put path's side ---------------------------------------------------------------------
 
     def steps(self, thread_id: str, checkpoint_ns: str, step_ids: Sequence[str]) -> dict[str, StepInfo]:
@@ -116,7 +148,7 @@ class SqlSummaryBook:
             f"SELECT {_INFO} FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id IN ({marks})",
             (thread_id, checkpoint_ns, *step_ids),
         )
-        return {row["step_id"]: _info(row) for row in rows}
+        return {row["step_id"]: self._info(row, thread_id, checkpoint_ns) for row in rows}
 
     def children(self, thread_id: str, checkpoint_ns: str, base_step: str | None) -> list[StepInfo]:
         rows = self._run(
@@ -124,7 +156,7 @@ class SqlSummaryBook:
             "ORDER BY created_at",
             (thread_id, checkpoint_ns, base_step or ROOT),
         )
-        return [_info(row) for row in rows]
+        return [self._info(row, thread_id, checkpoint_ns) for row in rows]
 
     def request(self, step: StepRequest) -> None:
         now = time.time()
@@ -139,7 +171,7 @@ class SqlSummaryBook:
                 step.base_step or ROOT,
                 step.version,
                 orjson.dumps(list(step.keys)),
-                batch_data(step.batch),
+                self._batch_in(batch_data(step.batch), step.thread_id, step.checkpoint_ns, step.step_id),
                 len(step.batch),
                 step.covered,
                 now,
@@ -150,7 +182,40 @@ class SqlSummaryBook:
     # -- the summarizer's side -------------------------------------------------------------------
 
     def claim(self, worker_id: str, lease_seconds: float) -> ClaimedStep | None:
-        """The oldest claimable step (its base done), leased to ``worker_id``; ``None`` when there is none."""
+        """The oldest claimable step (its base done), leased to ``worker_id``; ``None`` when there is none.
+
+        A step whose batch or base summary cannot be opened (changed, copied from another thread or step,
+        plain under ``--encryption required``, under a key the ring lacks) becomes a dead letter whose
+        error says why, and the next one is claimed.
+        """
+        while True:
+            claimed = self._claim_row(worker_id, lease_seconds)
+            if claimed is None:
+                return None
+            row, previous = claimed
+            request = StepRequest(
+                thread_id=row["thread_id"],
+                checkpoint_ns=row["checkpoint_ns"],
+                step_id=row["step_id"],
+                base_step=None if row["base_step"] == ROOT else row["base_step"],
+                version=row["version"],
+                keys=tuple(orjson.loads(bytes(row["keys"]))),
+                batch=[],
+                covered=row["covered"],
+            )
+            place = (request.thread_id, request.checkpoint_ns)
+            try:
+                batch = orjson.loads(self._batch_out(row["batch"], *place, request.step_id))
+                if request.base_step is not None:
+                    previous = self._text_out(previous, *place, request.base_step)
+            except StoredDataError as exc:
+                logger.error("summary step %s of thread %r: %s", request.step_id, request.thread_id, exc)
+                self.fail(worker_id, request, str(exc))
+                continue
+            return ClaimedStep(replace(request, batch=batch), previous, row["attempts"] + 1)
+
+    def _claim_row(self, worker_id: str, lease_seconds: float) -> tuple[Any, str | None] | None:
+        """The row of the oldest claimable step, leased, and its base's stored text."""
         now = time.time()
         with self._tx() as cur:
             cur.execute(
@@ -183,17 +248,7 @@ class SqlSummaryBook:
                     (row["thread_id"], row["checkpoint_ns"], row["base_step"]),
                 )
                 previous = cur.fetchone()["text"]
-        request = StepRequest(
-            thread_id=row["thread_id"],
-            checkpoint_ns=row["checkpoint_ns"],
-            step_id=row["step_id"],
-            base_step=None if row["base_step"] == ROOT else row["base_step"],
-            version=row["version"],
-            keys=tuple(orjson.loads(bytes(row["keys"]))),
-            batch=orjson.loads(bytes(row["batch"])),
-            covered=row["covered"],
-        )
-        return ClaimedStep(request, previous, row["attempts"] + 1)
+        return row, previous
 
     def renew(self, worker_id: str, step: StepRequest, lease_seconds: float) -> bool:
         """Extend ``worker_id``'s lease of a step it holds to ``lease_seconds`` from now; whether it still
@@ -227,7 +282,7 @@ class SqlSummaryBook:
                     "WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ? AND status = 'pending'"
                 ),
                 (
-                    text.replace("\x00", ""),
+                    self._text_in(text, step.thread_id, step.checkpoint_ns, step.step_id),
                     model,
                     prompt_hash,
                     input_tokens,
@@ -322,15 +377,36 @@ class SqlSummaryBook:
         self._run(f"DELETE FROM {TABLE} WHERE thread_id = ?", (thread_id,))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        columns = (
-            "checkpoint_ns, step_id, base_step, version, keys, batch, batch_size, covered, status, text, model, "
-            "prompt_hash, input_tokens, output_tokens, attempts, available_at, last_error, created_at, done_at"
-        )
-        self._run(
-            f"INSERT INTO {TABLE} (thread_id, {columns}) SELECT ?, {columns} FROM {TABLE} WHERE thread_id = ? "
-            "ON CONFLICT (thread_id, checkpoint_ns, step_id) DO NOTHING",
-            (target_thread_id, source_thread_id),
-        )
+        """Copy a thread's steps to another thread (steps the target has already are kept).
+
+        Under encryption each step's text and batch are opened and sealed again for the target thread (a
+        ciphertext bound to the source does not open there), in the same transaction.
+        """
+        if self.sealer is None:
+            self._run(
+                f"INSERT INTO {TABLE} (thread_id, {_COPIED}) SELECT ?, {_COPIED} FROM {TABLE} WHERE thread_id = ? "
+                "ON CONFLICT (thread_id, checkpoint_ns, step_id) DO NOTHING",
+                (target_thread_id, source_thread_id),
+            )
+            return
+        columns = [c.strip() for c in _COPIED.split(",")]
+        marks = ", ".join("?" for _ in range(len(columns) + 1))
+        with self._tx() as cur:
+            cur.execute(self._sql(f"SELECT {_COPIED} FROM {TABLE} WHERE thread_id = ?"), (source_thread_id,))
+            rows = [dict(zip(columns, (row[c] for c in columns), strict=True)) for row in cur.fetchall()]
+            for row in rows:
+                ns, step_id = row["checkpoint_ns"], row["step_id"]
+                batch = self._batch_out(row["batch"], source_thread_id, ns, step_id)
+                row["batch"] = self._batch_in(batch, target_thread_id, ns, step_id)
+                text = self._text_out(row["text"], source_thread_id, ns, step_id)
+                row["text"] = None if text is None else self._text_in(text, target_thread_id, ns, step_id)
+                cur.execute(
+                    self._sql(
+                        f"INSERT INTO {TABLE} (thread_id, {_COPIED}) VALUES ({marks}) "
+                        "ON CONFLICT (thread_id, checkpoint_ns, step_id) DO NOTHING"
+                    ),
+                    (target_thread_id, *(row[c] for c in columns)),
+                )
 
     def forget_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the steps of thread namespaces that have no checkpoint left (older than the grace)."""

@@ -6,6 +6,8 @@ import logging
 from typing import Any
 
 from reducing_saver.reducer import MessageReducer, Summaries
+from reducing_saver.service.encryption import sealer_for
+from reducing_saver.service.encryption.records import sealed_store
 from reducing_saver.service.summaries.metrics import SummaryMetrics
 from reducing_saver.service.summaries.summarizer import SummaryWorker, load_summarizer, tenant_of
 
@@ -35,6 +37,10 @@ class RunningSummaries:
             max_tokens=settings.summary_max_tokens,
         )
         self.book = backend.summaries()
+        #: Under --encryption, what seals the book's summaries and batches and the store's copy.
+        self.sealer = sealer_for(settings, tenant_mode=tenant_mode)
+        if self.sealer is not None and hasattr(self.book, "sealer"):  # memory:// keeps nothing at rest
+            self.book.sealer = self.sealer
         self.backend = backend
         self.metrics = SummaryMetrics(registry, self.book) if registry is not None else None
         tenants = set(settings.summarize_tenants) if settings.summarize_tenants else None
@@ -77,7 +83,7 @@ class RunningSummaries:
     def start(self) -> list[SummaryWorker]:
         """Summarize in background threads of this process, ``summary_concurrency`` calls at once."""
         settings = self.settings
-        store = self.backend.store()
+        store = sealed_store(self.backend.store(), self.sealer)
         for _ in range(settings.summary_concurrency):
             worker = SummaryWorker(
                 self.book,

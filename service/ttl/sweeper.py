@@ -641,9 +641,10 @@ def open_sweeper(
 
 
 def _encrypt_step(settings: Any, backend: Any, registry: Any, tenant_mode: bool) -> Callable[[], Any] | None:
-    """Under ``--encryption migrate`` on PostgreSQL, a pass of ``encrypt-sweep`` with each TTL sweep."""
-    if getattr(settings, "encryption", "off") != "migrate" or backend.kind != "postgres":
+    """Under ``--encryption migrate`` on PostgreSQL or SQLite, a pass of ``encrypt-sweep`` with each TTL
+    sweep."""
+    if getattr(settings, "encryption", "off") != "migrate" or backend.kind not in ("postgres", "sqlite"):
         return None
-    from reducing_saver.service.encryption.sweep import PostgresEncryptSweep, SweepStep
+    from reducing_saver.service.encryption.sweep import SweepStep, encrypt_sweep_of
 
-    return SweepStep(PostgresEncryptSweep(backend.pool, sealer_for(settings, tenant_mode=tenant_mode)), registry)
+    return SweepStep(encrypt_sweep_of(backend, sealer_for(settings, tenant_mode=tenant_mode)), registry)

@@ -5,7 +5,9 @@ read with an integrity error while everything else keeps working.
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -21,6 +23,8 @@ pytestmark = pytest.mark.e2e
 
 KEYS = {"acme": "acme-key-0123456789abcdef", "globex": "globex-key-0123456789abcdef"}
 SERVE = ("--max-messages", "4", "--min-messages", "2")
+#: A summarizer copying the cut messages into the summary: a sentinel in them reaches the summaries table.
+SUMMARIZE = ("--summarizer", "tests.support.summarizers:verbatim")
 
 
 def _env(ring: str | None) -> dict[str, str]:
@@ -41,6 +45,34 @@ def _dump(database: str) -> str:
     return subprocess.run(["pg_dump", "--no-owner", database], check=True, capture_output=True, text=True).stdout
 
 
+def _summarized(query: object, timeout: float = 20.0) -> list[str]:
+    """Wait until every summary step is done (``query(sql)`` reads the database); the summaries' texts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = query("SELECT count(*) FROM reducing_saver_summaries WHERE status <> 'done'")[0][0]
+        texts = [row[0] for row in query("SELECT text FROM reducing_saver_summaries WHERE status = 'done'")]
+        if texts and not pending:
+            return texts
+        assert time.monotonic() < deadline, "the summarizer did not catch up"
+        time.sleep(0.1)
+
+
+def _pg_query(database: str) -> object:
+    def query(sql: str) -> list:
+        with psycopg.connect(database) as conn:
+            return conn.execute(sql).fetchall()
+
+    return query
+
+
+def _sqlite_query(path: object) -> object:
+    def query(sql: str) -> list:
+        with sqlite3.connect(path) as conn:
+            return conn.execute(sql).fetchall()
+
+    return query
+
+
 def _found(sentinel: str, text: str) -> bool:
     """The sentinel as text (JSON, JSONB) or as hex (bytea in a dump)."""
     return sentinel in text or sentinel.encode().hex() in text
@@ -51,21 +83,30 @@ def _found(sentinel: str, text: str) -> bool:
 
 @pytest.mark.parametrize("mode", ["off", "required"])
 def test_sentinel_in_no_table_of_pg_dump(tmp_path, fresh_pg, mode):
-    """With encryption off the sentinel is in the dump (the check can fail); required: nowhere."""
+    """With encryption off the sentinel is in the dump (the check can fail); required: nowhere, cut and
+    summarized messages included (the summaries' texts and batches, the store's copy of the summary)."""
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
-    args = ("--database", fresh_pg, "--encryption", mode, *SERVE)
+    args = ("--database", fresh_pg, "--encryption", mode, *SERVE, *SUMMARIZE)
     ring = ring_json("k1", k1=new_key()) if mode == "required" else None
     with run_service(tmp_path, *args, env=_env(ring)) as process:
         fill(process.url, KEYS["acme"], "t1", sentinel)
+        summaries = _summarized(_pg_query(fresh_pg))
+        with RemoteStore(process.url, api_key=KEYS["acme"]) as store:
+            running = store.get(("threads", "t1", "summary"), "running").value["text"]
+    assert f"turn 0 {sentinel}" in running  # the summary holds a cut message's text
     with psycopg.connect(fresh_pg) as conn:  # every kind of row is there
-        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "store", "reducing_saver_outbox"):
+        tables = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "store", "reducing_saver_outbox")
+        for table in (*tables, "reducing_saver_summaries"):
             assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] > 0, table
         memories = conn.execute("SELECT count(*) FROM store WHERE prefix LIKE 'tenants.acme.memories%'")
         assert memories.fetchone()[0] > 0
+        summary_copy = conn.execute("SELECT count(*) FROM store WHERE prefix = 'tenants.acme.threads.t1.summary'")
+        assert summary_copy.fetchone()[0] == 1
     dump = _dump(fresh_pg)
     if mode == "off":
         for form in (f"meta {sentinel}", f"item {sentinel}", f"write {sentinel}", f"notes about turn"):
             assert _found(form, dump), form
+        assert any(sentinel in text for text in summaries)
     else:
         assert not _found(sentinel, dump)
         assert "tag" in dump  # metadata keys stay, their values do not
@@ -74,9 +115,12 @@ def test_sentinel_in_no_table_of_pg_dump(tmp_path, fresh_pg, mode):
 def test_sentinel_not_in_the_sqlite_file(tmp_path):
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     database = tmp_path / "db" / "checkpoints.sqlite"
-    args = ("--database", f"sqlite:///{database}", "--encryption", "required", *SERVE)
+    args = ("--database", f"sqlite:///{database}", "--encryption", "required", *SERVE, *SUMMARIZE)
     with run_service(tmp_path, *args, env=_env(ring_json("k1", k1=new_key()))) as process:
         fill(process.url, KEYS["acme"], "t1", sentinel)
+        _summarized(_sqlite_query(database))
+        with RemoteStore(process.url, api_key=KEYS["acme"]) as store:
+            assert sentinel in store.get(("threads", "t1", "summary"), "running").value["text"]
     files = list(database.parent.iterdir())
     assert any(f.stat().st_size > 0 for f in files)
     for path in files:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
+import time
 import uuid
+from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -180,3 +183,119 @@ def test_a_sweep_killed_midway_loses_nothing(tmp_path, fresh_pg):
     with _serve(tmp_path, fresh_pg, "required", ring_json("k2", k2=k2)) as process:
         for thread_id in threads:
             assert len(_read(process.url, thread_id)["values"]["messages"]) == 4
+
+
+# -- every table the service writes, swept on both databases -----------------------------------------
+
+API_KEYS = "acme=acme-key-0123456789abcdef"
+
+
+def _sweep_tenants(database: str, ring: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
+    env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring, REDUCING_SAVER_API_KEYS=API_KEYS, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [str(CLI), "encrypt-sweep", "--database", database], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _plain_text_of(database: str, path: Any) -> str:
+    """Every row of the database as text (pg_dump; SQLite's dump, blobs as hex)."""
+    if path is None:
+        return subprocess.run(["pg_dump", database], check=True, capture_output=True, text=True).stdout
+    with sqlite3.connect(path) as conn:
+        return "\n".join(conn.iterdump())
+
+
+def _holds(text: str, sentinel: str) -> bool:
+    """The sentinel as text or as hex (bytea in pg_dump, blobs in SQLite's dump)."""
+    return any(form in text for form in (sentinel, sentinel.encode().hex(), sentinel.encode().hex().upper()))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, request):
+    """Plain rows of every kind (a summarized cut included), written without encryption, swept; then
+    ``required`` reads the thread, its summary and the store, and the next turn works."""
+    from reducing_saver.client import RemoteStore
+    from tests.support.encrypted_graph import fill
+
+    path = tmp_path / "db.sqlite" if kind == "sqlite" else None
+    database = f"sqlite:///{path}" if path else request.getfixturevalue("fresh_pg")
+    sentinel = f"SENTINEL-{uuid.uuid4().hex}"
+    key = API_KEYS.split("=")[1]
+    serve = ("--database", database, "--no-sweep", "--max-messages", "4", "--min-messages", "2",
+             "--summarizer", "tests.support.summarizers:verbatim")
+    with run_service(tmp_path, *serve, env={"REDUCING_SAVER_API_KEYS": API_KEYS}) as process:
+        fill(process.url, key, "t1", sentinel)
+        with RemoteStore(process.url, api_key=key) as store:
+            deadline = time.monotonic() + 20
+            while store.get(("threads", "t1", "summary"), "running") is None:
+                assert time.monotonic() < deadline, "no summary"
+                time.sleep(0.1)
+        with RemoteReducingSaver(process.url, api_key=key) as saver:
+            before = saver.get_tuple({"configurable": {"thread_id": "t1"}})
+    assert _holds(_plain_text_of(database, path), sentinel)
+
+    ring = ring_json("k1", k1=new_key())
+    report = _sweep_tenants(database, ring)
+    assert report["remaining"] == 0 and not report["errors"] and set(report["rows_by_key_id"]) == {"k1"}, report
+    channel_values = "checkpoints.channel_values" if kind == "sqlite" else "checkpoint_blobs"
+    writes = "writes" if kind == "sqlite" else "checkpoint_writes"
+    tables = {channel_values, writes, "checkpoints.metadata", "reducing_saver_outbox", "store", "reducing_saver_summaries"}
+    assert tables <= set(report["rewritten"]), report
+    assert _sweep_tenants(database, ring)["rewritten"] == {}  # nothing left to do
+    assert not _holds(_plain_text_of(database, path), sentinel)
+
+    env = {"REDUCING_SAVER_API_KEYS": API_KEYS, "REDUCING_SAVER_ENCRYPTION_KEYS": ring}
+    with run_service(tmp_path, *serve, "--encryption", "required", env=env) as process:
+        with RemoteReducingSaver(process.url, api_key=key, max_retries=0) as saver:
+            after = saver.get_tuple({"configurable": {"thread_id": "t1"}})
+            assert after.checkpoint["channel_values"] == before.checkpoint["channel_values"]
+            assert after.metadata["tag"] == f"meta {sentinel}"
+            graph(saver).invoke({"messages": [HumanMessage("after the sweep")]}, {"configurable": {"thread_id": "t1"}})
+            messages = saver.get_tuple({"configurable": {"thread_id": "t1"}}).checkpoint["channel_values"]["messages"]
+        assert sentinel in str(messages[0].content)  # the summary, read from the sealed book
+        with RemoteStore(process.url, api_key=key, max_retries=0) as store:
+            assert sentinel in store.get(("threads", "t1", "summary"), "running").value["text"]
+            assert store.get(("prefs", "t1"), "item").value == {"text": f"item {sentinel}"}
+    if path is not None:  # SQLite keeps freed pages until VACUUM (docs/encryption.md)
+        with sqlite3.connect(path) as conn:
+            conn.execute("VACUUM")
+        for file in path.parent.iterdir():
+            assert sentinel.encode() not in file.read_bytes(), file.name
+
+
+def test_the_sweep_refuses_memory(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
+    env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring_json("k1", k1=new_key()), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [str(CLI), "encrypt-sweep", "--database", "memory://"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "memory:// keeps nothing beyond the service process" in done.stderr
+
+
+def test_the_ttl_sweeper_encrypts_sqlite_under_migrate(tmp_path):
+    """The TTL sweeper's pass of the encryption sweep, on a SQLite file a service without encryption wrote."""
+    import re
+
+    import httpx
+
+    path = tmp_path / "db.sqlite"
+    sentinel = f"SENTINEL-{uuid.uuid4().hex}"
+    with run_service(tmp_path, "--database", f"sqlite:///{path}", "--no-sweep") as process:
+        with RemoteReducingSaver(process.url) as saver:
+            graph(saver).invoke({"messages": [HumanMessage(f"hello {sentinel}")]}, {"configurable": {"thread_id": "t"}})
+    assert _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
+    args = ("--database", f"sqlite:///{path}", "--encryption", "migrate", "--sweep-interval", "1s")
+    with run_service(tmp_path, *args, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}) as process:
+        deadline, rows = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            metrics = httpx.get(process.url + "/metrics").text
+            rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
+            if rows and "plain" not in rows:
+                break
+            time.sleep(0.5)
+        assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
+        assert _read(process.url, "t")["values"]["messages"][0].content == f"hello {sentinel}"
+    assert not _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)

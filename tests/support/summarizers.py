@@ -1,6 +1,7 @@
 """Summarizers for tests: deterministic, so a test can say what a summary must hold.
 
-``facts`` keeps every line tagged ``FACT:`` of the previous summary and of the batch, in order. ``flaky``
+``facts`` keeps every line tagged ``FACT:`` of the previous summary and of the batch, in order;
+``verbatim`` keeps every line of both (whatever a cut message said is in its summary). ``flaky``
 does the same but fails a share RS_TEST_SUMMARY_FAIL_RATE of its calls, and records every call that
 returned in the table ``summarizer_calls`` of the database RS_TEST_CALLS_DB (when set), so a test can
 count model calls across processes; RS_TEST_SUMMARY_DELAY slows each call down (seconds). ``failing``
@@ -25,6 +26,13 @@ def facts(previous: str | None, messages: list[BaseMessage]) -> str:
     lines = [line for line in (previous or "").splitlines() if line]
     for message in messages:
         lines += [line for line in str(message.content).splitlines() if line.startswith("FACT:")]
+    return "\n".join(lines)
+
+
+def verbatim(previous: str | None, messages: list[BaseMessage]) -> str:
+    lines = [line for line in (previous or "").splitlines() if line]
+    for message in messages:
+        lines += [line for line in str(message.content).splitlines() if line]
     return "\n".join(lines)
 
 
