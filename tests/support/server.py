@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,3 +87,72 @@ def run_service(
     command = [str(CLI), "serve", "--port", str(port), *args]
     with run_ready(command, url, log, env=full_env, cwd=log_dir) as process:
         yield ServiceProcess(process, url, log)
+
+
+class ImageService:
+    """The service running in a container of the project's image (:func:`run_in_image`)."""
+
+    def __init__(self, container: str, url: str) -> None:
+        self.container = container
+        self.url = url
+
+    def output(self) -> str:
+        done = subprocess.run(
+            ["docker", "logs", self.container], capture_output=True, text=True, check=False
+        )
+        return done.stdout + done.stderr
+
+
+@contextmanager
+def run_in_image(
+    image: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    files: tuple[str, ...] = (),
+    timeout: float = 120.0,
+) -> Iterator[ImageService]:
+    """Run `reducing-saver serve ARGS` in a container of ``image`` (its entrypoint), published on a free
+    loopback port; wait for /readyz; remove the container afterwards.
+
+    ``files`` (paths relative to the repository, e.g. a test module an ``embed`` spec names) are copied to
+    ``/app`` in the container, which is on its ``PYTHONPATH``; copied, not mounted, so the engine need not
+    see this machine's folders.
+    """
+    port = free_port()
+    container = f"rstest-{os.getpid()}-{port}"
+    variables = {"PYTHONPATH": "/app", **(env or {})}
+    environment = [f"--env={name}={value}" for name, value in variables.items()]
+    create = ["docker", "create", "--name", container, "--publish", f"127.0.0.1:{port}:8080", *environment]
+    subprocess.run([*create, image, *args], check=True, capture_output=True, timeout=120)
+    service = ImageService(container, f"http://127.0.0.1:{port}")
+    try:
+        with tempfile.TemporaryDirectory() as staging:  # docker cp makes no parent folders: a tree
+            for path in files:
+                (Path(staging) / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(ROOT / path, Path(staging) / path)
+            subprocess.run(["docker", "cp", f"{staging}/.", f"{container}:/app"], check=True, timeout=60)
+        subprocess.run(["docker", "start", container], check=True, capture_output=True, timeout=120)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{service.url}/readyz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            state = subprocess.run(
+                ["docker", "inspect", "--format", "{{.State.Running}}", container],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if state != "true" or time.monotonic() > deadline:
+                raise RuntimeError(f"service in {image} not ready (running: {state}):\n{service.output()}")
+            time.sleep(0.2)
+        yield service
+    except BaseException:
+        print(f"--- docker logs {container} ---\n{service.output()}")  # in pytest's report of the failure
+        raise
+    finally:
+        subprocess.run(
+            ["docker", "rm", "--force", container], capture_output=True, check=False, timeout=120
+        )

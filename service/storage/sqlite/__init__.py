@@ -114,7 +114,13 @@ class SqliteBackend:
     def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
         if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
             raise RuntimeError(NO_LOADABLE_EXTENSIONS)
-        return SqliteStore(conn, **self.store_options)
+        options = dict(self.store_options)
+        if "index" in options:
+            # SqliteStore reads the paths to embed from "text_fields", not from IndexConfig's "fields" as
+            # PostgresStore and InMemoryStore do (langgraph#8808): with "fields" alone it embeds whole
+            # values.
+            options["index"] = {**options["index"], "text_fields": options["index"]["fields"]}
+        return SqliteStore(conn, **options)
 
     def store(self) -> SqliteStore:
         if self._store is None:
