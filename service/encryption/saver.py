@@ -43,11 +43,13 @@ from langgraph.checkpoint.base import (
 
 from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, key_id_of
 from reducing_saver.service.storage.lifecycle import (
+    DELTA_CHANNEL_KEY,
     DELTA_METADATA_KEYS,
     ThreadNotEmptyError,
     check_copy_ids,
     is_snapshot_value,
     refuse_delta_threads,
+    uses_delta_channel,
 )
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
@@ -256,6 +258,11 @@ class EncryptingSaver(BaseCheckpointSaver):
     the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys), and
     ``copy_thread`` (which seals each value again for the target thread). ``get_delta_channel_history``
     is not offered: it returns writes without the checkpoint their envelopes are bound to.
+
+    ``put`` tells the inner saver, whose keep-checkpoints rule must leave a DeltaChannel thread whole but
+    which receives a snapshot only sealed, that the put belongs to one: it looks at the plain values and
+    metadata (``lifecycle.uses_delta_channel``) and sets ``config["configurable"][DELTA_CHANNEL_KEY]``,
+    which is not stored (LangGraph's metadata merge skips ``__`` keys).
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -316,6 +323,9 @@ class EncryptingSaver(BaseCheckpointSaver):
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         # Merged here, as the inner saver would, so configurable values are sealed too (it then adds none).
         merged = get_checkpoint_metadata(config, metadata)
+        if uses_delta_channel(config, checkpoint, merged):
+            # Told from the plain values: the inner saver sees a snapshot only sealed, and would prune.
+            config = {**config, "configurable": {**configurable, DELTA_CHANNEL_KEY: True}}
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions)
         return self.inner.put(config, sealed, sealed_metadata, new_versions)

@@ -27,7 +27,9 @@ Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoi
   blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
   (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
   call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
-  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing.
+  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing (``uses_delta_channel``;
+  under encryption the values arrive sealed, and ``EncryptingSaver`` says so with
+  ``DELTA_CHANNEL_KEY``).
 
 A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
 checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
@@ -189,8 +191,20 @@ def is_subgraph_call(checkpoint_ns: str) -> bool:
     return ":" in checkpoint_ns
 
 
-def uses_delta_channel(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> bool:
+#: ``config["configurable"]`` key with which a wrapper that saw a put's plain values says the put belongs
+#: to a thread with a DeltaChannel (``EncryptingSaver``: the backend's saver then receives the values
+#: sealed, and no snapshot is recognizable). A ``__`` key: LangGraph's metadata merge skips it, so it is
+#: never stored, and a client cannot send it (``check_configurable`` refuses ``__`` keys).
+DELTA_CHANNEL_KEY = "__delta_channel__"
+
+
+def uses_delta_channel(
+    config: Mapping[str, Any], checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None
+) -> bool:
     """True when a put belongs to a thread with a DeltaChannel: its values are rebuilt from older
-    checkpoints' writes, so its history cannot be cut."""
+    checkpoints' writes, so its history cannot be cut. Told by the put's metadata counters, a snapshot
+    among its channel values, or ``config["configurable"][DELTA_CHANNEL_KEY]``."""
+    if (config.get("configurable") or {}).get(DELTA_CHANNEL_KEY) is True:
+        return True
     values = checkpoint.get("channel_values") or {}
     return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())

@@ -1,22 +1,28 @@
-"""``--keep-checkpoints`` through the service: two replicas on one PostgreSQL, and a thread's own count.
+"""``--keep-checkpoints`` through the service: two replicas on one PostgreSQL, a thread's own count, and
+a DeltaChannel thread under encryption.
 
 Two ``reducing-saver serve --keep-checkpoints 4`` processes share a database; chat threads run at once,
 each turn of a thread sent to the other replica than the turn before. Every thread ends with its newest
 4 checkpoints, a full history of 4 steps, the same answers as an unpruned in-process run, and a stock
-PostgresSaver reads it.
+PostgresSaver reads it. A thread whose messages are a DeltaChannel is kept whole, with ``--encryption
+required`` as with ``--encryption off``.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from langchain_core.messages import AnyMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph.message import _messages_delta_reducer
 from psycopg.rows import dict_row
 
 from reducing_saver.client import RemoteReducingSaver
@@ -26,6 +32,7 @@ from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.wire import blob_to_wire
 from tests.conftest import build_chat_graph, human
 from tests.support.bodies import messages_put_body
+from tests.support.encryption import new_key, ring_json
 from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e
@@ -113,3 +120,50 @@ def test_a_threads_own_count_and_a_bad_one() -> None:
             assert answer.status_code == 422, answer.text
             assert "config.configurable.keep_checkpoints must be a whole number >= 0" in answer.json()["detail"]
         assert list(saver.list({"configurable": {"thread_id": "bad"}})) == []
+
+
+class _DeltaMessages(TypedDict):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=2)]
+
+
+def _delta_thread(url: str) -> dict[str, Any]:
+    """Four turns of a chat whose messages are a DeltaChannel, then its history and two time travels."""
+    saver = RemoteReducingSaver(url)
+    graph = build_chat_graph(saver, prefix="delta", state_schema=_DeltaMessages)
+    config = {"configurable": {"thread_id": "delta"}}
+    for turn in range(4):
+        graph.invoke({"messages": [human(turn, "delta")]}, config)
+    history = list(graph.get_state_history(config))
+    read = {
+        "history": [
+            (s.metadata["step"], s.metadata["source"], [m.id for m in s.values.get("messages", [])])
+            for s in history
+        ]
+    }
+    for name, past in (("first turn", history[-3]), ("middle", history[len(history) // 2])):
+        again = graph.get_state(past.config)
+        forked = graph.update_state(past.config, {"messages": [human(90, "fork")]})
+        answered = graph.invoke(None, forked)
+        read[name] = ([m.id for m in again.values["messages"]], [m.id for m in answered["messages"]])
+    saver.close()
+    return read
+
+
+def _stored_checkpoints(database: str) -> int:
+    with psycopg.connect(database, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+
+
+def test_a_delta_channel_thread_is_kept_whole_under_encryption(tmp_path: Path, fresh_pg: str) -> None:
+    args = ("--database", fresh_pg, "--keep-checkpoints", "3", "--no-extract")
+    env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
+    with run_service(tmp_path, *args, "--encryption", "off") as plain:
+        off = _delta_thread(plain.url)
+    stored_off = _stored_checkpoints(fresh_pg)
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        conn.execute("DELETE FROM checkpoints; DELETE FROM checkpoint_blobs; DELETE FROM checkpoint_writes")
+    with run_service(tmp_path, *args, "--encryption", "required", env=env) as sealed:
+        required = _delta_thread(sealed.url)
+    assert len(off["history"]) == 12  # four turns of three checkpoints: nothing pruned
+    assert required == off
+    assert _stored_checkpoints(fresh_pg) == stored_off

@@ -512,6 +512,8 @@ def _cases() -> list[Case]:
         Case("limit-string", lst, json_bytes({"config": None, "limit": "10; DROP TABLE checkpoints"}), names=("limit",)),
         Case("list-config-without-thread", lst, json_bytes({"config": {"configurable": {"checkpoint_ns": ""}}}), names=("thread_id",)),
         Case("list-reserved-prefix-key", lst, json_bytes({"config": {"configurable": {"thread_id": "x", "__thread_id_prefix__": ""}}}), names=("__thread_id_prefix__", "reserved")),
+        # The marker EncryptingSaver gives the backend's saver (a DeltaChannel thread: prune nothing) is the service's own.
+        Case("put-reserved-delta-channel-key", put, json_bytes(put_body(msgpack_value(ormsgpack.packb([])), config=config("delta-key", __delta_channel__=True))), names=("__delta_channel__", "reserved")),
         Case(
             "writes-10000",
             "/v1/writes/put",

@@ -56,7 +56,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
     Args:
         keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
             branch heads (see ``lifecycle``); ``None`` keeps every one. A put's
-            ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
+            ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread
+            with a DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
+            ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the
+            values before it seals them; ``lifecycle.uses_delta_channel``).
     """
 
     def __init__(
@@ -109,7 +112,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         with self.lock:
             next_config = super().put(config, checkpoint, metadata, new_versions)
-            if keep is not None and not uses_delta_channel(checkpoint, metadata):
+            if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
                 configurable = next_config["configurable"]
                 self._keep_last(configurable["thread_id"], configurable["checkpoint_ns"], keep)
             return next_config

@@ -355,10 +355,13 @@ class PostgresLifecycleSaver(PostgresSaver):
 
         The prune waits for the thread's advisory lock, so prunes of one thread run one after another
         across replicas, each on a snapshot that holds every put committed before it; a put committing
-        meanwhile is newer than anything the prune deletes. Threads with a DeltaChannel are left whole.
+        meanwhile is newer than anything the prune deletes. Threads with a DeltaChannel are left whole:
+        told by the metadata counters, a snapshot value, or ``config["configurable"][DELTA_CHANNEL_KEY]``
+        (set by ``EncryptingSaver``, which sees the values before it seals them;
+        ``lifecycle.uses_delta_channel``).
         """
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
-        if keep is None or uses_delta_channel(checkpoint, metadata):
+        if keep is None or uses_delta_channel(config, checkpoint, metadata):
             return super().put(config, checkpoint, metadata, new_versions)
         configurable = config["configurable"]
         token = _keep_after_put.set((str(configurable["thread_id"]), configurable["checkpoint_ns"], keep))

@@ -54,7 +54,10 @@ class SqliteLifecycleSaver(SqliteSaver):
 
     ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
     of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
-    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
+    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread with a
+    DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
+    ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the values
+    before it seals them; ``lifecycle.uses_delta_channel``).
     """
 
     keep_checkpoints: int | None = None
@@ -75,7 +78,7 @@ class SqliteLifecycleSaver(SqliteSaver):
         writer of the file at a time, so concurrent puts and prunes of a thread serialize)."""
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         next_config = super().put(config, checkpoint, metadata, new_versions)
-        if keep is not None and not uses_delta_channel(checkpoint, metadata):
+        if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
             configurable = next_config["configurable"]
             with self._transaction() as cur:
                 self._keep_last(cur, configurable["thread_id"], configurable["checkpoint_ns"], keep)

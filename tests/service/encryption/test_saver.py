@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.service.encryption import Cipher, Sealer, encrypting, load_keyring
+from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.storage import open_backend
 from reducing_saver.wire import Blob
 from tests.support.encryption import new_key, ring_json
@@ -61,3 +63,79 @@ def test_list_filters_on_sealed_metadata_after_opening(saver):
     assert list(saver.list(None, filter={"user": "nobody"})) == []
     stored = saver.inner.get_tuple({"configurable": {"thread_id": "t"}}).metadata  # in the database
     assert stored["step"] == 5 and stored["user"].startswith("reducing-saver/aesgcm:")
+
+
+# -- --keep-checkpoints on a DeltaChannel thread ---------------------------------------------------
+
+_CLIENT = JsonPlusSerializer()
+
+
+def _items(value) -> Blob:
+    return Blob(*_CLIENT.dumps_typed(value))
+
+
+def _history(saver, thread_id: str, puts: list[tuple[dict, dict]], ids: list[str]) -> None:
+    """One put per ``(channel_values, metadata)``, each the child of the one before."""
+    parent = None
+    for checkpoint_id, (values, metadata) in zip(ids, puts, strict=True):
+        checkpoint = empty_checkpoint()
+        checkpoint["id"] = checkpoint_id
+        checkpoint["channel_values"] = dict(values)
+        version = saver.get_next_version(None, None) if values else None
+        checkpoint["channel_versions"] = {channel: version for channel in values}
+        config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": parent}}
+        saver.put(config, checkpoint, metadata, dict(checkpoint["channel_versions"]))
+        parent = checkpoint_id
+
+
+def _read(saver, thread_id: str) -> list[tuple]:
+    return [
+        (item.checkpoint["id"], item.checkpoint["channel_values"], item.metadata)
+        for item in saver.list({"configurable": {"thread_id": thread_id}})
+    ]
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend_saver(request, tmp_path):
+    """A backend's saver as the service builds it with ``--keep-checkpoints 2``."""
+    url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/s.sqlite"}.get(request.param)
+    backend = open_backend(url or request.getfixturevalue("fresh_pg"))
+    backend.setup()
+    inner = backend.savers(1)[0]
+    inner.keep_checkpoints = 2
+    yield inner
+    backend.close()
+
+
+@pytest.mark.parametrize("mode", ["migrate", "required"])
+def test_keep_checkpoints_keeps_a_delta_channel_thread_whole_under_encryption(backend_saver, mode):
+    """A DeltaChannel ``items`` as LangGraph puts it: absent from the checkpoint, counters in the metadata,
+    except on a checkpoint that snapshots it, whose only marker is the snapshot value (no counters). Under
+    encryption the backend sees that value sealed; the thread must still be kept whole, as without."""
+    sealer = Sealer(Cipher(load_keyring(ring_json("k1", k1=new_key()))), mode, tenant_mode=False)
+    sealed = encrypting(backend_saver, sealer)
+
+    def counted(step: int) -> tuple[dict, dict]:
+        counters = {"items": [step, step]}
+        return {}, {"source": "loop", "step": step, "parents": {}, "counters_since_delta_snapshot": counters}
+
+    snapshot = {"items": _items(_DeltaSnapshot(["a", "b"]))}, {"source": "loop", "step": 4, "parents": {}}
+    delta = [counted(1), counted(2), counted(3), snapshot, counted(1), counted(2)]
+    plain = [({"items": _items(["a"] * n)}, {"source": "loop", "step": n, "parents": {}}) for n in range(6)]
+    ids = [str(uuid6(clock_seq=index)) for index in range(len(delta))]
+
+    _history(backend_saver, "delta-off", delta, ids)
+    _history(sealed, "delta-sealed", delta, ids)
+    assert len(_read(backend_saver, "delta-off")) == len(delta)
+    assert _read(sealed, "delta-sealed") == _read(backend_saver, "delta-off")
+
+    # The same puts without a DeltaChannel are pruned to 2 either way: the policy is on.
+    _history(backend_saver, "plain-off", plain, ids)
+    _history(sealed, "plain-sealed", plain, ids)
+    kept = [checkpoint_id for checkpoint_id, _, _ in _read(sealed, "plain-sealed")]
+    assert kept == [checkpoint_id for checkpoint_id, _, _ in _read(backend_saver, "plain-off")] == ids[:-3:-1]
+
+    # What the backend stored: every value sealed, and no marker of the decision in the metadata.
+    for item in backend_saver.list({"configurable": {"thread_id": "delta-sealed"}}):
+        assert all(is_sealed(value) for value in item.checkpoint["channel_values"].values())
+        assert not [key for key in item.metadata if key.startswith("__")]
