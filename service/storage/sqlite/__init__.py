@@ -92,7 +92,8 @@ class SqliteBackend:
                 check_version(migrations.version(conn.cursor()), migrations.LATEST, self.path)
         self._schema_checked = True
 
-    def savers(self, count: int) -> list[SqliteLifecycleSaver]:
+    def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
+        """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
