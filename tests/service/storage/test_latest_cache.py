@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
+from fastapi.testclient import TestClient
 from langgraph.checkpoint.base.id import uuid6
+from prometheus_client.parser import text_string_to_metric_families
 
+from reducing_saver.client import RemoteReducingSaver
+from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
+from reducing_saver.service.state import Service
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.storage.latest import MAX_ENTRY_BYTES, LatestCache
 from reducing_saver.wire import Blob
+from tests.conftest import build_chat_graph, human
+from tests.support.encryption import new_key, ring_json
 
 _counter = itertools.count(1)
 
@@ -212,3 +221,48 @@ def test_zero_threads_reads_everything_in_full(fresh_pg: str) -> None:
         assert len(replica.cache) == 0 and replica.cache.counts == {"hit": 0, "miss": 0, "stale": 0}
     finally:
         replica.close()
+
+
+# -- through the service: a real agent run ---------------------------------------------------------
+
+
+@contextmanager
+def _service(database: str, **settings: Any) -> Iterator[tuple[Service, TestClient]]:
+    app = create_app(Settings(database=database, sweep=False, extract=False, storage_refresh_seconds=0, **settings))
+    with TestClient(app) as http:
+        yield app.state.service, http
+
+
+def _remote(http: TestClient, api_key: str | None) -> RemoteReducingSaver:
+    return RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0, api_key=api_key)
+
+
+@pytest.mark.parametrize("mode", ["plain", "tenants-encrypted"])
+def test_an_agent_run_starts_from_memory_and_sees_what_a_full_read_sees(fresh_pg: str, mode: str) -> None:
+    """Every turn's first read (LangGraph's get_tuple of the latest checkpoint) is a hit after the first
+    turn, under tenancy and encryption too; the state equals what a service without the cache reads."""
+    key = "rs-test-key-0123456789abcdef"
+    settings: dict[str, Any] = {"max_messages": 6, "min_messages": 4}
+    if mode != "plain":
+        settings.update(api_keys=f"acme={key}", encryption="required", encryption_keys=ring_json("k1", k1=new_key()))
+    api_key = key if mode != "plain" else None
+    with _service(fresh_pg, **settings) as (service, http), _service(
+        fresh_pg, latest_cache_threads=0, **settings
+    ) as (_, plain_http):
+        graph = build_chat_graph(_remote(http, api_key), prefix="lc", with_tools=True)
+        plain = build_chat_graph(_remote(plain_http, api_key), prefix="lc", with_tools=True)
+        config = {"configurable": {"thread_id": "agent"}}
+        turns = 5
+        for turn in range(turns):
+            graph.invoke({"messages": [human(turn, "lc")]}, config)
+            assert graph.get_state(config).values == plain.get_state(config).values
+        counts = service.latest_cache.counts
+        assert counts["hit"] >= 2 * turns - 1 and counts["stale"] == 0, counts
+        if mode == "plain":
+            samples = {
+                (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(http.get("/metrics").text)
+                for sample in family.samples
+            }
+            assert samples[("reducing_saver_latest_cache_total", (("result", "hit"),))] == counts["hit"]
+            assert samples[("reducing_saver_latest_cache_total", (("result", "miss"),))] == counts["miss"]
