@@ -65,7 +65,7 @@ class LatestCache:
     def update(self, thread_id: str, checkpoint_ns: str, change: Callable[[Any], Any]) -> None:
         """Replace an entry by ``change(current entry or None)`` under the cache's lock; a result of
         ``None`` drops the entry. Used by writes, so two writes of one thread in this process compose
-        one after the other."""
+        one after the other (an entry larger than :data:`MAX_ENTRY_BYTES` is dropped too)."""
         if not self.threads:
             return
         with self._lock:

@@ -5,17 +5,16 @@ An entry (:class:`Image`) is an image of the rows ``get_tuple`` of a thread's la
 the checkpoint row, the blob rows at its channel versions, its pending writes; each row with its key and
 its ``xmin``, the id of the transaction that wrote that version of the row. A row's content is fixed by
 its key and its xmin, since one transaction writes at most one version of a row here: blobs are inserted
-once, writes once per call, and the one update a put's own transaction may make to its new checkpoint
-(the keep-checkpoints prune detaching it from a deleted parent) happens before the put reads the row
-back. So when the database's latest checkpoint, and the rows a full read would join to it, carry exactly
-the keys and xmins an entry records, the entry is what the full read would return: whoever wrote to the
-thread since (another replica, a delete, a prune, a TTL sweep, a copy), it shows there.
+once, and the one update a put's own transaction may make to its new checkpoint (the keep-checkpoints
+prune detaching it from a deleted parent) happens before the put reads the row back. So when the
+database's latest checkpoint, and the rows a full read would join to it, carry exactly the keys and
+xmins an entry records, the entry is what the full read would return: whoever wrote to the thread since
+(another replica, a delete, a prune, a TTL sweep, a copy), it shows there.
 
-Proving it (:data:`TOKEN_SQL`) reads the head's index entry and row header, and probes the blob and write
-rows by key: no blob, JSONB or write value is read or sent. A 32-bit xid comes round again only after
-some four billion transactions; an entry is proven against the rows' current xmins, and a row rewritten
-with the very same key, xid and different content would need that many transactions between two reads
-of an idle thread still held in the cache.
+Proving it (:data:`TOKEN_SQL`) reads the head row (its channel versions) and the blob and write rows by
+key, without their values, and sends only ids and xmins. A 32-bit xid comes round again only after some
+four billion transactions: a row rewritten with the very same key, xid and different content would need
+that many transactions between two reads of an idle thread still held in the cache.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.base import get_serializable_checkpoint_metadata
+from langgraph.checkpoint.postgres.base import UPSERT_CHECKPOINTS_SQL
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 # The full read, with each row's xmin: PostgresSaver's ``SELECT_SQL`` plus the xmins, latest checkpoint.
@@ -56,48 +56,43 @@ WHERE thread_id = %s AND checkpoint_ns = %s
 ORDER BY checkpoint_id DESC LIMIT 1
 """
 
-# The proof: the latest checkpoint's id and xmin, the xmins of the blob rows at an entry's channel
-# versions (one index probe each), and the keys and xmins of the head's writes.
+# The proof: the latest checkpoint's id and xmin, the xmins of the blob rows at its channel versions
+# and the keys and xmins of its writes: the rows READ_SQL would read, without their values.
 TOKEN_SQL = """
-WITH head AS (
-    SELECT checkpoint_id, xmin::text AS row_xmin FROM checkpoints
-    WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
-    ORDER BY checkpoint_id DESC LIMIT 1
-)
-SELECT head.checkpoint_id, head.row_xmin,
+SELECT checkpoint_id, xmin::text AS row_xmin,
     (
-        SELECT array_agg(array[k.channel, b.row_xmin])
-        FROM unnest(%(channels)s::text[], %(versions)s::text[]) AS k(channel, version)
-        CROSS JOIN LATERAL (
-            SELECT bl.xmin::text AS row_xmin FROM checkpoint_blobs bl
-            WHERE bl.thread_id = %(thread)s AND bl.checkpoint_ns = %(ns)s
-              AND bl.channel = k.channel AND bl.version = k.version
-        ) AS b
+        SELECT array_agg(array[bl.channel, bl.xmin::text])
+        FROM jsonb_each_text(checkpoint -> 'channel_versions')
+        INNER JOIN checkpoint_blobs bl
+            ON bl.thread_id = checkpoints.thread_id
+            AND bl.checkpoint_ns = checkpoints.checkpoint_ns
+            AND bl.channel = jsonb_each_text.key
+            AND bl.version = jsonb_each_text.value
     ) AS blobs,
     (
         SELECT array_agg(array[cw.task_id, cw.idx::text, cw.xmin::text])
         FROM checkpoint_writes cw
-        WHERE cw.thread_id = %(thread)s AND cw.checkpoint_ns = %(ns)s AND cw.checkpoint_id = head.checkpoint_id
+        WHERE cw.thread_id = checkpoints.thread_id
+            AND cw.checkpoint_ns = checkpoints.checkpoint_ns
+            AND cw.checkpoint_id = checkpoints.checkpoint_id
     ) AS writes
-FROM head
+FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = %s
+ORDER BY checkpoint_id DESC LIMIT 1
 """
 
-# Last in a put's pipeline (its transaction): the transaction's xid as row xmins show it, and the new
-# checkpoint's row as the transaction leaves it (its parent, after a keep-checkpoints prune).
+# PostgresSaver's checkpoint upsert, answering the row's xmin (the put's transaction: its blobs carry
+# the same) and its parent: what a put's image needs, with no statement of its own.
+UPSERT_RETURNING_SQL = (
+    UPSERT_CHECKPOINTS_SQL.strip().rstrip(";") + "\nRETURNING xmin::text AS row_xmin, parent_checkpoint_id"
+)
+
+# Last in a put's pipeline when a keep-checkpoints prune follows the upsert: the transaction's xid as
+# row xmins show it, and the new checkpoint's row as the prune leaves it (its parent may be gone).
 PUT_PROBE_SQL = """
 SELECT mod(pg_current_xact_id()::text::bigint, 4294967296)::text AS xid, xmin::text AS row_xmin,
     parent_checkpoint_id
 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
-"""
-
-# Last in a put_writes' pipeline: the transaction's xid, and the keys and xmins of the checkpoint's writes.
-WRITES_PROBE_SQL = """
-SELECT mod(pg_current_xact_id()::text::bigint, 4294967296)::text AS xid,
-    (
-        SELECT array_agg(array[cw.task_id, cw.idx::text, cw.xmin::text])
-        FROM checkpoint_writes cw
-        WHERE cw.thread_id = %s AND cw.checkpoint_ns = %s AND cw.checkpoint_id = %s
-    ) AS writes
 """
 
 #: A blob row: type, value (``None`` for an "empty" row), xmin.
@@ -108,11 +103,13 @@ WriteRow = tuple[list[Any], str]
 
 class Image:
     """The rows of one thread namespace's latest checkpoint, keyed and with their xmins. Never changed
-    after it is built (a write builds the next one)."""
+    after it is built (a write builds the next one), except that an image built by a put turns the
+    put's checkpoint and metadata into their JSONB reading on first use (:meth:`load`): most puts are
+    followed by another put, not by a read."""
 
     __slots__ = (
         "thread_id", "checkpoint_ns", "checkpoint_id", "row_xmin", "parent_checkpoint_id", "checkpoint",
-        "metadata", "blobs", "writes", "size", "_params", "_blob_token", "_write_token",
+        "metadata", "blobs", "writes", "size", "_unread", "_params", "_versions", "_blob_token", "_write_token",
     )
 
     def __init__(
@@ -123,33 +120,34 @@ class Image:
         checkpoint_id: str,
         row_xmin: str,
         parent_checkpoint_id: str | None,
-        checkpoint: dict[str, Any],
+        checkpoint: dict[str, Any] | None,
         metadata: Any,
         blobs: dict[str, BlobRow],
-        writes: dict[tuple[str, str], WriteRow],
+        writes: dict[tuple[str, str], WriteRow] | None,
+        versions: dict[str, str],
+        unread: tuple[Any, Any] | None = None,
     ) -> None:
         self.thread_id, self.checkpoint_ns, self.checkpoint_id = thread_id, checkpoint_ns, checkpoint_id
         self.row_xmin, self.parent_checkpoint_id = row_xmin, parent_checkpoint_id
         self.checkpoint, self.metadata, self.blobs, self.writes = checkpoint, metadata, blobs, writes
-        versions = checkpoint.get("channel_versions") or {}
-        self._params = {
-            "thread": thread_id,
-            "ns": checkpoint_ns,
-            "channels": list(versions),
-            "versions": [str(version) for version in versions.values()],
-        }
+        #: The checkpoint and metadata as the put stored them, until :meth:`load` reads them as JSONB would.
+        self._unread = unread
+        self._params = (thread_id, checkpoint_ns)
+        self._versions = versions
         #: Bytes of blob and write values (what the cache's bound counts).
         self.size = sum(len(row[1] or b"") for row in blobs.values()) + sum(
-            len(row[0][3] or b"") for row in writes.values()
+            len(row[0][3] or b"") for row in (writes or {}).values()
         )
         self._blob_token = frozenset((channel, row[2]) for channel, row in blobs.items())
-        self._write_token = frozenset((*key, row[1]) for key, row in writes.items())
+        #: ``None``: writes came after the image was made; its checkpoint's answer is read in full.
+        self._write_token = None if writes is None else frozenset((*key, row[1]) for key, row in writes.items())
 
     @classmethod
     def from_row(cls, value: Mapping[str, Any]) -> Image:
         """The image of a :data:`READ_SQL` row."""
         blobs = {c.decode(): (t, b, x.decode()) for c, t, b, x in value["channel_values"] or ()}
         writes = {(w[0].decode(), w[5].decode()): (w[:6], w[6].decode()) for w in value["pending_writes"] or ()}
+        versions = value["checkpoint"].get("channel_versions") or {}
         return cls(
             thread_id=value["thread_id"],
             checkpoint_ns=value["checkpoint_ns"],
@@ -160,10 +158,29 @@ class Image:
             metadata=value["metadata"],
             blobs=blobs,
             writes=writes,
+            versions={channel: _text(version) for channel, version in versions.items()},
         )
 
     @property
-    def token_params(self) -> dict[str, Any]:
+    def versions(self) -> dict[str, str]:
+        """Channel -> version, as ``jsonb_each_text`` reads the checkpoint's ``channel_versions``."""
+        return self._versions
+
+    def load(self) -> bool:
+        """Read a put's checkpoint and metadata as JSONB returns them; ``False`` when that cannot be told
+        here (``json_image``): the entry is of no use then."""
+        unread = self._unread
+        if unread is not None:
+            stored, (config, metadata) = unread
+            checkpoint = json_image(stored)
+            metadata = json_image(get_serializable_checkpoint_metadata(config, metadata))
+            if checkpoint is None or metadata is None:
+                return False
+            self.checkpoint, self.metadata, self._unread = checkpoint, metadata, None
+        return self.checkpoint is not None
+
+    @property
+    def token_params(self) -> tuple[str, str]:
         """:data:`TOKEN_SQL`'s parameters."""
         return self._params
 
@@ -171,6 +188,7 @@ class Image:
         """Whether a :data:`TOKEN_SQL` row shows the database holding exactly this image's rows."""
         return (
             row is not None
+            and self._write_token is not None
             and row["checkpoint_id"] == self.checkpoint_id
             and row["row_xmin"] == self.row_xmin
             and frozenset(map(tuple, row["blobs"] or ())) == self._blob_token
@@ -188,10 +206,10 @@ class Image:
             # A copy each time: the nested checkpoint is spread by the loader, the metadata is not.
             "metadata": dict(self.metadata) if isinstance(self.metadata, dict) else self.metadata,
             "channel_values": [[c.encode(), t, b] for c, (t, b, _) in self.blobs.items()] or None,
-            "pending_writes": [row for row, _ in self.writes.values()] or None,
+            "pending_writes": [row for row, _ in (self.writes or {}).values()] or None,
         }
 
-    def replace_writes(self, writes: dict[tuple[str, str], WriteRow]) -> Image:
+    def replace_writes(self, writes: dict[tuple[str, str], WriteRow] | None) -> Image:
         return Image(
             thread_id=self.thread_id,
             checkpoint_ns=self.checkpoint_ns,
@@ -202,7 +220,19 @@ class Image:
             metadata=self.metadata,
             blobs=self.blobs,
             writes=writes,
+            versions=self.versions,
+            unread=self._unread,
         )
+
+
+def _text(version: Any) -> str | None:
+    """A channel version as ``jsonb_each_text`` prints it; ``None`` for a kind whose printing differs from
+    Python's (a float) or is not a version."""
+    if isinstance(version, str):
+        return version
+    if isinstance(version, int) and not isinstance(version, bool):
+        return str(version)
+    return None
 
 
 def json_image(value: Any) -> Any:
@@ -242,14 +272,16 @@ def after_put(
     """The image of a checkpoint a put just committed, as PostgresSaver's ``put`` stored it, or ``None``
     when some row it reads is not known here.
 
-    Blob rows the put wrote carry its xid. A channel the put did not write keeps the row, or the absence
-    of a row, the previous image recorded at the same version; a channel at a version the previous image
-    does not know makes the image unknown. Rows believed wrongly (a blob the put's ``ON CONFLICT DO
-    NOTHING`` left as it was) only make the next proof fail.
+    ``probe`` is the put's own read of its checkpoint row (:data:`UPSERT_RETURNING_SQL`, or
+    :data:`PUT_PROBE_SQL` after a prune). Blob rows the put wrote carry the row's xmin. A channel the put
+    did not write keeps the row, or the absence of a row, the previous image recorded at the same
+    version; a channel at a version the previous image does not know makes the image unknown. Rows
+    believed wrongly (a blob the put's ``ON CONFLICT DO NOTHING`` left as it was) only make the next
+    proof fail. The checkpoint and metadata are read as JSONB would return them on first use.
     """
-    if probe is None or probe["row_xmin"] != probe["xid"]:
+    if probe is None or probe.get("xid", probe["row_xmin"]) != probe["row_xmin"]:
         return None
-    xid = probe["xid"]
+    xid = probe["row_xmin"]
     configurable = config["configurable"]
     stored = checkpoint.copy()
     inline = dict(checkpoint["channel_values"])
@@ -260,20 +292,18 @@ def after_put(
         if not (value is None or isinstance(value, (str, int, float, bool))):
             blob_values[channel] = inline.pop(channel)
     stored["channel_values"] = inline
-    checkpoint_image = json_image(stored)
-    metadata_image = json_image(get_serializable_checkpoint_metadata(config, metadata))
-    if checkpoint_image is None or metadata_image is None:
+    versions = {channel: _text(version) for channel, version in (checkpoint.get("channel_versions") or {}).items()}
+    if None in versions.values():
         return None
-    versions: dict[str, Any] = checkpoint_image.get("channel_versions") or {}
-    known = (previous.checkpoint.get("channel_versions") or {}) if previous is not None else {}
+    known = previous.versions if previous is not None else {}
     blobs: dict[str, BlobRow] = {}
     for channel, version in versions.items():
         if channel in blob_values and channel in new_versions:
-            if str(new_versions[channel]) != str(version):
+            if _text(new_versions[channel]) != version:
                 return None
             kind, data = serde.dumps_typed(blob_values[channel])
             blobs[channel] = (kind.encode(), None if data is None else bytes(data), xid)
-        elif previous is not None and channel in known and str(known[channel]) == str(version):
+        elif previous is not None and known.get(channel) == version:
             if channel in previous.blobs:
                 blobs[channel] = previous.blobs[channel]
         elif channel not in new_versions:
@@ -284,42 +314,31 @@ def after_put(
         checkpoint_id=checkpoint["id"],
         row_xmin=xid,
         parent_checkpoint_id=probe["parent_checkpoint_id"],
-        checkpoint=checkpoint_image,
-        metadata=metadata_image,
+        checkpoint=None,
+        metadata=None,
         blobs=blobs,
         writes={},
+        versions=versions,
+        unread=(stored, (config, metadata)),
     )
 
 
-def after_writes(
-    current: Image | None, checkpoint_id: str, probe: Mapping[str, Any] | None, rows: Sequence[Sequence[Any]]
-) -> Image | None:
-    """The image once a put_writes to ``checkpoint_id`` committed: the probe lists every write row of
-    the checkpoint with its xmin; a row carrying the call's xid is one of ``rows`` (PostgresSaver's
-    ``_dump_writes`` of the call), another one the image already held with that xmin. Any other row makes
-    the image unknown (``None``)."""
+def after_writes(current: Image | None, checkpoint_id: str) -> Image | None:
+    """The image once a put_writes to ``checkpoint_id`` committed: its blob rows stay known (the next
+    put builds on them), its writes no longer are, so the checkpoint's answer is read in full until a
+    put moves on. Writes rarely come between a put and a read of the same checkpoint: LangGraph writes
+    a step's outcome, then puts the next checkpoint."""
     if current is None or current.checkpoint_id != checkpoint_id:
         return current  # writes to another checkpoint leave this one's answer as it was
-    if probe is None:
-        return None
-    xid = probe["xid"]
-    ours = {
-        (str(task_id), str(idx)): [
-            str(task_id).encode(), channel.encode(), kind.encode(), None if data is None else bytes(data),
-            task_path.encode(), str(idx).encode(),
-        ]
-        for _thread, _ns, _checkpoint, task_id, task_path, idx, channel, kind, data in rows
-    }
-    writes: dict[tuple[str, str], WriteRow] = {}
-    for task_id, idx, xmin in probe["writes"] or ():
-        key = (task_id, idx)
-        if xmin == xid and key in ours:
-            writes[key] = (ours[key], xmin)
-        elif (held := current.writes.get(key)) is not None and held[1] == xmin:
-            writes[key] = held
-        else:
-            return None
-    return current.replace_writes(writes)
+    return current.replace_writes(None)
 
 
-__all__ = ["PUT_PROBE_SQL", "READ_SQL", "TOKEN_SQL", "WRITES_PROBE_SQL", "Image", "after_put", "after_writes"]
+__all__ = [
+    "PUT_PROBE_SQL",
+    "READ_SQL",
+    "TOKEN_SQL",
+    "UPSERT_RETURNING_SQL",
+    "Image",
+    "after_put",
+    "after_writes",
+]

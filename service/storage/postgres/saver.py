@@ -125,11 +125,12 @@ _keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextva
 
 
 class _Probe:
-    """A statement run last in a write's pipeline (its transaction), and the row it read."""
+    """A statement run last in a write's pipeline (its transaction), and the row it read; with no
+    statement, the row the write's own last statement returned."""
 
     __slots__ = ("sql", "params", "row")
 
-    def __init__(self, sql: str, params: tuple[Any, ...]) -> None:
+    def __init__(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
         self.sql, self.params, self.row = sql, params, None
 
 
@@ -237,11 +238,14 @@ class PostgresLifecycleSaver(PostgresSaver):
 
     ``latest_cache`` (an attribute, ``None`` by default; the service's savers share one): ``get_tuple``
     of a thread's latest checkpoint is answered from it when one query proves the database still holds
-    exactly the rows it records (``postgres/latest.py``); puts and put_writes keep it up to date.
+    exactly the rows it records (``postgres/latest.py``); puts keep it up to date, put_writes to the
+    checkpoint it holds mark that checkpoint's writes unknown (its next read is a full one).
     """
 
     keep_checkpoints: int | None = None
     latest_cache: LatestCache | None = None
+    #: PostgresSaver's upsert, returning the row's xmin and parent (read only for the latest cache).
+    UPSERT_CHECKPOINTS_SQL = latest.UPSERT_RETURNING_SQL
 
     #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
     lists_by_thread_prefix = True
@@ -362,7 +366,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         with self._cursor() as cur:
             if image is not None:
                 cur.execute(latest.TOKEN_SQL, image.token_params)
-                if image.proven_by(cur.fetchone()):
+                if image.proven_by(cur.fetchone()) and image.load():
                     cache.count("hit")
                     return self._load_checkpoint_tuple(image.row())
                 cache.count("stale")
@@ -386,27 +390,17 @@ class PostgresLifecycleSaver(PostgresSaver):
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        """PostgresSaver's ``put_writes``; writes to the checkpoint the latest-checkpoint cache holds are
-        added to its entry (the pipeline reads back the checkpoint's write keys and xmins, in the same
-        round trip)."""
+        """PostgresSaver's ``put_writes``; the latest-checkpoint cache forgets the writes of the checkpoint
+        it holds when they change (its next read of that checkpoint is a full one)."""
         cache = self.latest_cache
-        configurable = config["configurable"]
-        thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
-        checkpoint_id = configurable["checkpoint_id"]
-        held = cache.get(thread_id, ns) if cache is not None and cache.enabled else None
-        if held is None or held.checkpoint_id != checkpoint_id:
+        if cache is None or not cache.enabled:
             return super().put_writes(config, writes, task_id, task_path)
-        probe = _Probe(latest.WRITES_PROBE_SQL, (thread_id, ns, checkpoint_id))
-        token = _probe_after_write.set(probe)
+        configurable = config["configurable"]
+        thread_id, ns, checkpoint_id = str(configurable["thread_id"]), configurable["checkpoint_ns"], configurable["checkpoint_id"]
         try:
             super().put_writes(config, writes, task_id, task_path)
-        except BaseException:
-            cache.put(thread_id, ns, None)
-            raise
         finally:
-            _probe_after_write.reset(token)
-        rows = self._dump_writes(thread_id, ns, checkpoint_id, task_id, task_path, writes)
-        cache.update(thread_id, ns, lambda current: latest.after_writes(current, checkpoint_id, probe.row, rows))
+            cache.update(thread_id, ns, lambda current: latest.after_writes(current, checkpoint_id))
 
     def put(
         self,
@@ -426,12 +420,13 @@ class PostgresLifecycleSaver(PostgresSaver):
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
         cache = self.latest_cache
+        if keep is not None and uses_delta_channel(checkpoint, metadata):
+            keep = None
         probe = None
         if cache is not None and cache.enabled:
-            probe = _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
-        keeping = _keep_after_put.set(
-            None if keep is None or uses_delta_channel(checkpoint, metadata) else (thread_id, ns, keep)
-        )
+            # The upsert returns the row; a prune after it may change the row's parent: read it again.
+            probe = _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
+        keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
         probing = _probe_after_write.set(probe)
         try:
             next_config = super().put(config, checkpoint, metadata, new_versions)
@@ -518,7 +513,7 @@ class PostgresLifecycleSaver(PostgresSaver):
             # takes several times as long as running it on a namespace of K + 1 checkpoints.
             cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
             cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
-        if probe is not None:
+        if probe is not None and probe.sql is not None:
             cur.execute(probe.sql, probe.params)
 
     @contextmanager

@@ -106,7 +106,7 @@ def _same(saver: Any, truth: Any, thread: str, ns: str = "") -> None:
     assert got.pending_writes == want.pending_writes
 
 
-def test_a_read_after_own_puts_and_writes_is_a_hit_and_the_full_read(replicas) -> None:
+def test_a_read_after_own_puts_is_a_hit_and_writes_are_read_in_full_once(replicas) -> None:
     one, _, truth = replicas
     first = put(one.saver, "t", None, {"messages": _blob("m1"), "count": 1, "topic": "weather"})
     second = put(one.saver, "t", first, {"messages": _blob("m2"), "count": 2})  # "topic" carried over
@@ -116,8 +116,10 @@ def test_a_read_after_own_puts_and_writes_is_a_hit_and_the_full_read(replicas) -
     one.savers[1].put_writes(config, [("messages", _blob("w1")), ("count", 3)], "task-a", "~a")
     one.saver.put_writes(config, [("__error__", _blob("boom"))], "task-b")
     one.saver.put_writes(config, [("__error__", _blob("boom again"))], "task-b")  # special: overwrites
+    _same(one.saver, truth, "t")  # the writes are not in the entry: read in full, and kept
+    assert one.cache.counts == {"hit": 1, "miss": 0, "stale": 1}
     _same(one.saver, truth, "t")
-    assert one.cache.counts == {"hit": 2, "miss": 0, "stale": 0}
+    assert one.cache.counts == {"hit": 2, "miss": 0, "stale": 1}
     assert [w[0] for w in truth.get_tuple(_config("t")).pending_writes] == ["task-b", "task-a", "task-a"]
 
 
@@ -139,7 +141,7 @@ def test_another_replicas_puts_and_writes_are_never_missed(replicas) -> None:
             _same(replica.saver, truth, "race")
     for replica in (one, two):
         counts = replica.cache.counts
-        assert counts["hit"] >= 6 and counts["stale"] >= 6, counts
+        assert counts["hit"] >= 3 and counts["stale"] >= 6, counts
 
 
 def test_deletes_prunes_copies_and_runs_show_at_once(replicas) -> None:
