@@ -19,12 +19,15 @@ from typing import Any
 RESULTS = ("hit", "miss", "stale")
 #: An entry whose values (``entry.size``, bytes) are larger than this is not kept.
 MAX_ENTRY_BYTES = 64 * 1024
+#: Namespaces kept per thread: every subgraph call has a namespace of its own, so a thread's newest ones
+#: (and its root namespace) are kept, the oldest dropped.
+MAX_NAMESPACES = 8
 
 
 class LatestCache:
     """Up to ``threads`` threads' latest checkpoints (per namespace), least recently used dropped first;
-    an entry of more than :data:`MAX_ENTRY_BYTES` is not kept, so the memory held stays under
-    ``threads`` times that (times the namespaces a thread uses at once).
+    an entry of more than :data:`MAX_ENTRY_BYTES` is not kept, and a thread keeps at most
+    :data:`MAX_NAMESPACES` namespaces, so the memory held stays under ``threads`` times their product.
 
     Thread-safe: the service's savers (one per pooled connection) share one cache. Entries are opaque
     to it and never changed in place: an update replaces one.
@@ -79,6 +82,8 @@ class LatestCache:
                 return
             if namespaces is None:
                 namespaces = self._threads[thread_id] = {}
+            elif checkpoint_ns not in namespaces and len(namespaces) >= MAX_NAMESPACES:
+                del namespaces[next(ns for ns in namespaces if ns != "")]  # the oldest subgraph's
             namespaces[checkpoint_ns] = entry
             self._threads.move_to_end(thread_id)
             while len(self._threads) > self.threads:
@@ -104,4 +109,4 @@ class LatestCache:
             self.counts[result] += 1
 
 
-__all__ = ["MAX_ENTRY_BYTES", "RESULTS", "LatestCache"]
+__all__ = ["MAX_ENTRY_BYTES", "MAX_NAMESPACES", "RESULTS", "LatestCache"]

@@ -51,6 +51,10 @@ def _put(saver: RemoteReducingSaver, thread: str, parent: dict | None, step: int
     return checkpoint
 
 
+def _head(thread: str, checkpoint_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+
+
 def _latest(saver: RemoteReducingSaver, thread: str) -> Any:
     return saver.get_tuple({"configurable": {"thread_id": thread}})
 
@@ -84,7 +88,7 @@ def test_replicas_taking_turns_and_racing_on_one_thread_never_answer_an_older_ch
                     assert got.checkpoint["id"] == parent["id"]
                     assert got.checkpoint["channel_values"] == values
                     assert got.pending_writes == []
-                config = {"configurable": {"thread_id": "turns", "checkpoint_ns": "", "checkpoint_id": parent["id"]}}
+                config = _head("turns", parent["id"])
                 other.put_writes(config, [("step", step * 10)], f"task-{step}")
                 writer.put_writes(config, [("notes", [f"write {step}"])], f"later-{step}")
                 for reader in savers:
@@ -110,9 +114,7 @@ def test_replicas_taking_turns_and_racing_on_one_thread_never_answer_an_older_ch
                         with lock:
                             committed[parent["id"]] = set()
                             newest[0] = max(newest[0], parent["id"])
-                        config = {
-                            "configurable": {"thread_id": "race", "checkpoint_ns": "", "checkpoint_id": parent["id"]}
-                        }
+                        config = _head("race", parent["id"])
                         saver.put_writes(config, [("step", step)], f"w{index}-{step}")
                         with lock:
                             committed[parent["id"]].add(f"w{index}-{step}")
@@ -131,7 +133,7 @@ def test_replicas_taking_turns_and_racing_on_one_thread_never_answer_an_older_ch
                             if not floor:
                                 continue
                             got = _latest(reader, "race")
-                            assert got.checkpoint["id"] >= floor, "an older checkpoint than the newest committed"
+                            assert got.checkpoint["id"] >= floor, "older than the newest committed checkpoint"
                             if got.checkpoint["id"] == floor:
                                 assert tasks <= {task for task, _, _ in got.pending_writes}, "writes missing"
                 except BaseException as exc:

@@ -20,7 +20,7 @@ that many transactions between two reads of an idle thread still held in the cac
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -108,8 +108,21 @@ class Image:
     followed by another put, not by a read."""
 
     __slots__ = (
-        "thread_id", "checkpoint_ns", "checkpoint_id", "row_xmin", "parent_checkpoint_id", "checkpoint",
-        "metadata", "blobs", "writes", "size", "_unread", "_params", "_versions", "_blob_token", "_write_token",
+        "thread_id",
+        "checkpoint_ns",
+        "checkpoint_id",
+        "row_xmin",
+        "parent_checkpoint_id",
+        "checkpoint",
+        "metadata",
+        "blobs",
+        "writes",
+        "size",
+        "_unread",
+        "_params",
+        "_versions",
+        "_blob_token",
+        "_write_token",
     )
 
     def __init__(
@@ -140,13 +153,17 @@ class Image:
         )
         self._blob_token = frozenset((channel, row[2]) for channel, row in blobs.items())
         #: ``None``: writes came after the image was made; its checkpoint's answer is read in full.
-        self._write_token = None if writes is None else frozenset((*key, row[1]) for key, row in writes.items())
+        self._write_token = (
+            None if writes is None else frozenset((*key, row[1]) for key, row in writes.items())
+        )
 
     @classmethod
     def from_row(cls, value: Mapping[str, Any]) -> Image:
         """The image of a :data:`READ_SQL` row."""
         blobs = {c.decode(): (t, b, x.decode()) for c, t, b, x in value["channel_values"] or ()}
-        writes = {(w[0].decode(), w[5].decode()): (w[:6], w[6].decode()) for w in value["pending_writes"] or ()}
+        writes = {
+            (w[0].decode(), w[5].decode()): (w[:6], w[6].decode()) for w in value["pending_writes"] or ()
+        }
         versions = value["checkpoint"].get("channel_versions") or {}
         return cls(
             thread_id=value["thread_id"],
@@ -292,7 +309,9 @@ def after_put(
         if not (value is None or isinstance(value, (str, int, float, bool))):
             blob_values[channel] = inline.pop(channel)
     stored["channel_values"] = inline
-    versions = {channel: _text(version) for channel, version in (checkpoint.get("channel_versions") or {}).items()}
+    versions = {
+        channel: _text(version) for channel, version in (checkpoint.get("channel_versions") or {}).items()
+    }
     if None in versions.values():
         return None
     known = previous.versions if previous is not None else {}

@@ -135,7 +135,9 @@ class _Probe:
 
 
 #: The probe of a put or put_writes in progress (read by ``_cursor``, which runs it last in the pipeline).
-_probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar("probe_after_write", default=None)
+_probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
+    "probe_after_write", default=None
+)
 
 _PG_THREAD_IN_USE_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
@@ -383,7 +385,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         read = latest.Image.from_row(value)
         # A put of this process may have kept a newer checkpoint meanwhile: the newer entry stays.
         cache.update(
-            thread_id, ns, lambda held: held if held is not None and held.checkpoint_id > read.checkpoint_id else read
+            thread_id,
+            ns,
+            lambda held: held if held is not None and held.checkpoint_id > read.checkpoint_id else read,
         )
         return self._load_checkpoint_tuple(read.row())
 
@@ -396,7 +400,8 @@ class PostgresLifecycleSaver(PostgresSaver):
         if cache is None or not cache.enabled:
             return super().put_writes(config, writes, task_id, task_path)
         configurable = config["configurable"]
-        thread_id, ns, checkpoint_id = str(configurable["thread_id"]), configurable["checkpoint_ns"], configurable["checkpoint_id"]
+        thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
+        checkpoint_id = configurable["checkpoint_id"]
         try:
             super().put_writes(config, writes, task_id, task_path)
         finally:
@@ -425,7 +430,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         probe = None
         if cache is not None and cache.enabled:
             # The upsert returns the row; a prune after it may change the row's parent: read it again.
-            probe = _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
+            probe = (
+                _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
+            )
         keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
         probing = _probe_after_write.set(probe)
         try:

@@ -23,7 +23,7 @@ from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
 from reducing_saver.service.state import Service
 from reducing_saver.service.storage import open_backend
-from reducing_saver.service.storage.latest import MAX_ENTRY_BYTES, LatestCache
+from reducing_saver.service.storage.latest import MAX_ENTRY_BYTES, MAX_NAMESPACES, LatestCache
 from reducing_saver.wire import Blob
 from tests.conftest import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
@@ -67,7 +67,9 @@ def _version() -> str:
     return f"{next(_counter):032}.{0:016}"
 
 
-def put(saver: Any, thread: str, parent: dict | None, changed: dict[str, Any], *, ns: str = "", **extra: Any) -> dict:
+def put(
+    saver: Any, thread: str, parent: dict | None, changed: dict[str, Any], *, ns: str = "", **extra: Any
+) -> dict:
     """Put a checkpoint that changes the channels of ``changed`` (values) on top of ``parent`` (the
     previous checkpoint dict), like LangGraph's sparse puts: unchanged channels keep their versions."""
     versions = dict(parent["channel_versions"]) if parent else {}
@@ -84,7 +86,8 @@ def put(saver: Any, thread: str, parent: dict | None, changed: dict[str, Any], *
     }
     config = _config(thread, parent["id"] if parent else None, ns)
     config["configurable"].update(extra)
-    saver.put(config, checkpoint, {"source": "loop", "step": next(_counter), "run_id": extra.get("run", "r")}, new_versions)
+    metadata = {"source": "loop", "step": next(_counter), "run_id": extra.get("run", "r")}
+    saver.put(config, checkpoint, metadata, new_versions)
     return checkpoint
 
 
@@ -133,10 +136,11 @@ def test_another_replicas_puts_and_writes_are_never_missed(replicas) -> None:
         parent = put(writer.saver, "race", parent, {"messages": _blob(f"m{step}"), "count": step})
         for replica in (one, two):
             _same(replica.saver, truth, "race")
-        writer.saver.put_writes(_config("race", parent["id"]), [("messages", _blob(f"w{step}"))], f"task-{step}")
+        config = _config("race", parent["id"])
+        writer.saver.put_writes(config, [("messages", _blob(f"w{step}"))], f"task-{step}")
         for replica in (one, two):
             _same(replica.saver, truth, "race")
-        reader.saver.put_writes(_config("race", parent["id"]), [("count", step)], f"other-{step}")
+        reader.saver.put_writes(config, [("count", step)], f"other-{step}")
         for replica in (one, two):
             _same(replica.saver, truth, "race")
     for replica in (one, two):
@@ -186,7 +190,8 @@ def test_a_row_rewritten_by_hand_is_seen(replicas, fresh_pg: str) -> None:
     assert one.cache.counts["stale"] == 1
     with psycopg.connect(fresh_pg, autocommit=True) as conn:
         conn.execute(
-            "UPDATE checkpoints SET metadata = metadata || '{\"x\": 1}' WHERE thread_id = 'h' AND checkpoint_id = %s",
+            "UPDATE checkpoints SET metadata = metadata || '{\"x\": 1}' "
+            "WHERE thread_id = 'h' AND checkpoint_id = %s",
             (head["id"],),
         )
     _same(one.saver, truth, "h")
@@ -210,9 +215,22 @@ def test_the_cache_is_bounded_by_threads_and_entry_size(fresh_pg: str) -> None:
         assert len(replica.cache) == 2 and replica.cache.get("x", "") is None
         put(replica.saver, "big", None, {"messages": _blob("big", MAX_ENTRY_BYTES)})
         assert replica.cache.get("big", "") is None
-        assert replica.saver.get_tuple(_config("big")).checkpoint["channel_values"]["messages"].data.startswith(b"big")
+        values = replica.saver.get_tuple(_config("big")).checkpoint["channel_values"]
+        assert values["messages"].data.startswith(b"big")
     finally:
         replica.close()
+
+
+def test_a_thread_keeps_its_root_and_newest_namespaces() -> None:
+    class Entry:
+        size = 10
+
+    cache = LatestCache(1)
+    cache.put("t", "", Entry())
+    for call in range(MAX_NAMESPACES + 3):
+        cache.put("t", f"node:{call}", Entry())
+    kept = [ns for ns in ["", *(f"node:{call}" for call in range(MAX_NAMESPACES + 3))] if cache.get("t", ns)]
+    assert kept == ["", *(f"node:{call}" for call in range(4, MAX_NAMESPACES + 3))]
 
 
 def test_zero_threads_reads_everything_in_full(fresh_pg: str) -> None:
@@ -230,7 +248,8 @@ def test_zero_threads_reads_everything_in_full(fresh_pg: str) -> None:
 
 @contextmanager
 def _service(database: str, **settings: Any) -> Iterator[tuple[Service, TestClient]]:
-    app = create_app(Settings(database=database, sweep=False, extract=False, storage_refresh_seconds=0, **settings))
+    settings = {"sweep": False, "extract": False, "storage_refresh_seconds": 0, **settings}
+    app = create_app(Settings(database=database, **settings))
     with TestClient(app) as http:
         yield app.state.service, http
 
@@ -246,7 +265,8 @@ def test_an_agent_run_starts_from_memory_and_sees_what_a_full_read_sees(fresh_pg
     key = "rs-test-key-0123456789abcdef"
     settings: dict[str, Any] = {"max_messages": 6, "min_messages": 4}
     if mode != "plain":
-        settings.update(api_keys=f"acme={key}", encryption="required", encryption_keys=ring_json("k1", k1=new_key()))
+        ring = ring_json("k1", k1=new_key())
+        settings.update(api_keys=f"acme={key}", encryption="required", encryption_keys=ring)
     api_key = key if mode != "plain" else None
     with _service(fresh_pg, **settings) as (service, http), _service(
         fresh_pg, latest_cache_threads=0, **settings
