@@ -102,10 +102,10 @@ WriteRow = tuple[list[Any], str]
 
 
 class Image:
-    """The rows of one thread namespace's latest checkpoint, keyed and with their xmins. Never changed
-    after it is built (a write builds the next one), except that an image built by a put turns the
-    put's checkpoint and metadata into their JSONB reading on first use (:meth:`load`): most puts are
-    followed by another put, not by a read."""
+    """The rows of one thread namespace's latest checkpoint, keyed and with their xmins. A put builds the
+    next image; put_writes mark an image's writes unknown; an image built by a put turns the put's
+    checkpoint and metadata into their JSONB reading on first use (:meth:`load`): most puts are followed
+    by another put, not by a read."""
 
     __slots__ = (
         "thread_id",
@@ -142,6 +142,7 @@ class Image:
     ) -> None:
         self.thread_id, self.checkpoint_ns, self.checkpoint_id = thread_id, checkpoint_ns, checkpoint_id
         self.row_xmin, self.parent_checkpoint_id = row_xmin, parent_checkpoint_id
+        #: ``writes`` is ``None`` once writes came after the image was made: its answer is read in full.
         self.checkpoint, self.metadata, self.blobs, self.writes = checkpoint, metadata, blobs, writes
         #: The checkpoint and metadata as the put stored them, until :meth:`load` reads them as JSONB would.
         self._unread = unread
@@ -151,11 +152,9 @@ class Image:
         self.size = sum(len(row[1] or b"") for row in blobs.values()) + sum(
             len(row[0][3] or b"") for row in (writes or {}).values()
         )
-        self._blob_token = frozenset((channel, row[2]) for channel, row in blobs.items())
-        #: ``None``: writes came after the image was made; its checkpoint's answer is read in full.
-        self._write_token = (
-            None if writes is None else frozenset((*key, row[1]) for key, row in writes.items())
-        )
+        # The proof's expected rows, built on the first proof (most images made by puts are never read).
+        self._blob_token: frozenset[tuple[str, str]] | None = None
+        self._write_token: frozenset[tuple[str, str, str]] | None = None
 
     @classmethod
     def from_row(cls, value: Mapping[str, Any]) -> Image:
@@ -203,10 +202,13 @@ class Image:
 
     def proven_by(self, row: Mapping[str, Any] | None) -> bool:
         """Whether a :data:`TOKEN_SQL` row shows the database holding exactly this image's rows."""
+        if row is None or self.writes is None:
+            return False
+        if self._blob_token is None:
+            self._blob_token = frozenset((channel, blob[2]) for channel, blob in self.blobs.items())
+            self._write_token = frozenset((*key, write[1]) for key, write in self.writes.items())
         return (
-            row is not None
-            and self._write_token is not None
-            and row["checkpoint_id"] == self.checkpoint_id
+            row["checkpoint_id"] == self.checkpoint_id
             and row["row_xmin"] == self.row_xmin
             and frozenset(map(tuple, row["blobs"] or ())) == self._blob_token
             and frozenset(map(tuple, row["writes"] or ())) == self._write_token
@@ -225,21 +227,6 @@ class Image:
             "channel_values": [[c.encode(), t, b] for c, (t, b, _) in self.blobs.items()] or None,
             "pending_writes": [row for row, _ in (self.writes or {}).values()] or None,
         }
-
-    def replace_writes(self, writes: dict[tuple[str, str], WriteRow] | None) -> Image:
-        return Image(
-            thread_id=self.thread_id,
-            checkpoint_ns=self.checkpoint_ns,
-            checkpoint_id=self.checkpoint_id,
-            row_xmin=self.row_xmin,
-            parent_checkpoint_id=self.parent_checkpoint_id,
-            checkpoint=self.checkpoint,
-            metadata=self.metadata,
-            blobs=self.blobs,
-            writes=writes,
-            versions=self.versions,
-            unread=self._unread,
-        )
 
 
 def _text(version: Any) -> str | None:
@@ -347,9 +334,11 @@ def after_writes(current: Image | None, checkpoint_id: str) -> Image | None:
     put builds on them), its writes no longer are, so the checkpoint's answer is read in full until a
     put moves on. Writes rarely come between a put and a read of the same checkpoint: LangGraph writes
     a step's outcome, then puts the next checkpoint."""
-    if current is None or current.checkpoint_id != checkpoint_id:
-        return current  # writes to another checkpoint leave this one's answer as it was
-    return current.replace_writes(None)
+    if current is not None and current.checkpoint_id == checkpoint_id:
+        # In place: a read proving the image meanwhile compares with the database, which has the writes
+        # once they are committed, so it cannot take the image as current either way.
+        current.writes = None
+    return current  # writes to another checkpoint leave this one's answer as it was
 
 
 __all__ = [
