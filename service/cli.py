@@ -102,6 +102,7 @@ ENV_ONLY: dict[str, str] = {
     "max_writes_per_call": _TUNING,
     "max_ids_per_call": _TUNING,
     "max_list_limit": _TUNING,
+    "latest_cache_threads": _TUNING,
     "max_nesting_depth": _TUNING,
     "max_thread_id_length": _TUNING,
     "max_channels": _TUNING,

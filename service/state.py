@@ -29,6 +29,7 @@ from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.http.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
+from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.watch import StorageWatch
 from reducing_saver.service.configuration.store import store_options
 from reducing_saver.service.summaries.setup import RunningSummaries
@@ -119,6 +120,9 @@ class Service:
         self.storage_watch: StorageWatch | None = None
         #: Running summaries (``--summarizer``), else None.
         self.running_summaries: RunningSummaries | None = None
+        #: The latest checkpoint of recently used threads (PostgreSQL; ``storage/latest.py``), shared by
+        #: the savers; ``latest_cache_threads=0`` keeps none.
+        self.latest_cache = LatestCache(settings.latest_cache_threads)
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="service")
         self._metrics_stop = threading.Event()
 
@@ -163,7 +167,7 @@ class Service:
                 )
 
             savers = SaverPool(
-                [wrap(inner) for inner in backend.savers(settings.pool_size)],
+                [wrap(inner) for inner in backend.savers(settings.pool_size, latest_cache=self.latest_cache)],
                 timeout=settings.db_timeout_seconds,
                 wrap_exceptions=backend.wrap_exceptions,
             )
@@ -196,7 +200,7 @@ class Service:
             backend.close()
             raise
         self.backend, self.savers = backend, savers
-        self.metrics.watch(savers, backend.pool, memory.outbox, self.storage_watch)
+        self.metrics.watch(savers, backend.pool, memory.outbox, self.storage_watch, latest=self.latest_cache)
         self._metrics_stop = threading.Event()
         self.metrics.start_updating(self._metrics_stop)
         logger.info("backend %s ready (%d savers)", backend.kind, savers.size)
@@ -239,6 +243,7 @@ class Service:
             finish_within(deadline, "stopping extraction delivery", lambda: memory.close(_left(deadline)))
         self._metrics_stop.set()
         self.metrics.watch(None)
+        self.latest_cache.clear()
         if savers is not None:
             savers.close()
         # Idle threads end now; one still waiting on the database is left to the command's exit.

@@ -88,6 +88,14 @@ class ServerSettings(BaseModel):
         "one connection attempt may take (at least 2 s) and how long closing the database may take on "
         "shutdown.",
     )
+    latest_cache_threads: int = Field(
+        1000,
+        ge=0,
+        description="PostgreSQL: how many threads' latest checkpoints each worker process keeps in memory "
+        "(least recently used dropped first; an entry above 64 KiB of values is not kept) to answer a run's "
+        "first read of its thread after one cheap query proves the database still holds exactly those rows; "
+        "0 reads every latest checkpoint from the database (docs/storage.md).",
+    )
     storage_refresh_seconds: float = Field(
         60.0,
         ge=0,

@@ -219,6 +219,16 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self._unreadable_counted = 0
+        self.latest_reads = Counter(
+            "reducing_saver_latest_cache",
+            "Reads of a thread's latest checkpoint (PostgreSQL, latest_cache_threads > 0), by result: hit "
+            "(answered from memory once a query proved it current), miss (not held: read in full) or stale "
+            "(held, but the database had moved on: read in full).",
+            ("result",),
+            registry=self.registry,
+        )
+        self._latest: Any = None
+        self._latest_counted = dict.fromkeys(("hit", "miss", "stale"), 0)
         self._gauges: dict[str, Gauge] = {}
         self._backend: Any = None
         self._pool: Any = None
@@ -237,13 +247,17 @@ class ServiceMetrics:
         """An ``on_prune`` hook: counts the messages the reducer delivers."""
         self.delivered.inc(len(messages))
 
-    def watch(self, savers: Any, pool: Any = None, outbox: Any = None, storage: Any = None) -> None:
-        """Report the savers, the connection pool (PostgreSQL), the extraction outbox and the storage
-        figures (``storage_watch.StorageWatch``, measured apart, read from memory).
+    def watch(
+        self, savers: Any, pool: Any = None, outbox: Any = None, storage: Any = None, *, latest: Any = None
+    ) -> None:
+        """Report the savers, the connection pool (PostgreSQL), the extraction outbox, the storage
+        figures (``storage_watch.StorageWatch``, measured apart, read from memory) and the
+        latest-checkpoint cache (``storage.latest.LatestCache``).
 
         ``None`` stops watching.
         """
         self._backend, self._pool, self._outbox, self._storage = savers, pool, outbox, storage
+        self._latest = latest
         if savers is not None:
             self.update()
 
@@ -277,7 +291,17 @@ class ServiceMetrics:
             if unreadable > self._unreadable_counted:
                 self.unreadable.inc(unreadable - self._unreadable_counted)
                 self._unreadable_counted = unreadable
-            backend, pool = self._backend, self._pool
+            backend, pool, latest = self._backend, self._pool, self._latest
+            if latest is not None:
+                for result, count in dict(latest.counts).items():
+                    if count > self._latest_counted[result]:
+                        self.latest_reads.labels(result).inc(count - self._latest_counted[result])
+                        self._latest_counted[result] = count
+                self._gauge(
+                    "reducing_saver_latest_cache_threads",
+                    "Threads whose latest checkpoint the process holds in memory (latest_cache_threads).",
+                    "livesum",
+                ).set(len(latest))
             if backend is not None:
                 self._gauge(
                     "reducing_saver_backend_savers",

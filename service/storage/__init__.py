@@ -111,8 +111,12 @@ class Backend(Protocol):
     def check_schema(self) -> None:
         """Raise ``SchemaError`` unless every table is at the version the code uses."""
 
-    def savers(self, count: int) -> list[BaseCheckpointSaver]:
-        """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim."""
+    def savers(self, count: int, latest_cache: Any = None) -> list[BaseCheckpointSaver]:
+        """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim.
+
+        ``latest_cache`` (``storage.latest.LatestCache``): PostgreSQL's savers share it to answer reads
+        of a thread's latest checkpoint from memory once proven; SQLite and memory read locally and
+        ignore it."""
 
     def outbox(self) -> Any:
         """The extraction outbox (``extraction.outbox.Outbox``), set up."""

@@ -42,7 +42,8 @@ class MemoryBackend:
     def check_schema(self) -> None:
         """Nothing to check."""
 
-    def savers(self, count: int) -> list[InMemoryLifecycleSaver]:
+    def savers(self, count: int, latest_cache: Any = None) -> list[InMemoryLifecycleSaver]:
+        """The one saver; ``latest_cache`` is not used: every read is from memory already."""
         return [self.saver]
 
     def outbox(self) -> MemoryOutbox:

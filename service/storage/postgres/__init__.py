@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from langgraph.store.postgres import PostgresStore
 
+from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.postgres import migrations, usage
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions
@@ -84,10 +85,12 @@ class PostgresBackend:
                 check_version(migrations.version(conn), migrations.LATEST, migrations.where(conn))
         self._schema_checked = True
 
-    def savers(self, count: int) -> list[PostgresLifecycleSaver]:
+    def savers(self, count: int, latest_cache: LatestCache | None = None) -> list[PostgresLifecycleSaver]:
         savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
-        for saver in savers:  # the service's tables are there (setup): a thread's summary steps go with it
+        for saver in savers:
+            # The service's tables are there (setup): a thread's summary steps go with it.
             saver.summaries_table = SUMMARIES_TABLE
+            saver.latest_cache = latest_cache
         return savers
 
     def outbox(self) -> PostgresOutbox:

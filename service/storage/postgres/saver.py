@@ -1,5 +1,6 @@
-"""PostgresSaver with ``copy_thread`` and ``delete_for_runs``, and ``prune`` that also refuses DeltaChannel
-snapshots stored verbatim; the SQL as constants.
+"""PostgresSaver with ``copy_thread`` and ``delete_for_runs``, ``prune`` that also refuses DeltaChannel
+snapshots stored verbatim, and reads of a thread's latest checkpoint answered from the process's
+latest-checkpoint cache once proven (``postgres/latest.py``); the SQL as constants.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
-from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+)
+from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
+from psycopg.rows import dict_row
 
 from reducing_saver.service.extraction.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
@@ -29,6 +37,8 @@ from reducing_saver.service.storage.lifecycle import (
     refuse_delta_threads,
     uses_delta_channel,
 )
+from reducing_saver.service.storage.latest import LatestCache
+from reducing_saver.service.storage.postgres import latest
 from reducing_saver.service.storage.postgres.outbox import insert_entries
 
 # Two-key advisory locks live apart from one-key ones (the service's set-up lock is one key).
@@ -110,6 +120,23 @@ SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) 
 #: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).
 _keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextvars.ContextVar(
     "keep_after_put", default=None
+)
+
+
+
+class _Probe:
+    """A statement run last in a write's pipeline (its transaction), and the row it read; with no
+    statement, the row the write's own last statement returned."""
+
+    __slots__ = ("sql", "params", "row")
+
+    def __init__(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
+        self.sql, self.params, self.row = sql, params, None
+
+
+#: The probe of a put or put_writes in progress (read by ``_cursor``, which runs it last in the pipeline).
+_probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
+    "probe_after_write", default=None
 )
 
 _PG_THREAD_IN_USE_SQL = """
@@ -229,6 +256,11 @@ class PostgresLifecycleSaver(PostgresSaver):
     ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
     of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
     ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
+
+    ``latest_cache`` (an attribute, ``None`` by default; the service's savers share one): ``get_tuple``
+    of a thread's latest checkpoint is answered from it when one query proves the database still holds
+    exactly the rows it records (``postgres/latest.py``); puts keep it up to date, put_writes to the
+    checkpoint it holds mark that checkpoint's writes unknown (its next read is a full one).
     """
 
     keep_checkpoints: int | None = None
@@ -236,6 +268,9 @@ class PostgresLifecycleSaver(PostgresSaver):
     #: it: ``delete_for_runs`` and ``prune`` then delete the steps of the namespaces they leave without a
     #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
     summaries_table: str | None = None
+    latest_cache: LatestCache | None = None
+    #: PostgresSaver's upsert, returning the row's xmin and parent (read only for the latest cache).
+    UPSERT_CHECKPOINTS_SQL = latest.UPSERT_RETURNING_SQL
 
     #: ``list`` filters by a thread-id prefix in its query (``THREAD_PREFIX_KEY``, see ``_search_where``).
     lists_by_thread_prefix = True
@@ -266,6 +301,7 @@ class PostgresLifecycleSaver(PostgresSaver):
             if cur.fetchone()["in_use"]:
                 raise ThreadNotEmptyError(target)
             cur.execute(_PG_COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
+        self._forget([target])
 
     def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
@@ -307,6 +343,7 @@ class PostgresLifecycleSaver(PostgresSaver):
                         (thread_id, ns),
                         prepare=False,
                     )
+        self._forget(thread_id for thread_id, _ns in groups)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``PostgresSaver.prune``, refusing also DeltaChannel snapshots stored verbatim.
@@ -332,16 +369,84 @@ class PostgresLifecycleSaver(PostgresSaver):
                 cur.execute(_PG_SNAPSHOT_BLOB_THREADS_SQL, (ids,), prepare=False)
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
-        if ids and strategy == "delete" and self.summaries_table is not None:
-            with self._transaction() as cur:
-                for statement in PRUNE_DELETE_THREADS_SQL:
-                    cur.execute(statement, (ids,), prepare=False)
-                forget_summaries(cur, self.summaries_table, ids)
-            return
-        super().prune(ids, strategy=strategy)
-        if ids and self.summaries_table is not None:
-            with self._transaction() as cur:
-                forget_summaries(cur, self.summaries_table, ids)
+        try:
+            if ids and strategy == "delete" and self.summaries_table is not None:
+                with self._transaction() as cur:
+                    for statement in PRUNE_DELETE_THREADS_SQL:
+                        cur.execute(statement, (ids,), prepare=False)
+                    forget_summaries(cur, self.summaries_table, ids)
+                return
+            super().prune(ids, strategy=strategy)
+            if ids and self.summaries_table is not None:
+                with self._transaction() as cur:
+                    forget_summaries(cur, self.summaries_table, ids)
+        finally:
+            self._forget(ids)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """PostgresSaver's ``delete_thread``; the thread leaves the latest-checkpoint cache too."""
+        try:
+            super().delete_thread(thread_id)
+        finally:
+            self._forget([str(thread_id)])
+
+    def _forget(self, thread_ids: Iterable[str]) -> None:
+        """Drop threads from the latest-checkpoint cache: memory only, since every read proves its entry
+        against the database (a delete by any other path shows there)."""
+        if self.latest_cache is not None:
+            self.latest_cache.discard(thread_ids)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """PostgresSaver's ``get_tuple``; the latest checkpoint (no ``checkpoint_id``) from the cache when
+        one query proves the database holds exactly the rows of its entry, else read in full (with each
+        row's xmin) and kept."""
+        cache = self.latest_cache
+        if cache is None or not cache.enabled or get_checkpoint_id(config):
+            return super().get_tuple(config)
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        image = cache.get(thread_id, ns)
+        with self._cursor() as cur:
+            if image is not None:
+                cur.execute(latest.TOKEN_SQL, image.token_params)
+                if image.proven_by(cur.fetchone()) and image.load():
+                    cache.count("hit")
+                    return self._load_checkpoint_tuple(image.row())
+                cache.count("stale")
+            else:
+                cache.count("miss")
+            cur.execute(latest.READ_SQL, (thread_id, ns))
+            value = cur.fetchone()
+        if value is None:
+            cache.put(thread_id, ns, None)
+            return None
+        if value["checkpoint"]["v"] < 4:  # PostgresSaver migrates the pending sends of older checkpoints
+            cache.put(thread_id, ns, None)
+            return super().get_tuple(config)
+        read = latest.Image.from_row(value)
+        # A put of this process may have kept a newer checkpoint meanwhile: the newer entry stays.
+        cache.update(
+            thread_id,
+            ns,
+            lambda held: held if held is not None and held.checkpoint_id > read.checkpoint_id else read,
+        )
+        return self._load_checkpoint_tuple(read.row())
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """PostgresSaver's ``put_writes``; the latest-checkpoint cache forgets the writes of the checkpoint
+        it holds when they change (its next read of that checkpoint is a full one)."""
+        cache = self.latest_cache
+        if cache is None or not cache.enabled:
+            return super().put_writes(config, writes, task_id, task_path)
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
+        checkpoint_id = configurable["checkpoint_id"]
+        try:
+            super().put_writes(config, writes, task_id, task_path)
+        finally:
+            cache.update(thread_id, ns, lambda current: latest.after_writes(current, checkpoint_id))
 
     def put(
         self,
@@ -361,14 +466,43 @@ class PostgresLifecycleSaver(PostgresSaver):
         ``lifecycle.uses_delta_channel``).
         """
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
-        if keep is None or uses_delta_channel(config, checkpoint, metadata):
-            return super().put(config, checkpoint, metadata, new_versions)
         configurable = config["configurable"]
-        token = _keep_after_put.set((str(configurable["thread_id"]), configurable["checkpoint_ns"], keep))
+        thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
+        cache = self.latest_cache
+        if keep is not None and uses_delta_channel(config, checkpoint, metadata):
+            keep = None
+        probe = None
+        if cache is not None and cache.enabled:
+            # The upsert returns the row; a prune after it may change the row's parent: read it again.
+            probe = (
+                _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
+            )
+        keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
+        probing = _probe_after_write.set(probe)
         try:
-            return super().put(config, checkpoint, metadata, new_versions)
+            next_config = super().put(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            if cache is not None:
+                cache.put(thread_id, ns, None)
+            raise
         finally:
-            _keep_after_put.reset(token)
+            _probe_after_write.reset(probing)
+            _keep_after_put.reset(keeping)
+        if cache is not None and probe is not None:
+            cache.update(
+                thread_id,
+                ns,
+                lambda previous: latest.after_put(
+                    previous,
+                    probe.row,
+                    self.serde,
+                    config=config,
+                    checkpoint=checkpoint,
+                    metadata=metadata,
+                    new_versions=new_versions,
+                ),
+            )
+        return next_config
 
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
@@ -394,23 +528,44 @@ class PostgresLifecycleSaver(PostgresSaver):
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
         """PostgresSaver's cursor; a put's outbox entries (``checkpoint_records``) are queued first in its
-        pipeline, and its keep-checkpoints prune (``_keep_after_put``) last. PostgreSQL runs a pipeline up
-        to its sync as one transaction, so the entries, the checkpoint (its blobs and its row) and the
-        prune are committed together, or none is."""
-        with super()._cursor(pipeline=pipeline) as cur:
-            records = checkpoint_records.get() if pipeline else None
-            if records is not None and records.entries and not records.written:
-                insert_entries(cur, records.entries)
-                records.written = True
-            yield cur
-            keep = _keep_after_put.get() if pipeline else None
-            if keep is not None:
-                _keep_after_put.set(None)
-                thread_id, ns, count = keep
-                # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
-                # takes several times as long as running it on a namespace of K + 1 checkpoints.
-                cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
-                cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
+        pipeline, its keep-checkpoints prune (``_keep_after_put``) after its statements, and a write's
+        probe (``_probe_after_write``) last. PostgreSQL runs a pipeline up to its sync as one transaction,
+        so the entries, the checkpoint (its blobs and its row) and the prune are committed together, or
+        none is, and the probe sees what that transaction wrote. The probe's row is read once the
+        pipeline is synced: no round trip of its own."""
+        probe = _probe_after_write.get() if pipeline else None
+        if probe is None or self.pipe or not self.supports_pipeline:
+            with super()._cursor(pipeline=pipeline) as cur, self._queued(cur, pipeline, None):
+                yield cur
+            return
+        _probe_after_write.set(None)  # the write's own pipeline only
+        with (
+            self.lock,
+            _internal.get_connection(self.conn) as conn,
+            conn.cursor(binary=True, row_factory=dict_row) as cur,
+        ):
+            with conn.pipeline(), self._queued(cur, pipeline, probe):
+                yield cur
+            probe.row = cur.fetchone()
+
+    @contextmanager
+    def _queued(self, cur: Any, pipeline: bool, probe: _Probe | None) -> Iterator[None]:
+        """The statements a write's pipeline runs around the write's own (see ``_cursor``)."""
+        records = checkpoint_records.get() if pipeline else None
+        if records is not None and records.entries and not records.written:
+            insert_entries(cur, records.entries)
+            records.written = True
+        yield
+        keep = _keep_after_put.get() if pipeline else None
+        if keep is not None:
+            _keep_after_put.set(None)
+            thread_id, ns, count = keep
+            # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
+            # takes several times as long as running it on a namespace of K + 1 checkpoints.
+            cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
+            cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
+        if probe is not None and probe.sql is not None:
+            cur.execute(probe.sql, probe.params)
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:

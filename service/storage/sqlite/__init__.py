@@ -93,7 +93,8 @@ class SqliteBackend:
                 check_version(migrations.version(conn.cursor()), migrations.LATEST, self.path)
         self._schema_checked = True
 
-    def savers(self, count: int) -> list[SqliteLifecycleSaver]:
+    def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
+        """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
         # The service's tables are there (setup): a thread's summary steps go with its checkpoints.
         self.saver.summaries_table = SUMMARIES_TABLE
         return [self.saver]
