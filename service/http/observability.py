@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -77,7 +76,7 @@ def accept_request_id(value: str | None) -> str:
     """``value`` when it is a usable request id (1 to 128 printable ASCII characters), else a new one."""
     if value and len(value) <= MAX_REQUEST_ID_LENGTH and value.isascii() and value.isprintable():
         return value
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
 # -- measuring the messages channel ---------------------------------------------------------------
@@ -227,6 +226,9 @@ class ServiceMetrics:
         self._outbox_read_at: float | None = None
         self._outbox_reading: asyncio.Future[None] | None = None
         self._lock = threading.Lock()
+        #: (method, route, status) -> the request counter's and latency histogram's children: looked up
+        #: once (prometheus_client validates labels and takes a lock on every ``labels()``).
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.registry.register(_StorageCollector(self))
 
     def measuring(self) -> MeasuringCodec:
@@ -248,9 +250,15 @@ class ServiceMetrics:
             self.update()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        labels = (method if method in _METHODS else "other", route, str(status))
-        self.requests.labels(*labels).inc()
-        self.latency.labels(*labels).observe(seconds)
+        children = self._request_children.get((method, route, status))
+        if children is None:
+            labels = (method if method in _METHODS else "other", route, str(status))
+            children = self.requests.labels(*labels), self.latency.labels(*labels)
+            if method in _METHODS:  # other methods share one label: their names are unbounded
+                self._request_children[(method, route, status)] = children
+        counter, latency = children
+        counter.inc()
+        latency.observe(seconds)
 
     def settle(self, measure: _PutMeasure) -> None:
         self.received_bytes.inc(measure.received)
@@ -419,7 +427,7 @@ class ObservabilityMiddleware:
     """Request id, access log and request metrics for every HTTP request, as pure ASGI.
 
     The request id comes from the ``X-Request-ID`` header when it is 1 to 128 printable ASCII characters,
-    else it is a new ``uuid4().hex``; it is echoed in the response's ``X-Request-ID`` and carried by
+    else it is 32 new random hex digits; it is echoed in the response's ``X-Request-ID`` and carried by
     every log record written while the request runs (threads the route runs in included).
 
     Args:
