@@ -85,9 +85,11 @@ def accept_request_id(value: str | None) -> str:
 class _PutMeasure:
     """What the codec saw of one request's messages channel; settled when the request succeeds."""
 
-    __slots__ = ("decoded", "kept", "received", "seen", "stored")
+    __slots__ = ("ahead", "decoded", "kept", "received", "seen", "stored")
 
     def __init__(self) -> None:
+        #: ``(value, messages)``: a messages value the request's operation decoded before the reducer asks.
+        self.ahead: tuple[Any, list[Any] | None] | None = None
         self.seen = False
         self.received = 0
         self.stored: int | None = None  # None: stored as received (not re-encoded)
@@ -124,9 +126,24 @@ class MeasuringCodec:
     def allowed(self) -> frozenset[tuple[str, str]]:
         return self.inner.allowed
 
-    def decode(self, value: Any) -> list[Any] | None:
+    def decode_ahead(self, value: Any) -> list[Any] | None:
+        """``inner.decode(value)`` now, and the same answer to the request's next ``decode`` of this very
+        value (the reducer's): a put's operation decodes its messages channel as its extension check, so
+        the value is read once. Noted in the metrics only when the reducer asks."""
         messages = self.inner.decode(value)
         measure = _put_measure.get()
+        if measure is not None:
+            measure.ahead = (value, messages)
+        return messages
+
+    def decode(self, value: Any) -> list[Any] | None:
+        measure = _put_measure.get()
+        ahead = measure.ahead if measure is not None else None
+        if ahead is not None and ahead[0] is value:
+            measure.ahead = None  # type: ignore[union-attr]
+            messages = ahead[1]
+        else:
+            messages = self.inner.decode(value)
         if measure is not None and isinstance(value, Blob):
             measure.seen = True
             measure.received = len(value.data)
