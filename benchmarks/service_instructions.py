@@ -213,12 +213,15 @@ def _load_shim() -> Any:
     return shim
 
 
-def _callgrind(argv: list[str], rounds: int) -> dict[str, Any]:
-    """Run this module under callgrind (``--inner``) and read the instructions of each route's dumps."""
+def _callgrind(argv: list[str], keep: str | None) -> dict[str, Any]:
+    """Run this module under callgrind (``--inner``) and read the instructions of each route's dumps
+    (kept in ``keep``, for ``callgrind_annotate``, when given)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("callgrind mode needs valgrind")
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = keep or temporary
+        Path(folder).mkdir(parents=True, exist_ok=True)
         out = Path(folder) / "callgrind.out"
         subprocess.run(
             [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
@@ -252,11 +255,12 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=8, help="recorded conversations of 12 turns each")
     parser.add_argument("--rounds", type=int, default=3, help="measured batches per route (after one warm-up)")
     parser.add_argument("--top", type=int, default=25, help="profile: functions shown")
+    parser.add_argument("--keep", help="callgrind: keep the dumps in this folder (for callgrind_annotate)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode == "callgrind" and not args.inner:
         argv = [arg for arg in sys.argv[1:] if arg != "--inner"]
-        print(json.dumps(_callgrind(argv, args.rounds), indent=1))
+        print(json.dumps(_callgrind(argv, args.keep), indent=1))
         return
     from benchmarks.service_cost import record_turns
 
