@@ -545,3 +545,11 @@ def test_a_key_file_works_end_to_end_in_process(tmp_path):
         assert client.get("/v1/capabilities", headers=auth("acme")).status_code == 200
         assert client.get("/v1/capabilities", headers=auth("rival")).status_code == 401
         assert client.get("/healthz").status_code == 200
+
+
+def test_reserved_configurable_keys_are_refused_naming_the_first_in_order():
+    from reducing_saver.service.security.limits import check_configurable
+
+    with pytest.raises(ValueError, match=r"^configurable\.__a: keys starting with '__' are reserved$"):
+        check_configurable({"thread_id": "t", "__b": 1, "__a": 2})
+    assert check_configurable({"thread_id": "t", "a__": 1}) == {"thread_id": "t", "a__": 1}
