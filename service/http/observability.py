@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -270,12 +272,13 @@ class ServiceMetrics:
         children = self._request_children.get((method, route, status))
         if children is None:
             labels = (method if method in _METHODS else "other", route, str(status))
-            children = self.requests.labels(*labels), self.latency.labels(*labels)
+            children = _request_children(self.requests.labels(*labels), self.latency.labels(*labels))
             if method in _METHODS:  # other methods share one label: their names are unbounded
                 self._request_children[(method, route, status)] = children
-        counter, latency = children
-        counter.inc()
-        latency.observe(seconds)
+        count, add_seconds, buckets, bounds = children
+        count(1)
+        add_seconds(seconds)
+        buckets[bisect_left(bounds, seconds)](1)  # the first bucket whose bound is >= seconds, as observe()
 
     def settle(self, measure: _PutMeasure) -> None:
         self.received_bytes.inc(measure.received)
@@ -420,6 +423,22 @@ class _StorageCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if self._metrics._storage is not None:
             yield from self._metrics._storage.collect()
+
+
+def _request_children(counter: Any, latency: Any) -> tuple[Any, Any, list[Any], list[float]]:
+    """What one request adds to: the counter's value, the histogram's sum and buckets (with their upper
+    bounds), taken from the labelled children once. ``Counter.inc`` and ``Histogram.observe`` check that
+    the metric is a child and look for exemplars, then walk the buckets in Python, on every call; these are
+    the values they end up adding to (prometheus_client's, in-process or multiprocess alike)."""
+    try:
+        return (
+            counter._value.inc,
+            latency._sum.inc,
+            [bucket.inc for bucket in latency._buckets],
+            list(latency._upper_bounds),
+        )
+    except AttributeError:  # another prometheus_client layout: its public API
+        return counter.inc, latency.observe, [lambda _: None], [math.inf]
 
 
 def _log_failed_read(reading: asyncio.Future[None]) -> None:
