@@ -71,6 +71,8 @@ class ServiceApp(FastAPI):
 DOCS_ASSETS_URL = "/docs/assets"
 DOCS_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
 DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+#: FastAPI's native OpenTelemetry, off.
+NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "auto_configure": False}
 
 
 def _docs_assets_folder() -> str:
@@ -153,6 +155,9 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         # Replaced by _add_docs: the same pages, with their assets served from the package.
         docs_url=None,
         redoc_url=None,
+        # The service reports through /metrics and its logs. FastAPI's own OpenTelemetry spans and metrics
+        # would otherwise look up the global providers on every request, per-step calls included.
+        telemetry=NO_TELEMETRY,
     )
     app.state.service = service
     docs = frozenset(DOCS_PATHS) | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)

@@ -31,9 +31,15 @@ class MsgpackBodyError(ValueError):
 
 def decode(body: bytes, limits: security.Limits) -> Any:
     """The body's value, or :class:`MsgpackBodyError` naming what is wrong with it."""
+    hooks = _Hooks()
     try:
         value = msgpack.unpackb(
-            body, raw=False, strict_map_key=True, object_pairs_hook=_map, list_hook=_list, ext_hook=_extension
+            body,
+            raw=False,
+            strict_map_key=True,
+            object_pairs_hook=hooks.map,
+            list_hook=hooks.list,
+            ext_hook=_extension,
         )
     except MsgpackBodyError:
         raise
@@ -45,9 +51,11 @@ def decode(body: bytes, limits: security.Limits) -> Any:
         raise MsgpackBodyError(f"the body holds a string that is not UTF-8 ({exc.reason})") from None
     except ValueError as exc:
         raise MsgpackBodyError(f"the body is not valid msgpack: {exc or type(exc).__name__}") from None
-    depth = security.nesting_depth(value)
-    if depth > limits.max_nesting_depth:
-        raise MsgpackBodyError(_too_deep(str(depth), limits))
+    # Nesting never exceeds the number of arrays and maps: only a body holding more than the limit is walked.
+    if hooks.containers > limits.max_nesting_depth:
+        depth = security.nesting_depth(value)
+        if depth > limits.max_nesting_depth:
+            raise MsgpackBodyError(_too_deep(str(depth), limits))
     return value
 
 
@@ -65,33 +73,42 @@ def _extension(code: int, data: bytes) -> Any:
     )
 
 
-def _map(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if type(key) is not str:
-            raise MsgpackBodyError(
-                f"the body has a map key of type {type(key).__name__}; keys must be strings"
-            )
-        if key in result:
-            raise MsgpackBodyError(f"the body repeats the key {key[:100]!r} in one map; send each key once")
-        kind = type(value)
-        if kind is bytes and key != "data":
-            raise MsgpackBodyError(
-                f"the body holds bytes under {key[:100]!r}; bytes are only a typed value's 'data'"
-            )
-        if kind is float and not math.isfinite(value):
-            raise MsgpackBodyError(f"the body holds {value} under {key[:100]!r}; floats must be finite")
-        result[key] = value
-    if type(result.get("data")) is bytes and result.keys() != {"type", "data"}:
-        raise MsgpackBodyError("bytes are only the 'data' of a map with exactly 'type' and 'data'")
-    return result
+class _Hooks:
+    """One decode's map and array hooks; they count the containers they see."""
 
+    __slots__ = ("containers",)
 
-def _list(items: list[Any]) -> list[Any]:
-    for item in items:
-        kind = type(item)
-        if kind is bytes:
-            raise MsgpackBodyError("the body holds bytes in an array; bytes are only a typed value's 'data'")
-        if kind is float and not math.isfinite(item):
-            raise MsgpackBodyError(f"the body holds {item} in an array; floats must be finite")
-    return items
+    def __init__(self) -> None:
+        self.containers = 0
+
+    def map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+        self.containers += 1
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if type(key) is not str:
+                raise MsgpackBodyError(
+                    f"the body has a map key of type {type(key).__name__}; keys must be strings"
+                )
+            if key in result:
+                raise MsgpackBodyError(f"the body repeats the key {key[:100]!r} in one map; send each key once")
+            kind = type(value)
+            if kind is bytes and key != "data":
+                raise MsgpackBodyError(
+                    f"the body holds bytes under {key[:100]!r}; bytes are only a typed value's 'data'"
+                )
+            if kind is float and not math.isfinite(value):
+                raise MsgpackBodyError(f"the body holds {value} under {key[:100]!r}; floats must be finite")
+            result[key] = value
+        if type(result.get("data")) is bytes and result.keys() != {"type", "data"}:
+            raise MsgpackBodyError("bytes are only the 'data' of a map with exactly 'type' and 'data'")
+        return result
+
+    def list(self, items: list[Any]) -> list[Any]:
+        self.containers += 1
+        for item in items:
+            kind = type(item)
+            if kind is bytes:
+                raise MsgpackBodyError("the body holds bytes in an array; bytes are only a typed value's 'data'")
+            if kind is float and not math.isfinite(item):
+                raise MsgpackBodyError(f"the body holds {item} in an array; floats must be finite")
+        return items

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import threading
 import time
-import uuid
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -77,7 +78,7 @@ def accept_request_id(value: str | None) -> str:
     """``value`` when it is a usable request id (1 to 128 printable ASCII characters), else a new one."""
     if value and len(value) <= MAX_REQUEST_ID_LENGTH and value.isascii() and value.isprintable():
         return value
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
 # -- measuring the messages channel ---------------------------------------------------------------
@@ -86,9 +87,11 @@ def accept_request_id(value: str | None) -> str:
 class _PutMeasure:
     """What the codec saw of one request's messages channel; settled when the request succeeds."""
 
-    __slots__ = ("decoded", "kept", "received", "seen", "stored")
+    __slots__ = ("ahead", "decoded", "kept", "received", "seen", "stored")
 
     def __init__(self) -> None:
+        #: ``(value, messages)``: a messages value the request's operation decoded before the reducer asks.
+        self.ahead: tuple[Any, list[Any] | None] | None = None
         self.seen = False
         self.received = 0
         self.stored: int | None = None  # None: stored as received (not re-encoded)
@@ -125,9 +128,24 @@ class MeasuringCodec:
     def allowed(self) -> frozenset[tuple[str, str]]:
         return self.inner.allowed
 
-    def decode(self, value: Any) -> list[Any] | None:
+    def decode_ahead(self, value: Any) -> list[Any] | None:
+        """``inner.decode(value)`` now, and the same answer to the request's next ``decode`` of this very
+        value (the reducer's): a put's operation decodes its messages channel as its extension check, so
+        the value is read once. Noted in the metrics only when the reducer asks."""
         messages = self.inner.decode(value)
         measure = _put_measure.get()
+        if measure is not None:
+            measure.ahead = (value, messages)
+        return messages
+
+    def decode(self, value: Any) -> list[Any] | None:
+        measure = _put_measure.get()
+        ahead = measure.ahead if measure is not None else None
+        if ahead is not None and ahead[0] is value:
+            measure.ahead = None  # type: ignore[union-attr]
+            messages = ahead[1]
+        else:
+            messages = self.inner.decode(value)
         if measure is not None and isinstance(value, Blob):
             measure.seen = True
             measure.received = len(value.data)
@@ -237,6 +255,9 @@ class ServiceMetrics:
         self._outbox_read_at: float | None = None
         self._outbox_reading: asyncio.Future[None] | None = None
         self._lock = threading.Lock()
+        #: (method, route, status) -> the request counter's and latency histogram's children: looked up
+        #: once (prometheus_client validates labels and takes a lock on every ``labels()``).
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.registry.register(_StorageCollector(self))
 
     def measuring(self) -> MeasuringCodec:
@@ -262,9 +283,16 @@ class ServiceMetrics:
             self.update()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        labels = (method if method in _METHODS else "other", route, str(status))
-        self.requests.labels(*labels).inc()
-        self.latency.labels(*labels).observe(seconds)
+        children = self._request_children.get((method, route, status))
+        if children is None:
+            labels = (method if method in _METHODS else "other", route, str(status))
+            children = _request_children(self.requests.labels(*labels), self.latency.labels(*labels))
+            if method in _METHODS:  # other methods share one label: their names are unbounded
+                self._request_children[(method, route, status)] = children
+        count, add_seconds, buckets, bounds = children
+        count(1)
+        add_seconds(seconds)
+        buckets[bisect_left(bounds, seconds)](1)  # the first bucket whose bound is >= seconds, as observe()
 
     def settle(self, measure: _PutMeasure) -> None:
         self.received_bytes.inc(measure.received)
@@ -421,6 +449,22 @@ class _StorageCollector(Collector):
             yield from self._metrics._storage.collect()
 
 
+def _request_children(counter: Any, latency: Any) -> tuple[Any, Any, list[Any], list[float]]:
+    """What one request adds to: the counter's value, the histogram's sum and buckets (with their upper
+    bounds), taken from the labelled children once. ``Counter.inc`` and ``Histogram.observe`` check that
+    the metric is a child and look for exemplars, then walk the buckets in Python, on every call; these are
+    the values they end up adding to (prometheus_client's, in-process or multiprocess alike)."""
+    try:
+        return (
+            counter._value.inc,
+            latency._sum.inc,
+            [bucket.inc for bucket in latency._buckets],
+            list(latency._upper_bounds),
+        )
+    except AttributeError:  # another prometheus_client layout: its public API
+        return counter.inc, latency.observe, [lambda _: None], [math.inf]
+
+
 def _log_failed_read(reading: asyncio.Future[None]) -> None:
     if not reading.cancelled() and (error := reading.exception()) is not None:
         logger.warning("reading the extraction outbox for /metrics failed: %s", error)
@@ -443,7 +487,7 @@ class ObservabilityMiddleware:
     """Request id, access log and request metrics for every HTTP request, as pure ASGI.
 
     The request id comes from the ``X-Request-ID`` header when it is 1 to 128 printable ASCII characters,
-    else it is a new ``uuid4().hex``; it is echoed in the response's ``X-Request-ID`` and carried by
+    else it is 32 new random hex digits; it is echoed in the response's ``X-Request-ID`` and carried by
     every log record written while the request runs (threads the route runs in included).
 
     Args:

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
+from reducing_saver.service.security.limits import _limits
 from reducing_saver.wire import bodies
 
 Primitive = StrictStr | StrictInt | StrictFloat | StrictBool | None
@@ -68,8 +69,16 @@ def _refusing(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
 def _capped(field: str, what: str, setting: str) -> Any:
     """Annotated metadata: at most ``setting`` items, checked before the items are validated."""
     keyword = "maxItems" if what != "channels" else "maxProperties"
+    limits = _limits  # the request's caps (``security.current_limits``), read without a call of its own
+
+    def check(value: Any) -> Any:
+        # Runs on every per-step request, several times: the common case (within the cap) in one frame.
+        if isinstance(value, (list, dict)) and len(value) > getattr(limits.get(), setting):
+            return _refusing(security.check_count, field, what, setting)(value)  # raises, naming the cap
+        return value
+
     return (
-        BeforeValidator(_refusing(security.check_count, field, what, setting)),
+        BeforeValidator(check),
         Field(json_schema_extra=security.documented(**{keyword: setting})),
     )
 

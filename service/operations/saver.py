@@ -21,7 +21,7 @@ from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace
 from reducing_saver.service import security
 from reducing_saver.service.http import schemas
 from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
-from reducing_saver.service.security.extensions import UnsafeValueError, check_extensions
+from reducing_saver.service.security.extensions import UnsafeValueError, check_value
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
@@ -189,17 +189,29 @@ def _typed_ints(values: Mapping[str, Any], field: str) -> dict[str, Any]:
     return result
 
 
-def _check_extensions(service: Service, values: Any, messages: Any = None) -> None:
+def _check_extensions(service: Service, values: Any, messages: Any = None, decode: Any = None) -> None:
     """Refuse values naming code before anything is stored: every reader's deserializer would run it.
 
     ``messages`` is the messages channel's field and value when the reducer will decode it: its codec is
     stricter there (message classes only) and its refusal says where and how to allow a class, so a
-    refused messages value gets the codec's answer when the codec refuses it too.
+    refused messages value gets the codec's answer when the codec refuses it too. With ``decode`` (the
+    reducer's codec's ``decode_ahead``), that value is checked by decoding it: a value the codec reads as
+    a list of messages had every extension in it vetted by the codec, which accepts nothing the extension
+    policy refuses, and the reducer gets the decoded list (one pass instead of a scan and a decode).
+    Anything the codec does not read (a DeltaChannel snapshot, another shape) is scanned as before.
     """
+    decoded = False
     try:
-        check_extensions(values, service.extension_policy)
+        for field, value in values:
+            if not isinstance(value, Blob) or value.type != "msgpack":
+                continue
+            if decode is not None and messages is not None and field == messages[0]:
+                decoded = True
+                if decode(value) is not None:  # raises UnsafeMessagesError, a 422 of its own
+                    continue
+            check_value(value.data, field, service.extension_policy)
     except UnsafeValueError as exc:
-        if messages is not None and exc.field == messages[0]:
+        if messages is not None and exc.field == messages[0] and not decoded:
             service.codec.decode(messages[1])  # raises UnsafeMessagesError, a 422 of its own
         raise BadRequest(str(exc)) from None
 
@@ -249,7 +261,12 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
     messages = (f"values.{messages_key}", values.get(messages_key)) if writes_messages else None
-    _check_extensions(service, ((f"values.{channel}", value) for channel, value in values.items()), messages)
+    _check_extensions(
+        service,
+        ((f"values.{channel}", value) for channel, value in values.items()),
+        messages,
+        getattr(saver.codec, "decode_ahead", None) if writes_messages and not saver.passthrough else None,
+    )
     config = scope.config_in(config, settings.namespace_key, namespace=writes_messages)
     if service.sweeper is not None:  # before the write, so a TTL sweep of this thread skips it
         try:

@@ -108,9 +108,10 @@ def check_limit(value: int | None) -> int | None:
 
 def check_configurable(configurable: dict[str, Any]) -> dict[str, Any]:
     """The ids of a run config's ``configurable``: thread id rules, checkpoint id a UUID."""
-    reserved = sorted(key for key in configurable if key.startswith("__"))
-    if reserved:
-        raise ValueError(f"configurable.{reserved[0][:64]}: keys starting with '__' are reserved")
+    for key in configurable:
+        if key.startswith("__"):
+            first = min(key for key in configurable if key.startswith("__"))
+            raise ValueError(f"configurable.{first[:64]}: keys starting with '__' are reserved")
     thread_id = configurable.get("thread_id")
     if isinstance(thread_id, str) and thread_id:
         check_thread_id(thread_id, "configurable.thread_id")

@@ -204,3 +204,18 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 10_000, (name, len(data))
     assert "Targets (ratios from this run)" in stdout
+
+
+def test_service_instructions_cpu_mode_measures_every_route() -> None:
+    """`python -m benchmarks.service_instructions` (in process, memory backend): a figure per route."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.service_instructions", "--mode", "cpu", "--conversations", "2",
+         "--rounds", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"}
+    for route in figures.values():
+        assert route["requests"] > 0
+        assert positive(route["cpu_us_best"]) and route["cpu_us_median"] >= route["cpu_us_best"]

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.http.observability import (
+    LATENCY_BUCKETS,
     JsonFormatter,
     ObservabilityMiddleware,
     ServiceMetrics,
@@ -447,3 +449,40 @@ def test_sigterm_cancels_a_request_that_outlives_the_grace(tmp_path):
     output = service.output()
     assert "timeout graceful shutdown exceeded" in output
     assert "shutdown complete" in output
+
+
+def test_request_metrics_count_and_bucket_each_request_as_prometheus_client_would():
+    """observe_request adds to the children's values directly: the same figures as inc() and observe()."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    metrics = ServiceMetrics(SafeMessagesCodec())
+    reference = CollectorRegistry()
+    labels = ("method", "route", "status")
+    counter = Counter("reducing_saver_http_requests", "", labels, registry=reference)
+    histogram = Histogram(
+        "reducing_saver_http_request_duration_seconds", "", labels, buckets=LATENCY_BUCKETS, registry=reference
+    )
+    cases = [
+        ("POST", "/v1/writes/put", 204, 0.0003),
+        ("POST", "/v1/writes/put", 204, 0.001),  # on a bound: that bucket, as observe() counts it
+        ("POST", "/v1/writes/put", 204, 99.0),  # past every bound: +Inf only
+        ("GET", "/healthz", 200, 0.0),
+        ("BREW", "/healthz", 418, 0.002),  # a method outside the known ones: "other"
+        ("BREW", "/healthz", 418, 0.02),
+    ]
+    for method, route, status, seconds in cases:
+        metrics.observe_request(method, route, status, seconds)
+        label = (method if method != "BREW" else "other", route, str(status))
+        counter.labels(*label).inc()
+        histogram.labels(*label).observe(seconds)
+
+    def samples(registry: Any) -> set[tuple[str, tuple, float]]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items())), sample.value)
+            for family in registry.collect()
+            if family.name.startswith("reducing_saver_http_request")
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        }
+
+    assert samples(metrics.registry) == samples(reference)

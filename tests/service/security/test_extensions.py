@@ -452,3 +452,70 @@ def test_the_flag_sets_it():
 
     args = build_parser().parse_args(["serve", "--allow-state-type", "myapp,*"])
     assert load_settings(args).allowed_state_types == ["myapp", "*"]
+
+
+# -- the messages channel: checked by the codec's decode, once ----------------------------------------
+
+
+def _messages_put(value: bytes, thread_id: str) -> dict[str, Any]:
+    put = _state_put(value, thread_id)
+    put["values"] = {"messages": put["values"].pop("notes")}
+    put["checkpoint"]["channel_versions"] = put["new_versions"] = {"messages": "1"}
+    return put
+
+
+def test_every_target_the_codec_accepts_the_policy_accepts_too():
+    """What lets a messages value the codec reads skip the scan: the codec's safe values and classes are
+    all targets the strictest policy (no allowed state types) accepts."""
+    from reducing_saver.service.messages_codec import _SAFE_VALUES, SafeMessagesCodec
+
+    codec = SafeMessagesCodec(["tests.service.security.test_extensions:Plan"])
+    strict = ExtensionPolicy((), codec.allowed)
+    for code, module, name, *method in _SAFE_VALUES:
+        assert strict.refusal(code, module, name, *method) is None, (code, module, name)
+    for module, name in codec.allowed:
+        assert strict.refusal(5, module, name) is None, (module, name)
+
+
+def test_a_put_reads_its_messages_value_once_and_still_refuses_code(tmp_path: Path, monkeypatch):
+    from reducing_saver.service.messages_codec import SafeMessagesCodec
+
+    decoded: list[bytes] = []
+    decode = SafeMessagesCodec.decode
+
+    def counting(self: Any, value: Any) -> Any:
+        decoded.append(value.data)
+        return decode(self, value)
+
+    monkeypatch.setattr(SafeMessagesCodec, "decode", counting)
+    scanned: list[str] = []
+    scan = extensions.check_value
+    monkeypatch.setattr(
+        "reducing_saver.service.operations.saver.check_value",
+        lambda data, field, policy: scanned.append(field) or scan(data, field, policy),
+    )
+    window = [HumanMessage("hi", id="1"), AIMessage("hello", id="2")]
+    with TestClient(create_app(Settings(database="memory://"))) as client:
+        response = client.post("/v1/checkpoints/put", json=_messages_put(packed(window), "ok"))
+        assert response.status_code == 200, response.text
+        assert len(decoded) == 1, "the extension check and the reducer share one decode"
+        assert scanned == [], "a value the codec read was checked by it"
+
+        # A message carrying a gadget: refused by the codec's decode, before anything is stored.
+        gadget = ormsgpack.Ext(0, ormsgpack.packb(["os", "system", "true"]))
+        payload = ormsgpack.packb(
+            ["langchain_core.messages.human", "HumanMessage", {"content": gadget}, "model_validate"]
+        )
+        value = ormsgpack.packb([ormsgpack.Ext(5, payload)])
+        response = client.post("/v1/checkpoints/put", json=_messages_put(value, "bad"))
+        assert response.status_code == 422, response.text
+        assert "os.system" in response.json()["detail"]
+        assert _stored(client, "bad") is None
+
+        # A DeltaChannel snapshot (the codec leaves it as it is): scanned as every other value.
+        gadget = ormsgpack.packb(attack(0, ("os", "system"), tmp_path / "m"))
+        snapshot = ormsgpack.packb(ormsgpack.Ext(7, gadget))
+        response = client.post("/v1/checkpoints/put", json=_messages_put(snapshot, "delta"))
+        assert response.status_code == 422, response.text
+        assert "values.messages: msgpack extension code 0 naming os.system" in response.json()["detail"]
+        assert scanned == ["values.messages"]

@@ -545,3 +545,36 @@ def test_a_key_file_works_end_to_end_in_process(tmp_path):
         assert client.get("/v1/capabilities", headers=auth("acme")).status_code == 200
         assert client.get("/v1/capabilities", headers=auth("rival")).status_code == 401
         assert client.get("/healthz").status_code == 200
+
+
+def test_reserved_configurable_keys_are_refused_naming_the_first_in_order():
+    from reducing_saver.service.security.limits import check_configurable
+
+    with pytest.raises(ValueError, match=r"^configurable\.__a: keys starting with '__' are reserved$"):
+        check_configurable({"thread_id": "t", "__b": 1, "__a": 2})
+    assert check_configurable({"thread_id": "t", "a__": 1}) == {"thread_id": "t", "a__": 1}
+
+
+def test_count_caps_are_the_settings_of_the_app_serving_the_request():
+    """The models' count caps read the settings of the app serving the request: a body over one is refused
+    naming the cap, one at it is stored, and another app's higher cap lets the same body through."""
+    checkpoint = empty_checkpoint()
+    checkpoint.pop("channel_values")
+
+    def put(channels: int) -> dict[str, Any]:
+        versions = {f"c{index}": "1" for index in range(channels)}
+        return {
+            "config": {"configurable": {"thread_id": f"t{channels}", "checkpoint_ns": ""}},
+            "checkpoint": {**checkpoint, "channel_versions": versions},
+            "values": {name: 1 for name in versions},
+            "metadata": {},
+            "new_versions": versions,
+        }
+
+    with TestClient(create_app(Settings(database="memory://", max_channels=3))) as client:
+        assert client.post("/v1/checkpoints/put", json=put(3)).status_code == 200
+        refused = client.post("/v1/checkpoints/put", json=put(4))
+        assert refused.status_code == 422
+        assert "4 channels is more than the limit of 3 (setting max_channels)" in refused.text
+    with TestClient(create_app(Settings(database="memory://", max_channels=5))) as client:
+        assert client.post("/v1/checkpoints/put", json=put(4)).status_code == 200
