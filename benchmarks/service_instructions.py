@@ -14,9 +14,23 @@ Modes:
   compiler (a small shim turns the measurement on and off around each route).
 * ``profile``: cProfile of each route's requests, with the saver calls run on the event loop's thread
   (cProfile sees one thread), top functions by own and inclusive time.
+* ``groups``: callgrind, the instructions of each route split into groups of functions (:data:`GROUPS`:
+  middleware, body decoding, validation, the operation, extension scan, codec, reducer, outbox, the
+  service's saver layer, the stock LangGraph saver methods, answer encoding, the rest), each request's
+  instructions going to the innermost group running, with the saver calls on the loop's thread (one
+  conversation a batch, one batch a group); then the stock saver alone (``InMemorySaver`` or
+  ``PostgresSaver`` with the service's verbatim serde) making the same calls.
+* ``stock``: the CPU time of those stock saver calls (on PostgreSQL also ``AsyncPostgresSaver`` on the
+  event loop).
+* ``hop``: the worker-thread hop alone: a no-op through ``SaverPool.call`` and ``loop.run_in_executor``
+  against an inline call, wall and CPU time per call.
+
+``--inline`` (cpu, callgrind) runs the saver calls on the loop's thread: against the default, the cost of
+the worker-thread hop.
 
     python -m benchmarks.service_instructions --mode cpu
     python -m benchmarks.service_instructions --mode callgrind --database postgresql://postgres@127.0.0.1/db
+    python -m benchmarks.service_instructions --mode groups --database postgresql://postgres@127.0.0.1/db
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ _SHIM = r"""
 void rs_start(void) { CALLGRIND_START_INSTRUMENTATION; }
 void rs_zero(void) { CALLGRIND_ZERO_STATS; }
 void rs_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+void rs_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
 """
 
 
@@ -135,13 +150,31 @@ def _batches(shapes: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, 
 
 
 async def _measure(database: str, shapes: dict[str, list[dict[str, Any]]], *, mode: str, rounds: int,
-                   top: int) -> dict[str, Any]:
+                   top: int, inline: bool = False) -> dict[str, Any]:
     app = await _open_app(database)
+    if inline:  # the saver calls on the loop's thread: without the worker-thread hop
+        from reducing_saver.service.storage import SaverPool
+
+        async def on_loop(self: Any, fn: Any) -> Any:
+            with self.borrow() as saver, self._wrap_exceptions():
+                return fn(saver)
+
+        SaverPool.call = on_loop  # type: ignore[method-assign]
     batches = _batches(shapes, rounds)
+    results: dict[str, Any] = {}
+    if mode == "stock":
+        results = await _stock_cpu(app, batches, database, rounds)
+        app.state.service.close()
+        return results
+    if mode == "groups":
+        shim = _load_shim()
+        shim.rs_start()
+        await _groups(app, batches, shim, database)
+        app.state.service.close()
+        return results
     # Warm up every route (imports, caches, adapters) with the first batch of each.
     for route in ROUTES:
         await _replay(app, batches[route][0])
-    results: dict[str, Any] = {}
     if mode == "callgrind":
         shim = _load_shim()
         shim.rs_start()
@@ -203,6 +236,385 @@ async def _profile(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]],
     return results
 
 
+# -- groups: where a request's instructions go ----------------------------------------------------
+
+#: Groups of the ``groups`` mode, each a set of functions; a request's instructions go to the innermost
+#: group running (exclusive), the rest (Starlette's entry, glue, the replay itself) to ``other``.
+GROUPS = (
+    "observability", "security middleware", "hot path", "msgpack decode", "validation", "operation",
+    "extension scan", "messages codec", "reducer", "outbox", "saver extras", "stock saver",
+    "answer encoding",
+)
+
+
+def _group_targets() -> dict[str, list[tuple[Any, str]]]:
+    """(owner, attribute) of each group's functions."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from pydantic import TypeAdapter
+
+    from reducing_saver.reducer import ReducingSaver
+    from reducing_saver.service import security
+    from reducing_saver.service.extraction.recorder import Memory
+    from reducing_saver.service.http import hotpath, msgpack_body, observability
+    from reducing_saver.service.messages_codec import SafeMessagesCodec
+    from reducing_saver.service.operations import saver as ops
+    from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
+    from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+
+    return {
+        "observability": [(observability.ObservabilityMiddleware, "__call__"),
+                          *[(observability.MeasuringCodec, name) for name in ("decode_ahead", "decode", "encode")]],
+        "security middleware": [(security.AuthMiddleware, "__call__"), (security.BodySizeLimit, "__call__"),
+                                (security.BodyGuard, "__call__")],
+        "hot path": [(hotpath.HotPath, "__call__")],
+        "msgpack decode": [(msgpack_body, "decode")],
+        "validation": [(TypeAdapter, "validate_python"), (TypeAdapter, "validate_json")],
+        "operation": [(ops, "put_checkpoint"), (ops, "put_writes"), (ops, "get_checkpoint")],
+        "extension scan": [(ops, "_check_extensions")],
+        "messages codec": [(SafeMessagesCodec, "decode"), (SafeMessagesCodec, "encode")],
+        "reducer": [(ReducingSaver, "_reduce")],
+        "outbox": [(Memory, "record"), (Memory, "with_checkpoint")],
+        "saver extras": [(cls, name) for cls in (InMemoryLifecycleSaver, PostgresLifecycleSaver)
+                         for name in ("put", "put_writes", "get_tuple")],
+        "stock saver": [(InMemorySaver, "put"), (InMemorySaver, "put_writes"), (InMemorySaver, "get_tuple"),
+                        (PostgresSaver, "put"), (PostgresSaver, "put_writes"), (PostgresSaver, "get_tuple"),
+                        (PostgresSaver, "_load_checkpoint_tuple")],
+        "answer encoding": [(hotpath, "ormsgpack"), (ops, "_tuple_out")],
+    }
+
+
+class _Attribution:
+    """Wrappers that keep callgrind collecting only while ``target`` is the innermost group running."""
+
+    def __init__(self, shim: Any) -> None:
+        self.shim = shim
+        self.stack: list[str] = []
+        self.target: str | None = None
+        self.on = False
+        self.toggles = 0
+
+    def _sync(self) -> None:
+        want = self.target is not None and (self.stack[-1] if self.stack else "other") == self.target
+        if want != self.on:
+            self.shim.rs_toggle()
+            self.on = want
+            self.toggles += 1
+
+    def enter(self, group: str) -> None:
+        self.stack.append(group)
+        self._sync()
+
+    def leave(self) -> None:
+        self.stack.pop()
+        self._sync()
+
+    def wrap(self, group: str, fn: Any) -> Any:
+        import contextlib
+        import functools
+        import inspect
+        import types
+
+        this = self
+        if isinstance(fn, types.ModuleType):  # ormsgpack: its packb
+            packb = this.wrap(group, fn.packb)
+            return types.SimpleNamespace(packb=packb)
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+                this.enter(group)
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    this.leave()
+            return wrapped_async
+        if getattr(fn, "__wrapped__", None) is not None and inspect.isgeneratorfunction(fn.__wrapped__):
+            @contextlib.contextmanager
+            def wrapped_cm(*args: Any, **kwargs: Any) -> Any:  # a @contextmanager: its entry and exit
+                this.enter(group)
+                try:
+                    manager = fn(*args, **kwargs)
+                    manager.__enter__()
+                finally:
+                    this.leave()
+                try:
+                    yield
+                except BaseException:
+                    this.enter(group)
+                    try:
+                        if not manager.__exit__(*sys.exc_info()):
+                            raise
+                    finally:
+                        this.leave()
+                else:
+                    this.enter(group)
+                    try:
+                        manager.__exit__(None, None, None)
+                    finally:
+                        this.leave()
+            return wrapped_cm
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            this.enter(group)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                this.leave()
+        return wrapped
+
+
+async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], shim: Any,
+                  database: str) -> None:
+    """Per route, one batch (one conversation) each: the whole replay with the saver call on the loop's
+    thread (as in ``profile``: callgrind collects one thread here; ``callgrind`` mode's figure less this
+    one is the worker-thread hop), the replay into a no-op app (the harness), one batch per group
+    (exclusive), then the stock saver alone on the same calls. Dumps are named ``route part count``."""
+    from reducing_saver.service.storage import SaverPool
+
+    captured: dict[str, list[tuple[str, tuple]]] = {route: [] for route in ROUTES}
+    _capture_stock_calls(captured, batches)
+    for route in ROUTES:  # (the warm-up, with the calls to replay into the stock saver captured)
+        captured["now"] = captured[route]  # type: ignore[assignment]
+        await _replay(app, batches[route][0])
+    captured.pop("now")
+    _uncapture()
+    async def inline(self: Any, fn: Any) -> Any:
+        with self.borrow() as saver, self._wrap_exceptions():
+            return fn(saver)
+
+    pooled = SaverPool.call
+    SaverPool.call = inline  # type: ignore[method-assign]
+
+    async def noop(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    attribution = _Attribution(shim)
+    targets = _group_targets()
+    originals = {(owner, name): getattr(owner, name) for entries in targets.values() for owner, name in entries}
+    hotpath = _find_hotpath(app)
+    for route in ROUTES:
+        if route == ROUTES[2]:
+            # The warm-up read threads not yet written: each thread's first read since its puts is a full
+            # one; in a chat a run's read follows its thread's last put, which keeps the latest-checkpoint
+            # cache (PostgreSQL) current. Those first reads, unmeasured.
+            for batch in batches[route][1:]:
+                await _replay(app, batch)
+        parts = iter(batches[route][1:])
+        for part in ("inline", "harness", *GROUPS, "other"):
+            batch = next(parts)
+            if part in ("inline", "harness"):
+                shim.rs_zero()
+                shim.rs_toggle()
+                await _replay(noop if part == "harness" else app, batch)
+                shim.rs_toggle()
+                shim.rs_dump(f"{route} {part} {len(batch)}".encode())
+                continue
+            for group, entries in targets.items():
+                for owner, name in entries:
+                    setattr(owner, name, attribution.wrap(group, originals[owner, name]))
+            saved_routes = hotpath.routes
+            hotpath.routes = {path: (adapter, attribution.wrap("operation", op), ok)
+                              for path, (adapter, op, ok) in saved_routes.items()}
+            attribution.target, attribution.toggles = part, 0
+            shim.rs_zero()
+            attribution.enter("other")
+            await _replay(app, batch)
+            attribution.leave()
+            attribution.target = None
+            attribution._sync()
+            shim.rs_dump(f"{route} {part} {len(batch)} toggles={attribution.toggles}".encode())
+            hotpath.routes = saved_routes
+            for (owner, name), original in originals.items():
+                setattr(owner, name, original)
+    SaverPool.call = pooled  # type: ignore[method-assign]
+    # The toggles' own cost: empty pairs.
+    shim.rs_zero()
+    for _ in range(1000):
+        shim.rs_toggle()
+        shim.rs_toggle()
+    shim.rs_dump(b"calibration toggles 1000")
+    _stock(captured, database, shim, len(batches[ROUTES[2]][1]))
+
+
+_STOCK_METHODS = {"/v1/checkpoints/put": "put", "/v1/writes/put": "put_writes", "/v1/checkpoints/get": "get_tuple"}
+_patched: list[tuple[Any, str, Any]] = []
+
+
+def _capture_stock_calls(captured: dict[str, Any], batches: Any) -> None:
+    """Keep the arguments the stock saver methods get during the warm-up (in ``captured["now"]``)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    for cls in (InMemorySaver, PostgresSaver):
+        for name in ("put", "put_writes", "get_tuple"):
+            original = getattr(cls, name)
+
+            def keep(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
+                captured["now"].append((_name, args))
+                return _original(self, *args)
+
+            _patched.append((cls, name, original))
+            setattr(cls, name, keep)
+
+
+def _uncapture() -> None:
+    for cls, name, original in _patched:
+        setattr(cls, name, original)
+    _patched.clear()
+
+
+def _stock(captured: dict[str, list[tuple[str, tuple]]], database: str, shim: Any, gets: int,
+           rounds: int = 1) -> dict[str, Any]:
+    """The stock saver (``InMemorySaver``, ``PostgresSaver`` on one connection, both with the service's
+    verbatim serde: the client's bytes in, the same bytes out) making the same calls on fresh threads:
+    the part of a request no service can avoid. A warm-up on threads of their own, then ``rounds``
+    measured on others (callgrind dumps with ``shim``; the CPU time per call, best and median)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from reducing_saver.service.storage.serde import VerbatimSerde
+
+    if database.startswith("memory"):
+        saver: Any = InMemorySaver(serde=VerbatimSerde())
+    else:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        connection = psycopg.connect(database, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        saver = PostgresSaver(connection, serde=VerbatimSerde())
+    puts = [(name, args) for name, args in captured[ROUTES[0]] if name == "put"]
+    latest_thread = str(puts[-1][1][0]["configurable"]["thread_id"])
+    timings: dict[str, list[float]] = {route: [] for route in ROUTES}
+    for prefix in ("stock-warm-", *(f"stock-{index}-" for index in range(rounds))):
+        measured = prefix != "stock-warm-"
+        for route in ROUTES:
+            calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
+            if route == ROUTES[2]:  # the latest checkpoint of the thread the puts wrote, as many times
+                calls = [("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))] * gets
+            calls = [(name, ({**args[0], "configurable": {**args[0]["configurable"], "thread_id":
+                                                            prefix + str(args[0]["configurable"]["thread_id"])}},
+                             *args[1:])) for name, args in calls]
+            if shim is not None:
+                shim.rs_zero()
+            used = time.process_time()
+            for name, args in calls:
+                if measured and shim is not None:
+                    shim.rs_toggle()
+                getattr(saver, name)(*args)
+                if measured and shim is not None:
+                    shim.rs_toggle()
+            if measured:
+                timings[route].append((time.process_time() - used) * 1e6 / len(calls))
+                if shim is not None:
+                    shim.rs_dump(f"{route} stock-alone {len(calls)}".encode())
+    return {route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
+            for route, values in timings.items()}
+
+
+async def _stock_cpu(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str,
+                     rounds: int) -> dict[str, Any]:
+    """``stock`` mode: the stock saver's CPU time on the calls the service's saver gets (one conversation's)."""
+    captured: dict[str, Any] = {route: [] for route in ROUTES}
+    _capture_stock_calls(captured, batches)
+    for route in ROUTES:
+        captured["now"] = captured[route]
+        await _replay(app, batches[route][0])
+    captured.pop("now")
+    _uncapture()
+    gets = len(batches[ROUTES[2]][1])
+    results = {"sync": _stock(captured, database, None, gets, rounds)}
+    if not database.startswith("memory"):
+        results["async"] = await _stock_async(captured, database, gets, rounds)
+    return results
+
+
+async def _stock_async(captured: dict[str, Any], database: str, gets: int, rounds: int) -> dict[str, Any]:
+    """The same calls through ``AsyncPostgresSaver`` on the event loop (no worker thread)."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg import AsyncConnection
+    from psycopg.rows import dict_row
+
+    from reducing_saver.service.storage.serde import VerbatimSerde
+
+    connection = await AsyncConnection.connect(database, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    saver = AsyncPostgresSaver(connection, serde=VerbatimSerde())
+    puts = [(name, args) for name, args in captured[ROUTES[0]] if name == "put"]
+    latest_thread = str(puts[-1][1][0]["configurable"]["thread_id"])
+    timings: dict[str, list[float]] = {route: [] for route in ROUTES}
+    for prefix in ("astock-warm-", *(f"astock-{index}-" for index in range(rounds))):
+        for route in ROUTES:
+            calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
+            if route == ROUTES[2]:
+                calls = [("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))] * gets
+            calls = [(name, ({**args[0], "configurable": {**args[0]["configurable"], "thread_id":
+                                                            prefix + str(args[0]["configurable"]["thread_id"])}},
+                             *args[1:])) for name, args in calls]
+            used = time.process_time()
+            for name, args in calls:
+                await getattr(saver, "a" + name)(*args)
+            if prefix != "astock-warm-":
+                timings[route].append((time.process_time() - used) * 1e6 / len(calls))
+    await connection.close()
+    return {route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
+            for route, values in timings.items()}
+
+
+def _find_hotpath(app: Any) -> Any:
+    from reducing_saver.service.http.hotpath import HotPath
+
+    layer = app.middleware_stack
+    while not isinstance(layer, HotPath):
+        layer = layer.app
+    return layer
+
+
+async def _hop(calls: int, rounds: int) -> dict[str, Any]:
+    """The thread hop alone: a no-op call awaited inline, through ``SaverPool.call`` (the service's
+    worker threads) and through ``loop.run_in_executor``; wall and process CPU time per call, best and
+    median of ``rounds``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reducing_saver.service.storage import SaverPool
+
+    from types import SimpleNamespace
+
+    pool = SaverPool([SimpleNamespace(capabilities=frozenset()) for _ in range(2)], timeout=5.0)  # type: ignore[misc]
+    executor = ThreadPoolExecutor(2)
+    loop = asyncio.get_running_loop()
+
+    def work(_: Any = None) -> int:
+        return 1
+
+    async def inline() -> None:
+        work()
+
+    async def saver_pool() -> None:
+        await pool.call(work)
+
+    async def executor_call() -> None:
+        await loop.run_in_executor(executor, work)
+
+    results: dict[str, Any] = {}
+    for name, fn in (("inline", inline), ("SaverPool.call", saver_pool), ("run_in_executor", executor_call)):
+        for _ in range(200):
+            await fn()
+        wall, cpu = [], []
+        for _ in range(rounds):
+            started, used = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                await fn()
+            wall.append((time.perf_counter() - started) * 1e6 / calls)
+            cpu.append((time.process_time() - used) * 1e6 / calls)
+        results[name] = {"wall_us_best": round(min(wall), 1), "wall_us_median": round(statistics.median(wall), 1),
+                         "cpu_us_best": round(min(cpu), 1), "cpu_us_median": round(statistics.median(cpu), 1)}
+    pool.close()
+    executor.shutdown()
+    return results
+
+
 def _load_shim() -> Any:
     folder = Path(tempfile.mkdtemp(prefix="rs-callgrind-"))
     (folder / "shim.c").write_text(_SHIM)
@@ -213,8 +625,8 @@ def _load_shim() -> Any:
     return shim
 
 
-def _callgrind(argv: list[str], keep: str | None) -> dict[str, Any]:
-    """Run this module under callgrind (``--inner``) and read the instructions of each route's dumps
+def _callgrind(argv: list[str], keep: str | None, *, groups: bool = False) -> dict[str, Any]:
+    """Run this module under callgrind (``--inner``) and read the instructions per request of each dump
     (kept in ``keep``, for ``callgrind_annotate``, when given)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -225,19 +637,27 @@ def _callgrind(argv: list[str], keep: str | None) -> dict[str, Any]:
         out = Path(folder) / "callgrind.out"
         subprocess.run(
             [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+             *(["--collect-atstart=no"] if groups else []),
              sys.executable, "-m", "benchmarks.service_instructions", *argv, "--inner"],
             check=True, stderr=subprocess.DEVNULL,
         )
-        figures: dict[str, list[float]] = {}
+        dumps: list[tuple[str, str, int, int, int]] = []  # (route, part, requests, instructions, toggles)
         for dump in sorted(Path(folder).glob("callgrind.out.*")):
             text = dump.read_text(errors="replace")
             trigger = next((line for line in text.splitlines() if line.startswith("desc: Trigger:")), "")
             if "Client Request:" not in trigger:
                 continue
-            route, count = trigger.split("Client Request:", 1)[1].strip().rsplit(" ", 1)
+            words = trigger.split("Client Request:", 1)[1].split()
+            toggles = sum(int(word.split("=")[1]) for word in words if word.startswith("toggles="))
+            words = [word for word in words if not word.startswith("toggles=")]
             total = next(int(line.split()[1]) for line in text.splitlines()
                          if line.startswith(("summary:", "totals:")))
-            figures.setdefault(route, []).append(total / int(count))
+            dumps.append((words[0], " ".join(words[1:-1]), int(words[-1]), total, toggles))
+    if groups:
+        return _group_table(dumps)
+    figures: dict[str, list[float]] = {}
+    for route, _, count, total, _ in dumps:
+        figures.setdefault(route, []).append(total / count)
     return {
         route: {
             "instructions_best": round(min(values)),
@@ -248,19 +668,44 @@ def _callgrind(argv: list[str], keep: str | None) -> dict[str, Any]:
     }
 
 
+def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
+    """Instructions per request by group. The wrappers cost instructions at each boundary of the group
+    measured (its toggles, calibrated, and their Python frames): each group's figure loses its
+    boundaries' share, with the per-boundary cost that makes the groups add up to the inline total."""
+    pair = next((total / count for route, _, count, total, _ in dumps if route == "calibration"), 0.0)
+    out: dict[str, Any] = {"toggle_pair_instructions": round(pair)}
+    for route in dict.fromkeys(route for route, *_ in dumps if route != "calibration"):
+        rows = {part: (total / count, toggles / count) for name, part, count, total, toggles in dumps if name == route}
+        inline, harness = rows["inline"][0], rows["harness"][0]
+        groups = {part: row for part, row in rows.items() if part not in ("inline", "harness", "stock-alone")}
+        excess = sum(raw for raw, _ in groups.values()) - inline
+        boundaries = sum(toggles for _, toggles in groups.values())
+        each = excess / boundaries if boundaries else 0.0
+        out[route] = {
+            "inline": round(inline),
+            "harness": round(harness),
+            "per_boundary_instructions": round(each),
+            "groups": {part: round(raw - toggles * each) for part, (raw, toggles) in groups.items()},
+            "stock saver alone": round(rows["stock-alone"][0] - pair) if "stock-alone" in rows else None,
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--database", default="memory://")
-    parser.add_argument("--mode", choices=("cpu", "callgrind", "profile"), default="cpu")
+    parser.add_argument("--mode", choices=("cpu", "callgrind", "profile", "groups", "hop", "stock"), default="cpu")
     parser.add_argument("--conversations", type=int, default=8, help="recorded conversations of 12 turns each")
     parser.add_argument("--rounds", type=int, default=3, help="measured batches per route (after one warm-up)")
     parser.add_argument("--top", type=int, default=25, help="profile: functions shown")
     parser.add_argument("--keep", help="callgrind: keep the dumps in this folder (for callgrind_annotate)")
+    parser.add_argument("--inline", action="store_true",
+                        help="cpu, callgrind: the saver calls on the loop's thread (without the worker-thread hop)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.mode == "callgrind" and not args.inner:
+    if args.mode in ("callgrind", "groups") and not args.inner:
         argv = [arg for arg in sys.argv[1:] if arg != "--inner"]
-        print(json.dumps(_callgrind(argv, args.keep), indent=1))
+        print(json.dumps(_callgrind(argv, args.keep, groups=args.mode == "groups"), indent=1))
         return
     from benchmarks.service_cost import record_turns
 
@@ -270,10 +715,17 @@ def main() -> None:
         runner: Any = uvloop.run
     except ImportError:
         runner = asyncio.run
+    if args.mode == "hop":
+        print(json.dumps(runner(_hop(5000, max(args.rounds, 5))), indent=1))
+        return
+    if args.mode == "groups":  # one conversation a batch: the warm-up, inline, harness, each group, other
+        args.rounds = len(GROUPS) + 3
+        args.conversations = args.rounds + 1
     calls = record_turns(12)
     shapes = runner(_record(args.conversations, calls))
-    results = runner(_measure(args.database, shapes, mode=args.mode, rounds=args.rounds, top=args.top))
-    if args.mode != "callgrind":
+    results = runner(_measure(args.database, shapes, mode=args.mode, rounds=args.rounds, top=args.top,
+                                  inline=args.inline))
+    if args.mode not in ("callgrind", "groups"):
         print(json.dumps(results, indent=1))
 
 
