@@ -142,7 +142,7 @@ async def test_aopen_sends_through_the_async_transport() -> None:
 
 async def test_aopen_failure_names_the_service() -> None:
     with pytest.raises(ServerUnavailableError, match="capabilities"):
-        await RemoteReducingSaver.aopen(f"http://127.0.0.1:{free_port()}", max_retries=0)
+        await RemoteReducingSaver.aopen(f"http://127.0.0.1:{free_port()}", max_retries=0, startup_timeout=1)
     with pytest.raises(ValueError, match="body_format"):
         await RemoteReducingSaver.aopen("http://127.0.0.1:1", body_format="xml")
 
