@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import time
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -67,6 +69,18 @@ def _serve(tmp_path, database: str, mode: str, ring: str):
     )
 
 
+def _encrypted_rows_once_swept(url: str) -> dict[str, str]:
+    """``reducing_saver_encrypted_rows`` by key id, once the TTL sweeper's encryption pass has left no
+    plain row (or after 30 s, as last scraped)."""
+    deadline, rows = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:
+        metrics = httpx.get(url + "/metrics").text
+        rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
+        if rows and "plain" not in rows:
+            break
+        time.sleep(0.5)
+    return rows
+
 def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_pg):
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     _stock_thread(fresh_pg, "legacy", sentinel)
@@ -117,23 +131,12 @@ def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_p
 
 
 def test_the_ttl_sweeper_encrypts_under_migrate_and_counts_rows_per_key(tmp_path, fresh_pg):
-    import re
-    import time
-
-    import httpx
-
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     _stock_thread(fresh_pg, "legacy", sentinel)
     args = ("--database", fresh_pg, "--encryption", "migrate", "--sweep-interval", "1s")
     env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
     with run_service(tmp_path, *args, env=env) as process:
-        deadline, rows = time.monotonic() + 30, {}
-        while time.monotonic() < deadline:
-            metrics = httpx.get(process.url + "/metrics").text
-            rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
-            if rows and "plain" not in rows:
-                break
-            time.sleep(0.5)
+        rows = _encrypted_rows_once_swept(process.url)
         assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
         assert _read(process.url, "legacy")["metadata"]["tag"] == f"meta {sentinel}"
     dump = subprocess.run(["pg_dump", fresh_pg], check=True, capture_output=True, text=True).stdout
@@ -277,10 +280,6 @@ def test_the_sweep_refuses_memory(tmp_path):
 
 def test_the_ttl_sweeper_encrypts_sqlite_under_migrate(tmp_path):
     """The TTL sweeper's pass of the encryption sweep, on a SQLite file a service without encryption wrote."""
-    import re
-
-    import httpx
-
     path = tmp_path / "db.sqlite"
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     with run_service(tmp_path, "--database", f"sqlite:///{path}", "--no-sweep") as process:
@@ -289,13 +288,7 @@ def test_the_ttl_sweeper_encrypts_sqlite_under_migrate(tmp_path):
     assert _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
     args = ("--database", f"sqlite:///{path}", "--encryption", "migrate", "--sweep-interval", "1s")
     with run_service(tmp_path, *args, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}) as process:
-        deadline, rows = time.monotonic() + 30, {}
-        while time.monotonic() < deadline:
-            metrics = httpx.get(process.url + "/metrics").text
-            rows = dict(re.findall(r'^reducing_saver_encrypted_rows\{key_id="([^"]+)"\} (\S+)$', metrics, re.M))
-            if rows and "plain" not in rows:
-                break
-            time.sleep(0.5)
+        rows = _encrypted_rows_once_swept(process.url)
         assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
         assert _read(process.url, "t")["values"]["messages"][0].content == f"hello {sentinel}"
     assert not _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
