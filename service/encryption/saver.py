@@ -25,7 +25,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import closing
 from typing import Any, Literal
 
@@ -62,7 +62,9 @@ METADATA_PREFIX = ENVELOPE_TYPE + ":"
 #: Metadata kept in plain text: LangGraph's own keys, the ones the TTL sweeps, ``prune`` and
 #: ``delete_for_runs`` read in the database.
 PLAIN_METADATA_KEYS = frozenset({"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS})
-_BLOB, _JSON = b"b", b"j"
+#: Plaintext tags: a blob framed by hand (cheaper than msgpack: no copy through a packer), a blob as a
+#: msgpack pair (long type names; all blobs sealed by earlier releases), the JSON of a primitive.
+_BLOB, _MSGPACK_BLOB, _JSON = b"B", b"b", b"j"
 _INDEX = struct.Struct(">i")
 
 
@@ -70,17 +72,30 @@ _INDEX = struct.Struct(">i")
 
 
 def _plain_bytes(value: Any) -> bytes:
-    """A channel value or write (a client blob, or an inline primitive) as bytes."""
+    """A channel value or write as bytes: ``B``, the blob's type's length (one byte), type, data; or
+    ``J`` and the JSON of an inline primitive."""
     if isinstance(value, Blob):
-        return _BLOB + ormsgpack.packb([value.type, value.data])
+        kind = value.type.encode()
+        if len(kind) < 256:
+            return _BLOB + bytes((len(kind),)) + kind + value.data
+        return _MSGPACK_BLOB + ormsgpack.packb([value.type, value.data])
     return _JSON + json.dumps(value).encode()
 
 
 def _from_plain_bytes(raw: bytes) -> Any:
-    if raw[:1] == _BLOB:
+    tag = raw[:1]
+    if tag == _BLOB:
+        end = 2 + raw[1]
+        return Blob(raw[2:end].decode(), raw[end:])
+    if tag == _MSGPACK_BLOB:  # a type name of 256 bytes or more, and every blob sealed by earlier releases
         type_, data = ormsgpack.unpackb(raw[1:])
         return Blob(type_, data)
     return json.loads(raw[1:])
+
+
+def _is_primitive(value: Any) -> bool:
+    """Whether a stock PostgresSaver keeps ``value`` inline in the checkpoint row (not as a blob)."""
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def is_sealed(value: Any) -> bool:
@@ -136,7 +151,8 @@ class Sealer:
     # channel values
     def seal_value(self, value: Any, thread_id: str, ns: str, channel: str, version: Any) -> Blob:
         context = ["blob", thread_id, ns, channel, str(version)]
-        return Blob(ENVELOPE_TYPE, self.cipher.seal(_plain_bytes(value), self.tenant(thread_id), context))
+        envelope = self.cipher.seal(_plain_bytes(value), self.tenant(thread_id), context, remember=True)
+        return Blob(ENVELOPE_TYPE, envelope)
 
     def open_value(self, value: Any, thread_id: str, ns: str, channel: str, version: Any) -> Any:
         where = f"thread {thread_id!r} namespace {ns!r} channel {channel!r}"
@@ -185,10 +201,11 @@ class Sealer:
         tenant = self.tenant(thread_id)
         opened = {}
         for key, value in metadata.items():
-            where = f"thread {thread_id!r} checkpoint {checkpoint_id!r} metadata {key!r}"
             if key in PLAIN_METADATA_KEYS:
                 opened[key] = value
-            elif is_sealed(value):
+                continue
+            where = f"thread {thread_id!r} checkpoint {checkpoint_id!r} metadata {key!r}"
+            if is_sealed(value):
                 try:
                     envelope = base64.b64decode(value[len(METADATA_PREFIX) :], validate=True)
                 except (binascii.Error, ValueError):
@@ -201,14 +218,21 @@ class Sealer:
 
     # whole checkpoints
     def seal_checkpoint(
-        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        new_versions: ChannelVersions,
+        channels: Collection[str] | None = None,
     ) -> Checkpoint:
+        """The checkpoint with its channel values sealed: those of ``channels`` only when given (the
+        others are left out, for a backend that would not store them)."""
         configurable = config["configurable"]
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         versions = checkpoint.get("channel_versions") or {}
         values = {
             channel: self.seal_value(value, thread_id, ns, channel, new_versions.get(channel, versions.get(channel)))
             for channel, value in (checkpoint.get("channel_values") or {}).items()
+            if channels is None or channel in channels
         }
         return {**checkpoint, "channel_values": values}
 
@@ -327,8 +351,34 @@ class EncryptingSaver(BaseCheckpointSaver):
             # Told from the plain values: the inner saver sees a snapshot only sealed, and would prune.
             config = {**config, "configurable": {**configurable, DELTA_CHANNEL_KEY: True}}
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
-        sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions)
+        channels, new_versions = self._stored_channels(checkpoint, new_versions)
+        sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)
         return self.inner.put(config, sealed, sealed_metadata, new_versions)
+
+    def _stored_channels(
+        self, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> tuple[Collection[str] | None, ChannelVersions]:
+        """Which channel values to seal (``None``: all) and the versions the inner put writes.
+
+        A backend that ``stores_written_channels_only`` stores the values of ``new_versions`` and finds
+        the others by version in the rows that wrote them: sealing those would be wasted. Under
+        ``migrate``, a backend that ``inlines_primitive_values`` (PostgreSQL) may hold such a value of
+        the plain era only inline in an older checkpoint row, which a read of this one does not look
+        at (a sealed value is a blob, never inline): the primitive values the put carries are written
+        too, as blob rows at their versions (where one exists already, the backend keeps it).
+        """
+        if not getattr(self.inner, "stores_written_channels_only", False):
+            return None, new_versions
+        if self.sealer.mode == "migrate" and getattr(self.inner, "inlines_primitive_values", False):
+            versions = checkpoint.get("channel_versions") or {}
+            carried = {
+                channel: versions[channel]
+                for channel, value in (checkpoint.get("channel_values") or {}).items()
+                if channel not in new_versions and channel in versions and _is_primitive(value)
+            }
+            if carried:
+                new_versions = {**new_versions, **carried}
+        return new_versions.keys(), new_versions
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""

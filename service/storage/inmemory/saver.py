@@ -62,6 +62,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
             values before it seals them; ``lifecycle.uses_delta_channel``).
     """
 
+    #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
+    #: value by its version, in the blob the put that wrote it stored (``EncryptingSaver`` seals no others).
+    stores_written_channels_only = True
+
     def __init__(
         self,
         *,

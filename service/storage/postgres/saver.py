@@ -278,6 +278,12 @@ class PostgresLifecycleSaver(PostgresSaver):
     #: bits is stored inline, as a stock PostgresSaver stores it (SqliteSaver's JSON and the memory
     #: backend's msgpack cannot, so there it stays in its typed wire form).
     keeps_big_ints_inline = True
+    #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
+    #: value by its version, in the rows of the put that wrote it (``EncryptingSaver`` seals no others).
+    stores_written_channels_only = True
+    #: Primitive channel values live inline in the checkpoint row, with no blob row: a database of the
+    #: plain era may hold a channel's value only in the row of the checkpoint that wrote it.
+    inlines_primitive_values = True
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and pending write of a thread to another thread id.

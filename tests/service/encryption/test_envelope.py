@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 import pytest
 
@@ -99,6 +100,62 @@ def test_every_byte_flipped_fails():
         cipher.open(envelope[:-1], "", context, "w")
 
 
+class _CountingAead:
+    def __init__(self, inner):
+        self.inner, self.decrypts = inner, 0
+
+    def encrypt(self, *args):
+        return self.inner.encrypt(*args)
+
+    def decrypt(self, *args):
+        self.decrypts += 1
+        return self.inner.decrypt(*args)
+
+
+def _counting(cipher: Cipher) -> _CountingAead:
+    aead = _CountingAead(cipher._aead("k1", ""))
+    cipher._aead = lambda key_id, tenant: aead
+    return aead
+
+
+def test_what_was_sealed_or_opened_lately_opens_without_decrypting():
+    context = ["blob", "t1", "", "messages", "1"]
+    cipher = Cipher(load_keyring(ring_json("k1", k1=new_key())))
+    aead = _counting(cipher)
+    envelope = cipher.seal(b"written moments ago", "", context, remember=True)
+    assert cipher.open(envelope, "", context, "v") == b"written moments ago"
+    assert aead.decrypts == 0
+    with pytest.raises(IntegrityError):  # the same context, other bytes: decrypted, and checked
+        cipher.open(envelope[:-1] + bytes([envelope[-1] ^ 1]), "", context, "v")
+    assert aead.decrypts == 1
+
+    unread = cipher.seal(b"a pending write", "", ["write", 1], remember=False)  # not read back soon
+    assert cipher.open(unread, "", ["write", 1], "v") == b"a pending write"
+    assert aead.decrypts == 2
+
+    reader = Cipher(cipher.ring)  # another process: decrypts once, then remembers
+    aead = _counting(reader)
+    assert [reader.open(envelope, "", context, "v") for _ in range(3)] == [b"written moments ago"] * 3
+    assert aead.decrypts == 1
+
+
+def test_remembered_plaintexts_stay_within_their_budget():
+    cipher = Cipher(load_keyring(ring_json("k1", k1=new_key())), remember_bytes=5000)  # two of these
+    aead = _counting(cipher)
+    envelopes = [cipher.seal(bytes(1000), "", ["c", index], remember=True) for index in range(4)]
+    assert cipher._remembered._bytes <= 5000
+    cipher.open(envelopes[3], "", ["c", 3], "v")
+    cipher.open(envelopes[2], "", ["c", 2], "v")
+    assert aead.decrypts == 0
+    cipher.open(envelopes[0], "", ["c", 0], "v")  # forgotten: decrypted
+    assert aead.decrypts == 1
+
+    forgetful = Cipher(cipher.ring, remember_bytes=0)
+    aead = _counting(forgetful)
+    forgetful.open(forgetful.seal(b"x", "", ["c"], remember=True), "", ["c"], "v")
+    assert aead.decrypts == 1
+
+
 def test_another_ring_names_the_missing_key_id():
     sealed = Cipher(load_keyring(ring_json("old", old=new_key()))).seal(b"x", "", ["c"])
     other = Cipher(load_keyring(ring_json("new", new=new_key())))
@@ -111,3 +168,26 @@ def test_100000_encryptions_repeat_no_nonce():
     start = 2 + len("k1")
     nonces = {cipher.seal(b"v", "", ["c"])[start : start + NONCE_BYTES] for _ in range(100_000)}
     assert len(nonces) == 100_000
+
+
+
+def test_a_forked_child_never_reuses_its_parents_nonces():
+    """Nonces are read from the system many at a time: a child must not use those its parent read."""
+    cipher = Cipher(load_keyring(ring_json("k1", k1=new_key())))
+    start = 2 + len("k1")
+
+    def nonces(count: int) -> list[bytes]:
+        return [cipher.seal(b"v", "", ["c"])[start : start + NONCE_BYTES] for _ in range(count)]
+
+    nonces(3)  # the parent has read a batch of nonces, most of them not used yet
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child process
+        os.write(write, b"".join(nonces(50)))
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    theirs = {data[index : index + NONCE_BYTES] for index in range(0, len(data), NONCE_BYTES)}
+    assert len(theirs) == 50 and not theirs & set(nonces(50))

@@ -139,3 +139,72 @@ def test_keep_checkpoints_keeps_a_delta_channel_thread_whole_under_encryption(ba
     for item in backend_saver.list({"configurable": {"thread_id": "delta-sealed"}}):
         assert all(is_sealed(value) for value in item.checkpoint["channel_values"].values())
         assert not [key for key in item.metadata if key.startswith("__")]
+
+
+def test_a_plain_inline_value_survives_the_first_sealed_checkpoint_under_migrate(backend_saver):
+    """A stock PostgresSaver keeps a primitive channel value inline in its checkpoint row, with no blob
+    row. The first checkpoint put under ``migrate`` that does not write that channel still holds its
+    value: the sealed copy gets a blob row at the channel's version (a sealed value is never inline)."""
+    sealer = Sealer(Cipher(load_keyring(ring_json("k1", k1=new_key()))), "migrate", tenant_mode=False)
+    sealed = encrypting(backend_saver, sealer)
+    old = backend_saver.get_next_version(None, None)
+    new = backend_saver.get_next_version(old, None)
+    values = {"count": 3, "title": "plain era", "items": _items(["a"])}
+
+    def put(saver, checkpoint_id: str, values: dict, versions: dict, new_versions: dict) -> None:
+        checkpoint = empty_checkpoint()
+        checkpoint["id"], checkpoint["channel_values"], checkpoint["channel_versions"] = checkpoint_id, values, versions
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": None}}
+        saver.put(config, checkpoint, {"source": "loop", "step": int(checkpoint_id), "parents": {}}, new_versions)
+
+    versions = dict.fromkeys(values, old)
+    put(backend_saver, "1", values, versions, versions)  # the plain era
+    put(sealed, "2", {**values, "reply": "new"}, {**versions, "reply": new}, {"reply": new})
+
+    latest = sealed.get_tuple({"configurable": {"thread_id": "t"}})
+    assert latest.checkpoint["id"] == "2"
+    assert latest.checkpoint["channel_values"] == {**values, "reply": "new"}
+
+
+@pytest.mark.parametrize("mode", ["migrate", "required"])
+def test_a_put_seals_only_the_values_the_backend_stores(backend_saver, mode, monkeypatch, request):
+    """PostgreSQL and memory store the values of ``new_versions`` only (and find the others by version):
+    the others are not sealed. SQLite stores the whole checkpoint: everything is. Under ``migrate`` on
+    PostgreSQL, the primitives carried are written too (see the plain-inline test above)."""
+    sealer = Sealer(Cipher(load_keyring(ring_json("k1", k1=new_key()))), mode, tenant_mode=False)
+    sealed = encrypting(backend_saver, sealer)
+    handed = []
+    put = backend_saver.put
+    monkeypatch.setattr(backend_saver, "put", lambda *args: handed.append(args) or put(*args))
+    old = backend_saver.get_next_version(None, None)
+    new = backend_saver.get_next_version(old, None)
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"items": _items(["a"]), "count": 3, "reply": "new"}
+    checkpoint["channel_versions"] = {"items": old, "count": old, "reply": new}
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    sealed.put(config, checkpoint, {"source": "loop", "step": 1, "parents": {}}, {"reply": new})
+
+    (_, stored, _, new_versions), = handed
+    assert all(is_sealed(value) for value in stored["channel_values"].values())
+    backend = request.node.callspec.params["backend_saver"]
+    expected = {
+        "sqlite": {"items", "count", "reply"},
+        "memory": {"reply"},
+        "postgres": {"reply", "count"} if mode == "migrate" else {"reply"},
+    }[backend]
+    assert set(stored["channel_values"]) == expected
+    assert set(new_versions) == (expected if backend != "sqlite" else {"reply"})
+
+
+def test_blobs_sealed_by_earlier_releases_and_long_type_names_still_open():
+    """Blob plaintexts are framed by hand now (``B``); those sealed as a msgpack pair (``b``: every blob
+    of earlier releases, and type names of 256 bytes or more) open as before."""
+    import ormsgpack
+
+    sealer = Sealer(Cipher(load_keyring(ring_json("k1", k1=new_key()))), "required", tenant_mode=False)
+    place = ("t", "", "messages", "3")
+    for value in (Blob("msgpack", b"\x93\x01\x02\x03"), Blob("x" * 300, b"data"), Blob("json", b""), "plain"):
+        assert sealer.open_value(sealer.seal_value(value, *place), *place) == value
+    earlier = b"b" + ormsgpack.packb(["msgpack", b"\x93\x01\x02\x03"])
+    envelope = sealer.cipher.seal(earlier, "", ["blob", *place])
+    assert sealer.open_value(Blob("reducing-saver/aesgcm", envelope), *place) == Blob("msgpack", b"\x93\x01\x02\x03")
