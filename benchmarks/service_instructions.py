@@ -243,7 +243,7 @@ async def _profile(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]],
 GROUPS = (
     "observability", "security middleware", "hot path", "msgpack decode", "validation", "operation",
     "extension scan", "messages codec", "reducer", "outbox", "saver extras", "stock saver",
-    "answer encoding",
+    "answer encoding", "encryption",
 )
 
 
@@ -255,6 +255,7 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
 
     from reducing_saver.reducer import ReducingSaver
     from reducing_saver.service import security
+    from reducing_saver.service.encryption.saver import EncryptingSaver
     from reducing_saver.service.extraction.recorder import Memory
     from reducing_saver.service.http import hotpath, msgpack_body, observability
     from reducing_saver.service.messages_codec import SafeMessagesCodec
@@ -281,6 +282,8 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
                         (PostgresSaver, "put"), (PostgresSaver, "put_writes"), (PostgresSaver, "get_tuple"),
                         (PostgresSaver, "_load_checkpoint_tuple")],
         "answer encoding": [(hotpath, "ormsgpack"), (ops, "_tuple_out")],
+        # Under --encryption (REDUCING_SAVER_ENCRYPTION): sealing and opening around the backend's calls.
+        "encryption": [(EncryptingSaver, "put"), (EncryptingSaver, "put_writes"), (EncryptingSaver, "get_tuple")],
     }
 
 
