@@ -9,16 +9,8 @@ write; ...). Opening it under any other context, or after any byte changed, fail
 Each tenant gets keys of its own, derived from the ring's keys with HKDF-SHA256 (the tenant's name in
 the info), so one tenant's ciphertext never opens under another's context even before the context check.
 
-A :class:`Cipher` remembers the plaintexts of the envelopes it opened, and of those it sealed to be
-read back soon (``remember=True``: channel values, outbox messages), most recently first
-(:data:`REMEMBERED_BYTES`), by context: opening an envelope it remembers, byte for byte under the same
-context, returns the plaintext without decrypting. A request's AES call costs little for its bytes but
-much for its first touch of the cipher's code and tables (about 20 µs cold, against 2 µs warm), and
-most reads are of what the same process wrote moments before (the latest checkpoint, outbox rows the
-deliverer claims). Any other envelope, a changed byte included, is decrypted and checked as usual.
-
 Nonces come from ``os.urandom`` a few hundred at a time (one system call for many values, measured in
-the service: 3-9 µs less per sealing request), per thread; a forked child drops what its parent read.
+the service: 5-9 µs less CPU per sealing request), per thread; a forked child drops what its parent read.
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import orjson
@@ -40,8 +31,6 @@ from reducing_saver.service.encryption.keys import KeyRing
 FORMAT_VERSION = 1
 NONCE_BYTES = 12
 _SALT = b"reducing-saver encryption v1"
-#: The plaintexts (and their envelopes) a :class:`Cipher` remembers, at most, in bytes.
-REMEMBERED_BYTES = 32 << 20
 _NONCES_READ = 256  # nonces per os.urandom call
 
 
@@ -97,50 +86,16 @@ def key_id_of(envelope: bytes) -> str | None:
         return None
 
 
-class _Remembered:
-    """Envelope and plaintext by context, least recently used first out past ``limit`` bytes."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._entries: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, context: bytes, envelope: bytes) -> bytes | None:
-        with self._lock:
-            entry = self._entries.get(context)
-            if entry is None or entry[0] != envelope:
-                return None
-            self._entries.move_to_end(context)
-            return entry[1]
-
-    def put(self, context: bytes, envelope: bytes, plaintext: bytes) -> None:
-        size = len(context) + len(envelope) + len(plaintext)
-        if size > self.limit:
-            return
-        with self._lock:
-            old = self._entries.pop(context, None)
-            if old is not None:
-                self._bytes -= len(context) + len(old[0]) + len(old[1])
-            self._entries[context] = (envelope, plaintext)
-            self._bytes += size
-            while self._bytes > self.limit:
-                key, (sealed, plain) = self._entries.popitem(last=False)
-                self._bytes -= len(key) + len(sealed) + len(plain)
-
-
 class Cipher:
     """Seals and opens values with a key ring, per tenant, each bound to its context.
 
     Args:
         ring: The key ring; new envelopes use its primary key.
-        remember_bytes: How many bytes of recent envelopes and plaintexts to remember (0: none).
     """
 
-    def __init__(self, ring: KeyRing, *, remember_bytes: int = REMEMBERED_BYTES) -> None:
+    def __init__(self, ring: KeyRing) -> None:
         self.ring = ring
         self._aead = functools.lru_cache(maxsize=4096)(self._derive)
-        self._remembered = _Remembered(remember_bytes)
 
     def __repr__(self) -> str:
         return f"Cipher({self.ring!r})"
@@ -156,21 +111,13 @@ class Cipher:
     def _context(tenant: str, context: Sequence[object]) -> bytes:
         return orjson.dumps([tenant, *context])
 
-    def seal(self, plaintext: bytes, tenant: str, context: Sequence[object], *, remember: bool = False) -> bytes:
-        """An envelope of ``plaintext`` under the primary key, bound to ``tenant`` and ``context``.
-
-        Args:
-            remember: Keep the plaintext for opening this envelope without decrypting (a value this
-                process will likely read back soon).
-        """
+    def seal(self, plaintext: bytes, tenant: str, context: Sequence[object]) -> bytes:
+        """An envelope of ``plaintext`` under the primary key, bound to ``tenant`` and ``context``."""
         key_id = self.ring.primary
         header = bytes((FORMAT_VERSION, len(key_id))) + key_id.encode("ascii")
         nonce = _nonces.take()
-        bound = self._context(tenant, context)
-        envelope = header + nonce + self._aead(key_id, tenant).encrypt(nonce, plaintext, header + bound)
-        if remember:
-            self._remembered.put(bound, envelope, plaintext)
-        return envelope
+        sealed = self._aead(key_id, tenant).encrypt(nonce, plaintext, header + self._context(tenant, context))
+        return header + nonce + sealed
 
     def open(self, envelope: bytes, tenant: str, context: Sequence[object], where: str) -> bytes:
         """The plaintext of an envelope sealed under ``tenant`` and ``context``.
@@ -182,10 +129,6 @@ class Cipher:
             IntegrityError: If the envelope is malformed, changed, or sealed for another context.
             UnknownKeyError: If it names a key id the ring does not hold.
         """
-        bound = self._context(tenant, context)
-        remembered = self._remembered.get(bound, envelope)
-        if remembered is not None:
-            return remembered
         key_id = key_id_of(envelope)
         if key_id is None:
             raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed")
@@ -197,11 +140,9 @@ class Cipher:
         start = 2 + len(key_id)
         header, nonce, sealed = envelope[:start], envelope[start : start + NONCE_BYTES], envelope[start + NONCE_BYTES :]
         try:
-            plaintext = self._aead(key_id, tenant).decrypt(nonce, sealed, header + bound)
+            return self._aead(key_id, tenant).decrypt(nonce, sealed, header + self._context(tenant, context))
         except InvalidTag:
             raise IntegrityError(
                 f"{where}: integrity check failed: the stored ciphertext was changed, or copied from "
                 "another place"
             ) from None
-        self._remembered.put(bound, bytes(envelope), plaintext)
-        return plaintext

@@ -54,11 +54,9 @@ def record_key_id(value: Any) -> str | None:
 
 
 def seal_record(sealer: Sealer, kind: str, value: Any, namespace: Sequence[str], key: str) -> dict[str, str]:
-    """``value`` (JSON data) sealed, bound to ``kind`` (``"outbox"`` or ``"store"``), namespace and key.
-    An outbox message is remembered (the deliverer claims it moments later)."""
+    """``value`` (JSON data) sealed, bound to ``kind`` (``"outbox"`` or ``"store"``), namespace and key."""
     context = [kind, list(namespace), key]
-    plaintext = json.dumps(value).encode()
-    envelope = sealer.cipher.seal(plaintext, _tenant(sealer, namespace), context, remember=kind == "outbox")
+    envelope = sealer.cipher.seal(json.dumps(value).encode(), _tenant(sealer, namespace), context)
     return {ENVELOPE_TYPE: base64.b64encode(envelope).decode()}
 
 

@@ -151,8 +151,7 @@ class Sealer:
     # channel values
     def seal_value(self, value: Any, thread_id: str, ns: str, channel: str, version: Any) -> Blob:
         context = ["blob", thread_id, ns, channel, str(version)]
-        envelope = self.cipher.seal(_plain_bytes(value), self.tenant(thread_id), context, remember=True)
-        return Blob(ENVELOPE_TYPE, envelope)
+        return Blob(ENVELOPE_TYPE, self.cipher.seal(_plain_bytes(value), self.tenant(thread_id), context))
 
     def open_value(self, value: Any, thread_id: str, ns: str, channel: str, version: Any) -> Any:
         where = f"thread {thread_id!r} namespace {ns!r} channel {channel!r}"

@@ -100,62 +100,6 @@ def test_every_byte_flipped_fails():
         cipher.open(envelope[:-1], "", context, "w")
 
 
-class _CountingAead:
-    def __init__(self, inner):
-        self.inner, self.decrypts = inner, 0
-
-    def encrypt(self, *args):
-        return self.inner.encrypt(*args)
-
-    def decrypt(self, *args):
-        self.decrypts += 1
-        return self.inner.decrypt(*args)
-
-
-def _counting(cipher: Cipher) -> _CountingAead:
-    aead = _CountingAead(cipher._aead("k1", ""))
-    cipher._aead = lambda key_id, tenant: aead
-    return aead
-
-
-def test_what_was_sealed_or_opened_lately_opens_without_decrypting():
-    context = ["blob", "t1", "", "messages", "1"]
-    cipher = Cipher(load_keyring(ring_json("k1", k1=new_key())))
-    aead = _counting(cipher)
-    envelope = cipher.seal(b"written moments ago", "", context, remember=True)
-    assert cipher.open(envelope, "", context, "v") == b"written moments ago"
-    assert aead.decrypts == 0
-    with pytest.raises(IntegrityError):  # the same context, other bytes: decrypted, and checked
-        cipher.open(envelope[:-1] + bytes([envelope[-1] ^ 1]), "", context, "v")
-    assert aead.decrypts == 1
-
-    unread = cipher.seal(b"a pending write", "", ["write", 1], remember=False)  # not read back soon
-    assert cipher.open(unread, "", ["write", 1], "v") == b"a pending write"
-    assert aead.decrypts == 2
-
-    reader = Cipher(cipher.ring)  # another process: decrypts once, then remembers
-    aead = _counting(reader)
-    assert [reader.open(envelope, "", context, "v") for _ in range(3)] == [b"written moments ago"] * 3
-    assert aead.decrypts == 1
-
-
-def test_remembered_plaintexts_stay_within_their_budget():
-    cipher = Cipher(load_keyring(ring_json("k1", k1=new_key())), remember_bytes=5000)  # two of these
-    aead = _counting(cipher)
-    envelopes = [cipher.seal(bytes(1000), "", ["c", index], remember=True) for index in range(4)]
-    assert cipher._remembered._bytes <= 5000
-    cipher.open(envelopes[3], "", ["c", 3], "v")
-    cipher.open(envelopes[2], "", ["c", 2], "v")
-    assert aead.decrypts == 0
-    cipher.open(envelopes[0], "", ["c", 0], "v")  # forgotten: decrypted
-    assert aead.decrypts == 1
-
-    forgetful = Cipher(cipher.ring, remember_bytes=0)
-    aead = _counting(forgetful)
-    forgetful.open(forgetful.seal(b"x", "", ["c"], remember=True), "", ["c"], "v")
-    assert aead.decrypts == 1
-
-
 def test_another_ring_names_the_missing_key_id():
     sealed = Cipher(load_keyring(ring_json("old", old=new_key()))).seal(b"x", "", ["c"])
     other = Cipher(load_keyring(ring_json("new", new=new_key())))
