@@ -73,7 +73,7 @@ _INDEX = struct.Struct(">i")
 
 def _plain_bytes(value: Any) -> bytes:
     """A channel value or write as bytes: ``B``, the blob's type's length (one byte), type, data; or
-    ``J`` and the JSON of an inline primitive."""
+    ``j`` and the JSON of an inline primitive."""
     if isinstance(value, Blob):
         kind = value.type.encode()
         if len(kind) < 256:
