@@ -361,13 +361,24 @@ class _DeleteForRuns:
 
 
 class _Prune:
+    """``prune``; ``strategy="delete"`` deletes the threads' summary steps too, as ``delete_thread`` does
+    (``keep_latest`` keeps them: the latest checkpoint's summary names them)."""
+
     inner: BaseCheckpointSaver
+    _summary_book_call: Callable[..., None]
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        return self.inner.prune(thread_ids, strategy=strategy)
+        self.inner.prune(thread_ids, strategy=strategy)
+        self._forget_pruned(thread_ids, strategy)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        return await self.inner.aprune(thread_ids, strategy=strategy)
+        await self.inner.aprune(thread_ids, strategy=strategy)
+        self._forget_pruned(thread_ids, strategy)
+
+    def _forget_pruned(self, thread_ids: Sequence[str], strategy: str) -> None:
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self._summary_book_call("delete_thread", thread_id)
 
 
 class _DeltaChannelHistory:

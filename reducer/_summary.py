@@ -543,6 +543,30 @@ class MemorySummaryBook:
             row["status"], row["text"] = "done", text
             return True
 
+    def delete_thread(self, thread_id: str) -> None:
+        """Forget every step of a thread (``ReducingSaver.delete_thread`` calls it)."""
+        with self._lock:
+            self._drop([key for key in self._order if key[0] == thread_id])
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Give ``target_thread_id`` a copy of every step of ``source_thread_id`` it lacks
+        (``ReducingSaver.copy_thread`` calls it, after the inner saver copied the checkpoints)."""
+        with self._lock:
+            for key in [key for key in self._order if key[0] == source_thread_id]:
+                target = (target_thread_id, key[1], key[2])
+                if target not in self._steps:
+                    self._copy(key, target)
+
+    # Under the lock; a subclass keeping more per step extends these.
+    def _drop(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        for key in keys:
+            self._order.remove(key)
+            self._steps.pop(key, None)
+
+    def _copy(self, key: tuple[str, str, str], target: tuple[str, str, str]) -> None:
+        self._steps[target] = {**self._steps[key], "thread_id": target[0]}
+        self._order.append(target)
+
 
 def _info(row: Mapping[str, Any]) -> StepInfo:
     return StepInfo(

@@ -560,22 +560,21 @@ class MemoryBook(MemorySummaryBook):
                 "oldest_pending_age_seconds": None if oldest is None else max(0.0, now - oldest),
             }
 
-    def delete_thread(self, thread_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._order if k[0] == thread_id]:
-                self._order.remove(key)
-                self._steps.pop(key, None)
-                self._meta.pop(key, None)
+    def _drop(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        super()._drop(keys)
+        for key in keys:
+            self._meta.pop(key, None)
+
+    def _copy(self, key: tuple[str, str, str], target: tuple[str, str, str]) -> None:
+        super()._copy(key, target)
+        self._meta[target] = dict(self._meta_of(key))
 
     def forget_namespaces(self, namespaces: Sequence[tuple[str, str]]) -> int:
         """Delete the steps of these ``(thread_id, checkpoint_ns)`` (their checkpoints are gone)."""
         wanted = set(namespaces)
         with self._lock:
             gone = [k for k in self._order if (k[0], k[1]) in wanted]
-            for key in gone:
-                self._order.remove(key)
-                self._steps.pop(key, None)
-                self._meta.pop(key, None)
+            self._drop(gone)
             return len(gone)
 
     def forget_gone(self, thread_ids: Sequence[str]) -> int:
@@ -589,16 +588,6 @@ class MemoryBook(MemorySummaryBook):
             [(k[0], k[1]) for k in candidates if not self._has_checkpoints(k[0], k[1])]
         )
 
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._order if k[0] == source_thread_id]:
-                target = (target_thread_id, key[1], key[2])
-                if target in self._steps:
-                    continue
-                self._steps[target] = {**self._steps[key], "thread_id": target_thread_id}
-                self._meta[target] = dict(self._meta_of(key))
-                self._order.append(target)
-
     def forget_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         if self._has_checkpoints is None:
             return 0
@@ -609,10 +598,7 @@ class MemoryBook(MemorySummaryBook):
                 for k in self._order
                 if self._meta_of(k)["created_at"] < cutoff and not self._has_checkpoints(k[0], k[1])
             ]
-            for key in gone:
-                self._order.remove(key)
-                self._steps.pop(key, None)
-                self._meta.pop(key, None)
+            self._drop(gone)
             return len(gone)
 
     def close(self) -> None:

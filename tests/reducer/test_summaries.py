@@ -373,3 +373,60 @@ async def test_the_async_path_summarizes_the_same_way():
     summary = summary_of(window)
     assert window[0] is summary and "FACT: fact 0" in summary.content
     assert not api_window_problems(window)
+
+
+def test_a_deleted_thread_takes_its_summary_steps_with_it():
+    """In process too, ``delete_thread`` leaves no summary step (the cut messages of its batches, their
+    summary) in the book; another thread's stay."""
+    saver, book = make_saver()
+    graph = build_chat_graph(saver, length=40)
+    for thread in ("t", "other"):
+        for n in range(8):
+            turn(graph, thread, n)
+            drain(book)
+    step = summary_of(window_of(graph, "t")).additional_kwargs[MARK_KEY]["step"]
+    assert book.steps("t", "", [step]) and book.children("t", "", None)
+
+    saver.delete_thread("t")
+    assert book.steps("t", "", [step]) == {} and book.children("t", "", None) == []
+    assert book.children("other", "", None)
+    turn(graph, "t", 0)  # a new conversation under the same id starts a summary of its own
+    assert not api_window_problems(window_of(graph, "t"))
+
+
+def test_a_copied_thread_gets_summary_steps_of_its_own():
+    saver, book = make_saver()
+    graph = build_chat_graph(saver, length=40)
+    for n in range(8):
+        turn(graph, "t", n)
+        drain(book)
+    step = summary_of(window_of(graph, "t")).additional_kwargs[MARK_KEY]["step"]
+    book.copy_thread("t", "copy")  # what ReducingSaver.copy_thread does after the inner saver's copy
+    assert book.steps("copy", "", [step])[step] == book.steps("t", "", [step])[step]
+    book.delete_thread("t")
+    assert book.steps("copy", "", [step])
+
+
+def test_prune_delete_takes_the_summary_steps_keep_latest_keeps_them(fresh_pg):
+    """Over a PostgresSaver (InMemorySaver has no ``prune``)."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with PostgresSaver.from_conn_string(fresh_pg) as inner:
+        inner.setup()
+        book = MemorySummaryBook()
+        reducer = MessageReducer(max_messages=6, min_messages=4)
+        saver = ReducingSaver(inner, reducer, summaries=Summaries(book))
+        graph = build_chat_graph(saver, length=40)
+        for thread in ("gone", "kept"):
+            for n in range(8):
+                turn(graph, thread, n)
+                drain(book)
+        saver.prune(["kept"], strategy="keep_latest")
+        saver.prune(["gone"], strategy="delete")
+        assert book.children("gone", "", None) == []
+        summary_id = summary_message_id("kept", "")
+        (summary,) = [m for m in window_of(graph, "kept") if m.id == summary_id]
+        step = summary.additional_kwargs[MARK_KEY]["step"]
+        assert book.steps("kept", "", [step])
+        turn(graph, "kept", 8)
+        assert not api_window_problems(window_of(graph, "kept"))
