@@ -205,6 +205,11 @@ class SummaryPlan:
 class Summaries:
     """Keeps running summaries in the windows of one reducer.
 
+    A thread's summary lives in its root graph's window (checkpoint namespace ``""``). A subgraph's
+    namespace is reduced as without summaries: its messages come from the parent, whose window holds the
+    summary, and the parent's summary message stays at the head of the subgraph's window (never cut);
+    whatever the subgraph hands back is checked where it lands, in the parent's namespace.
+
     Args:
         book: Where the steps live.
         hard_limit: A reducer whose trigger is the hard limit (and whose targets are the window's): above
@@ -278,6 +283,8 @@ class Summaries:
         Raises:
             SummaryForgeryError: See :meth:`_read`.
         """
+        if checkpoint_ns:  # a subgraph's write: checked when the subgraph's output reaches the root
+            return
         sid = summary_message_id(thread_id, checkpoint_ns)
         for message in messages:
             if message_field(message, "id") == sid or _marked(message):
@@ -332,12 +339,15 @@ class Summaries:
     def plan(
         self, reducer: MessageReducer, messages: Sequence[Any], *, thread_id: str, checkpoint_ns: str
     ) -> SummaryPlan | None:
-        """What a put of ``messages`` stores, or ``None`` to reduce without summaries (the thread is not
-        summarized, or the window holds a summary of LangChain's ``SummarizationMiddleware``).
+        """What a put of ``messages`` stores, or ``None`` to reduce without summaries (a subgraph's
+        namespace, a thread not summarized, or a window holding a summary of LangChain's
+        ``SummarizationMiddleware``).
 
         Raises:
             SummaryForgeryError: See :meth:`_read`.
         """
+        if checkpoint_ns:
+            return None
         messages = list(messages)
         system = reducer.system_length(messages)
         state = self._read(messages, system, thread_id, checkpoint_ns)

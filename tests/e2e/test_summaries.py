@@ -110,6 +110,35 @@ def test_200_turns_forget_no_fact_and_every_window_suits_the_providers(
     )
 
 
+def test_a_subgraph_sharing_the_parents_messages_runs_on_with_the_parents_summary(
+    tmp_path: Path, fresh_pg: str
+):
+    """The usual multi-agent shape: the parent's one node is a chat subgraph sharing ``messages``, so each
+    turn the parent's window, its summary included, is checkpointed in the subgraph's namespace too. The
+    subgraph keeps the parent's summary and makes none of its own; every turn is stored."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    with (
+        run_service(tmp_path, "--database", fresh_pg, *WINDOW, "--summarizer", FACTS) as service,
+        RemoteReducingSaver(service.url) as saver,
+    ):
+        parent = StateGraph(MessagesState)
+        parent.add_node("inner", build_chat_graph(None, prefix="sub", length=40, with_tools=True))
+        parent.add_edge(START, "inner")
+        graph = parent.compile(checkpointer=saver)
+        for n in range(20):
+            ask(graph, "t", n)
+            wait_summarized(fresh_pg)
+        window = graph.get_state({"configurable": {"thread_id": "t"}}).values["messages"]
+    assert not api_window_problems(window)
+    summary = summary_in(window, "t")
+    seen = summary.content + "\n" + "\n".join(str(m.content) for m in window)
+    assert not [k for k in range(20) if fact(k) not in seen]
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        namespaces = conn.execute("SELECT DISTINCT checkpoint_ns FROM reducing_saver_summaries").fetchall()
+    assert namespaces == [("",)]
+
+
 def test_a_client_message_with_the_summary_id_is_refused_422(tmp_path: Path, fresh_pg: str):
     from reducing_saver.client import BadRequestError
 
@@ -276,7 +305,8 @@ def _holder(database: str, workers: list[subprocess.Popen]) -> subprocess.Popen 
     """The worker process holding a batch now, if any (claims are named ``host:pid:random``)."""
     with psycopg.connect(database, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT claimed_by FROM reducing_saver_summaries WHERE status = 'pending' AND claimed_by IS NOT NULL"
+            "SELECT claimed_by FROM reducing_saver_summaries"
+            " WHERE status = 'pending' AND claimed_by IS NOT NULL"
         ).fetchall()
     holding = {int(claim.split(":")[-2]) for (claim,) in rows}
     return next((worker for worker in workers if worker.pid in holding), None)

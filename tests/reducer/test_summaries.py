@@ -430,3 +430,41 @@ def test_prune_delete_takes_the_summary_steps_keep_latest_keeps_them(fresh_pg):
         assert book.steps("kept", "", [step])
         turn(graph, "kept", 8)
         assert not api_window_problems(window_of(graph, "kept"))
+
+
+
+def subgraph_chat(checkpointer):
+    """A parent graph whose one node is a chat subgraph sharing its ``messages`` (the usual multi-agent
+    shape): each turn the subgraph checkpoints the parent's window, summary included, in a namespace of
+    its own (``inner:<task id>``) and hands the messages back."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("inner", build_chat_graph(None, length=40))
+    parent.add_edge(START, "inner")
+    return parent.compile(checkpointer=checkpointer)
+
+
+def test_a_subgraph_sharing_the_parents_messages_keeps_the_parents_summary_and_makes_none_of_its_own():
+    """The running summary belongs to the root graph's window. A subgraph's namespace gets the parent's
+    summary as part of its input: it keeps it at the head of its window and summarizes nothing itself
+    (its messages are the parent's, summarized there), and the messages it hands back carry the
+    parent's summary unchanged."""
+    saver, book = make_saver()
+    graph = subgraph_chat(saver)
+    for n in range(12):
+        turn(graph, "t", n)
+        drain(book)
+        window = window_of(graph, "t")
+        assert not api_window_problems(window)
+    summary = summary_of(window)
+    assert window[0] is summary
+    seen = summary.content + "\n" + "\n".join(str(m.content) for m in window)
+    assert not [n for n in range(12) if f"FACT: fact {n}" not in seen]
+    assert {ns for _, ns, _ in book._order} == {""}
+    for item in saver.list({"configurable": {"thread_id": "t"}}):
+        ns = item.config["configurable"]["checkpoint_ns"]
+        stored = item.checkpoint["channel_values"].get("messages") or []
+        marked = [m for m in stored if MARK_KEY in m.additional_kwargs]
+        assert all(m.id == summary_message_id("t", "") for m in marked), ns
+        assert not marked or stored.index(marked[0]) == 0, ns  # at the head, never cut
