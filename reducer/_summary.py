@@ -45,6 +45,7 @@ from reducing_saver.reducer._window import (
     is_summary_message,
     message_field,
     message_key,
+    message_type,
 )
 
 #: The key of the summary's own record in ``additional_kwargs``.
@@ -279,6 +280,8 @@ class Summaries:
     def check_written(self, messages: Sequence[Any], *, thread_id: str, checkpoint_ns: str) -> None:
         """Refuse a pending write (a node's output, ``update_state``) carrying a summary message the
         service did not write for this thread: it would enter the state without passing :meth:`plan`.
+        A ``RemoveMessage`` of the summary is the agent's to write: its state drops the summary, and the
+        next cut starts a chain of its own.
 
         Raises:
             SummaryForgeryError: See :meth:`_read`.
@@ -287,6 +290,8 @@ class Summaries:
             return
         sid = summary_message_id(thread_id, checkpoint_ns)
         for message in messages:
+            if message_type(message) == "remove":
+                continue
             if message_field(message, "id") == sid or _marked(message):
                 self._verify(message, thread_id, checkpoint_ns)
 

@@ -139,6 +139,47 @@ def test_a_subgraph_sharing_the_parents_messages_runs_on_with_the_parents_summar
     assert namespaces == [("",)]
 
 
+def test_a_node_deleting_old_messages_may_delete_the_summary_too(tmp_path: Path, fresh_pg: str):
+    """LangGraph's own way to delete messages, a node writing ``RemoveMessage(id=m.id)`` for all but the
+    last few, names the summary's id once the window holds one; the write is stored (it was refused
+    with 422), the agent runs on, and a later cut starts a summary again."""
+    from langchain_core.messages import AIMessage, RemoveMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    def bot(state):
+        return {"messages": [AIMessage(f"answer {len(state['messages'])}")]}
+
+    def trim(state):
+        messages = state["messages"]
+        return {"messages": [RemoveMessage(id=m.id) for m in messages[:-4]]} if len(messages) > 8 else {}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("bot", bot)
+    builder.add_node("trim", trim)
+    builder.add_edge(START, "bot")
+    builder.add_edge("bot", "trim")
+    builder.add_edge("trim", END)
+    removed = 0
+    with (
+        run_service(
+            tmp_path, "--database", fresh_pg, "--max-messages", "6", "--min-messages", "4", "--summarizer",
+            FACTS,
+        ) as service,
+        RemoteReducingSaver(service.url) as saver,
+    ):
+        graph = builder.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": "t"}}
+        for n in range(24):
+            had_summary = summary_in(graph.get_state(config).values.get("messages", []), "t") is not None
+            ask(graph, "t", n)
+            wait_summarized(fresh_pg)
+            window = graph.get_state(config).values["messages"]
+            removed += had_summary and summary_in(window, "t") is None
+            assert not api_window_problems(window), n
+    assert removed  # the node did delete the summary, and it was stored so
+    assert summary_in(window, "t") is not None or len(window) <= 8
+
+
 def test_a_client_message_with_the_summary_id_is_refused_422(tmp_path: Path, fresh_pg: str):
     from reducing_saver.client import BadRequestError
 
