@@ -252,6 +252,18 @@ def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with
     return builder.compile(checkpointer=checkpointer)
 
 
+def build_subgraph_chat(checkpointer, **chat):
+    """A parent graph whose one node is :func:`build_chat_graph` (``chat`` its arguments) as a subgraph
+    sharing ``messages``, the usual multi-agent shape: each turn the subgraph checkpoints the parent's
+    window in a namespace of its own (``inner:<task id>``) and hands the messages back."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("inner", build_chat_graph(None, **chat))
+    parent.add_edge(START, "inner")
+    return parent.compile(checkpointer=checkpointer)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Print the figures tests recorded (``record_property("<topic> figures", ...)``) after the run."""
     lines = [

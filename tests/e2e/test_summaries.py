@@ -22,7 +22,7 @@ from langchain_openai import ChatOpenAI
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MARK_KEY, SUMMARY_PREFIX, summary_message_id
-from tests.conftest import api_window_problems, build_chat_graph
+from tests.conftest import api_window_problems, build_chat_graph, build_subgraph_chat
 from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e
@@ -116,16 +116,11 @@ def test_a_subgraph_sharing_the_parents_messages_runs_on_with_the_parents_summar
     """The usual multi-agent shape: the parent's one node is a chat subgraph sharing ``messages``, so each
     turn the parent's window, its summary included, is checkpointed in the subgraph's namespace too. The
     subgraph keeps the parent's summary and makes none of its own; every turn is stored."""
-    from langgraph.graph import START, MessagesState, StateGraph
-
     with (
         run_service(tmp_path, "--database", fresh_pg, *WINDOW, "--summarizer", FACTS) as service,
         RemoteReducingSaver(service.url) as saver,
     ):
-        parent = StateGraph(MessagesState)
-        parent.add_node("inner", build_chat_graph(None, prefix="sub", length=40, with_tools=True))
-        parent.add_edge(START, "inner")
-        graph = parent.compile(checkpointer=saver)
+        graph = build_subgraph_chat(saver, prefix="sub", length=40, with_tools=True)
         for n in range(20):
             ask(graph, "t", n)
             wait_summarized(fresh_pg)

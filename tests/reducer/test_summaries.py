@@ -27,7 +27,7 @@ from reducing_saver.reducer import (
     message_key,
     summary_message_id,
 )
-from tests.conftest import api_window_problems, build_chat_graph
+from tests.conftest import api_window_problems, build_chat_graph, build_subgraph_chat
 
 
 def fact_summarizer(previous: str | None, messages: list[Any]) -> str:
@@ -432,26 +432,13 @@ def test_prune_delete_takes_the_summary_steps_keep_latest_keeps_them(fresh_pg):
         assert not api_window_problems(window_of(graph, "kept"))
 
 
-
-def subgraph_chat(checkpointer):
-    """A parent graph whose one node is a chat subgraph sharing its ``messages`` (the usual multi-agent
-    shape): each turn the subgraph checkpoints the parent's window, summary included, in a namespace of
-    its own (``inner:<task id>``) and hands the messages back."""
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    parent = StateGraph(MessagesState)
-    parent.add_node("inner", build_chat_graph(None, length=40))
-    parent.add_edge(START, "inner")
-    return parent.compile(checkpointer=checkpointer)
-
-
 def test_a_subgraph_sharing_the_parents_messages_keeps_the_parents_summary_and_makes_none_of_its_own():
     """The running summary belongs to the root graph's window. A subgraph's namespace gets the parent's
     summary as part of its input: it keeps it at the head of its window and summarizes nothing itself
     (its messages are the parent's, summarized there), and the messages it hands back carry the
     parent's summary unchanged."""
     saver, book = make_saver()
-    graph = subgraph_chat(saver)
+    graph = build_subgraph_chat(saver, length=40)
     for n in range(12):
         turn(graph, "t", n)
         drain(book)
@@ -474,7 +461,7 @@ def test_a_write_removing_the_summary_is_the_agents_to_make_a_forged_one_is_refu
     """LangGraph's way to delete messages, ``RemoveMessage(id=m.id)`` for old ones, names the summary's id
     when the window holds it: that write is the agent's to make (its state drops the summary, and the
     next cut starts a chain of its own). A message under the summary's id is still refused."""
-    saver, book = make_saver()
+    saver, _ = make_saver()
     sid = summary_message_id("t", "")
     check = saver.summaries.check_written
     check([RemoveMessage(id=sid), RemoveMessage(id="h-0001")], thread_id="t", checkpoint_ns="")
