@@ -3,8 +3,9 @@
     .venv/bin/python -m benchmarks [--quick] [--out benchmarks/results]
 
 Creates a PostgreSQL database of its own (dropped afterwards), starts ``reducing-saver serve`` on it
-(the real CLI, default settings but ``--max-messages``), runs the sections against that service and that
-database, writes ``results.json``, ``storage.png``, ``growth.png``, ``performance.png`` and ``long_thread.png`` into
+(the real CLI, default settings but ``--max-messages``), and beside it for the latency, service-cost and
+throughput sections the stock-saver service (``benchmarks/stock_service.py``: the floor those figures
+stand on), runs the sections against that service and that database, writes ``results.json``, ``storage.png``, ``growth.png``, ``performance.png`` and ``long_thread.png`` into
 ``--out``, and prints a summary with the ratios. Every comparison is measured in the same run, interleaved, so that a busy
 machine shifts both sides alike. ``--quick`` is a smoke version (seconds, not minutes) for CI.
 """
@@ -18,6 +19,7 @@ import platform
 import shlex
 import sys
 import time
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -81,13 +83,14 @@ QUICK = {
 }
 
 
-THROUGHPUT_MODES = ("service", "inprocess", "plain")
 #: What the issue asks of some targets, printed beside them.
 TARGET_NOTES = {
     "remote_vs_inprocess_median_async": "target <= 1.3",
     "remote_vs_inprocess_p95_async": "target <= 1.3",
     "remote_vs_inprocess_median_sync": "target <= 1.5",
     "remote_vs_inprocess_p95_sync": "target <= 1.5",
+    "floor_stock_service_vs_inprocess_median_async": "floor: a service doing nothing but the stock saver call",
+    "floor_stock_service_vs_inprocess_median_sync": "floor: a service doing nothing but the stock saver call",
     "long_thread_service_vs_plain_total": "target <= 1.0",
     "long_thread_service_vs_plain_last_median": "target <= 0.8",
     "agents_service_vs_inprocess_turns_per_s": "target >= 1.0",
@@ -96,6 +99,11 @@ TARGET_NOTES = {
     "many_agents_agents_completed": "target: every agent through the service",
     "many_agents_service_connections_max": "target <= 16",
     "service_own_cpu_us_per_turn": "can only go down",
+    "floor_stock_service_own_cpu_us_per_turn": "floor: a service doing nothing but the stock saver call",
+    "floor_stock_service_vs_inprocess_turns_per_s": "floor: a service doing nothing but the stock saver call",
+    "service_own_cpu_us_put": "target <= 150",
+    "service_own_cpu_us_writes": "target <= 110",
+    "service_own_cpu_us_get": "target <= 100",
     "growth_keep_last_vs_first_sample": "target <= 1.1",
     "growth_keep_vs_delta_at_last": "target <= 0.2",
     "growth_keep_outbox_vs_store": "target <= 0.05",
@@ -165,6 +173,8 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out[f"remote_vs_inprocess_median_{mode}"] = ratios["remote_vs_inprocess_median"]
             out[f"remote_vs_inprocess_p95_{mode}"] = ratios["remote_vs_inprocess_p95"]
             out[f"remote_vs_plain_median_{mode}"] = ratios["remote_vs_plain_median"]
+            for key in ("stock_service_vs_inprocess_median", "stock_service_vs_inprocess_p95"):
+                out[f"floor_{key}_{mode}"] = ratios[key]
         out["floor_remote_vs_inprocess_median_async"] = results["latency"]["floor"]["floor_ratio_async"]
     if "long_thread" in results:
         for key, value in results["long_thread"]["ratios"].items():
@@ -180,6 +190,10 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             for mode in ("service", "inprocess", "plain"):
                 out[f"agents_connections_{mode}"] = level[mode]["connections_max"]
             out["agents_connections_service_vs_inprocess"] = level["ratios"]["service_vs_inprocess_connections_max"]
+            if "stock_service_vs_inprocess_turns_per_s" in level["ratios"]:
+                out["floor_stock_service_vs_inprocess_turns_per_s"] = (
+                    level["ratios"]["stock_service_vs_inprocess_turns_per_s"]
+                )
         many = [level for level in levels if level["agents_per_process"] > 1]
         if many:
             level = many[-1]
@@ -190,6 +204,14 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
+        if "stock_service" in results["service_cost"]:
+            floor = results["service_cost"]["stock_service"]
+            out["floor_stock_service_own_cpu_us_per_turn"] = floor["own_cpu_us_per_turn"]
+            for route, name in (("/v1/checkpoints/put", "put"), ("/v1/writes/put", "writes"),
+                                ("/v1/checkpoints/get", "get")):
+                own = results["service_cost"]["routes"][route]["own_cpu_us_per_request"]
+                out[f"service_own_cpu_us_{name}"] = own
+                out[f"floor_stock_service_own_cpu_us_{name}"] = floor["routes"][route]["own_cpu_us_per_request"]
     if "growth" in results:
         for key, value in results["growth"]["ratios"].items():
             out[f"growth_{key}"] = value
@@ -302,6 +324,16 @@ def print_summary(results: dict[str, Any]) -> None:
               f"{floor['floor_ratio_async']:.2f}x async here")
         print(f"    PostgreSQL get_tuple: {wake['back_to_back_us']:.0f} us back to back, {wake['after_idle_us']:.0f} us "
               f"after {wake['idle_gap_ms']:g} ms idle")
+        if "stock_service" in lat["sync"]:
+            print("  stock-saver service (the service answering get_tuple, put and put_writes with the stock "
+                  "PostgresSaver call alone):")
+            for mode in ("sync", "async"):
+                stock, ratios = lat[mode]["stock_service"], lat[mode]["ratios"]
+                print(f"    {mode}: {stock['median_ms']:.2f} / {stock['p95_ms']:.2f} ms, "
+                      f"{ratios['stock_service_vs_inprocess_median']:.2f}x / "
+                      f"{ratios['stock_service_vs_inprocess_p95']:.2f}x in-process: the floor under the "
+                      f"service's {ratios['remote_vs_inprocess_median']:.2f}x "
+                      f"(the service's own work: {ratios['remote_vs_stock_service_median']:.2f}x)")
     if "long_thread" in results:
         lt = results["long_thread"]
         ranges = lt["ranges"]
@@ -322,14 +354,16 @@ def print_summary(results: dict[str, Any]) -> None:
         tp = results["throughput"]
         print(f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating. Every agent has "
               "its own checkpointer:\n  service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver) + "
-              "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver")
+              "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver, stock_service = "
+              "RemoteReducingSaver to\n  the service with its per-step work reduced to the stock PostgresSaver call "
+              "(the floor under the service)")
         print("  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
               "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes")
         print(f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
         for level in tp["levels"]:
             label = f"{level['agents']} agents" + (
                 f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
-            for index, mode in enumerate(THROUGHPUT_MODES):
+            for index, mode in enumerate(tp["modes"]):
                 f = level[mode]
                 cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
                        f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
@@ -343,7 +377,12 @@ def print_summary(results: dict[str, Any]) -> None:
                   f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
                   f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
                   f"{r['service_vs_plain_connections_max']:.2f}x")
-            for mode in THROUGHPUT_MODES:
+            if "stock_service_vs_inprocess_turns_per_s" in r:
+                print(f"  {'':27}floor, stock_service / inprocess: turns/s "
+                      f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
+                      f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x; service / stock_service: "
+                      f"turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
+            for mode in tp["modes"]:
                 f = level[mode]
                 if f["errors"]:
                     errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
@@ -368,6 +407,17 @@ def print_summary(results: dict[str, Any]) -> None:
         calls = ", ".join(f"{count:g} {kind}" for kind, count in cost["calls_per_turn"].items())
         print(f"  per turn ({calls}): service {cost['cpu_us_per_turn_from_routes']:.0f} us, bare exchange "
               f"{cost['bare_cpu_us_per_turn']:.0f} us, the service's own work {cost['own_cpu_us_per_turn']:.0f} us")
+        if "stock_service" in cost:
+            stock = cost["stock_service"]
+            print("  the stock-saver service (the same service answering with the stock PostgresSaver call alone), "
+                  "measured the same way right after:")
+            for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
+                fig = stock["routes"][route]
+                print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
+                      f"{fig['own_cpu_us_per_request']:>8.0f}")
+            print(f"  per turn: {stock['cpu_us_per_turn_from_routes']:.0f} us, its own work over the bare exchange "
+                  f"{stock['own_cpu_us_per_turn']:.0f} us: the floor under the service's "
+                  f"{cost['own_cpu_us_per_turn']:.0f} us")
         prof = cost["profile"]
         if "error" in prof:
             print(f"  profile failed: {prof['error']}")
@@ -399,7 +449,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown sections: {sorted(unknown)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from benchmarks import floors, growth, latency, long_thread, service_cost, storage, throughput
+    from benchmarks import (
+        floors,
+        growth,
+        latency,
+        long_thread,
+        service_cost,
+        stock_service,
+        storage,
+        throughput,
+    )
     from tests.support.server import run_service  # the real `reducing-saver serve` process
 
     try:
@@ -448,8 +507,12 @@ def main(argv: list[str] | None = None) -> int:
                 samples=list(settings["growth_samples"]), every=settings["growth_every"], log=log,
             )
         if set(SINGLE_SERVICE_SECTIONS) & set(sections):
-            with run_service(out, "--database", url, *single_args) as service:
+            with run_service(out, "--database", url, *single_args) as service, ExitStack() as floor_stack:
                 log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
+                stock = None
+                if "latency" in sections or "service_cost" in sections:  # the floor those two measure
+                    stock = floor_stack.enter_context(stock_service.run(out, "--database", url, *single_args))
+                    log(f"stock-saver service pid {stock.process.pid} at {stock.url}")
                 if "storage" in sections:
                     section("storage")
                     results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
@@ -458,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                     section("latency")
                     results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
                                                      rounds=settings["latency_rounds"], window=settings["window"],
-                                                     log=log)
+                                                     stock_service_url=stock.url, log=log)
                     results["latency"]["floor"] = floors.run(
                         database, results["latency"]["async"]["inprocess"]["median_ms"],
                         requests=settings["floor_requests"], samples=settings["floor_samples"],
@@ -474,16 +537,23 @@ def main(argv: list[str] | None = None) -> int:
                     results["service_cost"] = service_cost.run(
                         service.url, service.process.pid, requests=settings["cost_requests"],
                         concurrency=settings["cost_concurrency"], profile_seconds=settings["profile_seconds"],
-                        out_dir=out, idle_seconds=settings["idle_seconds"], log=log,
+                        out_dir=out, idle_seconds=settings["idle_seconds"],
+                        stock=(stock.url, stock.process.pid), log=log,
                     )
         if "throughput" in sections:
-            with run_service(out, "--database", url, *scaled_args) as service:
-                log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}")
+            stock_url = throughput.with_application_name(database, throughput.STOCK_APP)
+            with (
+                run_service(out, "--database", url, *scaled_args) as service,
+                stock_service.run(out, "--database", stock_url, *scaled_args) as stock,
+            ):
+                log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
+                    f"stock-saver service pid {stock.process.pid} at {stock.url}")
                 section("throughput")
                 results["throughput"] = throughput.run(
                     service.url, service.process.pid, args.postgres, database, levels=levels,
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
-                    turns_per_thread=settings["turns_per_thread"], window=settings["window"], log=log,
+                    turns_per_thread=settings["turns_per_thread"], window=settings["window"],
+                    stock=(stock.url, stock.process.pid), log=log,
                 )
     results["targets"] = targets(results)
     results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]

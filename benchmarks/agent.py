@@ -7,7 +7,8 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   ``RemoteReducingSaver(target)`` per agent; ``"inprocess"``: ``ReducingSaver(AsyncPostgresSaver)`` on
   database ``target`` with an ``on_prune`` hook writing the pruned messages into an
   ``AsyncPostgresStore`` of the agent's own; ``"plain"``: an ``AsyncPostgresSaver`` on database
-  ``target``), run one warm-up turn on each, answer ``("ready", process, {"agents": [ready agents],
+  ``target``; ``"stock_service"``: a ``RemoteReducingSaver(target)`` to the stock-saver service), run
+  one warm-up turn on each, answer ``("ready", process, {"agents": [ready agents],
   "errors": {agent: error}})``. An agent that cannot open its checkpointer (a database refusing more
   connections, say) closes what it opened and sits the phase out;
 * ``("go", start_at, end_at)``: from wall-clock ``start_at``, every ready agent runs turns back to back
@@ -29,7 +30,7 @@ import traceback
 from contextlib import AsyncExitStack
 from typing import Any
 
-MODES = ("service", "inprocess", "plain")
+MODES = ("service", "inprocess", "plain", "stock_service")
 
 
 def error_text(exc: BaseException) -> str:
@@ -49,7 +50,7 @@ class Agent:
     async def open(self, mode: str, target: str) -> None:
         from benchmarks._common import AsyncStoreHook, chat_graph
 
-        if mode == "service":
+        if mode in ("service", "stock_service"):
             from reducing_saver.client import RemoteReducingSaver
 
             saver = await self.stack.enter_async_context(await RemoteReducingSaver.aopen(target))

@@ -460,28 +460,54 @@ def profile(url: str, pid: int, calls: list[tuple[str, tuple]], *, seconds: floa
     }
 
 
-def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds: float, out_dir: Path,
-        idle_seconds: float, log: Callable[[str], None] = print) -> dict[str, Any]:
-    calls = record_turns(12)  # past the window of 20 messages: later puts prune
+def _idle_rate(url: str, pid: int, seconds: float) -> float:
+    """The process's CPU cores when no request comes (its background work: extraction polling)."""
     wait_extraction_drained(url, timeout=120.0)
     idle_before, idle_start = cpu_seconds(pid), time.perf_counter()
-    time.sleep(idle_seconds)
-    idle_rate = (cpu_seconds(pid) - idle_before) / (time.perf_counter() - idle_start)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - idle_before) / (time.perf_counter() - idle_start)
+
+
+def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds: float, out_dir: Path,
+        idle_seconds: float, stock: tuple[str, int] | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The routes' CPU per request against the bare exchange, per turn, and the profile.
+
+    ``stock``: ``(url, pid)`` of the stock-saver service (``benchmarks/stock_service.py``), measured the
+    same way right after the service: its own CPU per request is what the stock ``PostgresSaver`` call and
+    the service's envelope (server, middleware, body decoding, worker-thread hop) cost without the
+    service's own work, the floor under the per-request figures.
+    """
+    turns = 12
+    calls = record_turns(turns)  # past the window of 20 messages: later puts prune
+    per_turn = {kind: count / turns for kind, count in Counter(kind for kind, _ in calls).items()}
+
+    def per_turn_sum(routes: dict[str, Any], key: str) -> float:
+        return round(sum(per_turn.get(kind, 0) * routes[route][key] for kind, route in TURN_ROUTES.items()), 1)
+
+    idle_rate = _idle_rate(url, pid, idle_seconds)
     with bare_server(BARE_APP) as (bare_url, bare):
         routes = asyncio.run(
             _measure_routes(url, pid, calls, requests=requests, concurrency=concurrency, idle_cpu_rate=idle_rate,
                             bare_url=bare_url, bare_pid=bare.pid)
         )
+        stock_figures: dict[str, Any] | None = None
+        if stock is not None:
+            stock_url, stock_pid = stock
+            stock_idle = _idle_rate(stock_url, stock_pid, idle_seconds)
+            stock_routes = asyncio.run(
+                _measure_routes(stock_url, stock_pid, calls, requests=requests, concurrency=concurrency,
+                                idle_cpu_rate=stock_idle, bare_url=bare_url, bare_pid=bare.pid)
+            )
+            stock_figures = {
+                "idle_cpu_cores": round(stock_idle, 4),
+                "routes": stock_routes,
+                "cpu_us_per_turn_from_routes": per_turn_sum(stock_routes, "cpu_us_per_request"),
+                "own_cpu_us_per_turn": per_turn_sum(stock_routes, "own_cpu_us_per_request"),
+            }
     for route, figures in routes.items():
         log(f"  service cost {route}: {figures['cpu_us_per_request']:.0f} us CPU/request, bare exchange "
             f"{figures['bare_cpu_us_per_request']:.0f} us")
-    turn_calls = Counter(kind for kind, _ in calls)
-    turns = 12
-    per_turn = {kind: count / turns for kind, count in turn_calls.items()}
-
-    def per_turn_sum(key: str) -> float:
-        return round(sum(per_turn.get(kind, 0) * routes[route][key] for kind, route in TURN_ROUTES.items()), 1)
-
     prof = profile(url, pid, calls, seconds=profile_seconds, concurrency=concurrency, out_dir=out_dir)
     return {
         "requests_per_route": requests,
@@ -489,8 +515,9 @@ def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds:
         "idle_cpu_cores": round(idle_rate, 4),
         "calls_per_turn": per_turn,
         "routes": routes,
-        "cpu_us_per_turn_from_routes": per_turn_sum("cpu_us_per_request"),
-        "bare_cpu_us_per_turn": per_turn_sum("bare_cpu_us_per_request"),
-        "own_cpu_us_per_turn": per_turn_sum("own_cpu_us_per_request"),
+        "cpu_us_per_turn_from_routes": per_turn_sum(routes, "cpu_us_per_request"),
+        "bare_cpu_us_per_turn": per_turn_sum(routes, "bare_cpu_us_per_request"),
+        "own_cpu_us_per_turn": per_turn_sum(routes, "own_cpu_us_per_request"),
         "profile": prof,
+        **({"stock_service": stock_figures} if stock_figures else {}),
     }

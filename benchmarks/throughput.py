@@ -1,19 +1,22 @@
 """Throughput: N agents through one service vs the same agents each with its own checkpointer.
 
-Three modes (``benchmarks.agent`` opens them):
+Three or four modes (``benchmarks.agent`` opens them):
 
 * ``service``: every agent has a ``RemoteReducingSaver`` of its own to the one service;
 * ``inprocess``: what a user would run instead with the same features: every agent has a
   ``ReducingSaver(AsyncPostgresSaver)`` (the service's window) whose ``on_prune`` hook writes the pruned
   messages into an ``AsyncPostgresStore`` of the agent's own (two connections per agent); the parent
   runs the store's ``setup()`` once;
-* ``plain``: every agent has a plain ``AsyncPostgresSaver`` (no window, no memory).
+* ``plain``: every agent has a plain ``AsyncPostgresSaver`` (no window, no memory);
+* ``stock_service`` (when the suite runs one): every agent has a ``RemoteReducingSaver`` to the
+  stock-saver service (``benchmarks/stock_service.py``: the service with the same workers, its per-step
+  work reduced to the stock ``PostgresSaver`` call), the floor under the ``service`` mode.
 
 A level is N agents in P processes: one agent per process (N = P), or several per process as asyncio
 tasks (N/P each). The processes are spawned once per layout (as many as its largest level needs); for
 each level, the first P of them alternate between the modes for ``rounds`` rounds of ``duration``
-seconds each (``service``, ``inprocess``, ``plain``, then the reverse order, ...), all agents starting
-and stopping on the same wall-clock instants; the others wait, idle. An agent that cannot open its
+seconds each (``service``, ``inprocess``, ``plain``, ``stock_service``, then the reverse order, ...),
+all agents starting and stopping on the same wall-clock instants; the others wait, idle. An agent that cannot open its
 checkpointer (a database refusing more connections: PostgreSQL's ``max_connections`` is below what
 many direct agents need) sits the phase out; the level reports per mode how many agents connected,
 completed the phase, and failed with which error. After each phase the parent waits until the agents'
@@ -22,7 +25,7 @@ connections are gone from ``pg_stat_activity``.
 Meanwhile a sampler reads ``pg_stat_activity`` for the benchmark database every 100 ms, by
 ``application_name`` (the service's connections and the agents' own are named): connections open and
 connections active (running a statement), maxima over the phase. In service phases the service
-process's CPU time is read from /proc around the phase, giving its CPU per turn; so is PostgreSQL's
+process's CPU time (the stock-saver service's in its phases) is read from /proc around the phase, giving its CPU per turn; so is PostgreSQL's
 (every server process), and each agent process reports its own CPU, so each mode's CPU per turn is
 accounted for: agents + service + PostgreSQL. The whole machine's busy time per turn (/proc/stat) is kept
 too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
@@ -51,6 +54,10 @@ DIRECT_MODES = ("inprocess", "plain")
 #: ``application_name`` of the service's connections and of the agents' own (set in their database URLs).
 SERVICE_APP = "rs-bench-service"
 AGENT_APP = "rs-bench-agent"
+#: ``application_name`` of the stock-saver service's connections (``benchmarks/stock_service.py``).
+STOCK_APP = "rs-bench-stock-service"
+#: The modes whose agents talk to a service, and its connections' ``application_name``.
+SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP}
 CONNECTIONS = """
     SELECT application_name, count(*), count(*) FILTER (WHERE state = 'active')
     FROM pg_stat_activity
@@ -218,6 +225,8 @@ class Monitor:
 
 def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase: str, duration: float,
            monitor: Monitor, service_pid: int) -> dict[str, Any]:
+    """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
+    service, when it has one)."""
     count, processes = level
     agents.broadcast(("prepare", mode, target, phase), processes)
     prepared = agents.collect("ready", timeout=120 + 2 * count, count=processes)
@@ -233,7 +242,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     time.sleep(max(0.0, end_at - time.time()))
     after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
     wal_after = wal_counters(monitor.conn)
-    connections = monitor.sampler.figures(SERVICE_APP if mode == "service" else AGENT_APP)
+    connections = monitor.sampler.figures(SERVICE_MODES.get(mode, AGENT_APP))
     database_connections = monitor.sampler.figures(None)["connections_max"]
     (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
     stats = agents.collect("done", timeout=duration + 120, count=processes)
@@ -306,12 +315,19 @@ def _failures(figures: dict[str, Any]) -> str:
 
 def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
         duration: float, rounds: int, turns_per_thread: int, window: int,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        stock: tuple[str, int] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
+    more mode (``stock_service``), the floor under the service's."""
     results = []
     started = time.monotonic()
     database_name = database.rsplit("/", 1)[1]
     _setup_store(database)
-    _warm_service(service_url)
+    services = {"service": (service_url, service_pid)}
+    if stock is not None:
+        services["stock_service"] = stock
+    modes = tuple(mode for mode in MODES if mode in DIRECT_MODES or mode in services)
+    for url, _ in services.values():
+        _warm_service(url)
     agents: Agents | None = None
     with ConnectionSampler(server, database_name) as sampler:
         monitor = Monitor(server, database_name, sampler)
@@ -324,13 +340,13 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
                     # As many processes as the largest level of this layout needs, spawned once.
                     spawn = max(p for n, p in levels if n // p == per_process)
                     agents = Agents(spawn, per_process, turns_per_thread, window)
-                level = _level(agents, (count, processes), service_url, service_pid, database, monitor,
+                level = _level(agents, (count, processes), services, database, monitor, modes=modes,
                                duration=duration, rounds=rounds)
                 results.append(level)
                 cells = ", ".join(
                     f"{mode} {level[mode]['turns_per_s']:.1f} turns/s ({level[mode]['connections_max']} conns, "
                     f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
-                    for mode in MODES
+                    for mode in modes
                 )
                 log(f"  throughput {_describe(level)}: {cells} [{time.monotonic() - started:.0f} s]")
         finally:
@@ -342,6 +358,7 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
         "rounds": rounds,
         "turns_per_thread": turns_per_thread,
         "window": window,
+        "modes": list(modes),
         "levels": results,
     }
 
@@ -351,19 +368,17 @@ def _us_per(seconds: float, turns: int) -> float:
     return round(seconds * 1e6 / turns, 1) if turns else 0.0
 
 
-def _target(mode: str, service_url: str, database: str) -> str:
-    return service_url if mode == "service" else with_application_name(database, AGENT_APP)
-
-
-def _level(agents: Agents, level_spec: tuple[int, int], service_url: str, service_pid: int, database: str,
-           monitor: Monitor, *, duration: float, rounds: int) -> dict[str, Any]:
+def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tuple[str, int]], database: str,
+           monitor: Monitor, *, modes: tuple[str, ...], duration: float, rounds: int) -> dict[str, Any]:
     count, processes = level_spec
-    phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    service_pid = services["service"][1]
     for round_index in range(rounds):
-        for mode in MODES if round_index % 2 == 0 else MODES[::-1]:
+        for mode in modes if round_index % 2 == 0 else modes[::-1]:
+            target, pid = services.get(mode, (with_application_name(database, AGENT_APP), service_pid))
             phases[mode].append(
-                _phase(agents, level_spec, mode, _target(mode, service_url, database),
-                       f"{count}-{processes}-{mode}-{round_index}", duration, monitor, service_pid)
+                _phase(agents, level_spec, mode, target, f"{count}-{processes}-{mode}-{round_index}", duration,
+                       monitor, pid)
             )
     level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes}
     for mode, runs in phases.items():
@@ -393,7 +408,7 @@ def _level(agents: Agents, level_spec: tuple[int, int], service_url: str, servic
             "database_connections_max": max(r["database_connections_max"] for r in runs),
             "turns_per_s_by_round": [round(len(r["latencies_ms"]) / duration, 2) for r in runs],
         }
-        if mode == "service":
+        if mode in SERVICE_MODES:
             cpu = sum(r["service_cpu_s"] for r in runs)
             level[mode]["service_cpu_us_per_turn"] = _us_per(cpu, turns)
             level[mode]["service_cpu_cores"] = round(cpu / seconds, 3)
@@ -424,5 +439,14 @@ def _level(agents: Agents, level_spec: tuple[int, int], service_url: str, servic
             f"service_vs_{mode}_machine_cpu_per_turn": ratio(
                 service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
             ),
+        })
+    if "stock_service" in level:
+        stock, inprocess = level["stock_service"], level["inprocess"]
+        level["ratios"].update({
+            "stock_service_vs_inprocess_turns_per_s": ratio(stock["turns_per_s"], inprocess["turns_per_s"]),
+            "stock_service_vs_inprocess_machine_cpu_per_turn": ratio(
+                stock["machine_cpu_us_per_turn"], inprocess["machine_cpu_us_per_turn"]
+            ),
+            "service_vs_stock_service_turns_per_s": ratio(service["turns_per_s"], stock["turns_per_s"]),
         })
     return level

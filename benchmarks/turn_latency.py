@@ -8,7 +8,7 @@ fresh threads through RemoteReducingSaver, in-process ReducingSaver(PostgresSave
 writing pruned messages into a PostgresStore (async: AsyncPostgresSaver, AsyncPostgresStore) and plain
 PostgresSaver, interleaved so all see the same machine load, and prints medians, p95 and the ratios
 remote / in-process and remote / plain. It is the latency section of the full suite (`python -m
-benchmarks`) on its own.
+benchmarks`) on its own, without the stock-saver service (`benchmarks/stock_service.py`).
 """
 
 from __future__ import annotations

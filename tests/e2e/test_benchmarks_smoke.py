@@ -15,7 +15,6 @@ import pytest
 
 from tests.conftest import PG_HOST, PG_PORT, PG_USER
 
-
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -93,6 +92,16 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
             assert positive(latency[mode]["ratios"][key]), (mode, key)
         # The in-process baseline has the service's features: its on_prune hook stored the pruned messages.
         assert positive(latency[mode]["inprocess_store_items"]), mode
+        # The stock-saver service is the floor under the service's turn: measured in the same rounds, and
+        # doing none of the service's work (no window: it gives back every message, as the plain saver does).
+        stock = latency[mode]["stock_service"]
+        assert positive(stock["n"]) and stock["n"] == latency[mode]["remote"]["n"], mode
+        for key in ("stock_service_vs_inprocess_median", "stock_service_vs_inprocess_p95",
+                    "remote_vs_stock_service_median"):
+            assert positive(latency[mode]["ratios"][key]), (mode, key)
+        kept = latency[mode]["messages_in_last_thread"]
+        assert kept["stock_service"] == kept["plain"] == 2 * latency["turns_per_thread"] > latency["window"], mode
+        assert kept["remote"] <= latency["window"] and kept["inprocess"] <= latency["window"], mode
     floor = latency["floor"]
     for key in ("median_us", "p95_us", "client_cpu_us", "server_cpu_us"):
         assert positive(floor["exchange"][key]), key
@@ -131,8 +140,9 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
     # --quick: 1 and 2 agents one per process, and 8 agents as asyncio tasks in 2 processes.
     assert [(level["agents"], level["processes"]) for level in levels] == [(1, 1), (2, 2), (8, 2)]
     assert levels[-1]["agents_per_process"] == 4
+    assert quick_run[1]["throughput"]["modes"] == ["service", "inprocess", "plain", "stock_service"]
     for level in levels:
-        for mode in ("service", "inprocess", "plain"):
+        for mode in ("service", "inprocess", "plain", "stock_service"):
             figures = level[mode]
             for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max",
                         "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn", "machine_cpu_us_per_turn"):
@@ -152,6 +162,13 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
         for mode in ("inprocess", "plain"):
             assert positive(level["ratios"][f"service_vs_{mode}_turns_per_s"]), mode
             assert positive(level["ratios"][f"service_vs_{mode}_connections_max"]), mode
+        # The stock-saver service: its own connections (not counted as the service's), its own CPU.
+        stock = level["stock_service"]
+        assert stock["errors"] == {} and stock["agents_completed"] == level["agents"], stock["errors"]
+        assert positive(stock["service_cpu_us_per_turn"])
+        for key in ("stock_service_vs_inprocess_turns_per_s", "stock_service_vs_inprocess_machine_cpu_per_turn",
+                    "service_vs_stock_service_turns_per_s"):
+            assert positive(level["ratios"][key]), key
 
 
 def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
@@ -172,6 +189,13 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
         "request_bytes_mean"]
     assert positive(cost["cpu_us_per_turn_from_routes"])
     assert cost["bare_cpu_us_per_turn"] >= 0 and positive(cost["own_cpu_us_per_turn"])
+    # The stock-saver service measured the same way: every request reached it, each route has a figure.
+    stock = cost["stock_service"]
+    for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
+        figures = stock["routes"][route]
+        assert figures["requests_counted_by_service"] == figures["requests"], route
+        assert positive(figures["cpu_us_per_request"]), route
+    assert positive(stock["cpu_us_per_turn_from_routes"])
     profile = cost["profile"]
     assert "error" not in profile, profile.get("error")
     assert positive(profile["samples"])
@@ -188,7 +212,9 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
                 "agents_service_vs_inprocess_turns_per_s", "agents_service_vs_plain_turns_per_s",
                 "agents_connections_service", "agents_connections_inprocess", "agents_connections_plain",
                 "agents_connections_service_vs_inprocess", "many_agents_service_connections_max",
-                "service_own_cpu_us_per_turn",
+                "service_own_cpu_us_per_turn", "service_own_cpu_us_put", "service_own_cpu_us_writes",
+                "service_own_cpu_us_get", "floor_stock_service_vs_inprocess_median_sync",
+                "floor_stock_service_vs_inprocess_median_async", "floor_stock_service_vs_inprocess_turns_per_s",
                 "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint",
                 "long_thread_service_vs_plain_total", "long_thread_service_vs_plain_last_median"):
         assert positive(targets[key]), key
@@ -219,3 +245,32 @@ def test_service_instructions_cpu_mode_measures_every_route() -> None:
     for route in figures.values():
         assert route["requests"] > 0
         assert positive(route["cpu_us_best"]) and route["cpu_us_median"] >= route["cpu_us_best"]
+
+
+@pytest.mark.parametrize("program", ["stock_service", "service"])
+def test_stock_service_does_none_of_the_services_work(program: str, fresh_pg: str, tmp_path: Path) -> None:
+    """The stock-saver service (the floor under the service's figures) stores what the client sent through
+    the stock saver in every worker process: no window; the real service, run the same way, keeps one."""
+    import asyncio
+
+    from benchmarks import stock_service
+    from benchmarks._common import chat_graph, thread_config, user_input
+    from reducing_saver.client import RemoteReducingSaver
+    from tests.support.server import run_service
+
+    args = ("--database", fresh_pg, "--max-messages", "4", "--workers", "2")
+    running = stock_service.run(tmp_path, *args) if program == "stock_service" else run_service(tmp_path, *args)
+
+    async def kept(url: str) -> list[int]:
+        counts = []
+        for number in range(8):  # a client (and connection) each, so both workers answer some
+            async with RemoteReducingSaver(url) as saver:
+                graph, config = chat_graph(saver), thread_config(f"stock-{number}")
+                for turn in range(4):
+                    await graph.ainvoke(user_input(turn), config)
+                counts.append(len((await graph.aget_state(config)).values["messages"]))
+        return counts
+
+    with running as service:
+        counts = asyncio.run(kept(service.url))
+    assert counts == ([8] * 8 if program == "stock_service" else [4] * 8)

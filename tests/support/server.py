@@ -73,9 +73,16 @@ def run_ready(
 
 @contextmanager
 def run_service(
-    log_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None
+    log_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    program: tuple[str, ...] = (str(CLI),),
 ) -> Iterator[ServiceProcess]:
-    """Run `reducing-saver serve ARGS --port PORT`, wait for /readyz, stop it (SIGTERM) afterwards."""
+    """Run `reducing-saver serve ARGS --port PORT`, wait for /readyz, stop it (SIGTERM) afterwards.
+
+    ``program``: the command standing for ``reducing-saver`` (a benchmark's variant of the service takes
+    the same arguments)."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     log = log_dir / f"service-{port}.log"
@@ -84,7 +91,7 @@ def run_service(
         "PYTHONPATH": str(ROOT),
         **(env or {}),
     }
-    command = [str(CLI), "serve", "--port", str(port), *args]
+    command = [*program, "serve", "--port", str(port), *args]
     with run_ready(command, url, log, env=full_env, cwd=log_dir) as process:
         yield ServiceProcess(process, url, log)
 
