@@ -17,6 +17,9 @@ difference is the service's own work per request: validation, the reducer, the o
 metrics; per turn it counts the calls a turn makes. The profile is a ``py-spy record --gil -f raw`` of the
 service while whole turns are replayed; the result keeps its top frames by own and by inclusive samples,
 the samples by component, and the inclusive share of a few key functions.
+
+Given the stock-saver service (``benchmarks/stock_service.py``), its routes are measured the same way
+right after the service's, against the same bare exchange: the floor under the service's figures.
 """
 
 from __future__ import annotations
