@@ -5,8 +5,9 @@
 Creates a PostgreSQL database of its own (dropped afterwards), starts ``reducing-saver serve`` on it
 (the real CLI, default settings but ``--max-messages``), and beside it for the latency, service-cost and
 throughput sections the stock-saver service (``benchmarks/stock_service.py``: the floor those figures
-stand on), runs the sections against that service and that database, writes ``results.json``, ``storage.png``, ``growth.png``, ``performance.png`` and ``long_thread.png`` into
-``--out``, and prints a summary with the ratios. Every comparison is measured in the same run, interleaved, so that a busy
+stand on), runs the sections against that service and that database, writes ``results.json``,
+``storage.png``, ``growth.png``, ``performance.png`` and ``long_thread.png`` into ``--out``, and
+prints a summary with the ratios. Every comparison is measured in the same run, interleaved, so that a busy
 machine shifts both sides alike. ``--quick`` is a smoke version (seconds, not minutes) for CI.
 """
 
@@ -205,10 +206,11 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
         if "stock_service" in results["service_cost"]:
+            from benchmarks.service_cost import TURN_ROUTES
+
             floor = results["service_cost"]["stock_service"]
             out["floor_stock_service_own_cpu_us_per_turn"] = floor["own_cpu_us_per_turn"]
-            for route, name in (("/v1/checkpoints/put", "put"), ("/v1/writes/put", "writes"),
-                                ("/v1/checkpoints/get", "get")):
+            for name, route in TURN_ROUTES.items():
                 own = results["service_cost"]["routes"][route]["own_cpu_us_per_request"]
                 out[f"service_own_cpu_us_{name}"] = own
                 out[f"floor_stock_service_own_cpu_us_{name}"] = floor["routes"][route]["own_cpu_us_per_request"]

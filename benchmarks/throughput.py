@@ -16,19 +16,19 @@ A level is N agents in P processes: one agent per process (N = P), or several pe
 tasks (N/P each). The processes are spawned once per layout (as many as its largest level needs); for
 each level, the first P of them alternate between the modes for ``rounds`` rounds of ``duration``
 seconds each (``service``, ``inprocess``, ``plain``, ``stock_service``, then the reverse order, ...),
-all agents starting and stopping on the same wall-clock instants; the others wait, idle. An agent that cannot open its
-checkpointer (a database refusing more connections: PostgreSQL's ``max_connections`` is below what
-many direct agents need) sits the phase out; the level reports per mode how many agents connected,
-completed the phase, and failed with which error. After each phase the parent waits until the agents'
+all agents starting and stopping on the same wall-clock instants; the others wait, idle. An agent that
+cannot open its checkpointer (a database refusing more connections: PostgreSQL's ``max_connections`` is
+below what many direct agents need) sits the phase out; the level reports per mode how many agents
+connected, completed the phase, and failed with which error. After each phase the parent waits until the agents'
 connections are gone from ``pg_stat_activity``.
 
 Meanwhile a sampler reads ``pg_stat_activity`` for the benchmark database every 100 ms, by
 ``application_name`` (the service's connections and the agents' own are named): connections open and
 connections active (running a statement), maxima over the phase. In service phases the service
-process's CPU time (the stock-saver service's in its phases) is read from /proc around the phase, giving its CPU per turn; so is PostgreSQL's
-(every server process), and each agent process reports its own CPU, so each mode's CPU per turn is
-accounted for: agents + service + PostgreSQL. The whole machine's busy time per turn (/proc/stat) is kept
-too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
+process's CPU time (the stock-saver service's in its phases) is read from /proc around the phase,
+giving its CPU per turn; so is PostgreSQL's (every server process), and each agent process reports its
+own CPU, so each mode's CPU per turn is accounted for: agents + service + PostgreSQL. The whole
+machine's busy time per turn (/proc/stat) is kept too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
 sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s.
 """
 
