@@ -56,6 +56,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
     "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
+    "--postgres-prepared-statements": "postgres_prepared_statements",
     "--storage-refresh-seconds": "storage_refresh_seconds",
     "--migrate": "migrate",
     "--extract": "extract",
@@ -111,12 +112,18 @@ ENV_ONLY: dict[str, str] = {
     "extraction_max_backoff": _TUNING,
     "extraction_idle_seconds": _TUNING,
     "sweep_batch_size": _TUNING,
+    "postgres_check_idle_seconds": _TUNING,
+    "postgres_keepalives_idle_seconds": _TUNING,
+    "postgres_keepalives_interval_seconds": _TUNING,
+    "postgres_keepalives_count": _TUNING,
+    "postgres_tcp_user_timeout_seconds": _TUNING,
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
     for flag in (
         "--database",
+        "--postgres-prepared-statements",
         "--extractor",
         "--extraction-batch-size",
         "--extraction-max-attempts",
@@ -136,14 +143,18 @@ WORKER_FLAGS: dict[str, str] = {
 }
 #: The flags of ``migrate``: the database, and the store's settings (vector search adds tables).
 MIGRATE_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--store-index", "--db-timeout-seconds", "--log-level")
+    flag: SERVE_FLAGS[flag]
+    for flag in ("--database", "--postgres-prepared-statements", "--store-index", "--db-timeout-seconds", "--log-level")
 }
-EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
+EXTRACTION_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements")
+}
 #: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
 SWEEP_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
     for flag in (
         "--database",
+        "--postgres-prepared-statements",
         "--ttl-strategy",
         "--default-ttl",
         "--outbox-retention",
@@ -154,10 +165,13 @@ SWEEP_FLAGS: dict[str, str] = {
     )
 }
 #: The flags of ``report`` besides its own (``--top``, ``--png``).
-REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
+REPORT_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file")
+}
 #: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
 ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file", "--log-level", "--log-format")
+    flag: SERVE_FLAGS[flag]
+    for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file", "--log-level", "--log-format")
 }
 ALL_FLAGS = {
     **SERVE_FLAGS,
@@ -455,7 +469,11 @@ def _check_backend(settings: Settings) -> None:
     from reducing_saver.service.storage import open_backend
 
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         backend.store_options = store_config.store_options(settings)
@@ -534,13 +552,18 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     if settings.workers == 1:
         # Read once (settings.keyring): nothing this process starts inherits the key ring.
         os.environ.pop(ENCRYPTION_KEYS_ENV, None)
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
+        app = create_app(settings)
+        server = uvicorn.Server(uvicorn.Config(app, **common))
         try:
             server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's exit when the app's start-up failed
+            if app.refusal is None:
+                raise
         finally:
             _leave_threads_stuck_on_the_database()
         if not server.started:
-            raise CommandError("the service did not start (the log above says why)")
+            # A database found unfit at the app's start (after the check above passed) is one line too.
+            raise CommandError(app.refusal or "the service did not start (the log above says why)")
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
@@ -595,7 +618,11 @@ def worker(settings: Settings) -> None:
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(
-        settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+        settings.database,
+        pool_size=WORKER_POOL_SIZE,
+        timeout=settings.db_timeout_seconds,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     backend.store_options = store_config.store_options(settings)
     try:
@@ -646,7 +673,9 @@ def migrate(settings: Settings) -> None:
         return
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, postgres=settings.postgres
+    )
     try:
         backend.store_options = store_config.store_options(settings)
         applied = backend.migrate()
@@ -662,7 +691,12 @@ def extraction(settings: Settings, action: str) -> None:
     from reducing_saver.service.storage import open_backend
 
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         outbox = backend.outbox()
@@ -686,7 +720,12 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
         print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
         return 2
     backend = open_backend(
-        settings.database, pool_size=2, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+        settings.database,
+        pool_size=2,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
@@ -721,7 +760,9 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
             import matplotlib  # noqa: F401  (an optional dependency: checked before any work)
         except ImportError:
             raise CommandError(storage_report.NO_MATPLOTLIB) from None
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+    )
     try:
         selection = Selection(tenant_mode=settings.api_key_set is not None)
         threads = backend.storage(selection, messages_key=settings.messages_key)
@@ -750,7 +791,9 @@ def encrypt_sweep(settings: Settings) -> int:
             "service process (start the service with --encryption required instead)",
             code=2,
         )
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+    )
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:
