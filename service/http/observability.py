@@ -259,6 +259,13 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self._background_counted = background.failures()
+        self.idle_replaced = Counter(
+            "reducing_saver_db_idle_connections_replaced",
+            "Pooled PostgreSQL connections found broken by the check before lending an idle one (cut by a load "
+            "balancer, a proxy or a restart) and replaced, unseen by any request (postgres_check_idle_seconds).",
+            registry=self.registry,
+        )
+        self._idle_replaced_counted = 0
         build_info = Gauge(
             "reducing_saver_build_info",
             "The release this process runs, in the version label (always 1): during a rollout, the replicas "
@@ -368,6 +375,10 @@ class ServiceMetrics:
                     "livesum",
                 ).set(backend.borrowed)
             if pool is not None:
+                replaced = getattr(pool, "replaced_idle", 0)
+                if replaced > self._idle_replaced_counted:
+                    self.idle_replaced.inc(replaced - self._idle_replaced_counted)
+                    self._idle_replaced_counted = replaced
                 stats = pool.get_stats()
                 size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
                 for name, help_text, value in (

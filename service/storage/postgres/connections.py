@@ -229,9 +229,10 @@ class ServicePool(ConnectionPool):
     * Reconnection: psycopg_pool has no setting for it: the attempt object its reconnection starts with is
       swapped for one whose delay is capped; it still gives up after ``reconnect_timeout`` as psycopg_pool
       does (and grows again on demand after that).
-    * Idle connections: one idle for longer than ``check_idle`` seconds is checked with one round trip
-      (psycopg_pool's ``check_connection``) before it is lent; a broken one is replaced and another one
-      lent, so a connection a load balancer cut while idle is never seen by a caller.
+    * Idle connections: one idle for ``check_idle`` seconds or more is checked with one round trip
+      (psycopg_pool's ``check_connection``) before it is lent; a broken one is replaced and the next one
+      lent at once, so a connection a load balancer or proxy cut while idle is never seen by a caller.
+      (psycopg_pool's own ``check`` waits a second, then two..., between two failed checks.)
     * A server that accepts no writes (``ReadOnlySqlTransaction``: a standby, a demoted primary): every
       connection is dropped (``drain``), so the pool reconnects to the server that takes writes.
     * Prepared statements lost to a pooler in transaction mode: the pool stops preparing statements (new
@@ -240,16 +241,17 @@ class ServicePool(ConnectionPool):
 
     Args:
         check_idle: Seconds of idleness after which a connection is checked before it is lent (0: always).
-        Other arguments: as ``ConnectionPool``'s (``check``, ``configure`` and ``reset`` are the pool's own).
+        Other arguments: as ``ConnectionPool``'s (``configure`` is the pool's own).
     """
 
     def __init__(self, conninfo: str = "", *, check_idle: float = 1.0, **kwargs: Any) -> None:
         self.check_idle = check_idle
+        #: When each connection was made or last given back.
         self._idle_since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         self._stopped_preparing = False
-        super().__init__(
-            conninfo, check=self._check_if_idle, configure=self._note_idle, reset=self._note_idle, **kwargs
-        )
+        #: Idle connections found broken by the check before lending, and replaced.
+        self.replaced_idle = 0
+        super().__init__(conninfo, configure=self._note_idle, **kwargs)
 
     def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         if attempt is None:
@@ -257,13 +259,28 @@ class ServicePool(ConnectionPool):
         super()._add_connection(attempt, growing=growing)
 
     def _note_idle(self, conn: psycopg.Connection) -> None:
-        # Called when a connection is made (configure) and when it comes back (reset).
         self._idle_since[conn] = time.monotonic()
 
-    def _check_if_idle(self, conn: psycopg.Connection) -> None:
-        idle_since = self._idle_since.get(conn)
-        if idle_since is None or time.monotonic() - idle_since >= self.check_idle:
+    def getconn(self, timeout: float | None = None) -> psycopg.Connection:
+        """A connection, checked first if it was idle for ``check_idle`` seconds; broken ones are replaced
+        and the next one taken, within the same ``timeout``."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            conn = super().getconn(timeout=max(deadline - time.monotonic(), 0.0))
+            if time.monotonic() - self._idle_since.get(conn, 0.0) < self.check_idle or self._works(conn):
+                return conn
+            self.replaced_idle += 1
+            # Handed back broken: the pool opens a replacement in the background (logged at INFO only).
+            self._putconn(conn, from_getconn=True)
+
+    @staticmethod
+    def _works(conn: psycopg.Connection) -> bool:
+        try:
             ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            conn.close()
+            return False
+        return True
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
@@ -278,6 +295,8 @@ class ServicePool(ConnectionPool):
                 self._stop_preparing(exc)
                 self._reconnect_all(conn)
                 raise
+            finally:
+                self._idle_since[conn] = time.monotonic()
 
     def _reconnect_all(self, conn: psycopg.Connection) -> None:
         """Close ``conn`` (the pool replaces it when it comes back) and every other connection of the pool
