@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from importlib import metadata as importlib_metadata
 from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
@@ -192,10 +191,9 @@ WORKER_POOL_SIZE = 4
 
 
 def _version() -> str:
-    try:
-        return importlib_metadata.version("reducing-saver")
-    except importlib_metadata.PackageNotFoundError:  # a source tree that is not installed
-        return "0.0.0"
+    from reducing_saver.service.version import __version__
+
+    return __version__
 
 
 def _help(field: str) -> str:

@@ -50,6 +50,8 @@ class Agent:
     urls: Sequence[str]
     acknowledged: list[tuple[int, float]] = field(default_factory=list)
     failures: list[tuple[float, str]] = field(default_factory=list)
+    #: The next turn's number: a later run carries on the thread where the last one stopped.
+    next_turn: int = 0
 
     def config(self) -> dict[str, Any]:
         return {"configurable": {"thread_id": self.thread_id}}
@@ -68,15 +70,15 @@ class Agent:
     def run(self, stop: threading.Event, pause: float, options: dict[str, Any]) -> None:
         with ExitStack() as stack:
             graphs = [turn_graph(stack.enter_context(RemoteReducingSaver(url, **options))) for url in self.urls]
-            turn = 0
             while not stop.is_set():
+                turn = self.next_turn
                 try:
                     graphs[turn % len(graphs)].invoke({"messages": [self.human(turn)]}, self.config())
                 except Exception as exc:  # noqa: BLE001 - counted: a failed turn is a figure of the test
                     self.failures.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
                 else:
                     self.acknowledged.append((turn, time.monotonic()))
-                turn += 1
+                self.next_turn += 1
                 stop.wait(pause)
 
 
