@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.pgbouncer import pgbouncer
+from tests.support.quotes import quoted_line
 from tests.support.server import CLI, ROOT, free_port, run_services
 
 REPLICAS = 4
@@ -64,6 +65,9 @@ def test_prepared_statements_behind_transaction_pooling_are_refused_in_one_line(
     assert lines[0].startswith("reducing-saver: PostgreSQL at ")
     assert "REDUCING_SAVER_POSTGRES_PREPARED_STATEMENTS=false" in lines[0] and OFF in lines[0]
     assert took < 30, f"the refusal took {took:.1f} s"
+    # docs/operations.md quotes the line, for a PgBouncer at pgbouncer:6432.
+    quoted = quoted_line("docs/operations.md", "reducing-saver: PostgreSQL at ")
+    assert quoted.replace("postgresql://app@pgbouncer:6432/app", bouncer.url(fresh_pg)) == lines[0]
 
 
 def test_replicas_starting_together_through_transaction_pooling_serve_deliver_summarize_and_sweep(

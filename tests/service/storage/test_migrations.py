@@ -197,3 +197,10 @@ def test_sqlite_processes_take_turns_at_langgraphs_setup(tmp_path):
         backend.close()
     with closing(sqlite3.connect(path)) as conn:
         assert sqlite_migrations.langgraph_versions(conn.cursor()) == sqlite_migrations.LANGGRAPH_TABLES
+
+
+def test_no_postgres_migration_needs_to_run_outside_a_transaction():
+    """The service's PostgreSQL migrations apply in one transaction with their lock: CONCURRENTLY cannot."""
+    from reducing_saver.service.storage.postgres.migrations import MIGRATIONS
+
+    assert not [statement for statement in MIGRATIONS if "CONCURRENTLY" in statement.upper()]
