@@ -18,6 +18,7 @@ import httpx
 import psycopg
 import pytest
 
+from reducing_saver.service.storage.postgres.connections import setup_lock
 from tests.conftest import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.pgbouncer import pgbouncer
@@ -141,3 +142,27 @@ def test_the_commands_work_through_transaction_pooling(bouncer, make_database, t
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_set_up_lock_is_released_through_transaction_pooling(bouncer, fresh_pg):
+    """A session-level advisory lock taken through PgBouncer in transaction mode stays with the server
+    connection that took it: once another client's transaction holds that one, the unlock runs elsewhere
+    ("you don't own a lock") and the lock stays held for good, so the next replica to start waits forever.
+    The set-up lock is held by a transaction: the same server connection from lock to release."""
+    key = 0x5EED
+    through = bouncer.url(fresh_pg)
+    with (
+        psycopg.connect(through, autocommit=True, prepare_threshold=None) as holder,
+        psycopg.connect(through, autocommit=True, prepare_threshold=None) as other,
+        psycopg.connect(fresh_pg, autocommit=True) as direct,
+    ):
+        with setup_lock(holder, key):
+            other.execute("BEGIN")  # another client's transaction, on the server connection freed last
+            other.execute("SELECT 1")
+        other.execute("COMMIT")
+        held = direct.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = (%s::bigint >> 32)::oid AND objid = (%s::bigint & 4294967295)::oid AND objsubid = 1",
+            (key, key),
+        ).fetchone()[0]
+    assert held == 0, "the set-up lock outlived its holder"
