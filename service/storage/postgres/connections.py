@@ -166,7 +166,10 @@ def check_database(url: str, *, timeout: float, options: PostgresSettings | None
     except PREPARED_STATEMENT_ERRORS as exc:
         raise StorageError(f"PostgreSQL at {where}: {first_line(exc)}: {PREPARED_STATEMENTS_ADVICE}") from None
     except psycopg.Error as exc:
-        if kwargs.get("target_session_attrs") == "read-write" and _only_read_only_servers(url, kwargs):
+        # libpq refused every server it reached for being read-only ("session is read-only"): say which
+        # kind of server that was, rather than quote libpq (asked only then: an unreachable host would
+        # cost a second connect timeout).
+        if "read-only" in str(exc) and _only_read_only_servers(url, kwargs):
             raise StorageError(read_only_refusal(where)) from None
         raise StorageError(f"cannot connect to PostgreSQL at {where}: {first_line(exc)}") from None
     if encoding.upper() != REQUIRED_ENCODING:
@@ -184,7 +187,9 @@ def _read_only(conn: psycopg.Connection) -> bool:
 
 
 def _check_prepared_statements(url: str, kwargs: dict[str, Any], first: psycopg.Connection) -> None:
-    """Raise ``StorageError`` when a statement prepared by one connection is not that connection's alone.
+    """Raise when a statement prepared by one connection is not that connection's alone: the driver's
+    error for a name taken or missing (``errors.PREPARED_STATEMENT_ERRORS``), or ``StorageError`` when one
+    connection's statement ran another's.
 
     Behind a pooler in transaction mode that does not keep prepared statements per client, two client
     connections share server connections, and psycopg names its statements alike on each (``_pg3_0``...).
