@@ -108,9 +108,10 @@ class ServerSettings(BaseModel):
 
 
 class PostgresSettings(BaseModel):
-    """How the service's PostgreSQL connections behave: every one it opens (the pool, set-up and migration
-    locks, sweeps, the commands), whatever sits in between (docs/operations.md, "Running on managed
-    PostgreSQL")."""
+    """How every PostgreSQL connection the service opens behaves (docs/operations.md, managed PostgreSQL).
+
+    Every one: the pool, the start-up checks and set-up locks, a sweep's own connections, the commands.
+    """
 
     postgres_prepared_statements: bool = Field(
         True,
