@@ -171,6 +171,12 @@ def as_utc(when: datetime) -> datetime:
 
 
 def error_text(error: str) -> str:
+    """An error message as a ``last_error`` column can hold it: cut to a few thousand characters, NUL
+    (which PostgreSQL text refuses) and lone surrogates (which no driver can encode) escaped. An
+    extractor's or a model's error may quote the content it failed on: storing it must not fail too."""
+    if "\x00" in error:
+        error = error.replace("\x00", "\\x00")
+    error = error.encode("utf-8", "backslashreplace").decode("utf-8")
     return error if len(error) <= _MAX_ERROR_CHARS else error[: _MAX_ERROR_CHARS - 1] + "…"
 
 

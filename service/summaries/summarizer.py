@@ -14,7 +14,8 @@ the delimiter or pass for an instruction. The answer is cut to ``summary_max_tok
 
 :class:`SummaryWorker` claims steps from the book (per thread and namespace in order: a step is claimable
 once its base is done), calls the summarizer (renewing its lease meanwhile, so a call longer than the lease is
-not run again by another worker), and stores the result by compare-and-set; a failure is retried
+not run again by another worker), and stores the result by compare-and-set; a failure (the call
+raising, an empty answer, an answer the database refuses) is a failed attempt of that step alone, retried
 with exponential backoff and jitter, and after ``max_attempts`` the step is a dead letter (the window falls
 back to the hard limit meanwhile; ``retry-dead`` re-runs it). Each new summary is also written to the
 store under ``("threads", thread_id, "summary")``, key ``running``, in the tenant's subtree.
@@ -43,6 +44,7 @@ from langchain_core.messages.utils import count_tokens_approximately
 from reducing_saver.service.imports import import_attribute_or_provider
 from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
+from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
 from reducing_saver.service.summaries.book import ClaimedStep
 
@@ -70,6 +72,31 @@ PROMPT_HASH = hashlib.sha256(INSTRUCTIONS.encode()).hexdigest()[:16]
 
 class SummarizerError(ValueError):
     """``--summarizer`` names nothing usable (a clear start-up refusal)."""
+
+
+class UnusableSummaryError(ValueError):
+    """An answer that is no summary: empty or blank (a reasoning model that spent its ``max_tokens``
+    thinking answers nothing), or text the database cannot hold (a lone surrogate). A failed attempt of
+    its step, never stored."""
+
+
+def check_summary(text: Any) -> str:
+    """``text`` if it can be stored as a summary.
+
+    Raises:
+        UnusableSummaryError: If it is not a string, is empty or blank, or is not valid Unicode (UTF-8
+            cannot encode a lone surrogate, so no database driver can send it).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise UnusableSummaryError(f"the summarizer answered an empty summary ({text!r})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnusableSummaryError(
+            f"the summarizer answered text that cannot be stored: {exc.reason} at position {exc.start} "
+            f"({text[max(exc.start - 20, 0) : exc.end + 20]!r})"
+        ) from None
+    return text
 
 
 @dataclass(frozen=True)
@@ -350,19 +377,27 @@ class SummaryWorker:
         try:
             with self._renewing(step):
                 summary = self._loop_run(self.summarizer(claimed.previous, as_messages(step.batch)))
+            check_summary(summary.text)
         except Exception as exc:  # noqa: BLE001 - a model or callable failing is a retry, never a crash
             self._failed(claimed, exc, tenant)
             return True
         if self.metrics is not None:
             self.metrics.called(tenant, summary, time.monotonic() - started)
-        if self.book.complete(
-            step,
-            summary.text,
-            model=summary.model,
-            prompt_hash=summary.prompt_hash,
-            input_tokens=summary.input_tokens,
-            output_tokens=summary.output_tokens,
-        ):
+        try:
+            done = self.book.complete(
+                step,
+                summary.text,
+                model=summary.model,
+                prompt_hash=summary.prompt_hash,
+                input_tokens=summary.input_tokens,
+                output_tokens=summary.output_tokens,
+            )
+        except (ValueError, TypeError, ValueRefused) as exc:
+            # The database (or its driver) refused this answer: that step's attempt failed. An outage
+            # (DatabaseUnavailable and the drivers' connection errors) fails the round instead.
+            self._failed(claimed, exc, tenant)
+            return True
+        if done:
             self._publish(step, summary)
         else:
             logger.info(

@@ -242,6 +242,27 @@ def test_fail_needs_exactly_one_outcome(outbox):
         outbox.fail("w", e.ident, "x", retry_at=datetime.now(UTC), dead=True)
 
 
+def test_an_error_quoting_what_the_database_cannot_hold_fails_only_its_message(outbox):
+    """An extractor's error may quote the content it failed on, NUL and lone surrogates included: the
+    message is a retry or a dead letter with that error escaped, the others are delivered, and the
+    deliverer's round does not fail (which would hold back every row of its claim)."""
+    outbox.record(entries(3))
+    poisoned = "m-0001"
+
+    def extractor(batch, namespace):
+        if any(e.key == poisoned for e in batch):
+            raise ValueError("the model answered 'x\x00y' and then '\ud800'")
+
+    deliverer = Deliverer(outbox, extractor, worker_id="w", max_attempts=2, base_backoff=0, max_backoff=0)
+    assert deliverer.run_once() == 2  # not an exception
+    status(outbox, delivered=2, pending=1)
+    assert deliverer.run_once() == 0
+    status(outbox, delivered=2, pending=0, dead=1)
+    (dead,) = outbox.dead_letters()
+    assert dead.key == poisoned
+    assert "the model answered 'x\\x00y' and then '\\ud800'" in dead.last_error
+
+
 def test_retry_dead_by_key_and_purge_delivered(outbox):
     outbox.record(entries(3))
     claimed = outbox.claim("w", 3, 30)
