@@ -57,15 +57,18 @@ class PostgresBackend:
         # The service's tables first: a database of a later release is refused before anything changes.
         with self.pool.connection() as conn:
             applied = [str(done) for done in migrations.migrate(conn)]
-            before = migrations.langgraph_versions(conn)
         self._schema_checked = True
-        # Replicas that start together must not run langgraph's migrations at the same time.
+        # Replicas that start together must not run langgraph's migrations at the same time; each reports
+        # the versions it applied itself, read under the lock.
         with locked_setup(self.url, SAVER_LOCK_KEY):
+            before = self._langgraph_versions("checkpoint_migrations")
             PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
-        self._setup_store(self._store or self._new_store())
+            applied += langgraph_changes(before, self._langgraph_versions("checkpoint_migrations"))
+        return applied + self._setup_store(self._store or self._new_store())
+
+    def _langgraph_versions(self, table: str) -> dict[str, int]:
         with self.pool.connection() as conn:
-            after = migrations.langgraph_versions(conn)
-        return applied + langgraph_changes(before, after)
+            return {table: migrations.langgraph_versions(conn)[table]}
 
     def check_schema(self) -> None:
         with self.pool.connection() as conn:
@@ -105,10 +108,14 @@ class PostgresBackend:
             raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
         return PostgresStore(self.pool, **self.store_options)
 
-    def _setup_store(self, store: PostgresStore) -> None:
+    def _setup_store(self, store: PostgresStore) -> list[str]:
+        """The store's ``setup()`` under its lock; one line per langgraph migration it applied."""
         with locked_setup(self.url, STORE_LOCK_KEY):
+            before = self._langgraph_versions("store_migrations")
             store.setup()
+            changes = langgraph_changes(before, self._langgraph_versions("store_migrations"))
         self._store_set_up = True
+        return changes
 
     def summaries(self) -> PostgresSummaryBook:
         """The book of running summaries (``service/summaries/book.py``); its table is a migration."""

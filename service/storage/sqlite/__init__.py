@@ -61,19 +61,23 @@ class SqliteBackend:
         # The service's tables first: a file of a later release is refused before anything changes.
         with closing(connect(self.path)) as conn:
             applied = [str(done) for done in migrations.migrate(conn)]
-            before = migrations.langgraph_versions(conn.cursor())
         self._schema_checked = True
+        # Each process reports the langgraph versions it applied itself: read under the lock.
         with setup_lock(self.path):
+            before = self._langgraph_versions()
             self.saver.setup()
             if self._store is not None:
                 self._store.setup()
             else:
                 with closing(connect(self.path)) as conn:
                     self._new_store(conn).setup()
+            after = self._langgraph_versions()
         self._store_set_up = True
-        with closing(connect(self.path)) as conn:
-            after = migrations.langgraph_versions(conn.cursor())
         return applied + langgraph_changes(before, after)
+
+    def _langgraph_versions(self) -> dict[str, int]:
+        with closing(connect(self.path)) as conn:
+            return migrations.langgraph_versions(conn.cursor())
 
     def check_schema(self) -> None:
         with closing(connect(self.path)) as conn:
