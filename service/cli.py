@@ -723,6 +723,7 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
             raise CommandError(storage_report.NO_MATPLOTLIB) from None
     backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
     try:
+        backend.refuse_newer_schema()  # a later release's tables may mean something else
         selection = Selection(tenant_mode=settings.api_key_set is not None)
         threads = backend.storage(selection, messages_key=settings.messages_key)
     finally:
@@ -754,6 +755,8 @@ def encrypt_sweep(settings: Settings) -> int:
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:
+        # It rewrites every table it knows, so they must be exactly the ones this release knows.
+        backend.check_schema("encrypt-sweep changes no table's schema")
         sweep = encrypt_sweep_of(backend, sealer)
         for _ in range(ENCRYPT_SWEEP_PASSES):
             report = sweep.run()

@@ -39,7 +39,10 @@ class MemoryBackend:
         """Nothing to migrate: the process holds everything."""
         return []
 
-    def check_schema(self) -> None:
+    def check_schema(self, why: str = "") -> None:
+        """Nothing to check."""
+
+    def refuse_newer_schema(self) -> None:
         """Nothing to check."""
 
     def savers(self, count: int, latest_cache: Any = None) -> list[InMemoryLifecycleSaver]:

@@ -9,7 +9,13 @@ import psycopg
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage.latest import LatestCache
-from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.migrations import (
+    NO_MIGRATE,
+    check_langgraph,
+    check_version,
+    langgraph_changes,
+    refuse_newer,
+)
 from reducing_saver.service.storage.postgres import migrations, usage
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
@@ -70,12 +76,16 @@ class PostgresBackend:
         with self.pool.connection() as conn:
             return {table: migrations.langgraph_versions(conn)[table]}
 
-    def check_schema(self) -> None:
+    def check_schema(self, why: str = NO_MIGRATE) -> None:
         with self.pool.connection() as conn:
             where = migrations.where(conn)
-            check_version(migrations.version(conn), migrations.LATEST, where)
-            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where)
+            check_version(migrations.version(conn), migrations.LATEST, where, why)
+            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where, why)
         self._schema_checked = True
+
+    def refuse_newer_schema(self) -> None:
+        with self.pool.connection() as conn:
+            refuse_newer(migrations.version(conn), migrations.LATEST, migrations.where(conn))
 
     def _own_schema(self) -> None:
         """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""

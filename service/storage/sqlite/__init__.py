@@ -10,7 +10,13 @@ from typing import Any
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
-from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.migrations import (
+    NO_MIGRATE,
+    check_langgraph,
+    check_version,
+    langgraph_changes,
+    refuse_newer,
+)
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations, usage
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
@@ -79,12 +85,16 @@ class SqliteBackend:
         with closing(connect(self.path)) as conn:
             return migrations.langgraph_versions(conn.cursor())
 
-    def check_schema(self) -> None:
+    def check_schema(self, why: str = NO_MIGRATE) -> None:
         with closing(connect(self.path)) as conn:
             cur = conn.cursor()
-            check_version(migrations.version(cur), migrations.LATEST, self.path)
-            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path)
+            check_version(migrations.version(cur), migrations.LATEST, self.path, why)
+            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path, why)
         self._schema_checked = True
+
+    def refuse_newer_schema(self) -> None:
+        with closing(connect(self.path)) as conn:
+            refuse_newer(migrations.version(conn.cursor()), migrations.LATEST, self.path)
 
     def _own_schema(self) -> None:
         """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""

@@ -197,3 +197,66 @@ def test_sqlite_processes_take_turns_at_langgraphs_setup(tmp_path):
         backend.close()
     with closing(sqlite3.connect(path)) as conn:
         assert sqlite_migrations.langgraph_versions(conn.cursor()) == sqlite_migrations.LANGGRAPH_TABLES
+
+
+#: Every command that opens the database, as the command line takes it; serve and worker (which start
+#: servers and threads) are checked from outside in tests/e2e/test_migrate_command.py.
+COMMANDS = {
+    "migrate": ["migrate"],
+    "extraction status": ["extraction", "status"],
+    "extraction retry-dead": ["extraction", "retry-dead"],
+    "sweep": ["sweep"],
+    "sweep --dry-run": ["sweep", "--dry-run"],
+    "report": ["report"],
+    "encrypt-sweep": ["encrypt-sweep"],
+}
+
+
+def test_every_command_is_checked_for_a_newer_schema():
+    from reducing_saver.service.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    named = {"serve", "worker"} | {words[0] for words in COMMANDS.values()}
+    assert set(commands) == named
+    actions = commands["extraction"]._subparsers._group_actions[0].choices
+    assert {f"extraction {action}" for action in actions} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_refuses_a_database_of_a_later_release_and_changes_nothing(
+    database, command, monkeypatch, capsys
+):
+    """One line naming both versions, exit 1, before any work: a sweep that rewrote or measured a newer
+    schema's tables would misread them (encrypt-sweep rewrote every row, report read them)."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from reducing_saver.service.cli import main
+    from tests.support.encryption import new_key, ring_json
+
+    url, migrations, run = database
+    backend = open_backend(url, pool_size=1, timeout=10)
+    try:
+        backend.setup()
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        checkpoint = {**empty_checkpoint(), "channel_values": {"note": "plain text"}}
+        backend.savers(1)[0].put(config, checkpoint, {"source": "input", "step": 1, "user": "x"}, {})
+    finally:
+        backend.close()
+    newer = migrations.LATEST + 1
+    run("INSERT INTO reducing_saver_migrations (v) VALUES (%s)", (newer,))
+    before = run("SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints" if url.startswith("postgres")
+                 else "SELECT thread_id, checkpoint, metadata FROM checkpoints")
+    for name in list(__import__("os").environ):
+        if name.startswith("REDUCING_SAVER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("REDUCING_SAVER_ENCRYPTION_KEYS", ring_json("k1", k1=new_key()))
+    assert main([*COMMANDS[command], "--database", url]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("reducing-saver: "), err
+    assert f"schema version {newer}, newer than this reducing-saver knows (version {migrations.LATEST})" in lines[-1]
+    assert "Traceback" not in err
+    assert recorded(run)[-1] == newer
+    after = run("SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints" if url.startswith("postgres")
+                else "SELECT thread_id, checkpoint, metadata FROM checkpoints")
+    assert after == before  # nothing rewritten
