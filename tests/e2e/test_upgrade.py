@@ -189,3 +189,42 @@ def test_the_previous_release_is_what_runs(previous_release):
     assert seen["version"] == "0.1.0" and not seen["has_migrations"]
     result = subprocess.run([str(previous_release.cli), "migrate"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "invalid choice: 'migrate'" in result.stderr
+
+
+def test_the_previous_release_and_this_one_serve_one_database_together(previous_release, fresh_pg, tmp_path, make_database):
+    """The first rollout of an upgrade from the previous release (docs/migrations.md): this release migrates
+    the database while a previous-release replica serves it, then both serve the same threads, turn by turn
+    in alternation, with the settings the previous release knows (no summarizer, no encryption). Every
+    pruned message is delivered once, by one of the two, and both read every thread alike."""
+    db = Database(fresh_pg)
+    calls_db = make_database()
+    extract = ("--extractor", "tests.support.extractors:counting", "--extraction-linger-seconds", "0")
+    with (
+        run_previous_service(
+            previous_release, tmp_path, "--database", fresh_pg, *WINDOW, "--extractor",
+            "tests.support.extractors:counting", env={"RS_TEST_CALLS_DB": calls_db},
+        ) as old_url,
+        run_service(tmp_path, "--database", fresh_pg, *WINDOW, *extract, env={"RS_TEST_CALLS_DB": calls_db}) as new,
+        RemoteReducingSaver(old_url) as old_saver,
+        RemoteReducingSaver(new.url) as new_saver,
+    ):
+        assert db.version() == db.latest()
+        threads = ["mixed-1", "mixed-2"]
+        graphs = {thread: build_chat_graph(old_saver, prefix=thread, length=60) for thread in threads}
+        for turn in range(8):
+            for index, thread in enumerate(threads):
+                graph = graphs[thread]
+                graph.checkpointer = old_saver if (turn + index) % 2 else new_saver  # a load balancer's pick
+                graph.invoke({"messages": [human(turn, thread, 60)]}, {"configurable": {"thread_id": thread}})
+        _wait(lambda: set(_statuses(db.outbox())) == {"done"}, "both releases to deliver")
+        time.sleep(1.0)  # a second delivery, if there were one, would have happened by now
+        for thread in threads:
+            config = {"configurable": {"thread_id": thread}}
+            windows = [[m.id for m in s.get_tuple(config).checkpoint["channel_values"]["messages"]]
+                       for s in (old_saver, new_saver)]
+            assert windows[0] == windows[1] and len(windows[0]) <= 6
+            assert windows[0][-1] == f"{thread}-ai-0007"
+    with psycopg.connect(calls_db) as conn:
+        delivered = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
+    assert set(delivered) == set(db.outbox()) and len(delivered) == 2 * (16 - 4)
+    assert set(delivered.values()) == {1}  # each exactly once, by one release or the other
