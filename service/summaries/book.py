@@ -158,6 +158,22 @@ class SqlSummaryBook:
         )
         return [self._info(row, thread_id, checkpoint_ns) for row in rows]
 
+    def chain(self, thread_id: str, checkpoint_ns: str, tip: str, base: str | None) -> list[StepInfo]:
+        """The steps from ``tip`` back to the one built on ``base`` (excluded), oldest first: one recursive
+        query, however long the chain of lagging steps."""
+        cols = "step_id, base_step, version, keys, status, covered, text"
+        rows = self._run(
+            f"""WITH RECURSIVE chain({cols}, depth) AS (
+                SELECT {cols}, 0 FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?
+                UNION ALL
+                SELECT {", ".join(f"s.{c}" for c in cols.split(", "))}, c.depth + 1 FROM {TABLE} s
+                JOIN chain c ON s.thread_id = ? AND s.checkpoint_ns = ? AND s.step_id = c.base_step
+                WHERE c.base_step <> ?)
+            SELECT {cols} FROM chain ORDER BY depth DESC""",
+            (thread_id, checkpoint_ns, tip, thread_id, checkpoint_ns, base or ROOT),
+        )
+        return [self._info(row, thread_id, checkpoint_ns) for row in rows]
+
     def request(self, step: StepRequest) -> None:
         now = time.time()
         self._run(
