@@ -4,9 +4,10 @@ Pure code, like the rest of the reducer: the summaries themselves live in a :cla
 service's table, or a dict), which this module only reads and asks for new work.
 
 A thread's summary is a chain of *steps*. A step summarizes one *batch* of cut messages on top of the
-step before it (its *base*), and is named by both: ``step_id(base, keys of the batch)``. So a fork that
-cuts the same messages from the same summary finds the step already done, and one that diverges gets
-steps of its own. Every window of a summarized thread holds, right after its leading system messages,
+step before it (its *base*), and is named by both: ``step_id(base, keys of the batch, fingerprint of
+what they say)``. So a fork that cuts the same messages from the same summary finds the step already done,
+one that diverges gets steps of its own, and a message edited in place (``update_state`` with its id)
+while its batch waits makes a new step: the summary of the old text never replaces the new one. Every window of a summarized thread holds, right after its leading system messages,
 one summary message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
 (:func:`summary_message_id`), marked ``additional_kwargs["lc_source"] = "summarization"`` and carrying
 the step it shows (:data:`MARK_KEY`). Each checkpoint's window carries its own summary, so time travel
@@ -69,9 +70,28 @@ def summary_message_id(thread_id: str, checkpoint_ns: str) -> str:
     return str(uuid.uuid5(_ID_NAMESPACE, f"{thread_id}\x1f{checkpoint_ns}"))
 
 
-def step_id(base: str | None, keys: Sequence[str]) -> str:
-    """A step's name: a digest of its base step and of its batch's message keys."""
-    return hashlib.sha256(orjson.dumps([base, list(keys)])).hexdigest()[:32]
+def step_id(base: str | None, keys: Sequence[str], fingerprint: str | None = None) -> str:
+    """A step's name: a digest of its base step, of its batch's message keys and, when given, of the
+    batch's :func:`batch_fingerprint` (what the messages say: an edited message makes another step)."""
+    named = [base, list(keys)] if fingerprint is None else [base, list(keys), fingerprint]
+    return hashlib.sha256(orjson.dumps(named)).hexdigest()[:32]
+
+
+def message_digest(message: Any) -> bytes:
+    """16 bytes that change when a message does: its ``model_dump()`` (or dict), canonical JSON, hashed."""
+    fields = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+    data = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def batch_fingerprint(
+    messages: Sequence[Any], digest: Callable[[Any], bytes] = message_digest
+) -> str:
+    """What a batch's messages say, as 32 hex digits (``digest`` of each, in order, hashed together)."""
+    combined = hashlib.blake2b(digest_size=16)
+    for message in messages:
+        combined.update(digest(message))
+    return combined.hexdigest()
 
 
 def summary_content(text: str | None, waiting: int) -> str:
@@ -254,6 +274,9 @@ class Summaries:
         on_request: ``on_request(thread_id)`` after a step was asked for (wakes a summarizer).
         verified_capacity: How many verified summary messages the instance remembers (they are
             immutable, so a put sending one back needs no look-up).
+        fingerprint: ``fingerprint(thread_id, batch)``: what a batch says, part of its step's name
+            (default :func:`batch_fingerprint`; the service passes one keyed per tenant under encryption,
+            so a step id reveals nothing of the text).
     """
 
     def __init__(
@@ -266,6 +289,7 @@ class Summaries:
         on_uncovered: Callable[[str, int], Any] | None = None,
         on_request: Callable[[str], Any] | None = None,
         verified_capacity: int = 10_000,
+        fingerprint: Callable[[str, Sequence[Any]], str] | None = None,
     ) -> None:
         self.book = book
         self.hard_limit = hard_limit
@@ -273,6 +297,7 @@ class Summaries:
         self.enabled = enabled or (lambda thread_id: True)
         self.on_uncovered = on_uncovered
         self.on_request = on_request
+        self.fingerprint = fingerprint or (lambda thread_id, batch: batch_fingerprint(batch))
         self._verified: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._verified_capacity = verified_capacity
         self._lock = threading.Lock()
@@ -438,6 +463,9 @@ class Summaries:
                 if 0 < len(c.keys) < len(rest)
                 and tuple(keys[: len(c.keys)]) == c.keys
                 and reducer.is_valid_cut(window(rest), head, head + len(c.keys))
+                # The same ids saying the same thing: a message edited since its step was asked for
+                # makes another step, summarized from what the window holds now.
+                and c.step_id == step_id(c.base_step, c.keys, self.fingerprint(thread_id, rest[: len(c.keys)]))
             ]
             done = [c for c in fitting if c.status == "done"] if not lagging else []
             if done:
@@ -504,7 +532,7 @@ class Summaries:
         request = StepRequest(
             thread_id=thread_id,
             checkpoint_ns=checkpoint_ns,
-            step_id=step_id(tip, keys),
+            step_id=step_id(tip, keys, self.fingerprint(thread_id, batch)),
             base_step=tip,
             version=base_version + 1,
             keys=tuple(keys),

@@ -81,15 +81,28 @@ def open_record(sealer: Sealer, kind: str, value: Any, namespace: Sequence[str],
 
 
 def seal_entries(sealer: Sealer | None, entries: Iterable[OutboxEntry]) -> list[OutboxEntry]:
-    """Outbox entries with their messages sealed (unchanged without a sealer, or when already sealed)."""
+    """Outbox entries with their messages sealed and their fingerprints keyed (:func:`keyed_fingerprint`);
+    unchanged without a sealer, or when already sealed."""
     if sealer is None:
         return list(entries)
     return [
         entry
         if is_sealed_record(entry.message)
-        else dataclasses.replace(entry, message=seal_record(sealer, "outbox", entry.message, entry.namespace, entry.key))
+        else dataclasses.replace(
+            entry,
+            message=seal_record(sealer, "outbox", entry.message, entry.namespace, entry.key),
+            fingerprint=keyed_fingerprint(sealer, entry.namespace, entry.fingerprint),
+        )
         for entry in entries
     ]
+
+
+def keyed_fingerprint(sealer: Sealer | None, namespace: Sequence[str], fingerprint: str | None) -> str | None:
+    """An outbox message's fingerprint as its row keeps it: keyed per tenant under encryption (a plain
+    digest of a short message could be guessed by trying texts), as it is without."""
+    if sealer is None or fingerprint is None:
+        return fingerprint
+    return sealer.cipher.fingerprint(bytes.fromhex(fingerprint), _tenant(sealer, namespace))
 
 
 class EncryptingOutbox:

@@ -70,9 +70,15 @@ class MemoryOutbox:
         inserted = 0
         with self._lock:
             for e in rows:
-                if e.ident not in self._rows:
+                row = self._rows.get(e.ident)
+                newer = (
+                    row is not None
+                    and None not in (row.entry.fingerprint, e.fingerprint)
+                    and row.entry.fingerprint != e.fingerprint
+                )
+                if row is None or newer:  # a new key, or a newer version of the message
                     self._rows[e.ident] = _MemoryRow(replace(e, attempts=0, last_error=None), now)
-                    inserted += 1
+                    inserted += row is None
         return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:

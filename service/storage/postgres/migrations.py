@@ -103,6 +103,9 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
     "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
+    # 16 (PostgreSQL) / 12 (SQLite): what each outbox message says (extraction/outbox.py), so a newer
+    # version of a message (an edit with the same id) replaces the one recorded; NULL for older rows.
+    "ALTER TABLE reducing_saver_outbox ADD COLUMN IF NOT EXISTS fingerprint text",
 ]
 
 #: The version this code reads and writes.

@@ -27,12 +27,18 @@ from reducing_saver.service.extraction.outbox import (
 )
 from reducing_saver.service.storage.postgres import migrations
 
-#: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
+#: Rows per INSERT statement (8 parameters each; PostgreSQL allows 65535 per statement).
 _INSERT_CHUNK = 1000
 
 
 
+#: The columns a record writes.
+_RECORDED = "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, fingerprint"
+
+
 def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
+    """One statement: rows of new keys are inserted; a row whose message has another fingerprint (a newer
+    version of it) is replaced and sent back to ``pending``; every other row is left alone, unlocked."""
     params: list[Any] = []
     for e in chunk:
         params += [
@@ -43,18 +49,26 @@ def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
             Json(e.message, dumps=json_text),
             e.message_class,
             as_utc(e.pruned_at),
+            e.fingerprint,
         ]
-    values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+    values = ",".join(["(%s::text[], %s::text, %s::text, %s::text, %s::json, %s::text, %s::timestamptz, %s::text)"] * len(chunk))
     sql = (
-        f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-        f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING"
+        f"WITH v ({_RECORDED}) AS (VALUES {values}), "
+        f"revised AS (UPDATE {TABLE} o SET message = v.message, message_class = v.message_class, "
+        "thread_id = v.thread_id, checkpoint_id = v.checkpoint_id, pruned_at = v.pruned_at, "
+        "fingerprint = v.fingerprint, status = 'pending', attempts = 0, available_at = now(), "
+        "claimed_by = NULL, lease_until = NULL, last_error = NULL, failed_at = NULL, delivered_at = NULL "
+        "FROM v WHERE o.namespace = v.namespace AND o.key = v.key AND o.fingerprint <> v.fingerprint "
+        "RETURNING 1) "
+        f"INSERT INTO {TABLE} ({_RECORDED}) SELECT {_RECORDED} FROM v "
+        "ON CONFLICT (namespace, key) DO NOTHING"
     )
     return sql, params
 
 
 def insert_entries(cur: Any, entries: Iterable[OutboxEntry]) -> None:
     """Queue the INSERTs of ``entries`` on ``cur`` (in a pipeline or transaction the caller commits), in key
-    order, keys already present left alone."""
+    order, keys already present left alone unless the message is a newer version."""
     rows = sorted_unique(entries)
     for start in range(0, len(rows), _INSERT_CHUNK):
         cur.execute(*_insert_statement(rows[start : start + _INSERT_CHUNK]))
@@ -98,11 +112,13 @@ class PostgresOutbox:
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.
 
-        Idempotent: keys already present (pending, done or dead) are left alone. All or nothing (one
-        statement, or one transaction over several); rows go in key order.
+        Idempotent: keys already present (pending, done or dead) are left alone, unless the entry's
+        fingerprint differs from the row's (the message was edited since: the row takes the newer version
+        and is delivered again). All or nothing (one statement, or one transaction over several); rows go
+        in key order.
 
         Returns:
-            How many rows were inserted.
+            How many rows were inserted (revised rows not counted).
 
         Raises:
             psycopg.Error: If the rows could not be written (nothing is recorded then).

@@ -86,9 +86,10 @@ class SqliteOutbox:
         if not rows:
             return 0
         with self._write() as cur:
+            now = time.time()
             cur.executemany(
                 f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-                "pruned_at, available_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "pruned_at, available_at, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (namespace, key) DO NOTHING",
                 [
                     (
@@ -99,12 +100,37 @@ class SqliteOutbox:
                         json_text(e.message),
                         e.message_class,
                         as_utc(e.pruned_at).timestamp(),
-                        time.time(),
+                        now,
+                        e.fingerprint,
                     )
                     for e in rows
                 ],
             )
-            return cur.rowcount
+            inserted = cur.rowcount
+            # A newer version of a message (another fingerprint) replaces its row, delivered again.
+            cur.executemany(
+                f"UPDATE {TABLE} SET message = ?, message_class = ?, thread_id = ?, checkpoint_id = ?, "
+                "pruned_at = ?, fingerprint = ?, status = 'pending', attempts = 0, available_at = ?, "
+                "claimed_by = NULL, lease_until = NULL, last_error = NULL, failed_at = NULL, delivered_at = NULL "
+                "WHERE namespace = ? AND key = ? AND fingerprint <> ?",
+                [
+                    (
+                        json_text(e.message),
+                        e.message_class,
+                        e.thread_id,
+                        e.checkpoint_id,
+                        as_utc(e.pruned_at).timestamp(),
+                        e.fingerprint,
+                        now,
+                        _ns_text(e.namespace),
+                        e.key,
+                        e.fingerprint,
+                    )
+                    for e in rows
+                    if e.fingerprint is not None
+                ],
+            )
+            return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.claim`."""
