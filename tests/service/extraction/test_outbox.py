@@ -263,6 +263,29 @@ def test_an_error_quoting_what_the_database_cannot_hold_fails_only_its_message(o
     assert "the model answered 'x\\x00y' and then '\\ud800'" in dead.last_error
 
 
+def test_a_newer_version_of_a_message_replaces_its_row_and_is_delivered_again(outbox):
+    """The same key saying something else (an edit with the same id) is recorded again, however far the
+    first version went (pending, delivered, dead); the same version again changes nothing."""
+    first = make_entries([HumanMessage("my name is Alice", id="m")], NS, thread_id="t")
+    edited = make_entries([HumanMessage("CORRECTION: my name is Bob", id="m")], NS, thread_id="t")
+    assert first[0].fingerprint != edited[0].fingerprint
+    assert outbox.record(first) == 1
+    (claimed,) = outbox.claim("w", 10, 30)
+    assert outbox.complete("w", [claimed.ident]) == 1
+    outbox.record(first)  # a later put of the same turn: nothing to do
+    status(outbox, pending=0, delivered=1)
+    outbox.record(edited)
+    status(outbox, pending=1, delivered=0)
+    (again,) = outbox.claim("w", 10, 30)
+    assert again.message["content"] == "CORRECTION: my name is Bob" and again.attempts == 1
+    outbox.fail("w", again.ident, "boom", dead=True)
+    outbox.record(edited)
+    status(outbox, pending=0, dead=1)  # the same version: the dead letter stays
+    outbox.record(first)  # a put from before the edit (a fork, say): the version last recorded wins
+    (back,) = outbox.claim("w", 10, 30)
+    assert back.message["content"] == "my name is Alice"
+
+
 def test_retry_dead_by_key_and_purge_delivered(outbox):
     outbox.record(entries(3))
     claimed = outbox.claim("w", 3, 30)
