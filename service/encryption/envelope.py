@@ -78,6 +78,18 @@ class PlainTextRefused(StoredDataError):
     """``--encryption required`` met a value stored in plain text."""
 
 
+class EncryptedValueRefused(StoredDataError):
+    """A process running ``--encryption off`` met a value another process sealed (a rollout between
+    modes): it has no key ring to open it, and never hands the envelope on as if it were the value. Another
+    replica, with the key ring, can serve it (a 503)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"{where} is encrypted at rest, and this process runs with --encryption off (no key ring): it "
+            "cannot read it; a process with --encryption migrate or required and the key ring can"
+        )
+
+
 def key_id_of(envelope: bytes) -> str | None:
     """The key id an envelope names, or ``None`` when it is not a well-formed envelope header."""
     if len(envelope) < 2 or envelope[0] != FORMAT_VERSION or len(envelope) < 2 + envelope[1] + NONCE_BYTES:

@@ -7,6 +7,11 @@
   fields is applied here, after opening (the database cannot compare ciphertext), with LangGraph's own
   comparison (``InMemoryStore``'s); the offset and limit then count matches.
 
+A process with ``--encryption off`` shares its database with sealing ones during a rollout: its outbox
+never claims a sealed row (``claims_sealed`` stays false: the row waits for a process with the key ring),
+and :class:`PlainStore` refuses a sealed item (``EncryptedValueRefused``) rather than return its envelope
+as a value.
+
 The tenant is the namespace's (``("tenants", tenant, ...)`` in tenant mode).
 """
 
@@ -24,7 +29,12 @@ from typing import Any
 from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
 from langgraph.store.memory import _compare_values
 
-from reducing_saver.service.encryption.envelope import IntegrityError, StoredDataError, key_id_of
+from reducing_saver.service.encryption.envelope import (
+    EncryptedValueRefused,
+    IntegrityError,
+    StoredDataError,
+    key_id_of,
+)
 from reducing_saver.service.encryption.saver import ENVELOPE_TYPE, Sealer
 from reducing_saver.service.extraction.outbox import OutboxEntry
 
@@ -209,13 +219,53 @@ class EncryptingStore(BaseStore):
         raise NotImplementedError("the service calls its store synchronously, in worker threads")
 
 
+class PlainStore(BaseStore):
+    """The store of a process without encryption: values pass as they are, but a sealed one (written by
+    a process with ``--encryption migrate`` or ``required`` on the same database) is refused, naming the
+    item, never returned as if its envelope were the value. A filtered search cannot match sealed values
+    in the database: only what it returns is checked."""
+
+    def __init__(self, inner: BaseStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _checked(item: Item | None) -> Item | None:
+        if item is not None and is_sealed_record(item.value):
+            raise EncryptedValueRefused(f"store item {item.key!r} in namespace {tuple(item.namespace)!r}")
+        return item
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        results = self.inner.batch(ops)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, GetOp):
+                self._checked(result)
+            elif isinstance(op, SearchOp):
+                for item in result:
+                    self._checked(item)
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        raise NotImplementedError("the service calls its store synchronously, in worker threads")
+
+
 def sealed_store(store: BaseStore, sealer: Sealer | None) -> BaseStore:
-    """``store``, wrapped in an :class:`EncryptingStore` when a sealer is given."""
-    return store if sealer is None else EncryptingStore(store, sealer)
+    """``store``, wrapped in an :class:`EncryptingStore` when a sealer is given, else in a
+    :class:`PlainStore` (which refuses values sealed by another process)."""
+    return PlainStore(store) if sealer is None else EncryptingStore(store, sealer)
 
 
 def sealed_outbox(outbox: Any, sealer: Sealer | None) -> Any:
-    """``outbox``, wrapped in an :class:`EncryptingOutbox` when a sealer is given."""
-    return outbox if sealer is None else EncryptingOutbox(outbox, sealer)
+    """``outbox``, wrapped in an :class:`EncryptingOutbox` that claims sealed rows when a sealer is given;
+    without one, as it is: its claims leave sealed rows to a process with the key ring."""
+    if sealer is None:
+        return outbox
+    outbox.claims_sealed = True
+    return EncryptingOutbox(outbox, sealer)
 
 

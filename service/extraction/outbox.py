@@ -243,6 +243,9 @@ class Outbox(Protocol):
     #: The backend's savers write a put's entries in the checkpoint's own transaction
     #: (:class:`CheckpointRecords`).
     records_with_checkpoint: bool
+    #: Claims take sealed rows too (set under ``--encryption``, whose outbox opens them); without it they
+    #: leave sealed rows, which only a process with the key ring can deliver, alone.
+    claims_sealed: bool
 
     def setup(self) -> None: ...
     def record(self, entries: Iterable[OutboxEntry]) -> int: ...
@@ -266,6 +269,10 @@ class Outbox(Protocol):
     ) -> int: ...
     def purge_delivered(self, older_than_seconds: float) -> int: ...
     def close(self) -> None: ...
+
+
+#: What a sealed outbox message's one key is (``encryption.ENVELOPE_TYPE``, which this module cannot import).
+SEALED_KEY = "reducing-saver/aesgcm"
 
 
 def claim_order(entry: OutboxEntry) -> tuple[Any, ...]:

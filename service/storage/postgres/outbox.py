@@ -15,6 +15,7 @@ from psycopg.types.json import Json
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
+    SEALED_KEY,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -87,6 +88,8 @@ class PostgresOutbox:
 
     #: The savers of the PostgreSQL backend insert a put's entries in its pipeline (``insert_entries``).
     records_with_checkpoint = True
+    #: See ``extraction.outbox.Outbox``.
+    claims_sealed = False
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -146,8 +149,9 @@ class PostgresOutbox:
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """Claim up to ``limit`` ready rows for ``worker_id`` with a lease of ``lease_seconds``.
 
-        Ready: pending, past its ``retry_at``, and not under a live lease. Concurrent claimers skip each
-        other's rows (``FOR UPDATE SKIP LOCKED``). Each claim counts one attempt.
+        Ready: pending, past its ``retry_at``, and not under a live lease; sealed only when
+        ``claims_sealed``. Concurrent claimers skip each other's rows (``FOR UPDATE SKIP LOCKED``). Each
+        claim counts one attempt.
 
         Returns:
             The claimed entries, ordered by namespace, then pruned_at, then key.
@@ -157,7 +161,7 @@ class PostgresOutbox:
                 f"""WITH picked AS (
                         SELECT namespace, key FROM {TABLE}
                         WHERE status = 'pending' AND available_at <= now()
-                          AND (lease_until IS NULL OR lease_until <= now())
+                          AND (lease_until IS NULL OR lease_until <= now()){self._sealed_filter()}
                         ORDER BY available_at
                         LIMIT %(limit)s
                         FOR UPDATE SKIP LOCKED)
@@ -168,10 +172,13 @@ class PostgresOutbox:
                     FROM picked WHERE o.namespace = picked.namespace AND o.key = picked.key
                     RETURNING o.namespace, o.key, o.thread_id, o.checkpoint_id, o.message, o.message_class,
                               o.pruned_at, o.attempts, o.last_error""",
-                {"limit": limit, "worker": worker_id, "lease": float(lease_seconds)},
+                {"limit": limit, "worker": worker_id, "lease": float(lease_seconds), "sealed": SEALED_KEY},
             )
             rows = cur.fetchall()
         return sorted((_pg_entry(r) for r in rows), key=claim_order)
+
+    def _sealed_filter(self) -> str:
+        return "" if self.claims_sealed else " AND (message ->> %(sealed)s) IS NULL"
 
     def renew(self, worker_id: str, keys: Iterable[EntryKey] | None, lease_seconds: float) -> int:
         """Extend the lease of rows ``worker_id`` still holds (all of them when ``keys`` is None).

@@ -15,6 +15,7 @@ import orjson
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
+    SEALED_KEY,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -41,6 +42,8 @@ class SqliteOutbox:
 
     #: A put's entries are recorded before its checkpoint, on their own.
     records_with_checkpoint = False
+    #: See ``extraction.outbox.Outbox``.
+    claims_sealed = False
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
@@ -136,10 +139,12 @@ class SqliteOutbox:
         """See :meth:`PostgresOutbox.claim`."""
         now = time.time()
         with self._write() as cur:
+            # Sealed rows only under --encryption (claims_sealed): others wait for a process with the key ring.
+            sealed = "" if self.claims_sealed else " AND json_extract(message, ?) IS NULL"
             picked = cur.execute(
                 f"SELECT namespace, key FROM {TABLE} WHERE status = 'pending' AND available_at <= ? "
-                "AND (lease_until IS NULL OR lease_until <= ?) ORDER BY available_at LIMIT ?",
-                (now, now, limit),
+                f"AND (lease_until IS NULL OR lease_until <= ?){sealed} ORDER BY available_at LIMIT ?",
+                (now, now, *(() if self.claims_sealed else (f'$."{SEALED_KEY}"',)), limit),
             ).fetchall()
             if not picked:
                 return []
