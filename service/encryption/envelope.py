@@ -80,8 +80,8 @@ class PlainTextRefused(StoredDataError):
 
 class EncryptedValueRefused(StoredDataError):
     """A process running ``--encryption off`` met a value another process sealed (a rollout between
-    modes): it has no key ring to open it, and never hands the envelope on as if it were the value. Another
-    replica, with the key ring, can serve it (a 503)."""
+    modes): it has no key ring to open it, and never hands the envelope on as if it were the value (a 500
+    naming it; a replica with the key ring can serve it)."""
 
     def __init__(self, where: str) -> None:
         super().__init__(

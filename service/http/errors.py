@@ -18,11 +18,10 @@ value, a value PostgreSQL refuses
 saver in time, the database unreachable
 :class:`Untransportable`: a stored value    500     names the field and why it cannot travel
 with no wire form
-``EncryptedValueRefused``: a sealed value   503     names it and ``--encryption off`` (a replica
-met by a process without the key ring              with the key ring can serve it)
 ``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
 fails its integrity check, is plain text
-under ``required``, or names a missing key
+under ``required``, names a missing key, or
+is sealed and met under ``--encryption off``
 anything else                               500     "internal server error" (logged)
 =========================================  ======  ===============================================
 """
@@ -35,7 +34,7 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
-from reducing_saver.service.encryption import EncryptedValueRefused, StoredDataError
+from reducing_saver.service.encryption import StoredDataError
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
@@ -106,8 +105,7 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
     if isinstance(exc, StoredDataError):
         from reducing_saver.service.security.tenancy import TenantScope, current_tenant
 
-        status = 503 if isinstance(exc, EncryptedValueRefused) else 500
-        return status, TenantScope(current_tenant()).text(str(exc))  # the tenant's own thread ids
+        return 500, TenantScope(current_tenant()).text(str(exc))  # the tenant's own thread ids
     if isinstance(exc, NotImplementedError):
         return 409, str(exc) or "not supported by this backend"
     if isinstance(exc, (SaversBusy, DatabaseUnavailable)):
