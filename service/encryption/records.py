@@ -124,6 +124,7 @@ class EncryptingOutbox:
     def __init__(self, inner: Any, sealer: Sealer) -> None:
         self.inner = inner
         self.sealer = sealer
+        inner.claims_sealed = True  # this process opens them
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("inner", "sealer"):
@@ -263,9 +264,6 @@ def sealed_store(store: BaseStore, sealer: Sealer | None) -> BaseStore:
 def sealed_outbox(outbox: Any, sealer: Sealer | None) -> Any:
     """``outbox``, wrapped in an :class:`EncryptingOutbox` that claims sealed rows when a sealer is given;
     without one, as it is: its claims leave sealed rows to a process with the key ring."""
-    if sealer is None:
-        return outbox
-    outbox.claims_sealed = True
-    return EncryptingOutbox(outbox, sealer)
+    return outbox if sealer is None else EncryptingOutbox(outbox, sealer)
 
 
