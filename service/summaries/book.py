@@ -218,8 +218,9 @@ class SqlSummaryBook:
         """The oldest claimable step (its base done), leased to ``worker_id``; ``None`` when there is none.
 
         A step whose batch or base summary cannot be opened (changed, copied from another thread or step,
-        plain under ``--encryption required``, under a key the ring lacks) becomes a dead letter whose
-        error says why, and the next one is claimed.
+        plain under ``--encryption required``, under a key the ring lacks) or read (a batch that is not
+        JSON) becomes a dead letter whose error says why, and the next one is claimed: one bad row never
+        fails the summarizer's round, which would claim it again and again ahead of every other step.
         """
         while True:
             claimed = self._claim_row(worker_id, lease_seconds)
@@ -241,9 +242,9 @@ class SqlSummaryBook:
                 batch = orjson.loads(self._batch_out(row["batch"], *place, request.step_id))
                 if request.base_step is not None:
                     previous = self._text_out(previous, *place, request.base_step)
-            except StoredDataError as exc:
+            except (StoredDataError, ValueError) as exc:  # orjson's JSONDecodeError is a ValueError
                 logger.error("summary step %s of thread %r: %s", request.step_id, request.thread_id, exc)
-                self.fail(worker_id, request, str(exc))
+                self.fail(worker_id, request, f"{type(exc).__name__}: {exc}")
                 continue
             return ClaimedStep(replace(request, batch=batch), previous, row["attempts"] + 1)
 

@@ -67,6 +67,31 @@ def test_a_chain_of_lagging_steps_is_read_back_from_its_tip_in_one_call(backend)
     assert book.chain("other", "", chain[-1], None) == []
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_backend(request, tmp_path):
+    """The backends whose book keeps batches as bytes (memory:// keeps objects: nothing to corrupt)."""
+    url = f"sqlite:///{tmp_path}/service.sqlite" if request.param == "sqlite" else request.getfixturevalue("fresh_pg")
+    opened = open_backend(url, pool_size=2, timeout=10.0)
+    opened.setup()
+    yield opened
+    opened.close()
+
+
+def test_a_batch_that_cannot_be_read_is_a_dead_letter_and_the_next_step_is_claimed(sql_backend):
+    """One unreadable row (not JSON) is parked with its reason; it never fails the claim, which would
+    hand the same row back ahead of every other step."""
+    book = sql_backend.summaries()
+    broken, fine = step(None, ["a"], thread="broken"), step(None, ["b"], thread="fine")
+    book.request(broken)
+    book.request(fine)
+    with book._tx() as cur:
+        cur.execute(book._sql("UPDATE reducing_saver_summaries SET batch = ? WHERE thread_id = 'broken'"), (b"\x00not json",))
+    claimed = book.claim("w", 60)
+    assert claimed is not None and claimed.request.thread_id == "fine"
+    (dead,) = book.dead_letters()
+    assert dead.thread_id == "broken" and "JSONDecodeError" in dead.last_error
+
+
 def test_a_step_is_claimed_only_once_its_base_is_done_and_completes_once(backend):
     book = backend.summaries()
     first, second = step(None, ["a"]), None
