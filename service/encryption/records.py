@@ -152,7 +152,27 @@ class EncryptingOutbox:
 # -- the store -------------------------------------------------------------------------------------
 
 
-class EncryptingStore(BaseStore):
+class _StoreWrapper(BaseStore):
+    """What a store wrapper takes from the store it wraps: BaseStore's TTL attributes (class attributes
+    there, which ``__getattr__`` never reaches) and every other attribute."""
+
+    inner: BaseStore
+
+    @property
+    def supports_ttl(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_ttl
+
+    @property
+    def ttl_config(self) -> Any:  # type: ignore[override]
+        return self.inner.ttl_config
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("inner", "sealer"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class EncryptingStore(_StoreWrapper):
     """A store whose item values are sealed; namespaces and keys stay plain (they are the address).
 
     Semantic search is not offered under encryption (the settings refuse ``store_index``): its vectors
@@ -162,11 +182,6 @@ class EncryptingStore(BaseStore):
     def __init__(self, inner: BaseStore, sealer: Sealer) -> None:
         self.inner = inner
         self.sealer = sealer
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("inner", "sealer"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def _open_item(self, item: Item | None) -> Item | None:
         if item is None:
@@ -220,7 +235,7 @@ class EncryptingStore(BaseStore):
         raise NotImplementedError("the service calls its store synchronously, in worker threads")
 
 
-class PlainStore(BaseStore):
+class PlainStore(_StoreWrapper):
     """The store of a process without encryption: values pass as they are, but a sealed one (written by
     a process with ``--encryption migrate`` or ``required`` on the same database) is refused, naming the
     item, never returned as if its envelope were the value. A filtered search cannot match sealed values
@@ -228,11 +243,6 @@ class PlainStore(BaseStore):
 
     def __init__(self, inner: BaseStore) -> None:
         self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     @staticmethod
     def _checked(item: Item | None) -> Item | None:

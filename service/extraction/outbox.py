@@ -273,6 +273,8 @@ class Outbox(Protocol):
 
 #: What a sealed outbox message's one key is (``encryption.ENVELOPE_TYPE``, which this module cannot import).
 SEALED_KEY = "reducing-saver/aesgcm"
+#: How a sealed message's stored JSON text starts, whoever wrote it (the key first, no space).
+SEALED_START = '{"' + SEALED_KEY + '"'
 
 
 def claim_order(entry: OutboxEntry) -> tuple[Any, ...]:

@@ -15,7 +15,7 @@ from psycopg.types.json import Json
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
-    SEALED_KEY,
+    SEALED_START,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -172,13 +172,21 @@ class PostgresOutbox:
                     FROM picked WHERE o.namespace = picked.namespace AND o.key = picked.key
                     RETURNING o.namespace, o.key, o.thread_id, o.checkpoint_id, o.message, o.message_class,
                               o.pruned_at, o.attempts, o.last_error""",
-                {"limit": limit, "worker": worker_id, "lease": float(lease_seconds), "sealed": SEALED_KEY},
+                {
+                    "limit": limit,
+                    "worker": worker_id,
+                    "lease": float(lease_seconds),
+                    "sealed": SEALED_START,
+                    "sealed_length": len(SEALED_START),
+                },
             )
             rows = cur.fetchall()
         return sorted((_pg_entry(r) for r in rows), key=claim_order)
 
     def _sealed_filter(self) -> str:
-        return "" if self.claims_sealed else " AND (message ->> %(sealed)s) IS NULL"
+        # By the stored text's start (every writer puts the envelope's one key first, no space): json's
+        # operators would parse the message, and fail on a \u0000 anywhere in it.
+        return "" if self.claims_sealed else " AND left(message::text, %(sealed_length)s) <> %(sealed)s"
 
     def renew(self, worker_id: str, keys: Iterable[EntryKey] | None, lease_seconds: float) -> int:
         """Extend the lease of rows ``worker_id`` still holds (all of them when ``keys`` is None).

@@ -15,7 +15,7 @@ import orjson
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
-    SEALED_KEY,
+    SEALED_START,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -140,11 +140,11 @@ class SqliteOutbox:
         now = time.time()
         with self._write() as cur:
             # Sealed rows only under --encryption (claims_sealed): others wait for a process with the key ring.
-            sealed = "" if self.claims_sealed else " AND json_extract(message, ?) IS NULL"
+            sealed = "" if self.claims_sealed else " AND substr(message, 1, ?) <> ?"
             picked = cur.execute(
                 f"SELECT namespace, key FROM {TABLE} WHERE status = 'pending' AND available_at <= ? "
                 f"AND (lease_until IS NULL OR lease_until <= ?){sealed} ORDER BY available_at LIMIT ?",
-                (now, now, *(() if self.claims_sealed else (f'$."{SEALED_KEY}"',)), limit),
+                (now, now, *(() if self.claims_sealed else (len(SEALED_START), SEALED_START)), limit),
             ).fetchall()
             if not picked:
                 return []
