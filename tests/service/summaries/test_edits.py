@@ -15,6 +15,7 @@ from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
 from tests.conftest import build_chat_graph, human
 from tests.support import summarizers
+from tests.support.encryption import new_key, ring_json
 
 
 def _wait(what: str, check, timeout: float = 20.0) -> None:
@@ -24,15 +25,21 @@ def _wait(what: str, check, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
+@pytest.fixture(params=["postgres", "sqlite", "postgres-encrypted"])
 def database(request, tmp_path):
-    return request.getfixturevalue("fresh_pg") if request.param == "postgres" else f"sqlite:///{tmp_path}/e.sqlite"
+    """``(url, settings)``: the database, and under encryption its mode and key ring (the step ids and
+    outbox fingerprints are then keyed)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/e.sqlite", {}
+    encrypted = {"encryption": "required", "encryption_keys": ring_json("k1", k1=new_key())}
+    return request.getfixturevalue("fresh_pg"), encrypted if request.param.endswith("encrypted") else {}
 
 
 def test_an_edit_made_while_its_batch_waits_for_the_summary_survives_in_summary_and_memory(database):
+    url, encryption = database
     settings = Settings(
-        database=database, max_messages=6, min_messages=4, summarizer="tests.support.summarizers:gated",
-        extraction_idle_seconds=0.05, extraction_linger_seconds=0, sweep=False,
+        database=url, max_messages=6, min_messages=4, summarizer="tests.support.summarizers:gated",
+        extraction_idle_seconds=0.05, extraction_linger_seconds=0, sweep=False, **encryption,
     )
     summarizers.GATE.clear()
     try:
