@@ -4,11 +4,13 @@ Pure code, like the rest of the reducer: the summaries themselves live in a :cla
 service's table, or a dict), which this module only reads and asks for new work.
 
 A thread's summary is a chain of *steps*. A step summarizes one *batch* of cut messages on top of the
-step before it (its *base*), and is named by both: ``step_id(base, keys of the batch, fingerprint of
-what they say)``. So a fork that cuts the same messages from the same summary finds the step already done,
+step before it (its *base*), and is named by both and by what the batch says: ``step_id(base, keys,
+fingerprint)``. So a fork that cuts the same messages from the same summary finds the step already done,
 one that diverges gets steps of its own, and a message edited in place (``update_state`` with its id)
-while its batch waits makes a new step: the summary of the old text never replaces the new one. Every window of a summarized thread holds, right after its leading system messages,
-one summary message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
+while its batch waits makes a new step: the summary of the old text never replaces the new one.
+
+Every window of a summarized thread holds, right after its leading system messages, one summary
+message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
 (:func:`summary_message_id`), marked ``additional_kwargs["lc_source"] = "summarization"`` and carrying
 the step it shows (:data:`MARK_KEY`). Each checkpoint's window carries its own summary, so time travel
 resumes with the summary that covered that checkpoint's own cut.
@@ -441,9 +443,8 @@ class Summaries:
                     lagging = _ends([step.step_id for step in chain])
                     if not chain:
                         tip_info = None
-        state = replace(
-            state, lagging=tuple(lagging), lagging_messages=tip_info.covered - state.covered if tip_info else 0
-        )
+        waiting_messages = tip_info.covered - state.covered if tip_info else 0
+        state = replace(state, lagging=tuple(lagging), lagging_messages=waiting_messages)
 
         # The window as it will be stored: the summary (as it reads now) stands in the head.
         placeholder = self.message(thread_id, checkpoint_ns, state)
@@ -465,7 +466,7 @@ class Summaries:
                 and reducer.is_valid_cut(window(rest), head, head + len(c.keys))
                 # The same ids saying the same thing: a message edited since its step was asked for
                 # makes another step, summarized from what the window holds now.
-                and c.step_id == step_id(c.base_step, c.keys, self.fingerprint(thread_id, rest[: len(c.keys)]))
+                and c.step_id == self._step_id(thread_id, c.base_step, c.keys, rest)
             ]
             done = [c for c in fitting if c.status == "done"] if not lagging else []
             if done:
@@ -514,6 +515,10 @@ class Summaries:
         plan.messages = [*head_messages, summary, *rest]
         return plan
 
+    def _step_id(self, thread_id: str, base: str | None, keys: Sequence[str], messages: Sequence[Any]) -> str:
+        """The id of the step summarizing the first ``len(keys)`` of ``messages`` on top of ``base``."""
+        return step_id(base, keys, self.fingerprint(thread_id, messages[: len(keys)]))
+
     def _request(
         self,
         thread_id: str,
@@ -532,7 +537,7 @@ class Summaries:
         request = StepRequest(
             thread_id=thread_id,
             checkpoint_ns=checkpoint_ns,
-            step_id=step_id(tip, keys, self.fingerprint(thread_id, batch)),
+            step_id=self._step_id(thread_id, tip, keys, batch),
             base_step=tip,
             version=base_version + 1,
             keys=tuple(keys),

@@ -22,7 +22,12 @@ from langgraph.checkpoint.base import Checkpoint
 
 from reducing_saver.reducer import message_key
 from reducing_saver.service.encryption import sealer_for
-from reducing_saver.service.encryption.records import keyed_fingerprint, seal_entries, sealed_outbox, sealed_store
+from reducing_saver.service.encryption.records import (
+    keyed_fingerprint,
+    seal_entries,
+    sealed_outbox,
+    sealed_store,
+)
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
 from reducing_saver.service.extraction.outbox import (

@@ -52,7 +52,8 @@ def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
             as_utc(e.pruned_at),
             e.fingerprint,
         ]
-    values = ",".join(["(%s::text[], %s::text, %s::text, %s::text, %s::json, %s::text, %s::timestamptz, %s::text)"] * len(chunk))
+    row = "(%s::text[], %s::text, %s::text, %s::text, %s::json, %s::text, %s::timestamptz, %s::text)"
+    values = ",".join([row] * len(chunk))
     sql = (
         f"WITH v ({_RECORDED}) AS (VALUES {values}), "
         f"revised AS (UPDATE {TABLE} o SET message = v.message, message_class = v.message_class, "
