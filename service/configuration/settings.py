@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from reducing_saver.service.encryption import KeyRing
 from reducing_saver.service.security.limits import Limits as LimitSettings
 from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
+from reducing_saver.service.storage.lifecycle import MAX_KEEP_CHECKPOINTS
 from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
@@ -284,6 +285,7 @@ class HistorySettings(BaseModel):
     keep_checkpoints: int | None = Field(
         None,
         ge=0,
+        le=MAX_KEEP_CHECKPOINTS,
         description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
         "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
         "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "

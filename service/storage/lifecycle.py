@@ -152,6 +152,8 @@ def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
 
 #: ``config["configurable"]`` key with a thread's own keep-checkpoints count (0 keeps every checkpoint).
 KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
+#: The largest count: PostgreSQL's LIMIT and SQLite's integers are signed 64-bit.
+MAX_KEEP_CHECKPOINTS = 2**63 - 1
 
 
 def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int | None:
@@ -161,15 +163,15 @@ def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int |
     from ``--keep-checkpoints``) applies. ``0`` keeps every checkpoint, as ``None`` does.
 
     Raises:
-        ValueError: If the configured value is not a whole number >= 0.
+        ValueError: If the configured value is not a whole number from 0 to :data:`MAX_KEEP_CHECKPOINTS`.
     """
     value = (config.get("configurable") or {}).get(KEEP_CHECKPOINTS_KEY)
     if value is None:
         return default or None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_KEEP_CHECKPOINTS:
         raise ValueError(
-            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 "
-            f"(0 keeps every checkpoint), not {value!r}"
+            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 and at most "
+            f"{MAX_KEEP_CHECKPOINTS} (0 keeps every checkpoint), not {value!r}"
         )
     return value or None
 
