@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
@@ -25,6 +24,7 @@ from reducing_saver.service.storage.postgres.connections import (
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.postgres.store import PagingPostgresStore
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
@@ -40,7 +40,7 @@ class PostgresBackend:
         self.url = url
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
-        self._store: PostgresStore | None = None
+        self._store: PagingPostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
         self.migrates = migrate
@@ -97,15 +97,15 @@ class PostgresBackend:
         self._own_schema()
         return PostgresOutbox(self.pool)
 
-    def _new_store(self) -> PostgresStore:
+    def _new_store(self) -> PagingPostgresStore:
         if "index" in self.store_options:
             require_pgvector(self.pool)
         default_ttl = (self.store_options.get("ttl") or {}).get("default_ttl")
         if default_ttl is not None and default_ttl != int(default_ttl):
             raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
-        return PostgresStore(self.pool, **self.store_options)
+        return PagingPostgresStore(self.pool, **self.store_options)
 
-    def _setup_store(self, store: PostgresStore) -> None:
+    def _setup_store(self, store: PagingPostgresStore) -> None:
         with locked_setup(self.url, STORE_LOCK_KEY):
             store.setup()
         self._store_set_up = True
@@ -115,7 +115,7 @@ class PostgresBackend:
         self._own_schema()
         return PostgresSummaryBook(self.pool)
 
-    def store(self) -> PostgresStore:
+    def store(self) -> PagingPostgresStore:
         if self._store is None:
             store = self._new_store()
             if self.migrates and not self._store_set_up:

@@ -7,7 +7,6 @@ import sqlite3
 from contextlib import closing
 from typing import Any
 
-from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
@@ -18,6 +17,7 @@ from reducing_saver.service.storage.sqlite.connections import connect, setup_loc
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
@@ -45,7 +45,7 @@ class SqliteBackend:
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
-        self._store: SqliteStore | None = None
+        self._store: PagingSqliteStore | None = None
         #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
@@ -112,7 +112,7 @@ class SqliteBackend:
         self._closers.append(book.close)
         return book
 
-    def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
+    def _new_store(self, conn: sqlite3.Connection) -> PagingSqliteStore:
         if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
             raise RuntimeError(NO_LOADABLE_EXTENSIONS)
         options = dict(self.store_options)
@@ -121,9 +121,9 @@ class SqliteBackend:
             # PostgresStore and InMemoryStore do (langgraph#8808): with "fields" alone it embeds whole
             # values.
             options["index"] = {**options["index"], "text_fields": options["index"]["fields"]}
-        return SqliteStore(conn, **options)
+        return PagingSqliteStore(conn, **options)
 
-    def store(self) -> SqliteStore:
+    def store(self) -> PagingSqliteStore:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
