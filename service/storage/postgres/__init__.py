@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from reducing_saver.service.storage.latest import LatestCache
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
 from reducing_saver.service.storage.postgres import migrations, usage
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions
@@ -88,8 +89,10 @@ class PostgresBackend:
     def savers(self, count: int, latest_cache: LatestCache | None = None) -> list[PostgresLifecycleSaver]:
         savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
         for saver in savers:
-            # The service's tables are there (setup): a thread's summary steps go with it.
+            # The service's tables are there (setup): a thread's summary steps go with it, and what
+            # --keep-checkpoints deletes is recorded.
             saver.summaries_table = SUMMARIES_TABLE
+            saver.pruned_table = PRUNED_TABLE
             saver.latest_cache = latest_cache
         return savers
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations, usage
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
@@ -95,8 +96,10 @@ class SqliteBackend:
 
     def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
         """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
-        # The service's tables are there (setup): a thread's summary steps go with its checkpoints.
+        # The service's tables are there (setup): a thread's summary steps go with its checkpoints, and
+        # what --keep-checkpoints deleted is recorded.
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
@@ -140,6 +143,7 @@ class SqliteBackend:
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
         self._own_schema()
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
