@@ -48,6 +48,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
     "--docs-public": "docs_public",
+    # No flag for metrics_key either: --metrics-key-file takes hashed keys.
+    "--metrics-key-file": "metrics_key_file",
     "--metrics-public": "metrics_public",
     # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
     "--encryption": "encryption",
@@ -92,6 +94,8 @@ _AGREED = (
 )
 ENV_ONLY: dict[str, str] = {
     "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
+    "hashed keys",
+    "metrics_key": "a key on a command line is visible to every user of the host (ps); --metrics-key-file takes "
     "hashed keys",
     "encryption_keys": "a key on a command line is visible to every user of the host (ps); the variable may "
     "name a file (a mounted secret) instead",

@@ -234,7 +234,8 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
             assert response.status_code == expected, (method, path, headers, response.text)
             if expected == 401:
                 assert response.headers["www-authenticate"].startswith("Bearer")
-                assert response.json()["detail"].startswith("a valid API key is required")
+                wanted = "the metrics scraper's key" if path == "/metrics" else "a valid API key"
+                assert response.json()["detail"].startswith(f"{wanted} is required")
         assert httpx.request(method, url + path, headers=auth("rival"), json={}).status_code != 401
     # The document declares the scheme, and 401 on every secured operation.
     document = httpx.get(f"{url}/openapi.json", headers=auth("acme")).json()
@@ -245,6 +246,49 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
         for op in ops.values():
             public = path in ("/healthz", "/readyz")
             assert ("401" in op["responses"]) != public and ("security" in op) != public
+
+
+SCRAPER_KEY = "scraper-key-0123456789abcdef"
+
+
+def test_metrics_answer_the_operators_key_only_never_a_tenants(tmp_path):
+    """/metrics holds every tenant's figures (storage per tenant): a tenant's key gets 403 there, with or
+    without a metrics key configured; the metrics key (plain, or its hash in a file) reads it and nothing
+    else; the API description names the scheme."""
+    def put_thread(client: TestClient, tenant: str) -> None:
+        body = {"config": {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, "checkpoint": empty_checkpoint(),
+                "values": {}, "metadata": {}, "new_versions": {}}
+        assert client.post("/v1/checkpoints/put", json=body, headers=auth(tenant)).status_code == 200
+
+    with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
+        put_thread(client, "acme")
+        refused = client.get("/metrics", headers=auth("acme"))
+        assert refused.status_code == 403, refused.text
+        assert "REDUCING_SAVER_METRICS_KEY" in refused.json()["detail"]
+        assert client.get("/metrics").status_code == 401
+    hashed = tmp_path / "metrics-key"
+    hashed.write_text(security.hash_key(SCRAPER_KEY) + "\n")
+    for source in ({"metrics_key": SCRAPER_KEY}, {"metrics_key_file": str(hashed)}):
+        settings = Settings(database="memory://", api_keys=key_pairs(), **source)
+        with TestClient(create_app(settings)) as client:
+            put_thread(client, "acme")
+            put_thread(client, "rival")
+            for headers in (auth("acme"), {"x-api-key": KEYS["rival"]}):
+                assert client.get("/metrics", headers=headers).status_code == 403
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                assert client.get("/metrics", headers=headers).status_code == 401
+            for headers in ({"Authorization": f"Bearer {SCRAPER_KEY}"}, {"x-api-key": SCRAPER_KEY}):
+                scraped = client.get("/metrics", headers=headers)
+                assert scraped.status_code == 200 and "reducing_saver_http_requests_total" in scraped.text
+            assert client.get("/v1/capabilities", headers={"Authorization": f"Bearer {SCRAPER_KEY}"}).status_code == 401
+            operation = client.get("/openapi.json").json()["paths"]["/metrics"]["get"]
+            assert operation["security"] == [{"metricsKey": []}, {"metricsKeyHeader": []}]
+            assert {"401", "403"} <= set(operation["responses"])
+
+
+def test_a_metrics_key_that_is_also_a_tenants_key_is_refused():
+    with pytest.raises(ValidationError, match="metrics key is also tenant 'acme'"):
+        Settings(database="memory://", api_keys=key_pairs(), metrics_key=KEYS["acme"])
 
 
 @pytest.mark.e2e
