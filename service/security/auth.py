@@ -24,23 +24,48 @@ METRICS_UNAUTHORIZED = (
 )
 
 
+class AmbiguousCredentials(Exception):
+    """The request carries more than one credential: which one a proxy in front checked cannot be told."""
+
+
+AMBIGUOUS = (
+    "ambiguous credentials: send one key, once, as `Authorization: Bearer <key>` or `x-api-key: <key>` "
+    "(the same key in both is one key)"
+)
+
+
 def _bearer(scope: Scope) -> bytes | None:
-    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (what langgraph_sdk sends)."""
-    api_key = None
+    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (what langgraph_sdk sends).
+
+    Raises:
+        AmbiguousCredentials: Two ``Authorization`` headers, two ``x-api-key`` headers, or a bearer key
+            and an ``x-api-key`` that differ. A proxy or another server may read the first and this one
+            the last: the request would be authorized by a key nobody checked (request smuggling).
+    """
+    authorization: list[bytes] = []
+    api_keys: list[bytes] = []
     for name, value in scope["headers"]:
         if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                return token.strip()
+            authorization.append(value)
+        elif name == b"x-api-key":
+            api_keys.append(value.strip())
+    if len(authorization) > 1 or len(api_keys) > 1:
+        raise AmbiguousCredentials
+    if authorization:
+        scheme, _, token = authorization[0].partition(b" ")
+        token = token.strip()
+        if scheme.lower() != b"bearer" or not token:
             return None
-        if name == b"x-api-key" and api_key is None and value.strip():
-            api_key = value.strip()
-    return api_key
+        if api_keys and api_keys[0] != token:
+            raise AmbiguousCredentials
+        return token
+    return api_keys[0] if api_keys and api_keys[0] else None
 
 
 class AuthMiddleware:
     """Sets the request's caps and tenant; with keys configured, 401 without a valid key (``Authorization:
-    Bearer <key>``, or ``x-api-key: <key>`` as langgraph_sdk sends it).
+    Bearer <key>``, or ``x-api-key: <key>`` as langgraph_sdk sends it), 400 for more than one (two
+    ``Authorization`` headers, or two keys that differ).
 
     ``/metrics`` (unless public) answers the metrics scraper's keys (``metrics_keys``) only: it shows every
     tenant's figures, so a tenant's key gets 403 there, and so does every key while no scraper key is
@@ -71,7 +96,11 @@ class AuthMiddleware:
         tenant = None
         if scope["path"] == METRICS_PATH and METRICS_PATH not in self.public:
             if self.keys is not None or self.metrics_keys is not None:
-                token = _bearer(scope)
+                try:
+                    token = _bearer(scope)
+                except AmbiguousCredentials:
+                    await send_error(send, 400, AMBIGUOUS)
+                    return
                 if not token or self.metrics_keys is None or self.metrics_keys.tenant_for(token) is None:
                     if token and self.keys is not None and self.keys.tenant_for(token) is not None:
                         await send_error(send, 403, METRICS_FORBIDDEN)
@@ -79,7 +108,11 @@ class AuthMiddleware:
                         await send_error(send, 401, METRICS_UNAUTHORIZED)
                     return
         elif self.keys is not None and scope["path"] not in self.public:
-            token = _bearer(scope)
+            try:
+                token = _bearer(scope)
+            except AmbiguousCredentials:
+                await send_error(send, 400, AMBIGUOUS)
+                return
             tenant = self.keys.tenant_for(token) if token else None
             if tenant is None:
                 await send_error(send, 401, UNAUTHORIZED)

@@ -248,6 +248,36 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
             assert ("401" in op["responses"]) != public and ("security" in op) != public
 
 
+AMBIGUOUS = [
+    [("authorization", f"Bearer {KEYS['acme']}"), ("authorization", "Bearer wrong-key")],
+    [("authorization", "Bearer wrong-key"), ("authorization", f"Bearer {KEYS['acme']}")],
+    [("authorization", f"Bearer {KEYS['acme']}"), ("authorization", f"Bearer {KEYS['acme']}")],
+    [("authorization", f"Bearer {KEYS['acme']}"), ("x-api-key", KEYS["rival"])],
+    [("x-api-key", KEYS["acme"]), ("x-api-key", "wrong-key")],
+]
+
+
+@pytest.mark.parametrize("headers", AMBIGUOUS, ids=["right-then-wrong", "wrong-then-right", "twice", "bearer-and-other-header", "two-x-api-keys"])
+def test_ambiguous_credentials_are_refused_with_400(headers):
+    """Two Authorization headers, or a key in both headers that disagree: which one a proxy in front checked
+    is anyone's guess, so neither is taken (as servers guarding against request smuggling answer)."""
+    with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
+        answer = client.get("/v1/capabilities", headers=headers)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["detail"].startswith("ambiguous credentials")
+        assert KEYS["acme"] not in answer.text and "wrong-key" not in answer.text
+        # One key in both headers agrees: that is one credential.
+        same = [("authorization", f"Bearer {KEYS['acme']}"), ("x-api-key", KEYS["acme"])]
+        assert client.get("/v1/capabilities", headers=same).status_code == 200
+
+
+@pytest.mark.e2e
+def test_ambiguous_credentials_are_refused_by_the_running_service(keyed_service):
+    for headers in AMBIGUOUS:
+        answer = httpx.get(f"{keyed_service.url}/v1/capabilities", headers=headers)
+        assert answer.status_code == 400, (headers, answer.text)
+
+
 SCRAPER_KEY = "scraper-key-0123456789abcdef"
 
 
