@@ -16,7 +16,7 @@ from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, READY_PATH
 PUBLIC_PATHS = frozenset({HEALTH_PATH, READY_PATH})
 #: The answer to a tenant's key on ``/metrics``.
 METRICS_FORBIDDEN = (
-    "/metrics shows every tenant's figures: it answers the metrics scraper's key only "
+    f"{METRICS_PATH} shows every tenant's figures: it answers the metrics scraper's key only "
     "(REDUCING_SAVER_METRICS_KEY, or --metrics-key-file), never a tenant's API key"
 )
 METRICS_UNAUTHORIZED = (
