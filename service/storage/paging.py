@@ -29,13 +29,15 @@ _warned: set[str] = set()
 _SCORE_DIGITS = 12
 
 
-def extend_order(sql: str, order: str, tie_breaker: str, *, last: bool = False) -> str:
-    """``sql`` with ``, tie_breaker`` after its one ``order`` clause (its last one with ``last``).
+def extend_order(sql: str, order: str, tie_breaker: str, *, which: str = "only") -> str:
+    """``sql`` with ``, tie_breaker`` after its ``order`` clause: the only one (``which="only"``), or the
+    ``"first"`` or ``"last"`` of several.
 
-    A query without that clause is returned unchanged, and a warning names the store once.
+    A query without that clause (or with several, for ``"only"``) is returned unchanged, and a warning
+    names the clause once.
     """
-    at = sql.rfind(order) if last else sql.find(order)
-    if at < 0 or (not last and sql.find(order, at + 1) >= 0):
+    at = sql.rfind(order) if which == "last" else sql.find(order)
+    if at < 0 or (which == "only" and sql.find(order, at + 1) >= 0):
         if order not in _warned:
             _warned.add(order)
             logger.warning(

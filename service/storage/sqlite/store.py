@@ -26,8 +26,8 @@ class PagingSqliteStore(SqliteStore):
         for (sql, params, refresh), (_, op) in zip(queries, search_ops, strict=True):
             if op.query and self.index_config:
                 # The candidates (first ORDER BY), then the page (last): both break ties alike.
-                sql = extend_order(sql, _BEST, "s.prefix, s.key")
-                sql = extend_order(sql, _BEST, "prefix, key", last=True)
+                sql = extend_order(sql, _BEST, "s.prefix, s.key", which="first")
+                sql = extend_order(sql, _BEST, "prefix, key", which="last")
                 params = widened_limit(list(params), op.limit * 2, (op.offset + op.limit) * 2)
             else:
                 sql = extend_order(sql, _NEWEST, "prefix, key")

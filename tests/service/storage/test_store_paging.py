@@ -101,3 +101,30 @@ def test_a_query_search_pages_in_memory(tmp_path) -> None:
         assert [item.key for item in found[:20]] == [f"p{i:02}" for i in range(30) if i % 3]
         scores = [round(item.score, 12) for item in found]  # equal vectors score a rounding error apart
         assert scores == sorted(scores, reverse=True)
+
+
+def test_the_sql_stores_extend_langgraphs_own_search_queries(caplog: pytest.LogCaptureFixture) -> None:
+    """The tie-breakers and the candidates' bound land in the SQL LangGraph writes, with and without a
+    query (the SQLite vector search runs only where sqlite3 loads extensions: the project's image): a
+    LangGraph that writes its queries differently fails here, not silently in production."""
+    import sqlite3
+
+    from langgraph.store.base import SearchOp
+
+    from reducing_saver.service.storage.postgres.store import PagingPostgresStore
+    from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
+    from tests.support.embeddings import DIMS, embed
+
+    index = {"dims": DIMS, "embed": embed, "fields": ["text"]}
+    plain, query = SearchOp(("a",), {"k": 1}, 4, 8), SearchOp(("a",), None, 4, 8, "q")
+    postgres = PagingPostgresStore(None, index=index)  # builds queries only: no connection needed
+    (newest, _), (best, params) = postgres._prepare_batch_search_queries([(0, plain), (1, query)])[0]
+    assert 'ORDER BY store.updated_at DESC, store.prefix COLLATE "C", store.key COLLATE "C"' in newest
+    assert 'ORDER BY score DESC, uniq.prefix COLLATE "C", uniq.key COLLATE "C"' in best
+    assert params[-3:] == [(8 + 4) * 2 + 1, 4, 8]  # one vector per item: twice the page's end, plus one
+    sqlite = PagingSqliteStore(sqlite3.connect(":memory:"), index={**index, "text_fields": ["text"]})
+    (newest, _, _), (best, params, _) = sqlite._prepare_batch_search_queries([(0, plain), (1, query)])[0]
+    assert "ORDER BY updated_at DESC, prefix, key" in newest
+    assert best.count("ORDER BY score DESC, s.prefix, s.key") == 1 and best.rstrip().count("ORDER BY score DESC, prefix, key") == 1
+    assert params[-3:] == [(8 + 4) * 2, 4, 8]
+    assert "store search" not in caplog.text
