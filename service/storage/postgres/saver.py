@@ -12,7 +12,6 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
-
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     ChannelVersions,
@@ -431,7 +430,7 @@ class PostgresLifecycleSaver(PostgresSaver):
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
         try:
-            if ids and strategy == "delete" and (self.summaries_table or self.pruned_table) is not None:
+            if ids and strategy == "delete" and (self.summaries_table is not None or self.pruned_table is not None):
                 with self._transaction() as cur:
                     for statement in PRUNE_DELETE_THREADS_SQL:
                         cur.execute(statement, (ids,), prepare=False)
