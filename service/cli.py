@@ -23,11 +23,17 @@ from typing import Literal, NoReturn, get_args, get_origin
 from pydantic import ValidationError
 
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.security.environ import blank_initial_value
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
 #: The key ring's variable: JSON, or the path of a file holding it.
 ENCRYPTION_KEYS_ENV = ENV_PREFIX + "ENCRYPTION_KEYS"
+#: The private folder holding the key ring's file of a ``--workers`` run, in the workers' environment (a
+#: worker whose supervisor is gone removes it: ``processes``).
+KEYS_FOLDER_ENV = ENV_PREFIX + "KEYS_FOLDER"
+#: Where a ``--workers`` run keeps that folder: ``reducing-saver-<supervisor pid>-<random>``.
+_KEYS_FOLDER_PREFIX = "reducing-saver-"
 
 #: CLI flag -> settings field, for every flag of ``serve``.
 SERVE_FLAGS: dict[str, str] = {
@@ -48,6 +54,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
     "--docs-public": "docs_public",
+    # No flag for metrics_key either: --metrics-key-file takes hashed keys.
+    "--metrics-key-file": "metrics_key_file",
     "--metrics-public": "metrics_public",
     # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
     "--encryption": "encryption",
@@ -92,6 +100,8 @@ _AGREED = (
 )
 ENV_ONLY: dict[str, str] = {
     "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
+    "hashed keys",
+    "metrics_key": "a key on a command line is visible to every user of the host (ps); --metrics-key-file takes "
     "hashed keys",
     "encryption_keys": "a key on a command line is visible to every user of the host (ps); the variable may "
     "name a file (a mounted secret) instead",
@@ -532,8 +542,10 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_keep_alive": settings.keep_alive_seconds,
     }
     if settings.workers == 1:
-        # Read once (settings.keyring): nothing this process starts inherits the key ring.
-        os.environ.pop(ENCRYPTION_KEYS_ENV, None)
+        # Read once (settings.keyring): nothing this process starts inherits the key ring, and
+        # /proc/<pid>/environ shows its value blanked (security/environ.py says what cannot be).
+        if os.environ.pop(ENCRYPTION_KEYS_ENV, "").strip().startswith("{"):
+            blank_initial_value(ENCRYPTION_KEYS_ENV)
         server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
         try:
             server.run(sockets=[sock])
@@ -544,7 +556,8 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
-    # as JSON reaches them as a file only this user can read, removed when the service stops.
+    # as JSON reaches them as a file only this user can read, removed when the service stops (or, when
+    # this process is killed, by its workers as they stop, else at the next start).
     from reducing_saver.service.processes import run_workers
 
     os.environ[FLAGS_ENV] = json.dumps(flags)
@@ -556,22 +569,50 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 def _encryption_keys_as_file() -> Iterator[None]:
     """While it lasts, ``REDUCING_SAVER_ENCRYPTION_KEYS`` holding JSON is replaced in this process's
     environment (which workers inherit) by the path of a file holding it: mode 0600, in a private folder
-    (in memory under /dev/shm where there is one)."""
+    (in memory under /dev/shm where there is one) named after this process, whose path the workers also
+    get (``KEYS_FOLDER_ENV``); the value is blanked in this process's ``/proc/<pid>/environ``. Folders of
+    runs whose process is gone (killed, so nothing removed them) are removed first."""
     text = os.environ.get(ENCRYPTION_KEYS_ENV, "")
     if not text.strip().startswith("{"):  # unset, or already a path
         yield
         return
-    folder = tempfile.mkdtemp(prefix="reducing-saver-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    _remove_abandoned_key_folders(base)
+    folder = tempfile.mkdtemp(prefix=f"{_KEYS_FOLDER_PREFIX}{os.getpid()}-", dir=base)
     path = os.path.join(folder, "encryption-keys.json")
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
         os.environ[ENCRYPTION_KEYS_ENV] = path
+        os.environ[KEYS_FOLDER_ENV] = folder
+        blank_initial_value(ENCRYPTION_KEYS_ENV)
         yield
     finally:
+        os.environ.pop(KEYS_FOLDER_ENV, None)
         os.environ[ENCRYPTION_KEYS_ENV] = text
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_abandoned_key_folders(base: str) -> None:
+    """Remove this user's key folders (``reducing-saver-<pid>-*``) whose process no longer runs."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        match = re.fullmatch(re.escape(_KEYS_FOLDER_PREFIX) + r"(\d+)-\w+", entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(match[1]), 0)
+        except ProcessLookupError:
+            logger.info("removing %s, the key folder of a run that was killed", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (OSError, OverflowError):  # a live process of another user, or a pid beyond the platform's
+            continue
 
 
 def worker(settings: Settings) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage.latest import LatestCache
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.migrations import (
     NO_MIGRATE,
     check_langgraph,
@@ -31,6 +31,7 @@ from reducing_saver.service.storage.postgres.connections import (
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.postgres.store import PagingPostgresStore
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
@@ -46,7 +47,7 @@ class PostgresBackend:
         self.url = url
         check_database(url, timeout=timeout)
         self.pool = open_pool(url, size=pool_size, timeout=timeout)
-        self._store: PostgresStore | None = None
+        self._store: PagingPostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
         self.migrates = migrate
@@ -101,8 +102,10 @@ class PostgresBackend:
     def savers(self, count: int, latest_cache: LatestCache | None = None) -> list[PostgresLifecycleSaver]:
         savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
         for saver in savers:
-            # The service's tables are there (setup): a thread's summary steps go with it.
+            # The service's tables are there (setup): a thread's summary steps go with it, and what
+            # --keep-checkpoints deletes is recorded.
             saver.summaries_table = SUMMARIES_TABLE
+            saver.pruned_table = PRUNED_TABLE
             saver.latest_cache = latest_cache
         return savers
 
@@ -110,15 +113,15 @@ class PostgresBackend:
         self._own_schema()
         return PostgresOutbox(self.pool)
 
-    def _new_store(self) -> PostgresStore:
+    def _new_store(self) -> PagingPostgresStore:
         if "index" in self.store_options:
             require_pgvector(self.pool)
         default_ttl = (self.store_options.get("ttl") or {}).get("default_ttl")
         if default_ttl is not None and default_ttl != int(default_ttl):
             raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
-        return PostgresStore(self.pool, **self.store_options)
+        return PagingPostgresStore(self.pool, **self.store_options)
 
-    def _setup_store(self, store: PostgresStore) -> list[str]:
+    def _setup_store(self, store: PagingPostgresStore) -> list[str]:
         """The store's ``setup()`` under its lock; one line per langgraph migration it applied."""
         with locked_setup(self.url, STORE_LOCK_KEY):
             before = self._langgraph_versions("store_migrations")
@@ -132,7 +135,7 @@ class PostgresBackend:
         self._own_schema()
         return PostgresSummaryBook(self.pool)
 
-    def store(self) -> PostgresStore:
+    def store(self) -> PagingPostgresStore:
         if self._store is None:
             store = self._new_store()
             if self.migrates and not self._store_set_up:

@@ -7,9 +7,9 @@ import sqlite3
 from contextlib import closing
 from typing import Any
 
-from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.migrations import (
     NO_MIGRATE,
     check_langgraph,
@@ -24,6 +24,7 @@ from reducing_saver.service.storage.sqlite.connections import connect, setup_loc
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
@@ -51,7 +52,7 @@ class SqliteBackend:
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
-        self._store: SqliteStore | None = None
+        self._store: PagingSqliteStore | None = None
         #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
@@ -109,8 +110,10 @@ class SqliteBackend:
 
     def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
         """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
-        # The service's tables are there (setup): a thread's summary steps go with its checkpoints.
+        # The service's tables are there (setup): a thread's summary steps go with its checkpoints, and
+        # what --keep-checkpoints deleted is recorded.
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
@@ -126,7 +129,7 @@ class SqliteBackend:
         self._closers.append(book.close)
         return book
 
-    def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
+    def _new_store(self, conn: sqlite3.Connection) -> PagingSqliteStore:
         if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
             raise RuntimeError(NO_LOADABLE_EXTENSIONS)
         options = dict(self.store_options)
@@ -135,9 +138,9 @@ class SqliteBackend:
             # PostgresStore and InMemoryStore do (langgraph#8808): with "fields" alone it embeds whole
             # values.
             options["index"] = {**options["index"], "text_fields": options["index"]["fields"]}
-        return SqliteStore(conn, **options)
+        return PagingSqliteStore(conn, **options)
 
-    def store(self) -> SqliteStore:
+    def store(self) -> PagingSqliteStore:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
@@ -154,6 +157,7 @@ class SqliteBackend:
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
         self._own_schema()
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:

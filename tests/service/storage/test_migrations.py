@@ -15,7 +15,13 @@ from reducing_saver.service.storage.postgres import migrations as pg_migrations
 from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
 
 #: The tables the service owns, as the first release (without a version table) created them.
-OWN_TABLES = {"reducing_saver_outbox", "reducing_saver_threads", "reducing_saver_sweep_log", "reducing_saver_summaries"}
+OWN_TABLES = {
+    "reducing_saver_outbox",
+    "reducing_saver_threads",
+    "reducing_saver_sweep_log",
+    "reducing_saver_summaries",
+    "reducing_saver_pruned",
+}
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
@@ -165,9 +171,11 @@ def test_without_migrating_a_database_that_is_behind_is_refused(database):
 
 
 def test_every_postgres_migration_is_one_statement():
-    """The pool's connections use prepare_threshold=0, under which PostgreSQL refuses several statements."""
+    """The pool's connections use prepare_threshold=0, under which PostgreSQL refuses several statements
+    (a function's body, quoted between ``$$``, holds statements of its own)."""
     for statement in pg_migrations.MIGRATIONS + sqlite_migrations.MIGRATIONS:
-        assert ";" not in statement
+        outside_bodies = statement.split("$$")[::2]
+        assert len(statement.split("$$")) % 2 == 1 and ";" not in "".join(outside_bodies)
 
 
 def test_the_version_of_a_database_without_a_version_table(fresh_pg, tmp_path):
