@@ -14,6 +14,11 @@ How a page is run (the convention a page's author writes to):
 * The ``python`` blocks of a page run one after another in one fresh Python process and one namespace,
   so a page's blocks share state (a later block may use what an earlier one defined); top-level
   ``await`` works, on one event loop per page. ``sh``/``bash`` blocks run with ``bash -e -o pipefail``.
+* A shell block with ``<!-- install -->`` right above its fence installs the project into a fresh
+  virtual environment, as a new user does (say ``python3 -m venv .venv && pip install -e '.[server]'``).
+  The pages run here in the project's own environment, so such a block is listed as skipped;
+  ``tests/e2e/test_readme_install.py`` runs each one of the README in a copy of the checkout, then the
+  README's service and its Python blocks in the environment it made.
 * A shell block with ``<!-- service -->`` right above its fence starts a long-running service (say
   ``reducing-saver serve``): it runs in the background with ``REDUCING_SAVER_PORT=0``, so it listens on a
   free port (the block must not give ``--port``); the test waits for its ``listening on http://...`` line
@@ -54,6 +59,9 @@ BLOCK_TIMEOUT = 180.0
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<label>[^`\s]*)[^`]*$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 _SERVICE = re.compile(r"^\s*<!--\s*service\s*-->\s*$")
+_INSTALL = re.compile(r"^\s*<!--\s*install\s*-->\s*$")
+#: Why an install block does not run in the pages' runs.
+INSTALL_REASON = "installs into a fresh virtual environment (tests/e2e/test_readme_install.py runs it)"
 _LISTENING = re.compile(r"listening on (http://[0-9A-Za-z.\-\[\]:]+)")
 
 
@@ -65,6 +73,7 @@ class Block:
     source: str
     not_run: str | None  # the reason, "" when the annotation gives none
     service: bool
+    install: bool = False
 
     @property
     def where(self) -> str:
@@ -102,6 +111,7 @@ def blocks(path: Path) -> list[Block]:
                 source="\n".join(body) + "\n",
                 not_run=not_run["reason"].strip() if not_run else None,
                 service=bool(_SERVICE.match(annotation)),
+                install=bool(_INSTALL.match(annotation)),
             )
         )
         index = end + 1
@@ -112,12 +122,17 @@ def all_blocks() -> list[Block]:
     return [block for page in PAGES for block in blocks(page)]
 
 
+def runs_here(block: Block) -> bool:
+    """Whether a page's run runs ``block`` (in the project's environment)."""
+    return block.label in RUN_LANGUAGES and block.not_run is None and not block.install
+
+
 # -- the checks on the text itself -------------------------------------------------------------------
 
 
 def test_the_pages_are_found_and_hold_runnable_blocks():
     assert (ROOT / "README.md") in PAGES
-    runnable = [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run is None]
+    runnable = [b for b in all_blocks() if runs_here(b)]
     assert any(b.page == "README.md" and b.label == "python" for b in runnable), "the quickstart does not run"
     assert any(b.page == "README.md" and b.service for b in runnable), "the README starts no service"
 
@@ -135,6 +150,8 @@ def test_every_block_is_labelled_and_says_why_it_does_not_run():
             problems.append(f"{block.where}: a ```{block.label} block never runs; drop its `not run` line")
         if block.service and (block.label not in {"sh", "bash"} or block.not_run is not None):
             problems.append(f"{block.where}: `<!-- service -->` marks a shell block that runs")
+        if block.install and block.label not in {"sh", "bash"}:
+            problems.append(f"{block.where}: `<!-- install -->` marks a shell block")
     assert not problems, "\n".join(problems)
 
 
@@ -144,15 +161,17 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
         "text\n\n<!-- not run: needs Docker -->\n\n```bash\ndocker compose up\n```\n\n"
         "<!-- service -->\n```sh\nreducing-saver serve\n```\n\n- a list:\n\n  ```python\n  x = 1\n  ```\n"
         "\n```text\noutput\n```\n\n<!-- not run: -->\n```python\npass\n```\n"
+        "\n<!-- install -->\n```bash\npip install -e .\n```\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = blocks(page)
-    assert [(b.label, b.line, b.not_run, b.service) for b in found] == [
-        ("bash", 6, "needs Docker", False),
-        ("sh", 11, None, True),
-        ("python", 17, None, False),
-        ("text", 21, None, False),
-        ("python", 26, "", False),
+    assert [(b.label, b.line, b.not_run, b.service, b.install) for b in found] == [
+        ("bash", 6, "needs Docker", False, False),
+        ("sh", 11, None, True, False),
+        ("python", 17, None, False, False),
+        ("text", 21, None, False, False),
+        ("python", 26, "", False, False),
+        ("bash", 31, None, False, True),
     ]
     assert found[2].source == "x = 1\n"
 
@@ -368,7 +387,7 @@ def _runnable_pages() -> list[str]:
     return [
         str(page.relative_to(ROOT))
         for page in PAGES
-        if any(b.label in RUN_LANGUAGES and b.not_run is None for b in blocks(page))
+        if any(runs_here(b) for b in blocks(page))
     ]
 
 
@@ -376,12 +395,14 @@ def _runnable_pages() -> list[str]:
 @pytest.mark.parametrize("page", _runnable_pages())
 def test_page_runs_as_written(page, page_run):
     for block in blocks(ROOT / page):
-        if block.label in RUN_LANGUAGES and block.not_run is None:
+        if runs_here(block):
             page_run.run(block)
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run], ids=lambda b: b.where
+    "block",
+    [b for b in all_blocks() if b.label in RUN_LANGUAGES and (b.not_run or b.install)],
+    ids=lambda b: b.where,
 )
 def test_block_not_run(block):
-    pytest.skip(f"{block.where}: not run: {block.not_run}")
+    pytest.skip(f"{block.where}: not run: {block.not_run or INSTALL_REASON}")
