@@ -468,8 +468,19 @@ def _check_backend(settings: Settings) -> None:
         backend.close()
 
 
-def _check_summarizer(settings: Settings) -> None:
-    """Refuse to start when ``--summarizer`` names nothing usable (a missing provider package, say)."""
+def _check_code(settings: Settings) -> None:
+    """Refuse to start when a ``module:attribute`` setting (``--extractor``, ``--on-prune``,
+    ``--summarizer``) names nothing usable: one line saying what is missing (the store's ``embed`` is
+    :func:`~reducing_saver.service.configuration.store.refusal`'s)."""
+    from reducing_saver.service.imports import ResolveError, import_callable
+
+    try:
+        if settings.extractor:
+            import_callable(settings.extractor, "--extractor")
+        for hook in settings.on_prune:
+            import_callable(hook, "--on-prune")
+    except ResolveError as exc:
+        raise CommandError(str(exc), code=2) from None
     if not settings.summarizer:
         return
     from reducing_saver.service.summaries.summarizer import SummarizerError, load_summarizer
@@ -481,7 +492,7 @@ def _check_summarizer(settings: Settings) -> None:
             max_tokens=settings.summary_max_tokens,
         )
     except SummarizerError as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandError(str(exc), code=2) from None
 
 
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
@@ -506,7 +517,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         raise CommandError(refusal, code=2)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
-    _check_summarizer(settings)
+    _check_code(settings)
     sock = _bind(settings.host, settings.port)
     try:
         _check_backend(settings)
@@ -591,7 +602,7 @@ def worker(settings: Settings) -> None:
     configure_logging(settings)
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal)
-    _check_summarizer(settings)
+    _check_code(settings)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(
@@ -767,6 +778,10 @@ def encrypt_sweep(settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # module:attribute settings find modules of the working folder, as uvicorn's --app-dir (default .).
+    from reducing_saver.service.imports import working_folder_importable
+
+    working_folder_importable()
     try:
         settings = load_settings(args)
     except ValidationError as error:

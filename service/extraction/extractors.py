@@ -120,7 +120,7 @@ def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtract
     Raises:
         ValueError: If ``path`` is not ``module:name``, cannot be imported, or names no callable.
     """
-    return CallableExtractor(import_callable(path, "extractor"), store)
+    return CallableExtractor(import_callable(path, "--extractor"), store)
 
 
 
