@@ -32,6 +32,7 @@ A page that talks to a service must start one in a block of its own; nothing els
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -174,6 +175,122 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
         ("bash", 31, None, False, True),
     ]
     assert found[2].source == "x = 1\n"
+
+
+#: ``--flags`` the pages name that belong to other programs than ours, and whose.
+FOREIGN_FLAGS = {
+    "--build": "docker compose up",
+    "--wait": "docker compose up (Compose v2)",
+    "--build-arg": "docker build",
+    "--no-deps": "pip wheel",
+    "--tool": "valgrind",
+    "--gil": "py-spy",
+    "--runtime-mode": "granian",
+}
+#: The project's programs besides `reducing-saver`, whose flags the pages name: their sources declare them.
+OWN_PROGRAMS = ("benchmarks/*.py", "service/configuration/docs.py", "scripts/test")
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_DECLARED = re.compile(r"""["'](--[a-z][a-z0-9-]*)["']""")
+
+
+def reducing_saver_flags() -> set[str]:
+    """Every option of every `reducing-saver` command (``--no-`` twins included)."""
+    from reducing_saver.service.cli import build_parser
+
+    found: set[str] = set()
+    parsers = [build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            found.update(option for option in action.option_strings if option.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    return found
+
+
+def test_every_flag_the_pages_name_exists():
+    ours = reducing_saver_flags()
+    declared = {
+        flag for pattern in OWN_PROGRAMS for path in ROOT.glob(pattern) for flag in _DECLARED.findall(path.read_text())
+    }
+    unknown = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for flag in _FLAG.findall(line):
+                if flag not in ours and flag not in declared and flag not in FOREIGN_FLAGS:
+                    unknown.append(f"{page.relative_to(ROOT)}:{number}: {flag}")
+    assert not unknown, "no command takes these flags (another program's? add it to FOREIGN_FLAGS):\n" + "\n".join(
+        unknown
+    )
+
+
+#: Paths of the repository a page may name that a clean clone does not hold, and why.
+NOT_IN_A_CLONE = {"benchmarks/results": "the benchmarks' output folder, git-ignored"}
+_TOP = "tests|service|client|reducer|wire|benchmarks|deploy|docs|examples|scripts|\\.ci"
+_PATH = re.compile(rf"(?<![\w/.<>-])(?:{_TOP})/[\w./{{}},*<>-]*")
+_LINK = re.compile(r"\]\((?!https?:|mailto:)([^)\s]+)\)")
+
+
+def _expanded(path: str) -> list[str]:
+    """``a/{b,c}/<name>.py`` as globs: ``a/b/*.py``, ``a/c/*.py``."""
+    match = re.search(r"\{([^}]*)\}", path)
+    if match:
+        return [g for part in match[1].split(",") for g in _expanded(path[: match.start()] + part + path[match.end():])]
+    return [re.sub(r"<[^>]*>", "*", path)]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[`*_]", "", heading.strip().lstrip("#").strip()).lower()
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def test_every_path_and_link_the_pages_name_exists():
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        where = page.relative_to(ROOT)
+        for token in _PATH.findall(text):
+            path = token.split(":", 1)[0].rstrip(".,;)")
+            if path.rstrip("/") in NOT_IN_A_CLONE:
+                continue
+            if not all(any(ROOT.glob(glob.rstrip("/"))) for glob in _expanded(path)):
+                missing.append(f"{where}: {token}")
+        for target in _LINK.findall(text):
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            if not linked.exists():
+                missing.append(f"{where}: link {target}")
+            elif anchor and linked.suffix == ".md":
+                headings = {_slug(line) for line in linked.read_text().splitlines() if line.startswith("#")}
+                if anchor not in headings:
+                    missing.append(f"{where}: link {target} (no such heading)")
+    assert not missing, "the pages name what the repository does not hold:\n" + "\n".join(missing)
+
+
+def test_the_path_and_flag_checks_see_what_they_look_for():
+    assert _PATH.findall("see `service/storage/{postgres,sqlite}/migrations.py` and tests/e2e/ (or /app/tests/x)") == [
+        "service/storage/{postgres,sqlite}/migrations.py", "tests/e2e/"
+    ]
+    assert _expanded("service/storage/<backend>/{a,b}.py") == ["service/storage/*/a.py", "service/storage/*/b.py"]
+    assert _FLAG.findall("`serve --no-migrate`, a |---| table, grep -A1 -- '--max-messages'") == [
+        "--no-migrate", "--max-messages"
+    ]
+    assert _slug("## The latest checkpoint from memory") == "the-latest-checkpoint-from-memory"
+    assert {"--no-migrate", "--summarizer", "--png", "--dry-run", "--version"} <= reducing_saver_flags()
+
+
+def test_the_migrations_page_holds_the_schema_of_the_code():
+    """The latest version, every table and every index of each backend's migrations, as the code has them
+    (the page's list is rendered from it: ``python -m reducing_saver.service.configuration.docs``)."""
+    from reducing_saver.service.storage.postgres import migrations as postgres
+    from reducing_saver.service.storage.sqlite import migrations as sqlite
+
+    page = (ROOT / "docs" / "migrations.md").read_text()
+    for backend, module in (("PostgreSQL", postgres), ("SQLite", sqlite)):
+        assert f"version **{module.LATEST}** on {backend}" in page, backend
+        names = re.findall(r"(?:TABLE|INDEX)(?: CONCURRENTLY)? IF NOT EXISTS (\w+)", " ".join(module.MIGRATIONS))
+        assert [name for name in names if f"`{name}`" not in page] == [], backend
 
 
 def test_the_http_api_page_lists_every_route():
