@@ -19,6 +19,9 @@ How a page is run (the convention a page's author writes to):
   The pages run here in the project's own environment, so such a block is listed as skipped;
   ``tests/e2e/test_readme_install.py`` runs each one of the README in a copy of the checkout, then the
   README's service and its Python blocks in the environment it made.
+* A ``text`` block with ``<!-- output -->`` right above its fence is what the shell block before it prints
+  (its stdout and stderr): the page's run compares them line by line, a line ``...`` standing for any
+  number of lines and ``...`` within a line for any characters. Quoted outputs (versions, messages) then cannot drift from the code.
 * A shell block with ``<!-- service -->`` right above its fence starts a long-running service (say
   ``reducing-saver serve``): it runs in the background with ``REDUCING_SAVER_PORT=0``, so it listens on a
   free port (the block must not give ``--port``); the test waits for its ``listening on http://...`` line
@@ -61,6 +64,7 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<label>[^`\s]*
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 _SERVICE = re.compile(r"^\s*<!--\s*service\s*-->\s*$")
 _INSTALL = re.compile(r"^\s*<!--\s*install\s*-->\s*$")
+_OUTPUT = re.compile(r"^\s*<!--\s*output\s*-->\s*$")
 #: Why an install block does not run in the pages' runs.
 INSTALL_REASON = "installs into a fresh virtual environment (tests/e2e/test_readme_install.py runs it)"
 _LISTENING = re.compile(r"listening on (http://[0-9A-Za-z.\-\[\]:]+)")
@@ -75,6 +79,7 @@ class Block:
     not_run: str | None  # the reason, "" when the annotation gives none
     service: bool
     install: bool = False
+    output: bool = False
 
     @property
     def where(self) -> str:
@@ -113,6 +118,7 @@ def blocks(path: Path) -> list[Block]:
                 not_run=not_run["reason"].strip() if not_run else None,
                 service=bool(_SERVICE.match(annotation)),
                 install=bool(_INSTALL.match(annotation)),
+                output=bool(_OUTPUT.match(annotation)),
             )
         )
         index = end + 1
@@ -153,6 +159,12 @@ def test_every_block_is_labelled_and_says_why_it_does_not_run():
             problems.append(f"{block.where}: `<!-- service -->` marks a shell block that runs")
         if block.install and block.label not in {"sh", "bash"}:
             problems.append(f"{block.where}: `<!-- install -->` marks a shell block")
+    for page in PAGES:
+        found = blocks(page)
+        for before, block in zip([None, *found], found, strict=False):
+            if block.output and (block.label != "text" or before is None or before.label not in {"sh", "bash"}
+                                 or not runs_here(before) or before.service):
+                problems.append(f"{block.where}: `<!-- output -->` marks a text block right after a shell block that runs")
     assert not problems, "\n".join(problems)
 
 
@@ -163,6 +175,7 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
         "<!-- service -->\n```sh\nreducing-saver serve\n```\n\n- a list:\n\n  ```python\n  x = 1\n  ```\n"
         "\n```text\noutput\n```\n\n<!-- not run: -->\n```python\npass\n```\n"
         "\n<!-- install -->\n```bash\npip install -e .\n```\n"
+        "\n<!-- output -->\n```text\nok\n```\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = blocks(page)
@@ -173,7 +186,9 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
         ("text", 21, None, False, False),
         ("python", 26, "", False, False),
         ("bash", 31, None, False, True),
+        ("text", 36, None, False, False),
     ]
+    assert found[-1].output and not found[-2].output
     assert found[2].source == "x = 1\n"
 
 
@@ -305,6 +320,28 @@ def test_the_http_api_page_lists_every_route():
     assert not missing, f"docs/http-api.md's table lacks {missing}"
 
 
+def output_problem(expected: str, actual: str) -> str | None:
+    """Why ``actual`` is not the output ``expected`` quotes, or ``None``: a line ``...`` stands for any
+    lines, ``...`` within a line for any characters (a path that differs from run to run)."""
+    pattern = "".join(
+        r"(?:[^\n]*\n)*?" if line.strip() == "..."
+        else r"[^\n]*".join(re.escape(part) for part in line.rstrip().split("...")) + r"[ \t]*\n"
+        for line in expected.splitlines()
+    )
+    if re.fullmatch(pattern, actual if actual.endswith("\n") else actual + "\n"):
+        return None
+    return f"the page quotes:\n{expected}\nthe command printed:\n{actual}"
+
+
+def test_quoted_output_is_compared_line_by_line():
+    printed = "applied migration 0: a\napplied migration 1: b...\napplied migration 2: c\ndone\n"
+    assert output_problem("applied migration 0: a\n...\ndone\n", printed) is None
+    assert output_problem("applied migration 1: b...\n", printed) is not None  # not the whole output
+    assert output_problem("...\ndone\n", printed) is None
+    assert output_problem("...\napplied migration 9: z\n...\n", printed) is not None
+    assert output_problem("...\napplied migration 2: ...\ndone\n", printed) is None
+
+
 # -- running a page ----------------------------------------------------------------------------------
 
 #: Runs a page's Python blocks in one namespace: one JSON request per line on stdin, one JSON answer per
@@ -360,15 +397,17 @@ class PageRun:
             return block.source
         return block.source.replace(DEFAULT_ADDRESS, self.address).replace("localhost:8080", self.address)
 
-    def run(self, block: Block) -> None:
+    def run(self, block: Block) -> str | None:
+        """Run ``block``; a shell block's output."""
         if block.service:
             self.start_service(block)
         elif block.label == "python":
             self.run_python(block)
         else:
-            self.run_shell(block)
+            return self.run_shell(block)
+        return None
 
-    def run_shell(self, block: Block) -> None:
+    def run_shell(self, block: Block) -> str:
         """Run a shell block to its end. Its output goes to a file, not a pipe, so that a process it leaves
         in the background (``... &``) does not hold the block open; its process group is stopped when the
         page ends."""
@@ -387,9 +426,10 @@ class PageRun:
             code = process.wait(timeout=BLOCK_TIMEOUT)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{block.where}: the shell block ran longer than {BLOCK_TIMEOUT:.0f} s")
+        text = output.read_text(errors="replace")
         if code != 0:
-            text = output.read_text(errors="replace")
             pytest.fail(f"{block.where}: the shell block exited {code}\noutput:\n{text}")
+        return text
 
     def run_python(self, block: Block) -> None:
         if self.python is None:
@@ -511,9 +551,14 @@ def _runnable_pages() -> list[str]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", _runnable_pages())
 def test_page_runs_as_written(page, page_run):
+    printed = None
     for block in blocks(ROOT / page):
         if runs_here(block):
-            page_run.run(block)
+            printed = page_run.run(block)
+        elif block.output:
+            assert printed is not None
+            if problem := output_problem(block.source, printed):
+                pytest.fail(f"{block.where}: {problem}")
 
 
 @pytest.mark.parametrize(
