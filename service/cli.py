@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument(
         "--png",
         metavar="PATH",
-        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
+        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib: the report "
+        "extra)",
     )
     encrypt_sweep_parser = commands.add_parser(
         "encrypt-sweep",
