@@ -454,6 +454,7 @@ def _check_backend(settings: Settings) -> None:
     find the tables current."""
     from reducing_saver.service.configuration import store as store_config
     from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage.migrations import summarized
 
     backend = open_backend(
         settings.database, pool_size=1, timeout=settings.db_timeout_seconds, migrate=settings.migrate
@@ -461,8 +462,10 @@ def _check_backend(settings: Settings) -> None:
     try:
         backend.store_options = store_config.store_options(settings)
         if settings.migrate:
-            for line in backend.migrate():
-                logger.info("%s", line)
+            applied = backend.migrate()
+            for line in applied:
+                logger.debug("%s", line)
+            logger.info("%s", summarized(applied, settings.database_for_display()))
         else:
             backend.check_schema()
     finally:
@@ -496,6 +499,26 @@ def _check_code(settings: Settings) -> None:
         raise CommandError(str(exc), code=2) from None
 
 
+def startup_line(settings: Settings) -> str:
+    """What a service runs with, in one line: the backend, the window, encryption, the summarizer and the
+    checkpoints each thread keeps."""
+    config = settings.reducer_config()
+    limits = []
+    if config.max_messages is not None:
+        cut = f", cut to {config.count_target}" if config.count_target != config.max_messages else ""
+        limits.append(f"{config.max_messages} messages{cut}")
+    if config.max_tokens is not None:
+        cut = f", cut to {config.token_target}" if config.token_target != config.max_tokens else ""
+        limits.append(f"{config.max_tokens} tokens{cut}")
+    window = " or ".join(limits) or "unbounded"
+    keep = settings.keep_checkpoints if settings.keep_checkpoints is not None else "off (every checkpoint kept)"
+    return (
+        f"reducing-saver {_version()}: backend {settings.backend} ({settings.database_for_display()}), "
+        f"window {window}, encryption {settings.encryption}, summarizer {settings.summarizer or 'off'}, "
+        f"keep-checkpoints {keep}"
+    )
+
+
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     """Check the exposure, bind the port, check the database, then run uvicorn on the bound socket.
 
@@ -525,13 +548,13 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     except BaseException:
         sock.close()
         raise
+    logger.info("%s", startup_line(settings))
     logger.info(
-        "reducing-saver listening on http://%s:%d (backend %s: %s, %d worker(s))",
+        "reducing-saver listening on http://%s:%d (%d worker%s)",
         settings.host,
         sock.getsockname()[1],
-        settings.backend,
-        settings.database_for_display(),
         settings.workers,
+        "" if settings.workers == 1 else "s",
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_after_shutdown)

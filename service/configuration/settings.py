@@ -55,8 +55,10 @@ class ServerSettings(BaseModel):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    log_format: Literal["json", "text"] = Field(
-        "json", description="Log lines as JSON objects (one per line) or as text."
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="Log lines as JSON objects (one per line) or as text; auto: text on a terminal, JSON "
+        "otherwise (a container's or a process manager's log).",
     )
     shutdown_grace_seconds: float = Field(
         30.0,

@@ -55,7 +55,7 @@ def test_version():
 
 @pytest.mark.parametrize(
     ("flag", "choices"),
-    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
+    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{auto,json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
 )
 def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
     assert f"{flag} {choices}" in _run("serve", "--help").stdout
@@ -141,7 +141,7 @@ def test_default_serve_uses_a_sqlite_file_in_the_working_folder(tmp_path):
         assert capabilities["backend"] == "sqlite"
         assert (tmp_path / "reducing-saver.sqlite").exists()
     assert "listening on http://127.0.0.1:" in service.output()
-    assert "backend sqlite: sqlite:///reducing-saver.sqlite" in service.output()
+    assert "backend sqlite (sqlite:///reducing-saver.sqlite), window 20 messages" in service.output()
 
 
 def test_the_database_password_is_not_printed(tmp_path, pg_database):
