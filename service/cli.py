@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
+        usage="reducing-saver serve [OPTIONS]",
         help="run the HTTP service",
         description="Run the HTTP service. Every option can also be set by its environment variable "
         f"({ENV_PREFIX}<NAME>) or in a .env file; options given here win.",
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(serve, SERVE_FLAGS)
     worker = commands.add_parser(
         "worker",
+        usage="reducing-saver worker [OPTIONS]",
         help="deliver pruned messages to long-term memory (no HTTP)",
         description="Claim pruned messages from the service database's outbox and hand them to the "
         "extractor until SIGTERM or SIGINT. Run any number of these; each message is delivered once. "
@@ -240,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
     sweep_parser = commands.add_parser(
         "sweep",
+        usage="reducing-saver sweep [OPTIONS]",
         help="apply the TTL strategy to expired threads once (for cron)",
         description="Prune (keep_latest) or delete every thread idle for longer than its TTL, and delete "
         "delivered outbox rows older than --outbox-retention, once, and print what was done as JSON. Safe "
@@ -294,16 +297,63 @@ def _positive(text: str) -> int:
     return value
 
 
+#: The heading and description of each group of settings in ``--help``, by the class of ``Settings``
+#: declaring them, in the order ``--help`` shows them.
+HELP_GROUPS: dict[str, tuple[str, str]] = {
+    "ServerSettings": ("server", "the database, the address, processes and logs"),
+    "ReducerSettings": ("window", "what every stored checkpoint keeps of the messages channel"),
+    "SecuritySettings": ("security", "API keys, exposure, encryption at rest, code in stored values"),
+    "Limits": ("limits", "caps on what one request may carry"),
+    "ExtractionSettings": ("long-term memory", "delivering the messages cut from windows to the store"),
+    "SummarySettings": ("running summaries", "a summary of what windows cut, kept in them"),
+    "SweepSettings": ("TTL sweeps", "what happens to threads left idle"),
+    "HistorySettings": ("history", "the checkpoints each thread keeps"),
+    "StoreSettings": ("store", "semantic search and item TTLs"),
+}
+#: Metavars shorter than the field's name, so that most options and their help share a line.
+_METAVARS = {"database": "URL", "host": "ADDRESS", "api_keys_file": "PATH", "store_index": "JSON", "store_ttl": "JSON"}
+
+
+def _metavar(field: str) -> str:
+    if field in _METAVARS:
+        return _METAVARS[field]
+    annotation = Settings.model_fields[field].annotation
+    if field.endswith(("_seconds", "_interval", "_retention", "_ttl")):
+        return "DURATION" if field.endswith(("_interval", "_retention", "_ttl")) else "SECONDS"
+    if annotation in (int, float, int | None, float | None):
+        return "N"
+    if "on_prune" in field or field in ("extractor", "summarizer"):
+        return "SPEC"
+    return field.upper()
+
+
+def settings_group(field: str) -> type:
+    """The class of ``Settings`` that declares ``field`` (its group in ``--help`` and the reference)."""
+    for cls in reversed(Settings.__mro__):
+        if field in vars(cls).get("__annotations__", {}):
+            return cls
+    raise KeyError(field)
+
+
 def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    """Add each flag, under its group's heading (:data:`HELP_GROUPS`) when they span several groups, as
+    uvicorn's and gunicorn's ``--help`` are grouped."""
+    groups = {settings_group(field).__name__ for field in flags.values()}
+    headings: dict[str, argparse._ArgumentGroup] = {}
+    if len(groups) > 1:
+        for name in sorted(groups, key=lambda name: [*HELP_GROUPS, name].index(name)):
+            title, description = HELP_GROUPS.get(name, (name, ""))
+            headings[name] = parser.add_argument_group(f"{title} ({description})" if description else title)
     for flag, field in flags.items():
+        target = headings.get(settings_group(field).__name__, parser)
         annotation = Settings.model_fields[field].annotation
         if annotation is bool:
-            parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
+            target.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
         elif get_origin(annotation) is Literal:
             # --help lists the values, and a wrong one is refused before any setting is read.
-            parser.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
+            target.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
         else:
-            parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
+            target.add_argument(flag, dest=field, metavar=_metavar(field), help=_help(field))
 
 
 #: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read

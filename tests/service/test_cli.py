@@ -44,3 +44,23 @@ def test_the_migrations_of_a_start_are_one_line() -> None:
     later = [str(Applied(v, "CREATE INDEX i ON t (x)")) for v in (12, 13)]
     assert summarized(later, "db") == "migrated db: reducing-saver schema from version 11 to version 13 (2 migrations)"
     assert summarized([], "db") == "the schema of db is current"
+
+
+def test_serve_help_is_grouped_as_the_settings_are() -> None:
+    from reducing_saver.service.cli import HELP_GROUPS, SERVE_FLAGS, build_parser, settings_group
+
+    # Every group of settings has a heading (a new group must get one).
+    declaring = {settings_group(field).__name__ for field in Settings.model_fields}
+    assert declaring <= set(HELP_GROUPS), declaring - set(HELP_GROUPS)
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    text = serve.format_help()
+    assert text.startswith("usage: reducing-saver serve [OPTIONS]\n")
+    headings = [title for title, description in HELP_GROUPS.values()]
+    for group in serve._action_groups[2:]:  # after argparse's own positionals and options
+        assert group.title.split(" (")[0] in headings
+        for action in group._group_actions:
+            field = SERVE_FLAGS[action.option_strings[0]]
+            assert group.title.startswith(HELP_GROUPS[settings_group(field).__name__][0]), action.option_strings
+    grouped = {option for group in serve._action_groups[2:] for a in group._group_actions for option in a.option_strings}
+    assert set(SERVE_FLAGS) <= grouped
+    assert "server (the database, the address, processes and logs):\n  --database URL" in text
