@@ -198,6 +198,8 @@ FOREIGN_FLAGS = {
     "--wait": "docker compose up (Compose v2)",
     "--build-arg": "docker build",
     "--no-deps": "pip wheel",
+    "--wheel-dir": "pip wheel",
+    "--short": "git status",
     "--tool": "valgrind",
     "--gil": "py-spy",
     "--runtime-mode": "granian",
@@ -242,7 +244,7 @@ def test_every_flag_the_pages_name_exists():
 #: Paths of the repository a page may name that a clean clone does not hold, and why.
 NOT_IN_A_CLONE = {"benchmarks/results": "the benchmarks' output folder, git-ignored"}
 _TOP = "tests|service|client|reducer|wire|benchmarks|deploy|docs|examples|scripts|\\.ci"
-_PATH = re.compile(rf"(?<![\w/.<>-])(?:{_TOP})/[\w./{{}},*<>-]*")
+_PATH = re.compile(rf"(?<![\w/.<>$-])(?:{_TOP})/[\w./{{}},*<>$-]*")
 _LINK = re.compile(r"\]\((?!https?:|mailto:)([^)\s]+)\)")
 
 
@@ -251,7 +253,7 @@ def _expanded(path: str) -> list[str]:
     match = re.search(r"\{([^}]*)\}", path)
     if match:
         return [g for part in match[1].split(",") for g in _expanded(path[: match.start()] + part + path[match.end():])]
-    return [re.sub(r"<[^>]*>", "*", path)]
+    return [re.sub(r"<[^>]*>|\$\w+", "*", path)]
 
 
 def _slug(heading: str) -> str:
@@ -288,6 +290,9 @@ def test_the_path_and_flag_checks_see_what_they_look_for():
         "service/storage/{postgres,sqlite}/migrations.py", "tests/e2e/"
     ]
     assert _expanded("service/storage/<backend>/{a,b}.py") == ["service/storage/*/a.py", "service/storage/*/b.py"]
+    assert _expanded("tests/fixtures/reducing_saver-$VERSION-py3-none-any.whl") == [
+        "tests/fixtures/reducing_saver-*-py3-none-any.whl"
+    ]
     assert _FLAG.findall("`serve --no-migrate`, a |---| table, grep -A1 -- '--max-messages'") == [
         "--no-migrate", "--max-messages"
     ]
