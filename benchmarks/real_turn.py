@@ -4,8 +4,8 @@
 
 A LangGraph agent as users write one: a model node and a ``ToolNode`` routed by ``tools_condition``; the
 model call waits a simulated latency (0, 200 ms and 1 s per call in a full run), the tool 50 ms, and every
-other turn calls the tool once (human, tool call, tool result, answer), so a turn makes one or two model
-calls. It runs with LangGraph's default ``durability="async"``: a checkpoint's put overlaps the next
+third turn calls the tool once (human, tool call, tool result, answer: two model calls), the others
+answer at once (one model call). It runs with LangGraph's default ``durability="async"``: a checkpoint's put overlaps the next
 model call, and the run waits for what is pending only when it ends. Three checkpointers on one
 PostgreSQL database, taking turns turn by turn (the order rotating every round), each turn an
 ``ainvoke`` on a thread of its own:
@@ -15,9 +15,9 @@ PostgreSQL database, taking turns turn by turn (the order rotating every round),
   ``on_prune`` hook writing the cut messages into an ``AsyncPostgresStore`` (``benchmarks/latency.py``);
 * ``plain``: ``AsyncPostgresSaver``, no window and no memory.
 
-Per model latency it reports each checkpointer's median and p95 turn, the ratios service / in-process
-and service / plain of both (from the same run), and the milliseconds the service adds to a turn's
-median. Run alone it starts the service on a scratch database; ``python -m benchmarks`` runs it as its
+Per model latency it reports each checkpointer's median turn (one model call), p95 turn (a tool turn)
+and mean turn (a conversation's time over its turns), the ratios service / in-process and service /
+plain of each (from the same run), and the milliseconds the service adds to a turn's median. Run alone it starts the service on a scratch database; ``python -m benchmarks`` runs it as its
 ``real_turn`` section.
 """
 
@@ -44,8 +44,8 @@ LABELS = {
 }
 #: LangGraph's default for invoke, ainvoke and stream.
 DURABILITY = "async"
-FULL = {"latencies": [0.0, 0.2, 1.0], "tool_seconds": 0.05, "turns": 10, "rounds": 4, "window": 20}
-QUICK = {"latencies": [0.0, 0.02], "tool_seconds": 0.01, "turns": 8, "rounds": 1, "window": 20}
+FULL = {"latencies": [0.0, 0.2, 1.0], "tool_seconds": 0.05, "turns": 12, "rounds": 4, "window": 20}
+QUICK = {"latencies": [0.0, 0.02], "tool_seconds": 0.01, "turns": 9, "rounds": 1, "window": 20}
 
 
 def agent_graph(checkpointer: Any, model_seconds: float, tool_seconds: float) -> Any:
@@ -65,7 +65,7 @@ def agent_graph(checkpointer: Any, model_seconds: float, tool_seconds: float) ->
         await asyncio.sleep(model_seconds)
         messages = state["messages"]
         turn = sum(isinstance(message, HumanMessage) for message in messages)
-        if isinstance(messages[-1], HumanMessage) and turn % 2 == 0:
+        if isinstance(messages[-1], HumanMessage) and turn % 3 == 0:
             call = {"name": "lookup", "args": {"query": str(len(messages))}, "id": f"call-{uuid.uuid4().hex}"}
             return {"messages": [AIMessage("", tool_calls=[call])]}
         return {"messages": [AIMessage(text(f"ai-{len(messages)}"))]}
@@ -122,6 +122,8 @@ async def measure(service_url: str, database: str, *, model_seconds: float, tool
             "service_vs_inprocess_p95": ratio(service["p95_ms"], inprocess["p95_ms"]),
             "service_vs_plain_median": ratio(service["median_ms"], plain["median_ms"]),
             "service_vs_plain_p95": ratio(service["p95_ms"], plain["p95_ms"]),
+            "service_vs_inprocess_mean": ratio(service["mean_ms"], inprocess["mean_ms"]),
+            "service_vs_plain_mean": ratio(service["mean_ms"], plain["mean_ms"]),
         },
         "service_adds_ms_median": round(service["median_ms"] - inprocess["median_ms"], 2),
     }
@@ -152,18 +154,21 @@ def run(service_url: str, database: str, *, latencies: list[float], tool_seconds
 def table(result: dict[str, Any]) -> list[str]:
     """The section as a Markdown table."""
     lines = [
-        "| model call | service, median / p95 | in-process, same features | plain AsyncPostgresSaver | "
-        "service / in-process, median (p95) | service / plain, median (p95) |",
+        "| model call | service, median / p95 / mean | in-process, same features | plain AsyncPostgresSaver | "
+        "service / in-process, median / p95 / mean | service / plain, median / p95 / mean |",
         "|---|---|---|---|---|---|",
     ]
     for figures in result["by_model_latency"]:
-        cells = [f"{figures[kind]['median_ms']:,.1f} / {figures[kind]['p95_ms']:,.1f} ms" for kind in KINDS]
+        cells = [
+            f"{figures[kind]['median_ms']:,.1f} / {figures[kind]['p95_ms']:,.1f} / {figures[kind]['mean_ms']:,.1f} ms"
+            for kind in KINDS
+        ]
         r = figures["ratios"]
-        lines.append(
-            f"| {figures['model_ms']:,} ms | {' | '.join(cells)} | {r['service_vs_inprocess_median']:.3f}× "
-            f"({r['service_vs_inprocess_p95']:.3f}×) | {r['service_vs_plain_median']:.3f}× "
-            f"({r['service_vs_plain_p95']:.3f}×) |"
-        )
+        ratios = [
+            " / ".join(f"{r[f'service_vs_{other}_{stat}']:.3f}×" for stat in ("median", "p95", "mean"))
+            for other in ("inprocess", "plain")
+        ]
+        lines.append(f"| {figures['model_ms']:,} ms | {' | '.join(cells)} | {' | '.join(ratios)} |")
     return lines
 
 
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         run_service(Path(folder), "--database", database, "--max-messages", str(settings["window"])) as service,
     ):
         result = run(service.url, database, **settings)
-    print(f"\nReal turns: durability={result['durability']}, tool {result['tool_ms']} ms, every other turn "
+    print(f"\nReal turns: durability={result['durability']}, tool {result['tool_ms']} ms, every third turn "
           f"calls it; {result['rounds']} rounds x {result['turns_per_thread']}-turn threads per checkpointer")
     for line in table(result):
         print(f"  {line}")

@@ -90,11 +90,12 @@ def test_real_turn_section(quick_run: tuple[Path, dict, str]) -> None:
     for figures in real["by_model_latency"]:
         for kind in ("service", "inprocess", "plain"):
             assert figures[kind]["n"] == settings["turns"] * settings["rounds"], kind
-            # A turn waits for at least one model call, and two on a tool-calling turn.
+            # A turn waits for at least one model call, a tool-calling turn for two and the tool.
             assert figures[kind]["median_ms"] >= figures["model_ms"], (kind, figures)
+            assert figures[kind]["p95_ms"] >= 2 * figures["model_ms"] + real["tool_ms"], (kind, figures)
             assert figures[kind]["p95_ms"] >= figures[kind]["median_ms"] > 0, (kind, figures)
-        for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_plain_median",
-                    "service_vs_plain_p95"):
+        for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_inprocess_mean",
+                    "service_vs_plain_median", "service_vs_plain_p95", "service_vs_plain_mean"):
             assert positive(figures["ratios"][key]), key
         kept = figures["messages_in_last_thread"]
         assert kept["service"] <= 20 and kept["inprocess"] <= 20 < kept["plain"], kept
