@@ -203,6 +203,7 @@ FOREIGN_FLAGS = {
     "--tool": "valgrind",
     "--gil": "py-spy",
     "--runtime-mode": "granian",
+    "--app-dir": "uvicorn",
 }
 #: The project's programs besides `reducing-saver`, whose flags the pages name: their sources declare them.
 OWN_PROGRAMS = ("benchmarks/*.py", "service/configuration/docs.py", "scripts/test")

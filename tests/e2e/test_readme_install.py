@@ -90,6 +90,9 @@ def wheelhouse() -> Path:
     for wheel in building.glob("reducing_saver-*.whl"):  # the installs build the checkout's own
         wheel.unlink()
     building.rename(folder)
+    for stale in folder.parent.iterdir():  # the wheelhouses of earlier pyproject.toml files
+        if stale != folder and not stale.name.endswith(".partial"):
+            shutil.rmtree(stale, ignore_errors=True)
     return folder
 
 
