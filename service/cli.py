@@ -590,7 +590,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     if refusal := check_exposure(settings):
         raise CommandError(refusal, code=2)
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
+        raise CommandError(refusal, code=2)
     _check_code(settings)
     sock = _bind(settings.host, settings.port)
     try:
@@ -675,7 +675,7 @@ def worker(settings: Settings) -> None:
 
     configure_logging(settings)
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
+        raise CommandError(refusal, code=2)
     _check_code(settings)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
@@ -730,7 +730,7 @@ def migrate(settings: Settings) -> None:
         print("reducing-saver: memory:// keeps its tables inside the service process: nothing to migrate")
         return
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
+        raise CommandError(refusal, code=2)
     backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds)
     try:
         backend.store_options = store_config.store_options(settings)

@@ -7,8 +7,9 @@ README whose install leaves out what its Quickstart imports passes there. Here n
 what a block installs.
 
 pip runs offline, from a wheelhouse: the wheels of what the install blocks ask for, built by ``pip
-wheel`` once per ``pyproject.toml`` (the one step that may download) and kept beside the test
-environment, so that the installs take seconds and a clean clone builds it on its first run.
+wheel`` once per ``pyproject.toml`` (the one step that may download) and kept in the user's cache folder
+(``~/.cache/reducing-saver/wheelhouse``, or ``REDUCING_SAVER_TEST_WHEELHOUSE``), so that the installs take
+seconds, fresh clones of the same ``pyproject.toml`` share it, and a machine without it builds it once.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def wheelhouse() -> Path:
         | set(tomllib.loads(pyproject.read_text())["build-system"]["requires"])
     )
     key = hashlib.sha256(pyproject.read_bytes() + "\n".join(requirements).encode()).hexdigest()[:16]
-    folder = Path(sys.prefix) / "wheelhouse" / key
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reducing-saver" / "wheelhouse"
+    folder = Path(os.environ.get("REDUCING_SAVER_TEST_WHEELHOUSE") or cache) / key
     if folder.is_dir():
+        os.utime(folder)  # in use: not stale
         return folder
     building = folder.with_name(f"{key}.{os.getpid()}.partial")
     shutil.rmtree(building, ignore_errors=True)
@@ -89,10 +92,15 @@ def wheelhouse() -> Path:
     )
     for wheel in building.glob("reducing_saver-*.whl"):  # the installs build the checkout's own
         wheel.unlink()
-    building.rename(folder)
-    for stale in folder.parent.iterdir():  # the wheelhouses of earlier pyproject.toml files
-        if stale != folder and not stale.name.endswith(".partial"):
+    try:
+        building.rename(folder)
+    except OSError:  # another run built the same wheelhouse meanwhile
+        shutil.rmtree(building, ignore_errors=True)
+    month_ago = time.time() - 30 * 86400
+    for stale in folder.parent.iterdir():  # wheelhouses of pyproject.toml files unused for a month
+        if stale != folder and stale.stat().st_mtime < month_ago:
             shutil.rmtree(stale, ignore_errors=True)
+    os.utime(folder)
     return folder
 
 
