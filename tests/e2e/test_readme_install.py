@@ -61,11 +61,14 @@ def _pip_install_arguments(source: str) -> list[str]:
     return found
 
 
-def _as_requirement(argument: str) -> str:
-    """A ``pip install`` argument as ``pip wheel`` run from anywhere takes it: ``.`` is the checkout."""
-    if argument == "." or argument.startswith(".["):
-        return str(ROOT) + argument[1:]
-    return argument
+def _requirements(argument: str, project: dict) -> list[str]:
+    """What a ``pip install`` argument brings, as requirements ``pip wheel`` takes: ``.[extras]`` (the
+    checkout) is its dependencies and those of its extras, read from ``pyproject.toml`` so that nothing is
+    built in the checkout."""
+    if argument != "." and not argument.startswith(".["):
+        return [argument]
+    extras = [extra.strip() for extra in argument[1:].strip("[]").split(",") if extra.strip()]
+    return [*project["dependencies"], *(req for extra in extras for req in project["optional-dependencies"][extra])]
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +76,11 @@ def wheelhouse() -> Path:
     """Wheels of every requirement the README's install blocks name, and of the project's build
     requirements (an editable install builds the project in an isolated environment)."""
     pyproject = ROOT / "pyproject.toml"
+    config = tomllib.loads(pyproject.read_text())
     requirements = sorted(
-        {_as_requirement(arg) for block in install_blocks() for arg in _pip_install_arguments(block.source)}
-        | set(tomllib.loads(pyproject.read_text())["build-system"]["requires"])
+        {req for block in install_blocks() for arg in _pip_install_arguments(block.source)
+         for req in _requirements(arg, config["project"])}
+        | set(config["build-system"]["requires"])
     )
     key = hashlib.sha256(pyproject.read_bytes() + "\n".join(requirements).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reducing-saver" / "wheelhouse"
@@ -90,8 +95,6 @@ def wheelhouse() -> Path:
          str(building), *requirements],
         check=True, timeout=900,
     )
-    for wheel in building.glob("reducing_saver-*.whl"):  # the installs build the checkout's own
-        wheel.unlink()
     try:
         building.rename(folder)
     except OSError:  # another run built the same wheelhouse meanwhile
