@@ -21,7 +21,6 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from reducing_saver.reducer import ReducerConfig
-from reducing_saver.service.imports import import_callable
 from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys, load_metrics_keys
 
@@ -57,8 +56,10 @@ class ServerSettings(BaseModel):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    log_format: Literal["json", "text"] = Field(
-        "json", description="Log lines as JSON objects (one per line) or as text."
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="Log lines as JSON objects (one per line) or as text; auto: text on a terminal, JSON "
+        "otherwise (a container's or a process manager's log).",
     )
     shutdown_grace_seconds: float = Field(
         30.0,
@@ -371,8 +372,10 @@ class Settings(
     @field_validator("extractor")
     @classmethod
     def _check_extractor(cls, value: str | None) -> str | None:
-        if value is not None:
-            import_callable(value, "extractor")
+        # The form only: what it names is imported where it runs, and checked by the commands at start
+        # (reducing_saver.service.imports says how, for every module:attribute setting).
+        if value is not None and (not value.partition(":")[0] or not value.partition(":")[2]):
+            raise ValueError(f"{value!r} is not a module:callable import path")
         return value
 
     @field_validator("default_ttl", "sweep_interval", "outbox_retention", mode="before")

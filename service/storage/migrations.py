@@ -13,6 +13,7 @@ created (tables, no version table) migrates like an empty one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from reducing_saver.service.storage import StorageError
@@ -94,6 +95,20 @@ def langgraph_changes(before: dict[str, int], after: dict[str, int]) -> list[str
         for table in after
         if after[table] > before.get(table, NO_VERSION)
     ]
+
+
+def summarized(applied: list[str], where: str) -> str:
+    """What :meth:`migrate` applied (its lines, as :class:`Applied` and :func:`langgraph_changes` write
+    them), in one line for a service's start-up log."""
+    own = [int(match[1]) for line in applied if (match := re.match(r"applied migration (\d+):", line))]
+    parts = []
+    if own:
+        before = "none" if own[0] == 0 else f"version {own[0] - 1}"
+        parts.append(f"reducing-saver schema from {before} to version {own[-1]} ({len(own)} migrations)")
+    parts += [line.removeprefix("applied ") for line in applied if line.startswith("applied langgraph's ")]
+    if not parts:
+        return f"the schema of {where} is current"
+    return f"migrated {where}: " + "; ".join(parts)
 
 
 def check_langgraph(found: dict[str, int], known: dict[str, int], where: str, why: str = NO_MIGRATE) -> None:

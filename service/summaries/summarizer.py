@@ -41,7 +41,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
-from reducing_saver.service.imports import import_attribute_or_provider
+from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.storage import ValueRefused
@@ -235,42 +235,32 @@ class CallableSummarizer:
 def load_summarizer(
     spec: str, *, max_input_tokens: int, max_tokens: int
 ) -> ModelSummarizer | CallableSummarizer:
-    """What ``--summarizer SPEC`` names.
-
-    ``module:attribute`` when such a module exists and holds the attribute (a dotted module part is always
-    an import path); otherwise ``provider:model`` through ``init_chat_model``.
+    """What ``--summarizer SPEC`` names: ``module:attribute`` (a chat model, or a ``(previous_summary,
+    messages) -> str`` callable) or ``provider:model`` through ``init_chat_model``, resolved as every
+    such setting is (:mod:`reducing_saver.service.imports`).
 
     Raises:
-        SummarizerError: Naming the spec and what is missing.
+        SummarizerError: One line naming the spec and what is missing.
     """
-    provider_or_module, _, model_or_attribute = spec.partition(":")
-    if not provider_or_module or not model_or_attribute:
-        raise SummarizerError(f"--summarizer {spec!r}: expected provider:model or module:attribute")
-    try:
-        target = import_attribute_or_provider(spec)
-    except ValueError as exc:
-        raise SummarizerError(f"--summarizer {spec!r} {exc}") from None
-    if target is not None:
-        if isinstance(target, BaseChatModel):
-            return ModelSummarizer(target, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
-        if callable(target) and not isinstance(target, type):
-            return CallableSummarizer(target, spec, max_tokens=max_tokens)
-        raise SummarizerError(
-            f"--summarizer {spec!r} is a {type(target).__name__}: name a BaseChatModel or a callable "
-            "(previous_summary, messages) -> str"
-        )
-    try:
+
+    def init(provider_model: str) -> BaseChatModel:
         from langchain.chat_models import init_chat_model
-    except ImportError:
-        raise SummarizerError(
-            f"--summarizer {spec!r}: 'provider:model' needs the langchain package and the provider's "
-            "(e.g. langchain-openai) installed with the service; or name a 'module:attribute'"
-        ) from None
+
+        return init_chat_model(provider_model, max_tokens=max_tokens)
+
     try:
-        model = init_chat_model(spec, max_tokens=max_tokens)
-    except Exception as exc:  # noqa: BLE001 - any provider failure is a start-up refusal naming it
-        raise SummarizerError(f"--summarizer {spec!r} cannot be initialized: {exc}") from None
-    return ModelSummarizer(model, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
+        target, from_provider = import_or_provider(spec, "--summarizer", providers="chat_models", init=init)
+    except ResolveError as exc:
+        raise SummarizerError(str(exc)) from None
+    if isinstance(target, BaseChatModel):
+        return ModelSummarizer(target, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
+    if callable(target) and not isinstance(target, type) and not from_provider:
+        return CallableSummarizer(target, spec, max_tokens=max_tokens)
+    raise SummarizerError(
+        str(ResolveError("--summarizer", spec, "not a chat model or callable",
+                         f"got {kind_of(target)}: name a BaseChatModel or a callable "
+                         "(previous_summary, messages) -> str"))
+    )
 
 
 # -- the worker ----------------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def test_refusals(tmp_path: Path) -> None:
     line = _refused(
         tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "nope.mod:embed"}'
     )
-    assert "--store-index embed 'nope.mod:embed' cannot be imported" in line
+    assert "--store-index embed 'nope.mod:embed': module not found" in line
     line = _refused(
         tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "x:y", "bogus": 1}'
     )

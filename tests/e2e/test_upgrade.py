@@ -6,6 +6,7 @@ The previous release runs from its wheel in a virtual environment of its own
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sqlite3
 import subprocess
@@ -21,7 +22,7 @@ from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.service.storage.postgres import migrations as pg_migrations
 from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
 from tests.conftest import build_chat_graph, human
-from tests.support.previous_release import build, run_previous_service
+from tests.support.previous_release import VERSION, version_key, build, run_previous_service
 from tests.support.server import run_service
 
 #: A small window, so a few turns prune messages into the outbox.
@@ -106,7 +107,7 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
     assert {row[0] for row in old_ledger} == set(KEPT + DOOMED + PENDING)
     old_items = set(db.rows("SELECT prefix, key FROM store"))
     assert ("notes.user-1", "a") in old_items and len(old_items) > 2  # notes and delivered memories
-    assert db.version() == -1  # the previous release kept no schema version
+    assert db.version() == previous_release.schema["postgres" if db.postgres else "sqlite"]
 
     # -- this release opens it: migrates, serves every old thread, delivers the pending rows once ------
     calls_db = make_database()
@@ -128,7 +129,7 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
         assert previous_release.agent("threads", url=service.url, threads=PENDING + DOOMED) == {
             thread: before[thread] for thread in PENDING + DOOMED
         }
-    assert "applied migration 0: CREATE TABLE IF NOT EXISTS reducing_saver_migrations" in service.output()
+    assert f"reducing-saver schema from none to version {db.latest()}" in service.output()
     assert db.version() == db.latest()
 
     with psycopg.connect(calls_db) as conn:
@@ -184,11 +185,13 @@ def test_this_releases_clients_work_against_the_previous_service(previous_releas
 
 
 def test_the_previous_release_is_what_runs(previous_release):
-    """The old environment imports the wheel's code: it has no migrations, and its CLI has no `migrate`."""
+    """The old environment imports the wheel's code, of the newest release before this one, whose schema is
+    this one's or older."""
     seen = previous_release.agent("identify")
-    assert seen["version"] == "0.1.0" and not seen["has_migrations"]
-    result = subprocess.run([str(previous_release.cli), "migrate"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "invalid choice: 'migrate'" in result.stderr
+    assert seen["version"] == VERSION and version_key(VERSION) < version_key(importlib.metadata.version("reducing-saver"))
+    assert seen["schema"]["postgres"] <= pg_migrations.LATEST and seen["schema"]["sqlite"] <= sqlite_migrations.LATEST
+    result = subprocess.run([str(previous_release.cli), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"reducing-saver {VERSION}"
 
 
 def test_the_previous_release_and_this_one_serve_one_database_together(previous_release, fresh_pg, tmp_path, make_database):
