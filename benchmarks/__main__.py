@@ -1,4 +1,5 @@
-"""The benchmark suite: storage, growth, latency, a long thread, throughput and service cost, in one run.
+"""The benchmark suite: storage, growth, real turns, latency, a long thread, throughput and service cost, in
+one run.
 
     .venv/bin/python -m benchmarks [--quick] [--out benchmarks/results]
 
@@ -35,9 +36,9 @@ from benchmarks._common import DEFAULT_SERVER, scratch_database
 
 # Service cost runs before throughput: 32 agent processes leave PostgreSQL (autovacuum) and the load
 # average busy for a while after them.
-SECTIONS = ("storage", "growth", "latency", "long_thread", "service_cost", "throughput")
+SECTIONS = ("storage", "growth", "real_turn", "latency", "long_thread", "service_cost", "throughput")
 # The sections that share one service process.
-SINGLE_SERVICE_SECTIONS = ("storage", "latency", "long_thread", "service_cost")
+SINGLE_SERVICE_SECTIONS = ("storage", "real_turn", "latency", "long_thread", "service_cost")
 
 FULL = {
     "storage_turns": 100,
@@ -166,8 +167,13 @@ def _machine_line(machine: dict[str, Any]) -> str:
 
 # The targets the issue sets for some of the ratios (at most this much).
 def targets(results: dict[str, Any]) -> dict[str, Any]:
-    """The figures the issue asks to report, as ratios from this run."""
+    """The headline figures, as ratios from this run."""
     out: dict[str, Any] = {}
+    if "real_turn" in results:
+        for figures in results["real_turn"]["by_model_latency"]:
+            for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_inprocess_mean",
+                        "service_vs_plain_median"):
+                out[f"real_turn_{figures['model_ms']}ms_{key}"] = figures["ratios"][key]
     if "latency" in results:
         for mode in ("sync", "async"):
             ratios = results["latency"][mode]["ratios"]
@@ -294,6 +300,15 @@ def print_summary(results: dict[str, Any]) -> None:
               f"store {_kb(m['store_bytes'])} ({m['store_items']} items)")
     if "growth" in results:
         print_growth(results["growth"])
+    if "real_turn" in results:
+        rt = results["real_turn"]
+        print(f"\nReal turns: a tool-calling agent, the model waiting each call, a {rt['tool_ms']} ms tool every "
+              f"third turn, durability={rt['durability']} (LangGraph's default); {rt['rounds']} rounds x "
+              f"{rt['turns_per_thread']}-turn threads per checkpointer, interleaved")
+        from benchmarks.real_turn import table as real_turn_table
+
+        for line in real_turn_table(rt):
+            print(f"  {line}")
     if "latency" in results:
         lat = results["latency"]
         print(f"\nLatency per turn: {lat['rounds']} rounds x {lat['turns_per_thread']}-turn threads per "
@@ -456,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         growth,
         latency,
         long_thread,
+        real_turn,
         service_cost,
         stock_service,
         storage,
@@ -474,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "quick": args.quick,
-            "settings": settings,
+            "settings": {**settings, "real_turn": real_turn.QUICK if args.quick else real_turn.FULL},
             "machine": machine,
             "machine_line": _machine_line(machine),
             "versions": _versions(),
@@ -519,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
                     section("storage")
                     results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
                                                      window=settings["window"])
+                if "real_turn" in sections:
+                    section("real_turn")
+                    results["real_turn"] = real_turn.run(
+                        service.url, database, **(real_turn.QUICK if args.quick else real_turn.FULL), log=log
+                    )
                 if "latency" in sections:
                     section("latency")
                     results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],

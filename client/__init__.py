@@ -14,6 +14,7 @@ from reducing_saver.client._client import RemoteReducer, RemoteReducingSaver, __
 from reducing_saver.client._errors import (
     AuthenticationError,
     BadRequestError,
+    CheckpointPrunedError,
     ConflictError,
     ConnectionSetupError,
     DatabaseTimeoutError,
@@ -30,6 +31,7 @@ from reducing_saver.wire.nul import decode_memory_value
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "CheckpointPrunedError",
     "ConflictError",
     "ConnectionSetupError",
     "DatabaseTimeoutError",

@@ -1142,6 +1142,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             The checkpoint tuple, or ``None`` when the service has no such checkpoint.
 
         Raises:
+            CheckpointPrunedError: If the service's ``--keep-checkpoints`` deleted that checkpoint (``list``
+                of it, and a ``put`` naming it as parent, raise it too).
             ReducingSaverError: A subclass naming what failed.
         """
         return self._http.send(self._get_tuple_call(config))

@@ -7,6 +7,8 @@ Every error the client raises on purpose derives from one root::
     │                             status, the client refused to send it: a store value JSON cannot carry)
     ├── AuthenticationError       401, 403: missing, wrong or insufficient API key
     ├── NotFoundError             404
+    │   └── CheckpointPrunedError 410: the checkpoint named was deleted by keeping each thread's last
+    │                             checkpoints (--keep-checkpoints): time travel to it, or a put on it
     ├── ConflictError             409
     ├── PayloadTooLargeError      413, or the service closed the connection while a large body was sent
     ├── ServerUnavailableError    5xx, or the service could not be reached
@@ -70,6 +72,15 @@ class NotFoundError(ReducingSaverError):
     """The service has no such resource or route (404)."""
 
 
+class CheckpointPrunedError(NotFoundError):
+    """The checkpoint a call named was deleted by the service's keep-checkpoints policy (410).
+
+    Raised by ``get_tuple`` and ``list`` of that checkpoint (LangGraph's ``get_state``,
+    ``get_state_history``, ``invoke`` and ``update_state`` from it), and by a ``put`` naming it as parent:
+    a stock saver would answer "no such checkpoint" and LangGraph would start from an empty state.
+    """
+
+
 class ConflictError(ReducingSaverError):
     """The request conflicts with the stored state (409)."""
 
@@ -104,6 +115,7 @@ _BY_STATUS: dict[int, type[ReducingSaverError]] = {
     401: AuthenticationError,
     403: AuthenticationError,
     404: NotFoundError,
+    410: CheckpointPrunedError,
     409: ConflictError,
     413: PayloadTooLargeError,
     422: BadRequestError,
@@ -175,6 +187,7 @@ def error_from_response(response: httpx.Response, *, method: str, path: str) -> 
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "CheckpointPrunedError",
     "ConflictError",
     "ConnectionSetupError",
     "DatabaseTimeoutError",

@@ -4,10 +4,13 @@ Pure code, like the rest of the reducer: the summaries themselves live in a :cla
 service's table, or a dict), which this module only reads and asks for new work.
 
 A thread's summary is a chain of *steps*. A step summarizes one *batch* of cut messages on top of the
-step before it (its *base*), and is named by both: ``step_id(base, keys of the batch)``. So a fork that
-cuts the same messages from the same summary finds the step already done, and one that diverges gets
-steps of its own. Every window of a summarized thread holds, right after its leading system messages,
-one summary message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
+step before it (its *base*), and is named by both and by what the batch says: ``step_id(base, keys,
+fingerprint)``. So a fork that cuts the same messages from the same summary finds the step already done,
+one that diverges gets steps of its own, and a message edited in place (``update_state`` with its id)
+while its batch waits makes a new step: the summary of the old text never replaces the new one.
+
+Every window of a summarized thread holds, right after its leading system messages, one summary
+message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
 (:func:`summary_message_id`), marked ``additional_kwargs["lc_source"] = "summarization"`` and carrying
 the step it shows (:data:`MARK_KEY`). Each checkpoint's window carries its own summary, so time travel
 resumes with the summary that covered that checkpoint's own cut.
@@ -21,7 +24,9 @@ On each put that writes the messages channel, :meth:`Summaries.plan`:
 3. above the reducer's trigger, asks the book for a step covering the reducer's cut (unless one for
    those messages is already waiting); the batch stays in the window meanwhile;
 4. only above the hard limit does the window cut without a summary: the cut's steps are then *lagging*
-   (named in the summary message, folded into it once done), and the cut is reported.
+   (folded into the summary once done), and the cut is reported. Lagging steps form a chain in the book
+   (each on top of the one before); the summary message names only its two ends and how many messages
+   they hold, so it keeps its size however far behind the summarizer is.
 
 So below the hard limit every message ever written is in the window or covered by its summary.
 """
@@ -67,16 +72,36 @@ def summary_message_id(thread_id: str, checkpoint_ns: str) -> str:
     return str(uuid.uuid5(_ID_NAMESPACE, f"{thread_id}\x1f{checkpoint_ns}"))
 
 
-def step_id(base: str | None, keys: Sequence[str]) -> str:
-    """A step's name: a digest of its base step and of its batch's message keys."""
-    return hashlib.sha256(orjson.dumps([base, list(keys)])).hexdigest()[:32]
+def step_id(base: str | None, keys: Sequence[str], fingerprint: str | None = None) -> str:
+    """A step's name: a digest of its base step, of its batch's message keys and, when given, of the
+    batch's :func:`batch_fingerprint` (what the messages say: an edited message makes another step)."""
+    named = [base, list(keys)] if fingerprint is None else [base, list(keys), fingerprint]
+    return hashlib.sha256(orjson.dumps(named)).hexdigest()[:32]
 
 
-def summary_content(text: str | None, lagging: int) -> str:
-    """The content of the summary message showing ``text``, with a note for lagging messages."""
+def message_digest(message: Any) -> bytes:
+    """16 bytes that change when a message does: its ``model_dump()`` (or dict), canonical JSON, hashed."""
+    fields = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+    data = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def batch_fingerprint(
+    messages: Sequence[Any], digest: Callable[[Any], bytes] = message_digest
+) -> str:
+    """What a batch's messages say, as 32 hex digits (``digest`` of each, in order, hashed together)."""
+    combined = hashlib.blake2b(digest_size=16)
+    for message in messages:
+        combined.update(digest(message))
+    return combined.hexdigest()
+
+
+def summary_content(text: str | None, waiting: int) -> str:
+    """The content of the summary message showing ``text``, with a note for ``waiting`` messages cut past
+    the hard limit and not summarized yet."""
     parts = [text] if text else []
-    if lagging:
-        parts.append(_PENDING_NOTE.format(count=lagging))
+    if waiting:
+        parts.append(_PENDING_NOTE.format(count=waiting))
     return SUMMARY_PREFIX + "\n\n".join(parts)
 
 
@@ -130,6 +155,10 @@ class SummaryBook(Protocol):
     def request(self, step: StepRequest) -> None:
         """Record a step to summarize (idempotent: a step already held is left as it is)."""
 
+    def chain(self, thread_id: str, checkpoint_ns: str, tip: str, base: str | None) -> list[StepInfo]:
+        """The steps from ``tip`` back through their bases to the one built on ``base`` (excluded), oldest
+        first: the chain of lagging steps a summary names by its ends."""
+
 
 class SummaryForgeryError(ValueError):
     """A put carries the service's summary message in a form the service did not write."""
@@ -137,13 +166,25 @@ class SummaryForgeryError(ValueError):
 
 @dataclass(frozen=True)
 class WindowSummary:
-    """What a window's summary message records (:data:`MARK_KEY`)."""
+    """What a window's summary message records (:data:`MARK_KEY`).
+
+    Attributes:
+        step: The done step it shows (``None``: none yet).
+        version: That step's version.
+        covered: Messages that step covers.
+        through: The key of the last message it covers.
+        lagging: The ends of the chain of lagging steps (first and last; one id when they are the same
+            step; empty when none lags).
+        lagging_messages: Messages the lagging steps hold (cut past the hard limit, not summarized yet).
+        text: The summary's text (not in the mark: the book's).
+    """
 
     step: str | None = None
     version: int = 0
     covered: int = 0
     through: str | None = None
     lagging: tuple[str, ...] = ()
+    lagging_messages: int = 0
     text: str | None = None
 
     @classmethod
@@ -151,16 +192,27 @@ class WindowSummary:
         lagging = mark.get("lagging") or ()
         step = mark.get("step")
         version, covered = mark.get("version"), mark.get("covered")
+        lagging_messages = mark.get("lagging_messages", 0)
         if not (
             (step is None or isinstance(step, str))
             and isinstance(version, int)
             and isinstance(covered, int)
             and isinstance(lagging, (list, tuple))
+            and len(lagging) <= 2
             and all(isinstance(s, str) for s in lagging)
+            and isinstance(lagging_messages, int)
+            and not isinstance(lagging_messages, bool)
         ):
             raise SummaryForgeryError(f"additional_kwargs.{MARK_KEY} is malformed")
         through = mark.get("through")
-        return cls(step, version, covered, through if isinstance(through, str) else None, tuple(lagging))
+        return cls(
+            step,
+            version,
+            covered,
+            through if isinstance(through, str) else None,
+            tuple(lagging),
+            lagging_messages,
+        )
 
     def mark(self) -> dict[str, Any]:
         return {
@@ -169,6 +221,7 @@ class WindowSummary:
             "covered": self.covered,
             "through": self.through,
             "lagging": list(self.lagging),
+            "lagging_messages": self.lagging_messages,
         }
 
     def advance(self, step: StepInfo) -> WindowSummary:
@@ -223,6 +276,9 @@ class Summaries:
         on_request: ``on_request(thread_id)`` after a step was asked for (wakes a summarizer).
         verified_capacity: How many verified summary messages the instance remembers (they are
             immutable, so a put sending one back needs no look-up).
+        fingerprint: ``fingerprint(thread_id, batch)``: what a batch says, part of its step's name
+            (default :func:`batch_fingerprint`; the service passes one keyed per tenant under encryption,
+            so a step id reveals nothing of the text).
     """
 
     def __init__(
@@ -235,6 +291,7 @@ class Summaries:
         on_uncovered: Callable[[str, int], Any] | None = None,
         on_request: Callable[[str], Any] | None = None,
         verified_capacity: int = 10_000,
+        fingerprint: Callable[[str, Sequence[Any]], str] | None = None,
     ) -> None:
         self.book = book
         self.hard_limit = hard_limit
@@ -242,6 +299,7 @@ class Summaries:
         self.enabled = enabled or (lambda thread_id: True)
         self.on_uncovered = on_uncovered
         self.on_request = on_request
+        self.fingerprint = fingerprint or (lambda thread_id, batch: batch_fingerprint(batch))
         self._verified: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._verified_capacity = verified_capacity
         self._lock = threading.Lock()
@@ -251,7 +309,7 @@ class Summaries:
     def message(self, thread_id: str, checkpoint_ns: str, state: WindowSummary) -> HumanMessage:
         """The summary message showing ``state``."""
         return HumanMessage(
-            content=summary_content(state.text, len(state.lagging)),
+            content=summary_content(state.text, state.lagging_messages),
             id=summary_message_id(thread_id, checkpoint_ns),
             additional_kwargs={"lc_source": SUMMARY_SOURCE, MARK_KEY: state.mark()},
         )
@@ -322,7 +380,10 @@ class Summaries:
             if step.status != "done" or step.version != state.version:
                 raise SummaryForgeryError(f"{where}; it names a summary step that is not done")
             state = replace(state, text=step.text)
-        if content != summary_content(state.text, len(state.lagging)):
+        lagging_messages = held[state.lagging[-1]].covered - state.covered if state.lagging else 0
+        if state.lagging_messages != lagging_messages:
+            raise SummaryForgeryError(f"{where}; it miscounts the messages awaiting a summary")
+        if content != summary_content(state.text, state.lagging_messages):
             raise SummaryForgeryError(f"{where}; its content is not the summary the service wrote")
         with self._lock:
             self._verified[cache_key] = None
@@ -335,8 +396,8 @@ class Summaries:
         if state.step is None or not isinstance(content, str):
             return None
         text = content.removeprefix(SUMMARY_PREFIX)
-        if state.lagging:
-            text = text.removesuffix(_PENDING_NOTE.format(count=len(state.lagging))).removesuffix("\n\n")
+        if state.lagging_messages:
+            text = text.removesuffix(_PENDING_NOTE.format(count=state.lagging_messages)).removesuffix("\n\n")
         return text
 
     # -- a put -------------------------------------------------------------------------------------
@@ -365,15 +426,25 @@ class Summaries:
         plan = SummaryPlan()
         changed = False
 
-        # Steps lagging behind a hard-limit cut: fold in those done, in order.
+        # Steps lagging behind a hard-limit cut: fold in those done, in order. The window names the ends of
+        # their chain; the book holds the links.
         lagging = list(state.lagging)
+        tip_info: StepInfo | None = None  # the last lagging step: what a new step builds on
         if lagging:
             held = self.book.steps(thread_id, checkpoint_ns, lagging)
-            while lagging and (step := held.get(lagging[0])) is not None and step.status == "done":
-                state = state.advance(step)
-                lagging.pop(0)
-                changed = True
-        state = replace(state, lagging=tuple(lagging))
+            tip_info = held.get(lagging[-1])
+            first = held.get(lagging[0])
+            if first is not None and first.status == "done" and tip_info is not None:
+                chain = self.book.chain(thread_id, checkpoint_ns, tip_info.step_id, state.step)
+                if chain and chain[0].base_step == state.step:
+                    while chain and chain[0].status == "done":
+                        state = state.advance(chain.pop(0))
+                        changed = True
+                    lagging = _ends([step.step_id for step in chain])
+                    if not chain:
+                        tip_info = None
+        waiting_messages = tip_info.covered - state.covered if tip_info else 0
+        state = replace(state, lagging=tuple(lagging), lagging_messages=waiting_messages)
 
         # The window as it will be stored: the summary (as it reads now) stands in the head.
         placeholder = self.message(thread_id, checkpoint_ns, state)
@@ -385,7 +456,7 @@ class Summaries:
         keys = [message_key(m, ()) for m in rest]
         waiting: StepInfo | None = None
         while rest and reducer.select(window(rest), head=head):
-            tip = lagging[-1] if lagging else state.step
+            tip = tip_info.step_id if tip_info is not None else state.step
             children = self.book.children(thread_id, checkpoint_ns, tip)
             fitting = [
                 c
@@ -393,6 +464,9 @@ class Summaries:
                 if 0 < len(c.keys) < len(rest)
                 and tuple(keys[: len(c.keys)]) == c.keys
                 and reducer.is_valid_cut(window(rest), head, head + len(c.keys))
+                # The same ids saying the same thing: a message edited since its step was asked for
+                # makes another step, summarized from what the window holds now.
+                and c.step_id == self._step_id(thread_id, c.base_step, c.keys, rest)
             ]
             done = [c for c in fitting if c.status == "done"] if not lagging else []
             if done:
@@ -406,7 +480,7 @@ class Summaries:
             if waiting is None:
                 count = reducer.select(window(rest), head=head)
                 batch = rest[:count]
-                waiting = self._request(thread_id, checkpoint_ns, tip, state, lagging, batch, keys[:count])
+                waiting = self._request(thread_id, checkpoint_ns, tip_info, state, batch, keys[:count])
                 plan.requested += batch
             break
 
@@ -414,23 +488,23 @@ class Summaries:
             cut = self.hard_limit.select(window(rest), head=head)
             if waiting is not None and len(waiting.keys) >= cut:
                 cut = len(waiting.keys)
-            tip = lagging[-1] if lagging else state.step
             if waiting is not None:
-                lagging.append(waiting.step_id)
-                tip = waiting.step_id
+                lagging = _ends([*lagging, waiting.step_id])
+                tip_info = waiting
                 covered = len(waiting.keys)
             else:
                 covered = 0
             if cut > covered:
                 extra = self._request(
-                    thread_id, checkpoint_ns, tip, state, lagging, rest[covered:cut], keys[covered:cut]
+                    thread_id, checkpoint_ns, tip_info, state, rest[covered:cut], keys[covered:cut]
                 )
                 plan.requested += rest[covered:cut]
-                lagging.append(extra.step_id)
+                lagging = _ends([*lagging, extra.step_id])
+                tip_info = extra
             plan.removed += rest[:cut]
             plan.uncovered = cut
             rest = rest[cut:]
-            state = replace(state, lagging=tuple(lagging))
+            state = replace(state, lagging=tuple(lagging), lagging_messages=tip_info.covered - state.covered)
             changed = True
             if self.on_uncovered is not None:
                 self.on_uncovered(thread_id, cut)
@@ -441,26 +515,29 @@ class Summaries:
         plan.messages = [*head_messages, summary, *rest]
         return plan
 
+    def _step_id(self, thread_id: str, base: str | None, keys: Sequence[str], messages: Sequence[Any]) -> str:
+        """The id of the step summarizing the first ``len(keys)`` of ``messages`` on top of ``base``."""
+        return step_id(base, keys, self.fingerprint(thread_id, messages[: len(keys)]))
+
     def _request(
         self,
         thread_id: str,
         checkpoint_ns: str,
-        tip: str | None,
+        lagging_tip: StepInfo | None,
         state: WindowSummary,
-        lagging: Sequence[str],
         batch: list[Any],
         keys: Sequence[str],
     ) -> StepInfo:
-        """Ask the book for a step summarizing ``batch`` on top of ``tip``."""
-        base_version = state.version + len(lagging)
-        base_covered = state.covered
-        if lagging:  # lagging steps are not done: their coverage is their batches
-            held = self.book.steps(thread_id, checkpoint_ns, list(lagging))
-            base_covered = max((s.covered for s in held.values()), default=base_covered)
+        """Ask the book for a step summarizing ``batch`` on top of the last lagging step, or of the summary's
+        step when none lags (a lagging step is not done: its coverage counts its batch)."""
+        base = lagging_tip if lagging_tip is not None else None
+        tip = base.step_id if base is not None else state.step
+        base_version = base.version if base is not None else state.version
+        base_covered = base.covered if base is not None else state.covered
         request = StepRequest(
             thread_id=thread_id,
             checkpoint_ns=checkpoint_ns,
-            step_id=step_id(tip, keys),
+            step_id=self._step_id(thread_id, tip, keys, batch),
             base_step=tip,
             version=base_version + 1,
             keys=tuple(keys),
@@ -471,6 +548,11 @@ class Summaries:
         if self.on_request is not None:
             self.on_request(thread_id)
         return StepInfo(request.step_id, tip, request.version, request.keys, "pending", request.covered)
+
+
+def _ends(chain: Sequence[str]) -> list[str]:
+    """The first and last of a chain of step ids (one id for a chain of one)."""
+    return [] if not chain else [chain[0]] if len(chain) == 1 else [chain[0], chain[-1]]
 
 
 def _marked(message: Any) -> bool:
@@ -523,6 +605,17 @@ class MemorySummaryBook:
                 "text": None,
             }
             self._order.append(key)
+
+    def chain(self, thread_id: str, checkpoint_ns: str, tip: str, base: str | None) -> list[StepInfo]:
+        with self._lock:
+            found: list[StepInfo] = []
+            row = self._steps.get((thread_id, checkpoint_ns, tip))
+            while row is not None and len(found) <= len(self._order):
+                found.append(_info(row))
+                if row["base_step"] == base or row["base_step"] is None:
+                    break
+                row = self._steps.get((thread_id, checkpoint_ns, row["base_step"]))
+            return found[::-1]
 
     def next_step(self) -> tuple[StepRequest, str | None] | None:
         """The oldest pending step whose base is done, with the base's text."""

@@ -22,11 +22,17 @@ from typing import Literal, NoReturn, get_args, get_origin
 from pydantic import ValidationError
 
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.security.environ import blank_initial_value
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
 #: The key ring's variable: JSON, or the path of a file holding it.
 ENCRYPTION_KEYS_ENV = ENV_PREFIX + "ENCRYPTION_KEYS"
+#: The private folder holding the key ring's file of a ``--workers`` run, in the workers' environment (a
+#: worker whose supervisor is gone removes it: ``processes``).
+KEYS_FOLDER_ENV = ENV_PREFIX + "KEYS_FOLDER"
+#: Where a ``--workers`` run keeps that folder: ``reducing-saver-<supervisor pid>-<random>``.
+_KEYS_FOLDER_PREFIX = "reducing-saver-"
 
 #: CLI flag -> settings field, for every flag of ``serve``.
 SERVE_FLAGS: dict[str, str] = {
@@ -47,6 +53,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--api-keys-file": "api_keys_file",
     "--insecure": "insecure",
     "--docs-public": "docs_public",
+    # No flag for metrics_key either: --metrics-key-file takes hashed keys.
+    "--metrics-key-file": "metrics_key_file",
     "--metrics-public": "metrics_public",
     # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
     "--encryption": "encryption",
@@ -92,6 +100,8 @@ _AGREED = (
 )
 ENV_ONLY: dict[str, str] = {
     "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
+    "hashed keys",
+    "metrics_key": "a key on a command line is visible to every user of the host (ps); --metrics-key-file takes "
     "hashed keys",
     "encryption_keys": "a key on a command line is visible to every user of the host (ps); the variable may "
     "name a file (a mounted secret) instead",
@@ -220,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
+        usage="reducing-saver serve [OPTIONS]",
         help="run the HTTP service",
         description="Run the HTTP service. Every option can also be set by its environment variable "
         f"({ENV_PREFIX}<NAME>) or in a .env file; options given here win.",
@@ -227,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(serve, SERVE_FLAGS)
     worker = commands.add_parser(
         "worker",
+        usage="reducing-saver worker [OPTIONS]",
         help="deliver pruned messages to long-term memory (no HTTP)",
         description="Claim pruned messages from the service database's outbox and hand them to the "
         "extractor until SIGTERM or SIGINT. Run any number of these; each message is delivered once. "
@@ -252,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
     sweep_parser = commands.add_parser(
         "sweep",
+        usage="reducing-saver sweep [OPTIONS]",
         help="apply the TTL strategy to expired threads once (for cron)",
         description="Prune (keep_latest) or delete every thread idle for longer than its TTL, and delete "
         "delivered outbox rows older than --outbox-retention, once, and print what was done as JSON. Safe "
@@ -281,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument(
         "--png",
         metavar="PATH",
-        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib)",
+        help="also write a bar chart of those threads, bytes now against plain (needs matplotlib: the report "
+        "extra)",
     )
     encrypt_sweep_parser = commands.add_parser(
         "encrypt-sweep",
@@ -305,16 +319,64 @@ def _positive(text: str) -> int:
     return value
 
 
+#: The heading and description of each group of settings in ``--help``, by the class of ``Settings``
+#: declaring them, in the order ``--help`` shows them.
+HELP_GROUPS: dict[str, tuple[str, str]] = {
+    "ServerSettings": ("server", "the database, the address, processes and logs"),
+    "PostgresSettings": ("PostgreSQL connections", "poolers, failover, idle connections"),
+    "ReducerSettings": ("window", "what every stored checkpoint keeps of the messages channel"),
+    "SecuritySettings": ("security", "API keys, exposure, encryption at rest, code in stored values"),
+    "Limits": ("limits", "caps on what one request may carry"),
+    "ExtractionSettings": ("long-term memory", "delivering the messages cut from windows to the store"),
+    "SummarySettings": ("running summaries", "a summary of what windows cut, kept in them"),
+    "SweepSettings": ("TTL sweeps", "what happens to threads left idle"),
+    "HistorySettings": ("history", "the checkpoints each thread keeps"),
+    "StoreSettings": ("store", "semantic search and item TTLs"),
+}
+#: Metavars shorter than the field's name, so that most options and their help share a line.
+_METAVARS = {"database": "URL", "host": "ADDRESS", "api_keys_file": "PATH", "store_index": "JSON", "store_ttl": "JSON"}
+
+
+def _metavar(field: str) -> str:
+    if field in _METAVARS:
+        return _METAVARS[field]
+    annotation = Settings.model_fields[field].annotation
+    if field.endswith(("_seconds", "_interval", "_retention", "_ttl")):
+        return "DURATION" if field.endswith(("_interval", "_retention", "_ttl")) else "SECONDS"
+    if annotation in (int, float, int | None, float | None):
+        return "N"
+    if "on_prune" in field or field in ("extractor", "summarizer"):
+        return "SPEC"
+    return field.upper()
+
+
+def settings_group(field: str) -> type:
+    """The class of ``Settings`` that declares ``field`` (its group in ``--help`` and the reference)."""
+    for cls in reversed(Settings.__mro__):
+        if field in vars(cls).get("__annotations__", {}):
+            return cls
+    raise KeyError(field)
+
+
 def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    """Add each flag, under its group's heading (:data:`HELP_GROUPS`) when they span several groups, as
+    uvicorn's and gunicorn's ``--help`` are grouped."""
+    groups = {settings_group(field).__name__ for field in flags.values()}
+    headings: dict[str, argparse._ArgumentGroup] = {}
+    if len(groups) > 1:
+        for name in sorted(groups, key=lambda name: [*HELP_GROUPS, name].index(name)):
+            title, description = HELP_GROUPS.get(name, (name, ""))
+            headings[name] = parser.add_argument_group(f"{title} ({description})" if description else title)
     for flag, field in flags.items():
+        target = headings.get(settings_group(field).__name__, parser)
         annotation = Settings.model_fields[field].annotation
         if annotation is bool:
-            parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
+            target.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, help=_help(field))
         elif get_origin(annotation) is Literal:
             # --help lists the values, and a wrong one is refused before any setting is read.
-            parser.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
+            target.add_argument(flag, dest=field, choices=get_args(annotation), help=_help(field))
         else:
-            parser.add_argument(flag, dest=field, metavar=field.upper(), help=_help(field))
+            target.add_argument(flag, dest=field, metavar=_metavar(field), help=_help(field))
 
 
 #: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read
@@ -465,6 +527,7 @@ def _check_backend(settings: Settings) -> None:
     find the tables current."""
     from reducing_saver.service.configuration import store as store_config
     from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage.migrations import summarized
 
     backend = open_backend(
         settings.database,
@@ -476,16 +539,29 @@ def _check_backend(settings: Settings) -> None:
     try:
         backend.store_options = store_config.store_options(settings)
         if settings.migrate:
-            for line in backend.migrate():
-                logger.info("%s", line)
+            applied = backend.migrate()
+            for line in applied:
+                logger.debug("%s", line)
+            logger.info("%s", summarized(applied, settings.database_for_display()))
         else:
             backend.check_schema()
     finally:
         backend.close()
 
 
-def _check_summarizer(settings: Settings) -> None:
-    """Refuse to start when ``--summarizer`` names nothing usable (a missing provider package, say)."""
+def _check_code(settings: Settings) -> None:
+    """Refuse to start when a ``module:attribute`` setting (``--extractor``, ``--on-prune``,
+    ``--summarizer``) names nothing usable: one line saying what is missing (the store's ``embed`` is
+    :func:`~reducing_saver.service.configuration.store.refusal`'s)."""
+    from reducing_saver.service.imports import ResolveError, import_callable
+
+    try:
+        if settings.extractor:
+            import_callable(settings.extractor, "--extractor")
+        for hook in settings.on_prune:
+            import_callable(hook, "--on-prune")
+    except ResolveError as exc:
+        raise CommandError(str(exc), code=2) from None
     if not settings.summarizer:
         return
     from reducing_saver.service.summaries.summarizer import SummarizerError, load_summarizer
@@ -497,7 +573,27 @@ def _check_summarizer(settings: Settings) -> None:
             max_tokens=settings.summary_max_tokens,
         )
     except SummarizerError as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandError(str(exc), code=2) from None
+
+
+def startup_line(settings: Settings) -> str:
+    """What a service runs with, in one line: the backend, the window, encryption, the summarizer and the
+    checkpoints each thread keeps."""
+    config = settings.reducer_config()
+    limits = []
+    if config.max_messages is not None:
+        cut = f", cut to {config.count_target}" if config.count_target != config.max_messages else ""
+        limits.append(f"{config.max_messages} messages{cut}")
+    if config.max_tokens is not None:
+        cut = f", cut to {config.token_target}" if config.token_target != config.max_tokens else ""
+        limits.append(f"{config.max_tokens} tokens{cut}")
+    window = " or ".join(limits) or "unbounded"
+    keep = settings.keep_checkpoints if settings.keep_checkpoints is not None else "off (every checkpoint kept)"
+    return (
+        f"reducing-saver {_version()}: backend {settings.backend} ({settings.database_for_display()}), "
+        f"window {window}, encryption {settings.encryption}, summarizer {settings.summarizer or 'off'}, "
+        f"keep-checkpoints {keep}"
+    )
 
 
 def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
@@ -521,21 +617,21 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     if refusal := check_exposure(settings):
         raise CommandError(refusal, code=2)
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
-    _check_summarizer(settings)
+        raise CommandError(refusal, code=2)
+    _check_code(settings)
     sock = _bind(settings.host, settings.port)
     try:
         _check_backend(settings)
     except BaseException:
         sock.close()
         raise
+    logger.info("%s", startup_line(settings))
     logger.info(
-        "reducing-saver listening on http://%s:%d (backend %s: %s, %d worker(s))",
+        "reducing-saver listening on http://%s:%d (%d worker%s)",
         settings.host,
         sock.getsockname()[1],
-        settings.backend,
-        settings.database_for_display(),
         settings.workers,
+        "" if settings.workers == 1 else "s",
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_after_shutdown)
@@ -548,8 +644,10 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         "timeout_keep_alive": settings.keep_alive_seconds,
     }
     if settings.workers == 1:
-        # Read once (settings.keyring): nothing this process starts inherits the key ring.
-        os.environ.pop(ENCRYPTION_KEYS_ENV, None)
+        # Read once (settings.keyring): nothing this process starts inherits the key ring, and
+        # /proc/<pid>/environ shows its value blanked (security/environ.py says what cannot be).
+        if os.environ.pop(ENCRYPTION_KEYS_ENV, "").strip().startswith("{"):
+            blank_initial_value(ENCRYPTION_KEYS_ENV)
         app = create_app(settings)
         server = uvicorn.Server(uvicorn.Config(app, **common))
         try:
@@ -565,7 +663,8 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
-    # as JSON reaches them as a file only this user can read, removed when the service stops.
+    # as JSON reaches them as a file only this user can read, removed when the service stops (or, when
+    # this process is killed, by its workers as they stop, else at the next start).
     from reducing_saver.service.processes import run_workers
 
     os.environ[FLAGS_ENV] = json.dumps(flags)
@@ -577,22 +676,50 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
 def _encryption_keys_as_file() -> Iterator[None]:
     """While it lasts, ``REDUCING_SAVER_ENCRYPTION_KEYS`` holding JSON is replaced in this process's
     environment (which workers inherit) by the path of a file holding it: mode 0600, in a private folder
-    (in memory under /dev/shm where there is one)."""
+    (in memory under /dev/shm where there is one) named after this process, whose path the workers also
+    get (``KEYS_FOLDER_ENV``); the value is blanked in this process's ``/proc/<pid>/environ``. Folders of
+    runs whose process is gone (killed, so nothing removed them) are removed first."""
     text = os.environ.get(ENCRYPTION_KEYS_ENV, "")
     if not text.strip().startswith("{"):  # unset, or already a path
         yield
         return
-    folder = tempfile.mkdtemp(prefix="reducing-saver-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    _remove_abandoned_key_folders(base)
+    folder = tempfile.mkdtemp(prefix=f"{_KEYS_FOLDER_PREFIX}{os.getpid()}-", dir=base)
     path = os.path.join(folder, "encryption-keys.json")
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
         os.environ[ENCRYPTION_KEYS_ENV] = path
+        os.environ[KEYS_FOLDER_ENV] = folder
+        blank_initial_value(ENCRYPTION_KEYS_ENV)
         yield
     finally:
+        os.environ.pop(KEYS_FOLDER_ENV, None)
         os.environ[ENCRYPTION_KEYS_ENV] = text
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_abandoned_key_folders(base: str) -> None:
+    """Remove this user's key folders (``reducing-saver-<pid>-*``) whose process no longer runs."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        match = re.fullmatch(re.escape(_KEYS_FOLDER_PREFIX) + r"(\d+)-\w+", entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(match[1]), 0)
+        except ProcessLookupError:
+            logger.info("removing %s, the key folder of a run that was killed", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (OSError, OverflowError):  # a live process of another user, or a pid beyond the platform's
+            continue
 
 
 def worker(settings: Settings) -> None:
@@ -611,8 +738,8 @@ def worker(settings: Settings) -> None:
 
     configure_logging(settings)
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
-    _check_summarizer(settings)
+        raise CommandError(refusal, code=2)
+    _check_code(settings)
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(
@@ -670,7 +797,7 @@ def migrate(settings: Settings) -> None:
         print("reducing-saver: memory:// keeps its tables inside the service process: nothing to migrate")
         return
     if refusal := store_config.refusal(settings):
-        raise CommandError(refusal)
+        raise CommandError(refusal, code=2)
     backend = open_backend(
         settings.database, pool_size=1, timeout=settings.db_timeout_seconds, postgres=settings.postgres
     )
@@ -762,6 +889,7 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
         settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
     )
     try:
+        backend.refuse_newer_schema()  # a later release's tables may mean something else
         selection = Selection(tenant_mode=settings.api_key_set is not None)
         threads = backend.storage(selection, messages_key=settings.messages_key)
     finally:
@@ -795,6 +923,8 @@ def encrypt_sweep(settings: Settings) -> int:
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:
+        # It rewrites every table it knows, so they must be exactly the ones this release knows.
+        backend.check_schema("encrypt-sweep changes no table's schema")
         sweep = encrypt_sweep_of(backend, sealer)
         for _ in range(ENCRYPT_SWEEP_PASSES):
             report = sweep.run()
@@ -808,6 +938,10 @@ def encrypt_sweep(settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # module:attribute settings find modules of the working folder, as uvicorn's --app-dir (default .).
+    from reducing_saver.service.imports import working_folder_importable
+
+    working_folder_importable()
     try:
         settings = load_settings(args)
     except ValidationError as error:

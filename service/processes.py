@@ -11,6 +11,9 @@ differ from its defaults, and one is added:
   margin, then kills the ones left: a worker's shutdown is bounded like the one-worker service's.
 * The workers' metrics are added up at every scrape (prometheus_client's multiprocess mode), in a folder
   made for the run and removed after it.
+* A worker whose supervisor is gone (``kill -9``, a crash: nothing forwarded a signal) stops as on SIGTERM
+  and removes the run's key folder (``cli.KEYS_FOLDER_ENV``): it notices at once, through the pipe
+  multiprocessing keeps open to its parent, and exits within the same bound as the supervisor would give it.
 
 Imported only by ``serve`` with several workers (it imports uvicorn).
 """
@@ -32,7 +35,7 @@ import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.supervisors import Multiprocess
 
-from reducing_saver.service.cli import THREAD_END_SECONDS, exit_now_if_threads_stuck
+from reducing_saver.service.cli import KEYS_FOLDER_ENV, THREAD_END_SECONDS, exit_now_if_threads_stuck
 from reducing_saver.service.http.observability import MULTIPROCESS_ENV
 
 logger = logging.getLogger("reducing_saver.service")
@@ -43,6 +46,22 @@ WORKER_HEALTHCHECK_SECONDS = 30
 #: Beyond the grace and the database timeout, what a worker's exit may take (its stuck-thread check,
 #: the interpreter's own exit) before the supervisor kills it.
 EXIT_MARGIN_SECONDS = THREAD_END_SECONDS + 2.0
+
+
+def _exit_with_supervisor(stop_seconds: float) -> None:
+    """In a worker: wait until the supervisor is gone, then stop as on SIGTERM; exit regardless once
+    ``stop_seconds`` have passed. The run's key folder goes first: no worker will start to read it."""
+    supervisor = multiprocessing.parent_process()
+    if supervisor is None:
+        return
+    supervisor.join()  # returns when the supervisor's end of the pipe closes: it has exited
+    logger.warning("the supervisor (pid %s) is gone; this worker stops", supervisor.pid)
+    if folder := os.environ.get(KEYS_FOLDER_ENV):
+        shutil.rmtree(folder, ignore_errors=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(stop_seconds)
+    logger.warning("worker %s did not stop within %g s of its supervisor; exiting", os.getpid(), stop_seconds)
+    os._exit(1)
 
 
 def _worker_exit(signum: int, frame: object) -> None:
@@ -62,10 +81,17 @@ class WorkerConfig(uvicorn.Config):
     shutdown): the one moment a worker can install its exit.
     """
 
+    #: The longest a worker's shutdown may take (``Supervisor.stop_seconds``), also once its supervisor
+    #: is gone.
+    stop_seconds: float = 60.0
+
     def configure_logging(self) -> None:
         super().configure_logging()
         if multiprocessing.parent_process() is not None:  # a worker, not the supervisor
             signal.signal(signal.SIGTERM, _worker_exit)
+            threading.Thread(
+                target=_exit_with_supervisor, args=(self.stop_seconds,), name="supervisor-watch", daemon=True
+            ).start()
 
 
 class Supervisor(Multiprocess):
@@ -126,4 +152,5 @@ def _supervise(settings: Any, common: dict[str, Any], sockets: list[socket]) -> 
         **common,
     )
     stop_seconds = settings.shutdown_grace_seconds + settings.db_timeout_seconds + EXIT_MARGIN_SECONDS
+    config.stop_seconds = stop_seconds
     Supervisor(config, sockets, stop_seconds).run()

@@ -83,7 +83,7 @@ def _message_hooks(paths: list[str]) -> list[Callable[..., Any]]:
     """Operator hooks get the pruned messages as LangChain objects (or dicts for custom classes)."""
     hooks = []
     for path in paths:
-        hook = import_callable(path, "on_prune hook")
+        hook = import_callable(path, "--on-prune")
 
         def call(messages: list[Any], namespace: tuple[str, ...], hook: Callable[..., Any] = hook) -> Any:
             return hook([to_message(m) for m in messages], namespace)

@@ -71,16 +71,29 @@ class _WithANewSetting(Settings):
     frobnicate_seconds: float = Field(3.0, description="How long to frobnicate.")
 
 
+def test_a_new_migration_reaches_the_migrations_page(monkeypatch):
+    from reducing_saver.service.storage.sqlite import migrations as sqlite
+
+    monkeypatch.setattr(sqlite, "MIGRATIONS", [*sqlite.MIGRATIONS, "ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT"])
+    monkeypatch.setattr(sqlite, "LATEST", sqlite.LATEST + 1)
+    page = config_docs.rendered(ROOT)[config_docs.MIGRATIONS_PAGE]
+    assert f"version **{sqlite.LATEST}** on SQLite" in page
+    assert f"| {sqlite.LATEST} | `ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT` |" in page
+    assert config_docs.stale(ROOT) == [config_docs.MIGRATIONS_PAGE]
+
+
 def test_a_new_setting_reaches_every_file():
     texts = config_docs.rendered(ROOT, _WithANewSetting)
-    assert set(texts) == {config_docs.REFERENCE, config_docs.ENV_EXAMPLE, config_docs.CONFIGMAP}
-    for path, text in texts.items():
+    settings_files = {config_docs.REFERENCE, config_docs.ENV_EXAMPLE, config_docs.CONFIGMAP}
+    assert set(texts) == settings_files | {config_docs.MIGRATIONS_PAGE}
+    for path in settings_files:
+        text = texts[path]
         assert "REDUCING_SAVER_FROBNICATE_SECONDS" in text, path
         assert "How long to frobnicate." in text, path
     assert "# REDUCING_SAVER_FROBNICATE_SECONDS=3.0" in texts[config_docs.ENV_EXAMPLE]
     # Without a flag it is listed as environment-only, reason missing (the flag test then fails).
     assert "| `REDUCING_SAVER_FROBNICATE_SECONDS` | no reason given |" in texts[config_docs.REFERENCE]
-    assert sorted(config_docs.stale(ROOT, _WithANewSetting)) == sorted(texts)
+    assert sorted(config_docs.stale(ROOT, _WithANewSetting)) == sorted(settings_files)
 
 
 def test_the_command_checks_and_rewrites(tmp_path, capsys):

@@ -912,3 +912,19 @@ def test_both_pods_read_the_encryption_key_ring_from_a_mounted_secret():
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume["secret"]["secretName"] == "reducing-saver-encryption-keys"
         assert [item["path"] for item in volume["secret"]["items"]] == [path[len(mount["mountPath"]) + 1 :]]
+
+
+def test_the_service_pod_reads_the_metrics_scrapers_key_hash_from_a_mounted_secret():
+    """/metrics answers the scraper's key only: the service pod names a hashed key file in a Secret volume
+    (never a key in its environment), and the ConfigMap does not make /metrics public."""
+    pod = manifest("Deployment", "service")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container.get("env", [])}
+    assert f"{PREFIX}METRICS_KEY" not in env
+    path = env[f"{PREFIX}METRICS_KEY_FILE"]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "reducing-saver-metrics-key"
+    assert [item["path"] for item in volume["secret"]["items"]] == [path[len(mount["mountPath"]) + 1 :]]
+    assert manifest("ConfigMap")["data"].get(f"{PREFIX}METRICS_PUBLIC", "false") == "false"

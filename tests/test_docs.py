@@ -14,6 +14,14 @@ How a page is run (the convention a page's author writes to):
 * The ``python`` blocks of a page run one after another in one fresh Python process and one namespace,
   so a page's blocks share state (a later block may use what an earlier one defined); top-level
   ``await`` works, on one event loop per page. ``sh``/``bash`` blocks run with ``bash -e -o pipefail``.
+* A shell block with ``<!-- install -->`` right above its fence installs the project into a fresh
+  virtual environment, as a new user does (say ``python3 -m venv .venv && pip install -e '.[server]'``).
+  The pages run here in the project's own environment, so such a block is listed as skipped;
+  ``tests/e2e/test_readme_install.py`` runs each one of the README in a copy of the checkout, then the
+  README's service and its Python blocks in the environment it made.
+* A ``text`` block with ``<!-- output -->`` right above its fence is what the shell block before it prints
+  (its stdout and stderr): the page's run compares them line by line, a line ``...`` standing for any
+  number of lines and ``...`` within a line for any characters. Quoted outputs (versions, messages) then cannot drift from the code.
 * A shell block with ``<!-- service -->`` right above its fence starts a long-running service (say
   ``reducing-saver serve``): it runs in the background with ``REDUCING_SAVER_PORT=0``, so it listens on a
   free port (the block must not give ``--port``); the test waits for its ``listening on http://...`` line
@@ -27,6 +35,7 @@ A page that talks to a service must start one in a block of its own; nothing els
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -54,6 +63,10 @@ BLOCK_TIMEOUT = 180.0
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<label>[^`\s]*)[^`]*$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 _SERVICE = re.compile(r"^\s*<!--\s*service\s*-->\s*$")
+_INSTALL = re.compile(r"^\s*<!--\s*install\s*-->\s*$")
+_OUTPUT = re.compile(r"^\s*<!--\s*output\s*-->\s*$")
+#: Why an install block does not run in the pages' runs.
+INSTALL_REASON = "installs into a fresh virtual environment (tests/e2e/test_readme_install.py runs it)"
 _LISTENING = re.compile(r"listening on (http://[0-9A-Za-z.\-\[\]:]+)")
 
 
@@ -65,6 +78,8 @@ class Block:
     source: str
     not_run: str | None  # the reason, "" when the annotation gives none
     service: bool
+    install: bool = False
+    output: bool = False
 
     @property
     def where(self) -> str:
@@ -102,6 +117,8 @@ def blocks(path: Path) -> list[Block]:
                 source="\n".join(body) + "\n",
                 not_run=not_run["reason"].strip() if not_run else None,
                 service=bool(_SERVICE.match(annotation)),
+                install=bool(_INSTALL.match(annotation)),
+                output=bool(_OUTPUT.match(annotation)),
             )
         )
         index = end + 1
@@ -112,12 +129,17 @@ def all_blocks() -> list[Block]:
     return [block for page in PAGES for block in blocks(page)]
 
 
+def runs_here(block: Block) -> bool:
+    """Whether a page's run runs ``block`` (in the project's environment)."""
+    return block.label in RUN_LANGUAGES and block.not_run is None and not block.install
+
+
 # -- the checks on the text itself -------------------------------------------------------------------
 
 
 def test_the_pages_are_found_and_hold_runnable_blocks():
     assert (ROOT / "README.md") in PAGES
-    runnable = [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run is None]
+    runnable = [b for b in all_blocks() if runs_here(b)]
     assert any(b.page == "README.md" and b.label == "python" for b in runnable), "the quickstart does not run"
     assert any(b.page == "README.md" and b.service for b in runnable), "the README starts no service"
 
@@ -135,6 +157,14 @@ def test_every_block_is_labelled_and_says_why_it_does_not_run():
             problems.append(f"{block.where}: a ```{block.label} block never runs; drop its `not run` line")
         if block.service and (block.label not in {"sh", "bash"} or block.not_run is not None):
             problems.append(f"{block.where}: `<!-- service -->` marks a shell block that runs")
+        if block.install and block.label not in {"sh", "bash"}:
+            problems.append(f"{block.where}: `<!-- install -->` marks a shell block")
+    for page in PAGES:
+        found = blocks(page)
+        for before, block in zip([None, *found], found, strict=False):
+            if block.output and (block.label != "text" or before is None or before.label not in {"sh", "bash"}
+                                 or not runs_here(before) or before.service):
+                problems.append(f"{block.where}: `<!-- output -->` marks a text block right after a shell block that runs")
     assert not problems, "\n".join(problems)
 
 
@@ -144,17 +174,144 @@ def test_the_parser_reads_annotations_and_fences(tmp_path, monkeypatch):
         "text\n\n<!-- not run: needs Docker -->\n\n```bash\ndocker compose up\n```\n\n"
         "<!-- service -->\n```sh\nreducing-saver serve\n```\n\n- a list:\n\n  ```python\n  x = 1\n  ```\n"
         "\n```text\noutput\n```\n\n<!-- not run: -->\n```python\npass\n```\n"
+        "\n<!-- install -->\n```bash\npip install -e .\n```\n"
+        "\n<!-- output -->\n```text\nok\n```\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = blocks(page)
-    assert [(b.label, b.line, b.not_run, b.service) for b in found] == [
-        ("bash", 6, "needs Docker", False),
-        ("sh", 11, None, True),
-        ("python", 17, None, False),
-        ("text", 21, None, False),
-        ("python", 26, "", False),
+    assert [(b.label, b.line, b.not_run, b.service, b.install) for b in found] == [
+        ("bash", 6, "needs Docker", False, False),
+        ("sh", 11, None, True, False),
+        ("python", 17, None, False, False),
+        ("text", 21, None, False, False),
+        ("python", 26, "", False, False),
+        ("bash", 31, None, False, True),
+        ("text", 36, None, False, False),
     ]
+    assert found[-1].output and not found[-2].output
     assert found[2].source == "x = 1\n"
+
+
+#: ``--flags`` the pages name that belong to other programs than ours, and whose.
+FOREIGN_FLAGS = {
+    "--build": "docker compose up",
+    "--wait": "docker compose up (Compose v2)",
+    "--build-arg": "docker build",
+    "--no-deps": "pip wheel",
+    "--wheel-dir": "pip wheel",
+    "--short": "git status",
+    "--tool": "valgrind",
+    "--gil": "py-spy",
+    "--runtime-mode": "granian",
+    "--app-dir": "uvicorn",
+}
+#: The project's programs besides `reducing-saver`, whose flags the pages name: their sources declare them.
+OWN_PROGRAMS = ("benchmarks/*.py", "service/configuration/docs.py", "scripts/test")
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_DECLARED = re.compile(r"""["'](--[a-z][a-z0-9-]*)["']""")
+
+
+def reducing_saver_flags() -> set[str]:
+    """Every option of every `reducing-saver` command (``--no-`` twins included)."""
+    from reducing_saver.service.cli import build_parser
+
+    found: set[str] = set()
+    parsers = [build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            found.update(option for option in action.option_strings if option.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    return found
+
+
+def test_every_flag_the_pages_name_exists():
+    ours = reducing_saver_flags()
+    declared = {
+        flag for pattern in OWN_PROGRAMS for path in ROOT.glob(pattern) for flag in _DECLARED.findall(path.read_text())
+    }
+    unknown = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for flag in _FLAG.findall(line):
+                if flag not in ours and flag not in declared and flag not in FOREIGN_FLAGS:
+                    unknown.append(f"{page.relative_to(ROOT)}:{number}: {flag}")
+    assert not unknown, "no command takes these flags (another program's? add it to FOREIGN_FLAGS):\n" + "\n".join(
+        unknown
+    )
+
+
+#: Paths of the repository a page may name that a clean clone does not hold, and why.
+NOT_IN_A_CLONE = {"benchmarks/results": "the benchmarks' output folder, git-ignored"}
+_TOP = "tests|service|client|reducer|wire|benchmarks|deploy|docs|examples|scripts|\\.ci"
+_PATH = re.compile(rf"(?<![\w/.<>$-])(?:{_TOP})/[\w./{{}},*<>$-]*")
+_LINK = re.compile(r"\]\((?!https?:|mailto:)([^)\s]+)\)")
+
+
+def _expanded(path: str) -> list[str]:
+    """``a/{b,c}/<name>.py`` as globs: ``a/b/*.py``, ``a/c/*.py``."""
+    match = re.search(r"\{([^}]*)\}", path)
+    if match:
+        return [g for part in match[1].split(",") for g in _expanded(path[: match.start()] + part + path[match.end():])]
+    return [re.sub(r"<[^>]*>|\$\w+", "*", path)]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[`*_]", "", heading.strip().lstrip("#").strip()).lower()
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def test_every_path_and_link_the_pages_name_exists():
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        where = page.relative_to(ROOT)
+        for token in _PATH.findall(text):
+            path = token.split(":", 1)[0].rstrip(".,;)")
+            if path.rstrip("/") in NOT_IN_A_CLONE:
+                continue
+            if not all(any(ROOT.glob(glob.rstrip("/"))) for glob in _expanded(path)):
+                missing.append(f"{where}: {token}")
+        for target in _LINK.findall(text):
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            if not linked.exists():
+                missing.append(f"{where}: link {target}")
+            elif anchor and linked.suffix == ".md":
+                headings = {_slug(line) for line in linked.read_text().splitlines() if line.startswith("#")}
+                if anchor not in headings:
+                    missing.append(f"{where}: link {target} (no such heading)")
+    assert not missing, "the pages name what the repository does not hold:\n" + "\n".join(missing)
+
+
+def test_the_path_and_flag_checks_see_what_they_look_for():
+    assert _PATH.findall("see `service/storage/{postgres,sqlite}/migrations.py` and tests/e2e/ (or /app/tests/x)") == [
+        "service/storage/{postgres,sqlite}/migrations.py", "tests/e2e/"
+    ]
+    assert _expanded("service/storage/<backend>/{a,b}.py") == ["service/storage/*/a.py", "service/storage/*/b.py"]
+    assert _expanded("tests/fixtures/reducing_saver-$VERSION-py3-none-any.whl") == [
+        "tests/fixtures/reducing_saver-*-py3-none-any.whl"
+    ]
+    assert _FLAG.findall("`serve --no-migrate`, a |---| table, grep -A1 -- '--max-messages'") == [
+        "--no-migrate", "--max-messages"
+    ]
+    assert _slug("## The latest checkpoint from memory") == "the-latest-checkpoint-from-memory"
+    assert {"--no-migrate", "--summarizer", "--png", "--dry-run", "--version"} <= reducing_saver_flags()
+
+
+def test_the_migrations_page_holds_the_schema_of_the_code():
+    """The latest version, every table and every index of each backend's migrations, as the code has them
+    (the page's list is rendered from it: ``python -m reducing_saver.service.configuration.docs``)."""
+    from reducing_saver.service.storage.postgres import migrations as postgres
+    from reducing_saver.service.storage.sqlite import migrations as sqlite
+
+    page = (ROOT / "docs" / "migrations.md").read_text()
+    for backend, module in (("PostgreSQL", postgres), ("SQLite", sqlite)):
+        assert f"version **{module.LATEST}** on {backend}" in page, backend
+        names = re.findall(r"(?:TABLE|INDEX)(?: CONCURRENTLY)? IF NOT EXISTS (\w+)", " ".join(module.MIGRATIONS))
+        assert [name for name in names if f"`{name}`" not in page] == [], backend
 
 
 def test_the_http_api_page_lists_every_route():
@@ -167,6 +324,28 @@ def test_the_http_api_page_lists_every_route():
     assert len(routes) >= 20
     missing = [f"{method} {path}" for method, path in routes if f"`{method} {path}" not in page]
     assert not missing, f"docs/http-api.md's table lacks {missing}"
+
+
+def output_problem(expected: str, actual: str) -> str | None:
+    """Why ``actual`` is not the output ``expected`` quotes, or ``None``: a line ``...`` stands for any
+    lines, ``...`` within a line for any characters (a path that differs from run to run)."""
+    pattern = "".join(
+        r"(?:[^\n]*\n)*?" if line.strip() == "..."
+        else r"[^\n]*".join(re.escape(part) for part in line.rstrip().split("...")) + r"[ \t]*\n"
+        for line in expected.splitlines()
+    )
+    if re.fullmatch(pattern, actual if actual.endswith("\n") else actual + "\n"):
+        return None
+    return f"the page quotes:\n{expected}\nthe command printed:\n{actual}"
+
+
+def test_quoted_output_is_compared_line_by_line():
+    printed = "applied migration 0: a\napplied migration 1: b...\napplied migration 2: c\ndone\n"
+    assert output_problem("applied migration 0: a\n...\ndone\n", printed) is None
+    assert output_problem("applied migration 1: b...\n", printed) is not None  # not the whole output
+    assert output_problem("...\ndone\n", printed) is None
+    assert output_problem("...\napplied migration 9: z\n...\n", printed) is not None
+    assert output_problem("...\napplied migration 2: ...\ndone\n", printed) is None
 
 
 # -- running a page ----------------------------------------------------------------------------------
@@ -224,15 +403,17 @@ class PageRun:
             return block.source
         return block.source.replace(DEFAULT_ADDRESS, self.address).replace("localhost:8080", self.address)
 
-    def run(self, block: Block) -> None:
+    def run(self, block: Block) -> str | None:
+        """Run ``block``; a shell block's output."""
         if block.service:
             self.start_service(block)
         elif block.label == "python":
             self.run_python(block)
         else:
-            self.run_shell(block)
+            return self.run_shell(block)
+        return None
 
-    def run_shell(self, block: Block) -> None:
+    def run_shell(self, block: Block) -> str:
         """Run a shell block to its end. Its output goes to a file, not a pipe, so that a process it leaves
         in the background (``... &``) does not hold the block open; its process group is stopped when the
         page ends."""
@@ -251,9 +432,10 @@ class PageRun:
             code = process.wait(timeout=BLOCK_TIMEOUT)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{block.where}: the shell block ran longer than {BLOCK_TIMEOUT:.0f} s")
+        text = output.read_text(errors="replace")
         if code != 0:
-            text = output.read_text(errors="replace")
             pytest.fail(f"{block.where}: the shell block exited {code}\noutput:\n{text}")
+        return text
 
     def run_python(self, block: Block) -> None:
         if self.python is None:
@@ -368,20 +550,27 @@ def _runnable_pages() -> list[str]:
     return [
         str(page.relative_to(ROOT))
         for page in PAGES
-        if any(b.label in RUN_LANGUAGES and b.not_run is None for b in blocks(page))
+        if any(runs_here(b) for b in blocks(page))
     ]
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", _runnable_pages())
 def test_page_runs_as_written(page, page_run):
+    printed = None
     for block in blocks(ROOT / page):
-        if block.label in RUN_LANGUAGES and block.not_run is None:
-            page_run.run(block)
+        if runs_here(block):
+            printed = page_run.run(block)
+        elif block.output:
+            assert printed is not None
+            if problem := output_problem(block.source, printed):
+                pytest.fail(f"{block.where}: {problem}")
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in all_blocks() if b.label in RUN_LANGUAGES and b.not_run], ids=lambda b: b.where
+    "block",
+    [b for b in all_blocks() if b.label in RUN_LANGUAGES and (b.not_run or b.install)],
+    ids=lambda b: b.where,
 )
 def test_block_not_run(block):
-    pytest.skip(f"{block.where}: not run: {block.not_run}")
+    pytest.skip(f"{block.where}: not run: {block.not_run or INSTALL_REASON}")

@@ -7,6 +7,7 @@ the code breaks so that a linter that checks nothing fails here too.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -190,3 +191,18 @@ def test_neither_side_writes_a_body_of_its_own() -> None:
     assert found == [], "\n".join(found)
     # The control: the check sees a body written as a dict literal.
     assert _own_bodies('post({"thread_id": "t"})\n', "x.py", wire_keys) == ["x.py:1: ['thread_id']"]
+
+
+def test_every_release_keeps_its_wheel_and_the_next_one_is_open():
+    """docs/releasing.md: each dated release of the changelog has its wheel in tests/fixtures (the upgrade
+    test's previous release), and the one section still Unreleased is pyproject.toml's version."""
+    import tomllib
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (Unreleased|\d{4}-\d{2}-\d{2})$", changelog, flags=re.MULTILINE)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert [v for v, date in sections if date == "Unreleased"] == [version]
+    released = [v for v, date in sections if date != "Unreleased"]
+    assert released, "no release is dated"
+    for release in released:
+        assert (ROOT / "tests" / "fixtures" / f"reducing_saver-{release}-py3-none-any.whl").is_file(), release

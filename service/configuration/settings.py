@@ -21,14 +21,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from reducing_saver.reducer import ReducerConfig
-from reducing_saver.service.imports import import_callable
 from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
-from reducing_saver.service.security.keys import ApiKeys, load_api_keys
+from reducing_saver.service.security.keys import ApiKeys, load_api_keys, load_metrics_keys
 
 if TYPE_CHECKING:
     from reducing_saver.service.encryption import KeyRing
 from reducing_saver.service.security.limits import Limits as LimitSettings
 from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
+from reducing_saver.service.storage.lifecycle import MAX_KEEP_CHECKPOINTS
 from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
@@ -58,8 +58,10 @@ class ServerSettings(BaseModel):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    log_format: Literal["json", "text"] = Field(
-        "json", description="Log lines as JSON objects (one per line) or as text."
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="Log lines as JSON objects (one per line) or as text; auto: text on a terminal, JSON "
+        "otherwise (a container's or a process manager's log).",
     )
     shutdown_grace_seconds: float = Field(
         30.0,
@@ -190,7 +192,22 @@ class SecuritySettings(BaseModel):
     insecure: bool = Field(
         False, description="Allow listening on a non-loopback address with no API key configured."
     )
-    metrics_public: bool = Field(False, description="Serve /metrics without an API key.")
+    metrics_key: SecretStr | None = Field(
+        None,
+        description="The key the metrics scraper sends to /metrics (`Authorization: Bearer <key>` or "
+        "`x-api-key`); development, prefer metrics_key_file. /metrics shows every tenant's figures, so no "
+        "tenant's API key reads it (403).",
+    )
+    metrics_key_file: str | None = Field(
+        None,
+        description="File of the metrics scraper's keys, one sha256-hex per line (# comments allowed; "
+        "several for a rotation): /metrics answers those keys only.",
+    )
+    metrics_public: bool = Field(
+        False,
+        description="Serve /metrics without any key. It shows every tenant's figures: only where nobody but "
+        "the scraper reaches the port.",
+    )
     docs_public: bool = Field(
         True,
         description="Serve the API description (/docs, /redoc, /openapi.json and the pages' assets) "
@@ -325,6 +342,7 @@ class HistorySettings(BaseModel):
     keep_checkpoints: int | None = Field(
         None,
         ge=0,
+        le=MAX_KEEP_CHECKPOINTS,
         description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
         "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
         "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "
@@ -390,13 +408,16 @@ class Settings(
         hide_input_in_errors=True,
     )
     _api_key_set: Any = PrivateAttr(default=None)
+    _metrics_key_set: Any = PrivateAttr(default=None)
     _keyring: Any = PrivateAttr(default=None)
 
     @field_validator("extractor")
     @classmethod
     def _check_extractor(cls, value: str | None) -> str | None:
-        if value is not None:
-            import_callable(value, "extractor")
+        # The form only: what it names is imported where it runs, and checked by the commands at start
+        # (reducing_saver.service.imports says how, for every module:attribute setting).
+        if value is not None and (not value.partition(":")[0] or not value.partition(":")[2]):
+            raise ValueError(f"{value!r} is not a module:callable import path")
         return value
 
     @field_validator("default_ttl", "sweep_interval", "outbox_retention", mode="before")
@@ -416,6 +437,7 @@ class Settings(
     def _check_api_keys(self) -> Settings:
         # The keys are parsed here, once; a malformed line or pair raises ValueError naming it, never a key.
         self._api_key_set = load_api_keys(self)
+        self._metrics_key_set = load_metrics_keys(self, self._api_key_set)
         opted_out = self._api_key_set.no_summary if self._api_key_set is not None else frozenset()
         if both := sorted(opted_out & set(self.summarize_tenants or ())):
             raise ValueError(
@@ -513,6 +535,11 @@ class Settings(
     def api_key_set(self) -> ApiKeys | None:
         """The configured API keys, parsed; ``None`` without any (single-tenant mode)."""
         return self._api_key_set
+
+    @property
+    def metrics_key_set(self) -> ApiKeys | None:
+        """The metrics scraper's keys, parsed; ``None`` without any."""
+        return self._metrics_key_set
 
     @property
     def keyring(self) -> KeyRing | None:

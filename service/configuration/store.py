@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reducing_saver.service.imports import import_attribute_or_provider
+from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.service.storage import backend_module
 
 #: The keys of --store-index and --store-ttl (the stores' IndexConfig and TTLConfig).
@@ -92,33 +92,32 @@ def parse_ttl(value: object) -> dict[str, Any] | None:
 
 
 def _embedder(embed: str) -> Any:
-    """``module:callable`` imported, else ``provider:model`` through langchain's ``init_embeddings``.
+    """``module:attribute`` (an ``Embeddings``, its class, or a callable) or ``provider:model`` through
+    langchain's ``init_embeddings``, resolved as every such setting is
+    (:mod:`reducing_saver.service.imports`)."""
 
-    A dotted module part (``pkg.mod:fn``) is always an import path; a bare one (``openai:...``) is a
-    provider unless such a module exists and holds that attribute.
-    """
-    try:
-        target = import_attribute_or_provider(embed)
-    except ValueError as exc:
-        raise StoreConfigError(f"--store-index embed {embed!r} {exc}") from None
-    if target is not None:
-        if isinstance(target, type):
-            target = target()
-        if not callable(target) and not hasattr(target, "embed_documents"):
-            raise StoreConfigError(f"--store-index embed {embed!r} is neither a callable nor an Embeddings")
-        return target
-    try:
+    def init(provider_model: str) -> Any:
         from langchain.embeddings import init_embeddings
-    except ImportError:
-        raise StoreConfigError(
-            f"--store-index embed {embed!r}: 'provider:model' needs the langchain package (and the "
-            "provider's, "
-            "e.g. langchain-openai) installed with the service; or name a 'module:callable'"
-        ) from None
+
+        return init_embeddings(provider_model)
+
     try:
-        return init_embeddings(embed)
-    except Exception as exc:  # noqa: BLE001 - any provider failure is a start-up refusal naming it
-        raise StoreConfigError(f"--store-index embed {embed!r} cannot be initialized: {exc}") from None
+        target, from_provider = import_or_provider(
+            embed, "--store-index embed", providers="embeddings", init=init
+        )
+    except ResolveError as exc:
+        raise StoreConfigError(str(exc)) from None
+    if from_provider:
+        return target
+    if isinstance(target, type):
+        target = target()
+    if not callable(target) and not hasattr(target, "embed_documents"):
+        raise StoreConfigError(
+            str(ResolveError("--store-index embed", embed, "not an embeddings model or callable",
+                             f"got {kind_of(target)}: name an Embeddings or a callable "
+                             "(texts) -> vectors"))
+        )
+    return target
 
 
 def store_options(settings: Any) -> dict[str, Any]:

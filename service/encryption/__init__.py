@@ -8,6 +8,7 @@ from typing import Any
 
 from reducing_saver.service.encryption.envelope import (
     Cipher,
+    EncryptedValueRefused,
     IntegrityError,
     PlainTextRefused,
     StoredDataError,
@@ -43,6 +44,7 @@ __all__ = [
     "ENVELOPE_TYPE",
     "PLAIN_METADATA_KEYS",
     "Cipher",
+    "EncryptedValueRefused",
     "EncryptingSaver",
     "IntegrityError",
     "KeyRing",

@@ -16,6 +16,8 @@ the service: 5-9 µs less CPU per sealing request), per thread; a forked child d
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import os
 import threading
 from collections.abc import Sequence
@@ -76,6 +78,18 @@ class PlainTextRefused(StoredDataError):
     """``--encryption required`` met a value stored in plain text."""
 
 
+class EncryptedValueRefused(StoredDataError):
+    """A process running ``--encryption off`` met a value another process sealed (a rollout between
+    modes): it has no key ring to open it, and never hands the envelope on as if it were the value (a 500
+    naming it; a replica with the key ring can serve it)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"{where} is encrypted at rest, and this process runs with --encryption off (no key ring): it "
+            "cannot read it; a process with --encryption migrate or required and the key ring can"
+        )
+
+
 def key_id_of(envelope: bytes) -> str | None:
     """The key id an envelope names, or ``None`` when it is not a well-formed envelope header."""
     if len(envelope) < 2 or envelope[0] != FORMAT_VERSION or len(envelope) < 2 + envelope[1] + NONCE_BYTES:
@@ -96,6 +110,7 @@ class Cipher:
     def __init__(self, ring: KeyRing) -> None:
         self.ring = ring
         self._aead = functools.lru_cache(maxsize=4096)(self._derive)
+        self._mac_key = functools.lru_cache(maxsize=4096)(self._derive_mac_key)
 
     def __repr__(self) -> str:
         return f"Cipher({self.ring!r})"
@@ -106,6 +121,19 @@ class Cipher:
         info = b"tenant:" + tenant.encode()
         derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(key)
         return AESGCM(derived)
+
+    def _derive_mac_key(self, key_id: str, tenant: str) -> bytes:
+        key = self.ring.key(key_id)
+        assert key is not None
+        info = b"fingerprint:tenant:" + tenant.encode()
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(key)
+
+    def fingerprint(self, data: bytes, tenant: str) -> str:
+        """A keyed digest of ``data`` (HMAC-SHA256 under a key derived from the primary key, per tenant), as
+        32 hex digits: equal data gives equal fingerprints, and without the key a fingerprint tells nothing
+        of the data (a plain digest of a short message could be guessed by trying texts)."""
+        mac = hmac.new(self._mac_key(self.ring.primary, tenant), data, hashlib.sha256)
+        return mac.hexdigest()[:32]
 
     @staticmethod
     def _context(tenant: str, context: Sequence[object]) -> bytes:

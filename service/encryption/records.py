@@ -7,6 +7,11 @@
   fields is applied here, after opening (the database cannot compare ciphertext), with LangGraph's own
   comparison (``InMemoryStore``'s); the offset and limit then count matches.
 
+A process with ``--encryption off`` shares its database with sealing ones during a rollout: its outbox
+never claims a sealed row (``claims_sealed`` stays false: the row waits for a process with the key ring),
+and :class:`PlainStore` refuses a sealed item (``EncryptedValueRefused``) rather than return its envelope
+as a value.
+
 The tenant is the namespace's (``("tenants", tenant, ...)`` in tenant mode).
 """
 
@@ -24,7 +29,12 @@ from typing import Any
 from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
 from langgraph.store.memory import _compare_values
 
-from reducing_saver.service.encryption.envelope import IntegrityError, StoredDataError, key_id_of
+from reducing_saver.service.encryption.envelope import (
+    EncryptedValueRefused,
+    IntegrityError,
+    StoredDataError,
+    key_id_of,
+)
 from reducing_saver.service.encryption.saver import ENVELOPE_TYPE, Sealer
 from reducing_saver.service.extraction.outbox import OutboxEntry
 
@@ -81,15 +91,28 @@ def open_record(sealer: Sealer, kind: str, value: Any, namespace: Sequence[str],
 
 
 def seal_entries(sealer: Sealer | None, entries: Iterable[OutboxEntry]) -> list[OutboxEntry]:
-    """Outbox entries with their messages sealed (unchanged without a sealer, or when already sealed)."""
+    """Outbox entries with their messages sealed and their fingerprints keyed (:func:`keyed_fingerprint`);
+    unchanged without a sealer, or when already sealed."""
     if sealer is None:
         return list(entries)
     return [
         entry
         if is_sealed_record(entry.message)
-        else dataclasses.replace(entry, message=seal_record(sealer, "outbox", entry.message, entry.namespace, entry.key))
+        else dataclasses.replace(
+            entry,
+            message=seal_record(sealer, "outbox", entry.message, entry.namespace, entry.key),
+            fingerprint=keyed_fingerprint(sealer, entry.namespace, entry.fingerprint),
+        )
         for entry in entries
     ]
+
+
+def keyed_fingerprint(sealer: Sealer | None, namespace: Sequence[str], fingerprint: str | None) -> str | None:
+    """An outbox message's fingerprint as its row keeps it: keyed per tenant under encryption (a plain
+    digest of a short message could be guessed by trying texts), as it is without."""
+    if sealer is None or fingerprint is None:
+        return fingerprint
+    return sealer.cipher.fingerprint(bytes.fromhex(fingerprint), _tenant(sealer, namespace))
 
 
 class EncryptingOutbox:
@@ -101,6 +124,7 @@ class EncryptingOutbox:
     def __init__(self, inner: Any, sealer: Sealer) -> None:
         self.inner = inner
         self.sealer = sealer
+        inner.claims_sealed = True  # this process opens them
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("inner", "sealer"):
@@ -128,7 +152,27 @@ class EncryptingOutbox:
 # -- the store -------------------------------------------------------------------------------------
 
 
-class EncryptingStore(BaseStore):
+class _StoreWrapper(BaseStore):
+    """What a store wrapper takes from the store it wraps: BaseStore's TTL attributes (class attributes
+    there, which ``__getattr__`` never reaches) and every other attribute."""
+
+    inner: BaseStore
+
+    @property
+    def supports_ttl(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_ttl
+
+    @property
+    def ttl_config(self) -> Any:  # type: ignore[override]
+        return self.inner.ttl_config
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("inner", "sealer"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class EncryptingStore(_StoreWrapper):
     """A store whose item values are sealed; namespaces and keys stay plain (they are the address).
 
     Semantic search is not offered under encryption (the settings refuse ``store_index``): its vectors
@@ -138,11 +182,6 @@ class EncryptingStore(BaseStore):
     def __init__(self, inner: BaseStore, sealer: Sealer) -> None:
         self.inner = inner
         self.sealer = sealer
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("inner", "sealer"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def _open_item(self, item: Item | None) -> Item | None:
         if item is None:
@@ -196,13 +235,45 @@ class EncryptingStore(BaseStore):
         raise NotImplementedError("the service calls its store synchronously, in worker threads")
 
 
+class PlainStore(_StoreWrapper):
+    """The store of a process without encryption: values pass as they are, but a sealed one (written by
+    a process with ``--encryption migrate`` or ``required`` on the same database) is refused, naming the
+    item, never returned as if its envelope were the value. A filtered search cannot match sealed values
+    in the database: only what it returns is checked."""
+
+    def __init__(self, inner: BaseStore) -> None:
+        self.inner = inner
+
+    @staticmethod
+    def _checked(item: Item | None) -> Item | None:
+        if item is not None and is_sealed_record(item.value):
+            raise EncryptedValueRefused(f"store item {item.key!r} in namespace {tuple(item.namespace)!r}")
+        return item
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        results = self.inner.batch(ops)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, GetOp):
+                self._checked(result)
+            elif isinstance(op, SearchOp):
+                for item in result:
+                    self._checked(item)
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        raise NotImplementedError("the service calls its store synchronously, in worker threads")
+
+
 def sealed_store(store: BaseStore, sealer: Sealer | None) -> BaseStore:
-    """``store``, wrapped in an :class:`EncryptingStore` when a sealer is given."""
-    return store if sealer is None else EncryptingStore(store, sealer)
+    """``store``, wrapped in an :class:`EncryptingStore` when a sealer is given, else in a
+    :class:`PlainStore` (which refuses values sealed by another process)."""
+    return PlainStore(store) if sealer is None else EncryptingStore(store, sealer)
 
 
 def sealed_outbox(outbox: Any, sealer: Sealer | None) -> Any:
-    """``outbox``, wrapped in an :class:`EncryptingOutbox` when a sealer is given."""
+    """``outbox``, wrapped in an :class:`EncryptingOutbox` that claims sealed rows when a sealer is given;
+    without one, as it is: its claims leave sealed rows to a process with the key ring."""
     return outbox if sealer is None else EncryptingOutbox(outbox, sealer)
 
 

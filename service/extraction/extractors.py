@@ -118,9 +118,10 @@ def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtract
         An extractor for :class:`Deliverer`; the callable's awaitable results are awaited.
 
     Raises:
-        ValueError: If ``path`` is not ``module:name``, cannot be imported, or names no callable.
+        ResolveError: A ``ValueError`` saying why ``path`` names no callable (module not found, attribute
+            not found, ...: :mod:`reducing_saver.service.imports`).
     """
-    return CallableExtractor(import_callable(path, "extractor"), store)
+    return CallableExtractor(import_callable(path, "--extractor"), store)
 
 
 

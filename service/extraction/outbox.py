@@ -15,6 +15,12 @@ A row goes through three states:
 * ``done``: the extractor took it. The row stays with its key, so a late put of the same turn records
   nothing, but without its message (JSON ``null``) or what only delivery needed (``DELIVERED_DROPS``):
   the store holds the content, once.
+
+A row also keeps its message's *fingerprint* (:func:`message_fingerprint`: a digest of what the message
+says). A message recorded again under the same key with another fingerprint was edited since (LangGraph's
+``update_state`` with its id, while its batch waited for a summary): that newer version replaces the row
+and goes back to ``pending``, so long-term memory ends with the edit (the default extractor overwrites its
+item). A row recorded before fingerprints existed (``NULL``) is left as it is.
 * ``dead``: it failed ``max_attempts`` times (or failed for good). Kept, listed by :meth:`dead_letters`,
   sent back to ``pending`` by :meth:`retry_dead`.
 
@@ -29,6 +35,7 @@ how entries are made from pruned messages, the protocol.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,7 +47,7 @@ from typing import Any, Protocol, TypeAlias
 import orjson
 from langchain_core.messages import BaseMessage
 
-from reducing_saver.reducer import message_key
+from reducing_saver.reducer import message_digest, message_key
 from reducing_saver.service.messages_codec import EncodedMessage
 
 #: ``(namespace, key)``: what makes an outbox row unique.
@@ -75,6 +82,8 @@ class OutboxEntry:
         message_class: ``"module:Class"`` of the message as serialized, when known; lets the extractor
             rebuild the right LangChain class without importing anything the payload names.
         last_error: The last extraction error (dead letters and retried rows).
+        fingerprint: What the message says (:func:`message_fingerprint`; keyed per tenant under
+            ``--encryption``): a record with another one is a newer version of the message.
     """
 
     namespace: tuple[str, ...]
@@ -86,6 +95,7 @@ class OutboxEntry:
     attempts: int = 0
     message_class: str | None = None
     last_error: str | None = None
+    fingerprint: str | None = None
 
     @property
     def ident(self) -> EntryKey:
@@ -132,9 +142,19 @@ def make_entries(
         key = message_key(message, namespace)
         if key not in entries:
             entries[key] = OutboxEntry(
-                namespace, key, str(thread_id), checkpoint_id, json_clean(fields), when, 0, cls
+                namespace, key, str(thread_id), checkpoint_id, json_clean(fields), when, 0, cls,
+                fingerprint=message_fingerprint(message),
             )
     return list(entries.values())
+
+
+def message_fingerprint(message: Any) -> str:
+    """What a message says, as 32 hex digits: a digest of the bytes the client sent
+    (``EncodedMessage.ext``, read again the same way from every put that carries it), else of its fields
+    (``reducer.message_digest``)."""
+    if isinstance(message, EncodedMessage):
+        return hashlib.blake2b(message.ext, digest_size=16).hexdigest()
+    return message_digest(message).hex()
 
 
 def json_clean(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,6 +191,12 @@ def as_utc(when: datetime) -> datetime:
 
 
 def error_text(error: str) -> str:
+    """An error message as a ``last_error`` column can hold it: cut to a few thousand characters, NUL
+    (which PostgreSQL text refuses) and lone surrogates (which no driver can encode) escaped. An
+    extractor's or a model's error may quote the content it failed on: storing it must not fail too."""
+    if "\x00" in error:
+        error = error.replace("\x00", "\\x00")
+    error = error.encode("utf-8", "backslashreplace").decode("utf-8")
     return error if len(error) <= _MAX_ERROR_CHARS else error[: _MAX_ERROR_CHARS - 1] + "…"
 
 
@@ -217,6 +243,9 @@ class Outbox(Protocol):
     #: The backend's savers write a put's entries in the checkpoint's own transaction
     #: (:class:`CheckpointRecords`).
     records_with_checkpoint: bool
+    #: Claims take sealed rows too (set under ``--encryption``, whose outbox opens them); without it they
+    #: leave sealed rows, which only a process with the key ring can deliver, alone.
+    claims_sealed: bool
 
     def setup(self) -> None: ...
     def record(self, entries: Iterable[OutboxEntry]) -> int: ...
@@ -240,6 +269,12 @@ class Outbox(Protocol):
     ) -> int: ...
     def purge_delivered(self, older_than_seconds: float) -> int: ...
     def close(self) -> None: ...
+
+
+#: What a sealed outbox message's one key is (``encryption.ENVELOPE_TYPE``, which this module cannot import).
+SEALED_KEY = "reducing-saver/aesgcm"
+#: How a sealed message's stored JSON text starts, whoever wrote it (the key first, no space).
+SEALED_START = '{"' + SEALED_KEY + '"'
 
 
 def claim_order(entry: OutboxEntry) -> tuple[Any, ...]:

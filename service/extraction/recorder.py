@@ -22,7 +22,12 @@ from langgraph.checkpoint.base import Checkpoint
 
 from reducing_saver.reducer import message_key
 from reducing_saver.service.encryption import sealer_for
-from reducing_saver.service.encryption.records import seal_entries, sealed_outbox, sealed_store
+from reducing_saver.service.encryption.records import (
+    keyed_fingerprint,
+    seal_entries,
+    sealed_outbox,
+    sealed_store,
+)
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
 from reducing_saver.service.extraction.outbox import (
@@ -30,6 +35,7 @@ from reducing_saver.service.extraction.outbox import (
     OutboxEntry,
     checkpoint_records,
     make_entries,
+    message_fingerprint,
 )
 from reducing_saver.service.security import stored_thread_to_agent
 
@@ -60,7 +66,8 @@ class Memory:
         self.outbox = sealed_outbox(backend.outbox(), self.sealer)
         self._tenant_mode = tenant_mode
         self.deliverer: Deliverer | None = None
-        self._recorded: OrderedDict[tuple[tuple[str, ...], str], None] = OrderedDict()
+        #: (namespace, key) -> the fingerprint of the version recorded.
+        self._recorded: OrderedDict[tuple[tuple[str, ...], str], str | None] = OrderedDict()
         self._recorded_lock = threading.Lock()
 
     def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
@@ -71,12 +78,16 @@ class Memory:
         """
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
-        # LangGraph hands every put of a turn the same unreduced list, so most records repeat keys this
-        # process already committed: those rows are durable, and need neither entries nor a round trip.
+        # LangGraph hands every put of a turn the same unreduced list, so most records repeat messages this
+        # process already committed: those rows are durable, and need neither entries nor a round trip. A
+        # message under a recorded key that says something else (an edit) is recorded again.
         namespace = tuple(str(label) for label in namespace)
+        fingerprints = [keyed_fingerprint(self.sealer, namespace, message_fingerprint(m)) for m in pruned]
         with self._recorded_lock:
             unseen = [
-                message for message in pruned if (namespace, message_key(message, namespace)) not in self._recorded
+                message
+                for message, fingerprint in zip(pruned, fingerprints, strict=True)
+                if self._recorded.get((namespace, message_key(message, namespace)), False) != fingerprint
             ]
         if not unseen:
             return
@@ -114,7 +125,8 @@ class Memory:
         """Remember keys that are durable now, and wake the deliverer for them."""
         with self._recorded_lock:
             for entry in entries:
-                self._recorded[entry.ident] = None
+                self._recorded[entry.ident] = entry.fingerprint
+                self._recorded.move_to_end(entry.ident)
             while len(self._recorded) > RECORDED_KEYS_REMEMBERED:
                 self._recorded.popitem(last=False)
         if self.deliverer is not None:

@@ -204,7 +204,15 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         # Request id, access log and count for everything, refusals included.
         (ObservabilityMiddleware, {"metrics": service.metrics, "paths": paths}),
         # A request without a valid key is refused before its body is read.
-        (security.AuthMiddleware, {"keys": service.api_keys, "limits": limits, "public": frozenset(public)}),
+        (
+            security.AuthMiddleware,
+            {
+                "keys": service.api_keys,
+                "limits": limits,
+                "public": frozenset(public),
+                "metrics_keys": settings.metrics_key_set,
+            },
+        ),
         (security.BodySizeLimit, {"limit": settings.max_body_bytes}),
         # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422; msgpack bodies go to the
         # per-step routes only (which check them as they decode), elsewhere 415.
@@ -220,8 +228,10 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     for router in routers:
         app.include_router(router)
     _add_docs(app)
-    if service.api_keys is not None:
-        security.document_auth(app, public)
+    if service.api_keys is not None or settings.metrics_key_set is not None:
+        security.document_auth(
+            app, public, tenants=service.api_keys is not None, metrics=settings.metrics_key_set is not None
+        )
     return app
 
 

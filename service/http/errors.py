@@ -14,6 +14,8 @@ value, a value PostgreSQL refuses
 :class:`Unauthorized`                       401     (with ``WWW-Authenticate: Bearer``)
 :class:`Conflict`, ``ThreadNotEmptyError``,  409     what the backend refused
 ``NotImplementedError``
+``CheckpointPrunedError``: a checkpoint     410     names the checkpoint and ``--keep-checkpoints``
+the keep-checkpoints policy deleted
 :class:`Unavailable`, no connection or      503     names the database as the cause
 saver in time, the database unreachable
 or accepting no writes (a standby)
@@ -24,7 +26,8 @@ lock_timeout)
 with no wire form
 ``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
 fails its integrity check, is plain text
-under ``required``, or names a missing key
+under ``required``, names a missing key, or
+is sealed and met under ``--encryption off``
 anything else                               500     "internal server error" (logged)
 =========================================  ======  ===============================================
 """
@@ -40,7 +43,7 @@ from starlette.types import Send
 from reducing_saver.service.encryption import StoredDataError
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import DatabaseTimeout, DatabaseUnavailable, SaversBusy, ValueRefused
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
+from reducing_saver.service.storage.lifecycle import CheckpointPrunedError, ThreadNotEmptyError
 from reducing_saver.wire import ERROR_CODES, WireError
 from reducing_saver.wire.bodies import ErrorBody
 
@@ -105,6 +108,8 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
         return 422, str(exc)
     if isinstance(exc, ThreadNotEmptyError):
         return 409, str(exc)
+    if isinstance(exc, CheckpointPrunedError):
+        return 410, str(exc)
     if isinstance(exc, StoredDataError):
         from reducing_saver.service.security.tenancy import TenantScope, current_tenant
 
@@ -125,6 +130,7 @@ ANSWERED: tuple[type[BaseException], ...] = (
     WireError,
     ValueRefused,
     ThreadNotEmptyError,
+    CheckpointPrunedError,
     StoredDataError,
     NotImplementedError,
     SaversBusy,

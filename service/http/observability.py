@@ -704,17 +704,28 @@ def url_secrets(url: str) -> tuple[str, ...]:
     return tuple({password, unquote(password)})
 
 
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 def log_handler(
-    log_format: str = "json", *, secrets: Iterable[str] = (), stream: IO[str] | None = None
+    log_format: str = "auto", *, secrets: Iterable[str] = (), stream: IO[str] | None = None
 ) -> logging.Handler:
     """A stream handler with the service's formatter and the request id filter.
 
     Args:
-        log_format: ``"json"`` (one object per line) or ``"text"``.
+        log_format: ``"json"`` (one object per line), ``"text"``, or ``"auto"``: text when ``stream`` is a
+            terminal, JSON otherwise.
         secrets: Strings redacted from every line.
         stream: Where lines go (default: stderr).
     """
-    handler = logging.StreamHandler(stream or sys.stderr)
+    stream = stream or sys.stderr
+    if log_format == "auto":
+        log_format = "text" if _is_terminal(stream) else "json"
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter(secrets) if log_format == "json" else TextFormatter(secrets))
     handler.addFilter(RequestIdFilter())
     handler._reducing_saver = True  # type: ignore[attr-defined]

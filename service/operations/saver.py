@@ -301,7 +301,9 @@ def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRe
     writes = [
         (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
     ]
-    _check_extensions(service, ((f"writes[{index}]", value) for index, (_, value) in enumerate(writes)))
+    _check_extensions(
+        service, ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes))
+    )
     if service.running_summaries is not None:
         _check_summary_writes(service, config, writes)
     saver.put_writes(config, writes, body.task_id, body.task_path)

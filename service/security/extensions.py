@@ -44,6 +44,13 @@ content every reader decodes with the same hook) are read too, with an explicit 
 recursion, so a deep value cannot exhaust the C stack; nesting beyond :data:`MAX_EXTENSION_DEPTH` is
 refused. Extension codes LangGraph does not know (below 0, above 7) are left alone: its decoder turns them
 into ``None`` without reading them.
+
+What is stored must also be readable: every value is decoded as LangGraph's decoder decodes it (ormsgpack,
+non-string keys allowed), and so is the payload of every extension LangGraph opens. Bytes it cannot decode
+(an extension or a map as a map key, a string that is not UTF-8, nesting ormsgpack refuses, truncated
+bytes) are refused with :class:`UnreadableValueError`: stored, such a value breaks every read of its thread,
+through the service's client and a stock saver alike (an undecodable payload inside a model's fields
+silently reads as ``None`` instead).
 """
 
 from __future__ import annotations
@@ -51,7 +58,6 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.machinery import ModuleSpec
@@ -62,7 +68,14 @@ from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPA
 
 from reducing_saver.wire import Blob
 
-__all__ = ["ANY_CLASS", "MAX_EXTENSION_DEPTH", "ExtensionPolicy", "UnsafeValueError", "check_extensions"]
+__all__ = [
+    "ANY_CLASS",
+    "MAX_EXTENSION_DEPTH",
+    "ExtensionPolicy",
+    "UnreadableValueError",
+    "UnsafeValueError",
+    "check_extensions",
+]
 
 #: The ``allowed_state_types`` entry that accepts class-shaped names outside the standard library.
 ANY_CLASS = "*"
@@ -76,9 +89,6 @@ _LANGGRAPH_CODES = frozenset(range(8))
 #: Standard-library classes that start processes, found re-exported by third-party modules
 #: (``from subprocess import Popen``): refused under any module name.
 _GADGET_NAMES = frozenset({"Popen"})
-#: Bytes that can start a msgpack extension (fixext 1–16, ext 8/16/32). A value without any has none,
-#: and is passed without decoding: most non-message channels are small primitives or plain structures.
-_EXT_START = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")
 _OPTIONS = ormsgpack.OPT_NON_STR_KEYS
 #: Callables whose call at a module's top level makes a class of the name it is assigned to.
 _CLASS_FACTORIES = frozenset(
@@ -109,6 +119,28 @@ class UnsafeValueError(ValueError):
             f"only LangGraph's safe types and the allowed state types (setting allowed_state_types, "
             f"{_SETTING}), because every reader's deserializer would import and call it"
         )
+
+
+class UnreadableValueError(UnsafeValueError):
+    """A channel value or pending write that LangGraph's decoder cannot read: stored, it would break every
+    read of its thread.
+
+    Attributes:
+        field: The value's place in the request.
+        code: The extension whose payload cannot be decoded, or ``None`` for the value itself.
+        reason: What the decoder (ormsgpack) said.
+    """
+
+    def __init__(self, field: str, code: int | None, reason: str) -> None:
+        ValueError.__init__(
+            self,
+            f"{field}: not msgpack a reader can decode ({reason}"
+            + ("" if code is None else f", in the payload of msgpack extension code {code}")
+            + "); every reader of the thread, the service's client and a stock saver alike, would fail on "
+            "it (an extension or a map as a map key, a string that is not UTF-8, nesting deeper than "
+            "ormsgpack reads, or truncated bytes)",
+        )
+        self.field, self.code, self.module, self.name, self.reason = field, code, None, None, reason
 
 
 class ExtensionPolicy:
@@ -317,16 +349,17 @@ def check_extensions(values: Mapping[str, Any] | Iterable[tuple[str, Any]], poli
 
 
 def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
-    """Refuse one msgpack value whose extensions, nested ones included, name a refused target.
+    """Refuse one msgpack value whose extensions, nested ones included, name a refused target, or that
+    LangGraph's decoder cannot read.
 
-    Bytes that are not valid msgpack are checked up to where decoding stops (a reader's decoder would
-    have met those extensions before failing); whether they may be stored at all is decided elsewhere.
+    The value and the payload of every extension LangGraph opens are decoded as its decoder does. A target
+    met before the point where decoding fails is named first (a reader's decoder would have met it);
+    otherwise the first failure is.
 
     Raises:
         UnsafeValueError: Naming ``field``, the extension code and its target.
+        UnreadableValueError: Naming ``field`` (and the extension code) when the bytes cannot be decoded.
     """
-    if _EXT_START.search(data) is None:
-        return
     # A work list, not recursion: each payload is decoded by a call of its own, after its parent's ended,
     # so the C stack holds one decoder at a time. Read in order, it is breadth first: the error names the
     # outermost refused extension, in document order.
@@ -336,7 +369,10 @@ def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
     def record(code: int, payload: bytes) -> None:
         found.append((code, payload, depth))
 
-    _decode(data, record)
+    unreadable: UnreadableValueError | None = None
+    _, error = _decode(data, record)
+    if error is not None:
+        unreadable = UnreadableValueError(field, None, error)
     index = 0
     while index < len(found):
         code, payload, depth = found[index]
@@ -348,9 +384,13 @@ def check_value(data: bytes, field: str, policy: ExtensionPolicy) -> None:
                 field, code, None, None, f"extensions nested more than {MAX_EXTENSION_DEPTH} deep"
             )
         depth += 1  # what this payload holds is recorded one level down
-        tup = _decode(payload, record)
-        if code in _CALLING_CODES:
+        tup, error = _decode(payload, record)
+        if error is not None and unreadable is None:
+            unreadable = UnreadableValueError(field, code, error)
+        if code in _CALLING_CODES and error is None:
             _check_target(field, code, tup, policy)
+    if unreadable is not None:
+        raise unreadable
 
 
 def _check_target(field: str, code: int, tup: Any, policy: ExtensionPolicy) -> None:
@@ -366,12 +406,14 @@ def _check_target(field: str, code: int, tup: Any, policy: ExtensionPolicy) -> N
         raise UnsafeValueError(field, code, module, name, reason)
 
 
-def _decode(data: bytes, record: Callable[[int, bytes], None]) -> Any:
-    """``data`` decoded, each extension handed to ``record`` (and ``None`` in its place)."""
+def _decode(data: bytes, record: Callable[[int, bytes], None]) -> tuple[Any, str | None]:
+    """``(data decoded, None)``, each extension handed to ``record`` (and ``None`` in its place); or
+    ``(None, what the decoder said)`` when the bytes cannot be decoded (what was recorded before the
+    point of failure still counts)."""
     try:
-        return ormsgpack.unpackb(data, ext_hook=record, option=_OPTIONS)
-    except Exception:  # noqa: BLE001 - any decoding error, from bytes a client chose
-        return None  # what was recorded before the error still counts
+        return ormsgpack.unpackb(data, ext_hook=record, option=_OPTIONS), None
+    except Exception as exc:  # noqa: BLE001 - any decoding error, from bytes a client chose
+        return None, str(exc) or type(exc).__name__
 
 
 def _is_module_name(module: str) -> bool:

@@ -37,6 +37,10 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def owner_of(self, digest: bytes) -> str | None:
+        """The tenant whose key has this SHA-256 digest, or ``None``."""
+        return next((tenant for tenant, expected in self._entries if hmac.compare_digest(digest, expected)), None)
+
     def tenant_for(self, key: str | bytes) -> str | None:
         """The tenant of ``key``, or ``None``. Compares with every digest, in constant time each."""
         digest = hashlib.sha256(key if isinstance(key, bytes) else key.encode()).digest()
@@ -132,6 +136,46 @@ def load_api_keys(settings: Any) -> ApiKeys | None:
                 "the attribute is the tenant's, give it on every key of the tenant"
             )
     return ApiKeys(entries, no_summary=frozenset(opted_out))
+
+
+#: What the metrics scraper's keys are filed under (:func:`load_metrics_keys`): not a tenant.
+METRICS_SCRAPER = "metrics scraper"
+
+
+def load_metrics_keys(settings: Any, tenants: ApiKeys | None) -> ApiKeys | None:
+    """The keys ``/metrics`` answers, or ``None`` when none is configured: ``metrics_key`` (plain) and the
+    ``sha256-hex`` lines of ``metrics_key_file`` (blank lines and ``#`` comments skipped; several lines
+    let a key be rotated).
+
+    Raises:
+        ValueError: A malformed line, a file that cannot be read or holds no key, or a metrics key that is
+            also a tenant's API key (``/metrics`` holds every tenant's figures: the scraper is no tenant).
+    """
+    digests: list[bytes] = []
+    if settings.metrics_key is not None:
+        digests.append(hashlib.sha256(settings.metrics_key.get_secret_value().encode()).digest())
+    if settings.metrics_key_file:
+        path = settings.metrics_key_file
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"metrics_key_file: cannot read {path}: {exc.strerror or exc}") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", line):
+                raise ValueError(f"metrics_key_file {path}, line {number}: expected the sha256-hex of a key")
+            digests.append(bytes.fromhex(line))
+        if not digests:
+            raise ValueError(f"metrics_key_file {path} holds no key")
+    for digest in digests:
+        if tenants is not None and (tenant := tenants.owner_of(digest)) is not None:
+            raise ValueError(
+                f"the metrics key is also tenant {tenant!r}'s API key: give the scraper a key of its own, since "
+                "/metrics shows every tenant's figures"
+            )
+    return ApiKeys([(METRICS_SCRAPER, digest) for digest in digests]) if digests else None
 
 
 def hash_key(key: str) -> str:

@@ -146,8 +146,13 @@ class Backend(Protocol):
             SchemaError: If the database has the service's tables at a version newer than the code knows.
         """
 
-    def check_schema(self) -> None:
-        """Raise ``SchemaError`` unless every table is at the version the code uses."""
+    def check_schema(self, why: str = ...) -> None:
+        """Raise ``SchemaError`` unless every table is at the version the code uses (``why``: why this
+        process does not migrate, for the message of a database that is behind)."""
+
+    def refuse_newer_schema(self) -> None:
+        """Raise ``SchemaError`` if the service's tables are at a version newer than the code knows (a
+        command that only reads them: an older database is fine)."""
 
     def savers(self, count: int, latest_cache: Any = None) -> list[BaseCheckpointSaver]:
         """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim.

@@ -31,6 +31,15 @@ Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoi
   under encryption the values arrive sealed, and ``EncryptingSaver`` says so with
   ``DELTA_CHANNEL_KEY``).
 
+What the keep-checkpoints policy deleted stays known: per thread and namespace, the newest checkpoint id
+it deleted (``pruned_through``: the table :data:`PRUNED_TABLE` on PostgreSQL and SQLite, a dict in
+memory). A checkpoint a call names that is not stored, and whose id is not newer than that, was deleted
+(ids grow with time; compared as bytes, ``COLLATE "C"`` on PostgreSQL): ``get_tuple`` and ``list`` of it
+raise :class:`CheckpointPrunedError` instead of answering "no such checkpoint", and so does a ``put``
+naming it as parent, which would otherwise store a new head for the thread, built on nothing. ``prune``,
+``delete_for_runs`` and the TTL sweeps record nothing; ``delete_thread`` and ``prune("delete")`` forget the
+thread's record, ``copy_thread`` copies it.
+
 A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
 checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
 serializes to msgpack extension 7 as a whole. The service stores client blobs verbatim
@@ -63,6 +72,44 @@ class ThreadNotEmptyError(ValueError):
             "copy into an unused thread id, or delete that thread first"
         )
         self.target_thread_id = target_thread_id
+
+
+#: The service's table of what the keep-checkpoints policy deleted: ``(thread_id, checkpoint_ns,
+#: pruned_through)``, the newest checkpoint id it deleted in that namespace.
+PRUNED_TABLE = "reducing_saver_pruned"
+
+
+class CheckpointPrunedError(LookupError):
+    """A call named a checkpoint the keep-checkpoints policy deleted (as the one to read, or as the
+    parent of a put).
+
+    Attributes:
+        checkpoint_id: The checkpoint named.
+        pruned_through: The newest checkpoint id the policy deleted in that thread and namespace.
+        as_parent: The checkpoint was named as a put's parent.
+    """
+
+    def __init__(self, checkpoint_id: str, pruned_through: str, *, as_parent: bool = False) -> None:
+        self.checkpoint_id, self.pruned_through, self.as_parent = checkpoint_id, pruned_through, as_parent
+        gone = (
+            f"checkpoint {checkpoint_id!r} was deleted: this thread keeps only its newest checkpoints "
+            f"(--keep-checkpoints, or config.configurable.keep_checkpoints), and those up to "
+            f"{pruned_through!r} are gone"
+        )
+        if as_parent:
+            super().__init__(
+                f"config.configurable.checkpoint_id: {gone}; a checkpoint on it would become the thread's "
+                "head, built on nothing, so nothing was stored. Continue from a checkpoint "
+                "get_state_history lists"
+            )
+        else:
+            super().__init__(f"{gone}; travel to a checkpoint get_state_history lists")
+
+
+def was_pruned(checkpoint_id: str, pruned_through: str | None) -> bool:
+    """True when a checkpoint not stored is one the keep-checkpoints policy deleted (ids grow with time,
+    compared by code point: the bytes of their UTF-8, as ``COLLATE "C"`` and SQLite compare)."""
+    return pruned_through is not None and str(checkpoint_id) <= pruned_through
 
 
 # -- argument checks and DeltaChannel markers shared by the three savers ---------------------------
@@ -152,6 +199,8 @@ def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
 
 #: ``config["configurable"]`` key with a thread's own keep-checkpoints count (0 keeps every checkpoint).
 KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
+#: The largest count: PostgreSQL's LIMIT and SQLite's integers are signed 64-bit.
+MAX_KEEP_CHECKPOINTS = 2**63 - 1
 
 
 def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int | None:
@@ -161,15 +210,15 @@ def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int |
     from ``--keep-checkpoints``) applies. ``0`` keeps every checkpoint, as ``None`` does.
 
     Raises:
-        ValueError: If the configured value is not a whole number >= 0.
+        ValueError: If the configured value is not a whole number from 0 to :data:`MAX_KEEP_CHECKPOINTS`.
     """
     value = (config.get("configurable") or {}).get(KEEP_CHECKPOINTS_KEY)
     if value is None:
         return default or None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_KEEP_CHECKPOINTS:
         raise ValueError(
-            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 "
-            f"(0 keeps every checkpoint), not {value!r}"
+            f"config.configurable.{KEEP_CHECKPOINTS_KEY} must be a whole number >= 0 and at most "
+            f"{MAX_KEEP_CHECKPOINTS} (0 keeps every checkpoint), not {value!r}"
         )
     return value or None
 

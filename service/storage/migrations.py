@@ -13,6 +13,7 @@ created (tables, no version table) migrates like an empty one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from reducing_saver.service.storage import StorageError
@@ -63,8 +64,16 @@ def refuse_newer(found: int, known: int, where: str) -> None:
         )
 
 
-def check_version(found: int, known: int, where: str) -> None:
-    """Raise :class:`SchemaError` unless the database is exactly at version ``known`` (``--no-migrate``).
+#: Why a database that is behind is refused rather than migrated, by default.
+NO_MIGRATE = "the service was started with --no-migrate"
+
+
+def check_version(found: int, known: int, where: str, why: str = NO_MIGRATE) -> None:
+    """Raise :class:`SchemaError` unless the database is exactly at version ``known`` (``--no-migrate``,
+    and commands that change no table).
+
+    Args:
+        why: Why this process does not migrate, said after the advice to run ``reducing-saver migrate``.
 
     Raises:
         SchemaError: Newer (upgrade reducing-saver) or older (run ``reducing-saver migrate``).
@@ -74,7 +83,7 @@ def check_version(found: int, known: int, where: str) -> None:
         shown = "none" if found == NO_VERSION else str(found)
         raise SchemaError(
             f"the database {where} has reducing-saver schema version {shown}, this reducing-saver needs "
-            f"version {known}: run `reducing-saver migrate` (the service was started with --no-migrate)"
+            f"version {known}: run `reducing-saver migrate` ({why})"
         )
 
 
@@ -88,7 +97,21 @@ def langgraph_changes(before: dict[str, int], after: dict[str, int]) -> list[str
     ]
 
 
-def check_langgraph(found: dict[str, int], known: dict[str, int], where: str) -> None:
+def summarized(applied: list[str], where: str) -> str:
+    """What :meth:`migrate` applied (its lines, as :class:`Applied` and :func:`langgraph_changes` write
+    them), in one line for a service's start-up log."""
+    own = [int(match[1]) for line in applied if (match := re.match(r"applied migration (\d+):", line))]
+    parts = []
+    if own:
+        before = "none" if own[0] == 0 else f"version {own[0] - 1}"
+        parts.append(f"reducing-saver schema from {before} to version {own[-1]} ({len(own)} migrations)")
+    parts += [line.removeprefix("applied ") for line in applied if line.startswith("applied langgraph's ")]
+    if not parts:
+        return f"the schema of {where} is current"
+    return f"migrated {where}: " + "; ".join(parts)
+
+
+def check_langgraph(found: dict[str, int], known: dict[str, int], where: str, why: str = NO_MIGRATE) -> None:
     """Raise :class:`SchemaError` if one of langgraph's version tables is behind what its code applies
     (``--no-migrate``; a newer one is langgraph's to judge)."""
     for table, version in known.items():
@@ -96,6 +119,5 @@ def check_langgraph(found: dict[str, int], known: dict[str, int], where: str) ->
             shown = "none" if found.get(table, NO_VERSION) == NO_VERSION else found[table]
             raise SchemaError(
                 f"the database {where} has langgraph's {table} at version {shown}, this reducing-saver "
-                f"needs version {version}: run `reducing-saver migrate` (the service was started with "
-                "--no-migrate)"
+                f"needs version {version}: run `reducing-saver migrate` ({why})"
             )

@@ -8,7 +8,8 @@ from reducing_saver.service.storage.usage import ThreadStorage
 
 #: What ``report --png`` needs, and how to get it.
 NO_MATPLOTLIB = (
-    "--png needs matplotlib, which is not installed: pip install matplotlib (or reducing-saver[test])"
+    "--png needs matplotlib, which is not installed: install the report extra (pip install -e '.[server,report]' "
+    "in the checkout) or pip install matplotlib"
 )
 COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved")
 
@@ -73,7 +74,9 @@ def chart(threads: Sequence[ThreadStorage], path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = [t.thread_id if len(t.thread_id) <= 32 else t.thread_id[:31] + "…" for t in threads]
-    figure, axes = plt.subplots(figsize=(9, 1.2 + 0.45 * max(len(threads), 1)))
+    # Constrained layout keeps the legend, outside the plot below it, on the picture: with one thread the
+    # two bars fill the plot, and any legend inside it would hide them.
+    figure, axes = plt.subplots(figsize=(9, 1.8 + 0.45 * max(len(threads), 1)), layout="constrained")
     positions = range(len(threads))
     axes.barh(
         [p + 0.2 for p in positions],
@@ -94,7 +97,6 @@ def chart(threads: Sequence[ThreadStorage], path: str) -> None:
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_bytes(value)))
     axes.set_xlabel("bytes")
     axes.set_title("Storage of the largest threads: now against a plain saver")
-    axes.legend(loc="lower right")
-    figure.tight_layout()
+    figure.legend(loc="outside lower center", ncols=2, frameon=False)
     figure.savefig(path, format="png", dpi=100)
     plt.close(figure)

@@ -20,7 +20,9 @@ backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the sam
 
 Under ``--encryption`` a SQL book's :attr:`SqlSummaryBook.sealer` seals each step's ``text`` and ``batch``
 on the way in and opens them on the way out (``service/encryption/summaries.py``); ``copy_thread`` seals
-them again for the target thread.
+them again for the target thread. A book without a sealer (``--encryption off``) sharing its database with
+sealing processes during a rollout never claims a step whose batch or base summary is sealed (it waits for
+a process with the key ring), and refuses to show a sealed summary (``EncryptedValueRefused``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,15 @@ from typing import Any
 import orjson
 
 from reducing_saver.reducer import MemorySummaryBook, StepInfo, StepRequest
-from reducing_saver.service.encryption import Sealer, StoredDataError
-from reducing_saver.service.encryption.summaries import open_batch, open_text, seal_batch, seal_text
+from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, StoredDataError
+from reducing_saver.service.encryption.summaries import (
+    SEALED_BATCH_PREFIX,
+    SEALED_PREFIX,
+    open_batch,
+    open_text,
+    seal_batch,
+    seal_text,
+)
 from reducing_saver.service.extraction.outbox import error_text, json_clean
 
 logger = logging.getLogger("reducing_saver.service")
@@ -117,14 +126,22 @@ class SqlSummaryBook:
         return text if self.sealer is None else seal_text(self.sealer, text, thread_id, ns, step_id)
 
     def _text_out(self, stored: str | None, thread_id: str, ns: str, step_id: str) -> str | None:
-        return stored if self.sealer is None else open_text(self.sealer, stored, thread_id, ns, step_id)
+        if self.sealer is not None:
+            return open_text(self.sealer, stored, thread_id, ns, step_id)
+        if stored is not None and stored.startswith(SEALED_PREFIX):
+            raise EncryptedValueRefused(f"the running summary of thread {thread_id!r} (step {step_id!r})")
+        return stored
 
     def _batch_in(self, data: bytes, thread_id: str, ns: str, step_id: str) -> bytes:
         return data if self.sealer is None else seal_batch(self.sealer, data, thread_id, ns, step_id)
 
     def _batch_out(self, stored: Any, thread_id: str, ns: str, step_id: str) -> bytes:
         stored = bytes(stored)
-        return stored if self.sealer is None else open_batch(self.sealer, stored, thread_id, ns, step_id)
+        if self.sealer is not None:
+            return open_batch(self.sealer, stored, thread_id, ns, step_id)
+        if stored.startswith(SEALED_BATCH_PREFIX):
+            raise EncryptedValueRefused(f"a summary batch of thread {thread_id!r} (step {step_id!r})")
+        return stored
 
     def _info(self, row: Any, thread_id: str, ns: str) -> StepInfo:
         base = row["base_step"]
@@ -158,6 +175,22 @@ class SqlSummaryBook:
         )
         return [self._info(row, thread_id, checkpoint_ns) for row in rows]
 
+    def chain(self, thread_id: str, checkpoint_ns: str, tip: str, base: str | None) -> list[StepInfo]:
+        """The steps from ``tip`` back to the one built on ``base`` (excluded), oldest first: one recursive
+        query, however long the chain of lagging steps."""
+        cols = "step_id, base_step, version, keys, status, covered, text"
+        rows = self._run(
+            f"""WITH RECURSIVE chain({cols}, depth) AS (
+                SELECT {cols}, 0 FROM {TABLE} WHERE thread_id = ? AND checkpoint_ns = ? AND step_id = ?
+                UNION ALL
+                SELECT {", ".join(f"s.{c}" for c in cols.split(", "))}, c.depth + 1 FROM {TABLE} s
+                JOIN chain c ON s.thread_id = ? AND s.checkpoint_ns = ? AND s.step_id = c.base_step
+                WHERE c.base_step <> ?)
+            SELECT {cols} FROM chain ORDER BY depth DESC""",
+            (thread_id, checkpoint_ns, tip, thread_id, checkpoint_ns, base or ROOT),
+        )
+        return [self._info(row, thread_id, checkpoint_ns) for row in rows]
+
     def request(self, step: StepRequest) -> None:
         now = time.time()
         self._run(
@@ -185,8 +218,9 @@ class SqlSummaryBook:
         """The oldest claimable step (its base done), leased to ``worker_id``; ``None`` when there is none.
 
         A step whose batch or base summary cannot be opened (changed, copied from another thread or step,
-        plain under ``--encryption required``, under a key the ring lacks) becomes a dead letter whose
-        error says why, and the next one is claimed.
+        plain under ``--encryption required``, under a key the ring lacks) or read (a batch that is not
+        JSON) becomes a dead letter whose error says why, and the next one is claimed: one bad row never
+        fails the summarizer's round, which would claim it again and again ahead of every other step.
         """
         while True:
             claimed = self._claim_row(worker_id, lease_seconds)
@@ -208,25 +242,35 @@ class SqlSummaryBook:
                 batch = orjson.loads(self._batch_out(row["batch"], *place, request.step_id))
                 if request.base_step is not None:
                     previous = self._text_out(previous, *place, request.base_step)
-            except StoredDataError as exc:
+            except (StoredDataError, ValueError) as exc:  # orjson's JSONDecodeError is a ValueError
                 logger.error("summary step %s of thread %r: %s", request.step_id, request.thread_id, exc)
-                self.fail(worker_id, request, str(exc))
+                self.fail(worker_id, request, f"{type(exc).__name__}: {exc}")
                 continue
             return ClaimedStep(replace(request, batch=batch), previous, row["attempts"] + 1)
 
     def _claim_row(self, worker_id: str, lease_seconds: float) -> tuple[Any, str | None] | None:
-        """The row of the oldest claimable step, leased, and its base's stored text."""
+        """The row of the oldest claimable step, leased, and its base's stored text. Without a sealer, a
+        step whose batch or base summary is sealed is not claimable here (a process with the key ring
+        takes it)."""
         now = time.time()
+        plain_batch = plain_base = ""
+        params: tuple[Any, ...] = (now, now)
+        if self.sealer is None:
+            plain_batch = " AND substr(s.batch, 1, ?) <> ?"
+            plain_base = " AND (b.text IS NULL OR substr(b.text, 1, ?) <> ?)"
+            params = (
+                now, now, len(SEALED_BATCH_PREFIX), SEALED_BATCH_PREFIX, len(SEALED_PREFIX), SEALED_PREFIX
+            )
         with self._tx() as cur:
             cur.execute(
                 self._sql(
                     f"SELECT s.* FROM {TABLE} s WHERE s.status = 'pending' AND s.available_at <= ? "
-                    "AND (s.lease_until IS NULL OR s.lease_until <= ?) AND (s.base_step = '' OR EXISTS ("
-                    f"SELECT 1 FROM {TABLE} b WHERE b.thread_id = s.thread_id AND b.checkpoint_ns = "
-                    "s.checkpoint_ns AND b.step_id = s.base_step AND b.status = 'done')) "
+                    f"AND (s.lease_until IS NULL OR s.lease_until <= ?){plain_batch} AND (s.base_step = '' "
+                    f"OR EXISTS (SELECT 1 FROM {TABLE} b WHERE b.thread_id = s.thread_id AND b.checkpoint_ns = "
+                    f"s.checkpoint_ns AND b.step_id = s.base_step AND b.status = 'done'{plain_base})) "
                     f"ORDER BY s.created_at LIMIT 1{self.lock_clause}"
                 ),
-                (now, now),
+                params,
             )
             row = cur.fetchone()
             if row is None:

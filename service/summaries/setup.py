@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from reducing_saver.reducer import MessageReducer, Summaries
+from reducing_saver.reducer import MessageReducer, Summaries, batch_fingerprint
 from reducing_saver.service.encryption import sealer_for
 from reducing_saver.service.encryption.records import sealed_store
+from reducing_saver.service.extraction.outbox import message_fingerprint
 from reducing_saver.service.summaries.metrics import SummaryMetrics
 from reducing_saver.service.summaries.summarizer import SummaryWorker, load_summarizer, tenant_of
 
@@ -59,8 +60,17 @@ class RunningSummaries:
             enabled=enabled if tenants or opted_out else None,
             on_uncovered=self._uncovered,
             on_request=self._wake,
+            fingerprint=self._fingerprint,
         )
         self.workers: list[SummaryWorker] = []
+
+    def _fingerprint(self, thread_id: str, batch: Any) -> str:
+        """What a batch says (a digest of the bytes its messages were sent as), part of its step's id;
+        keyed per tenant under encryption, so a step id reveals nothing of the text."""
+        plain = batch_fingerprint(batch, lambda message: bytes.fromhex(message_fingerprint(message)))
+        if self.sealer is None:
+            return plain
+        return self.sealer.cipher.fingerprint(bytes.fromhex(plain), self.sealer.tenant(thread_id))
 
     def _wake(self, thread_id: str) -> None:
         self.wake()

@@ -14,7 +14,8 @@ the delimiter or pass for an instruction. The answer is cut to ``summary_max_tok
 
 :class:`SummaryWorker` claims steps from the book (per thread and namespace in order: a step is claimable
 once its base is done), calls the summarizer (renewing its lease meanwhile, so a call longer than the lease is
-not run again by another worker), and stores the result by compare-and-set; a failure is retried
+not run again by another worker), and stores the result by compare-and-set; a failure (the call
+raising, an empty answer, an answer the database refuses) is a failed attempt of that step alone, retried
 with exponential backoff and jitter, and after ``max_attempts`` the step is a dead letter (the window falls
 back to the hard limit meanwhile; ``retry-dead`` re-runs it). Each new summary is also written to the
 store under ``("threads", thread_id, "summary")``, key ``running``, in the tenant's subtree.
@@ -41,9 +42,10 @@ from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, Syst
 from langchain_core.messages.utils import count_tokens_approximately
 
 from reducing_saver.service.background import FailureLog
-from reducing_saver.service.imports import import_attribute_or_provider
+from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
+from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
 from reducing_saver.service.summaries.book import ClaimedStep
 
@@ -71,6 +73,31 @@ PROMPT_HASH = hashlib.sha256(INSTRUCTIONS.encode()).hexdigest()[:16]
 
 class SummarizerError(ValueError):
     """``--summarizer`` names nothing usable (a clear start-up refusal)."""
+
+
+class UnusableSummaryError(ValueError):
+    """An answer that is no summary: empty or blank (a reasoning model that spent its ``max_tokens``
+    thinking answers nothing), or text the database cannot hold (a lone surrogate). A failed attempt of
+    its step, never stored."""
+
+
+def check_summary(text: Any) -> str:
+    """``text`` if it can be stored as a summary.
+
+    Raises:
+        UnusableSummaryError: If it is not a string, is empty or blank, or is not valid Unicode (UTF-8
+            cannot encode a lone surrogate, so no database driver can send it).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise UnusableSummaryError(f"the summarizer answered an empty summary ({text!r})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnusableSummaryError(
+            f"the summarizer answered text that cannot be stored: {exc.reason} at position {exc.start} "
+            f"({text[max(exc.start - 20, 0) : exc.end + 20]!r})"
+        ) from None
+    return text
 
 
 @dataclass(frozen=True)
@@ -209,42 +236,32 @@ class CallableSummarizer:
 def load_summarizer(
     spec: str, *, max_input_tokens: int, max_tokens: int
 ) -> ModelSummarizer | CallableSummarizer:
-    """What ``--summarizer SPEC`` names.
-
-    ``module:attribute`` when such a module exists and holds the attribute (a dotted module part is always
-    an import path); otherwise ``provider:model`` through ``init_chat_model``.
+    """What ``--summarizer SPEC`` names: ``module:attribute`` (a chat model, or a ``(previous_summary,
+    messages) -> str`` callable) or ``provider:model`` through ``init_chat_model``, resolved as every
+    such setting is (:mod:`reducing_saver.service.imports`).
 
     Raises:
-        SummarizerError: Naming the spec and what is missing.
+        SummarizerError: One line naming the spec and what is missing.
     """
-    provider_or_module, _, model_or_attribute = spec.partition(":")
-    if not provider_or_module or not model_or_attribute:
-        raise SummarizerError(f"--summarizer {spec!r}: expected provider:model or module:attribute")
-    try:
-        target = import_attribute_or_provider(spec)
-    except ValueError as exc:
-        raise SummarizerError(f"--summarizer {spec!r} {exc}") from None
-    if target is not None:
-        if isinstance(target, BaseChatModel):
-            return ModelSummarizer(target, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
-        if callable(target) and not isinstance(target, type):
-            return CallableSummarizer(target, spec, max_tokens=max_tokens)
-        raise SummarizerError(
-            f"--summarizer {spec!r} is a {type(target).__name__}: name a BaseChatModel or a callable "
-            "(previous_summary, messages) -> str"
-        )
-    try:
+
+    def init(provider_model: str) -> BaseChatModel:
         from langchain.chat_models import init_chat_model
-    except ImportError:
-        raise SummarizerError(
-            f"--summarizer {spec!r}: 'provider:model' needs the langchain package and the provider's "
-            "(e.g. langchain-openai) installed with the service; or name a 'module:attribute'"
-        ) from None
+
+        return init_chat_model(provider_model, max_tokens=max_tokens)
+
     try:
-        model = init_chat_model(spec, max_tokens=max_tokens)
-    except Exception as exc:  # noqa: BLE001 - any provider failure is a start-up refusal naming it
-        raise SummarizerError(f"--summarizer {spec!r} cannot be initialized: {exc}") from None
-    return ModelSummarizer(model, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
+        target, from_provider = import_or_provider(spec, "--summarizer", providers="chat_models", init=init)
+    except ResolveError as exc:
+        raise SummarizerError(str(exc)) from None
+    if isinstance(target, BaseChatModel):
+        return ModelSummarizer(target, spec, max_input_tokens=max_input_tokens, max_tokens=max_tokens)
+    if callable(target) and not isinstance(target, type) and not from_provider:
+        return CallableSummarizer(target, spec, max_tokens=max_tokens)
+    raise SummarizerError(
+        str(ResolveError("--summarizer", spec, "not a chat model or callable",
+                         f"got {kind_of(target)}: name a BaseChatModel or a callable "
+                         "(previous_summary, messages) -> str"))
+    )
 
 
 # -- the worker ----------------------------------------------------------------------------------
@@ -351,19 +368,27 @@ class SummaryWorker:
         try:
             with self._renewing(step):
                 summary = self._loop_run(self.summarizer(claimed.previous, as_messages(step.batch)))
+            check_summary(summary.text)
         except Exception as exc:  # noqa: BLE001 - a model or callable failing is a retry, never a crash
             self._failed(claimed, exc, tenant)
             return True
         if self.metrics is not None:
             self.metrics.called(tenant, summary, time.monotonic() - started)
-        if self.book.complete(
-            step,
-            summary.text,
-            model=summary.model,
-            prompt_hash=summary.prompt_hash,
-            input_tokens=summary.input_tokens,
-            output_tokens=summary.output_tokens,
-        ):
+        try:
+            done = self.book.complete(
+                step,
+                summary.text,
+                model=summary.model,
+                prompt_hash=summary.prompt_hash,
+                input_tokens=summary.input_tokens,
+                output_tokens=summary.output_tokens,
+            )
+        except (ValueError, TypeError, ValueRefused) as exc:
+            # The database (or its driver) refused this answer: that step's attempt failed. An outage
+            # (DatabaseUnavailable and the drivers' connection errors) fails the round instead.
+            self._failed(claimed, exc, tenant)
+            return True
+        if done:
             self._publish(step, summary)
         else:
             logger.info(

@@ -98,7 +98,8 @@ from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
 from reducing_saver.service.background import FailureLog
-from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
+from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, encrypting, sealer_for
+from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.encryption.records import seal_entries
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
@@ -573,7 +574,9 @@ def window_reader(
 
     ``agent_thread_id`` maps a stored thread id to the one the entries carry (tenant mode strips the
     tenant, as ``Memory.record`` does). ``sealer`` (``--encryption``): the head is opened, and the
-    entries sealed, as the service's savers and ``Memory.record`` do.
+    entries sealed, as the service's savers and ``Memory.record`` do. Without one, a head another process
+    sealed cannot be read: ``EncryptedValueRefused`` (the thread is not deleted unextracted; a process with
+    the key ring handles it).
     """
 
     def window(saver: Any, thread_id: str, namespace: tuple[str, ...]) -> list[OutboxEntry]:
@@ -583,6 +586,8 @@ def window_reader(
         if item is None:
             return []
         value = (item.checkpoint.get("channel_values") or {}).get(messages_key)
+        if sealer is None and is_sealed(value):
+            raise EncryptedValueRefused(f"the messages of thread {thread_id!r}")
         messages = codec.decode(value) if value is not None else None
         if messages is None:
             if value is not None:

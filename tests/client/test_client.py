@@ -33,6 +33,7 @@ from reducing_saver.client import _transport as transport_errors
 from reducing_saver.client import (
     AuthenticationError,
     BadRequestError,
+    CheckpointPrunedError,
     ConflictError,
     DatabaseTimeoutError,
     NotFoundError,
@@ -248,6 +249,7 @@ STATUS_TABLE = [
     (403, AuthenticationError),
     (404, NotFoundError),
     (409, ConflictError),
+    (410, CheckpointPrunedError),
     (413, PayloadTooLargeError),
     (422, BadRequestError),
     (500, ServerUnavailableError),
@@ -710,6 +712,7 @@ def test_public_surface_is_pinned() -> None:
         [
             "AuthenticationError",
             "BadRequestError",
+            "CheckpointPrunedError",
             "ConflictError",
             "ConnectionSetupError",
             "DatabaseTimeoutError",

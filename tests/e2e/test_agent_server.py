@@ -311,6 +311,10 @@ def _wait_ok(url: str, process: subprocess.Popen, log: Path, timeout: float = 60
     raise RuntimeError(f"langgraph dev not ready after {timeout}s:\n{log.read_text(errors='replace')}")
 
 
+#: The metrics scraper's key of a service with tenant keys: /metrics answers no tenant's.
+SCRAPER_KEY = "scraper-key"
+
+
 def _routes(service_url: str, headers: dict[str, str]) -> dict[str, float]:
     """Successful requests the service counted, by "METHOD /route" (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -383,7 +387,7 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
     project = tmp_path / "project"
     shutil.copytree(PROJECT, project)
     database = request.getfixturevalue("fresh_pg") if backend == "postgres" else "memory://"
-    keys_env = {"REDUCING_SAVER_API_KEYS": f"{TENANT}={api_key}"} if api_key else {}
+    keys_env = {"REDUCING_SAVER_API_KEYS": f"{TENANT}={api_key}", "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY} if api_key else {}
     with run_service(
         tmp_path,
         *("--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"),
@@ -433,7 +437,7 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
             assert "Starting queue with isolated loops" in text
             assert text.count("Using custom checkpointer: RemoteReducingSaver") >= 2
             assert text.count("Using custom store: RemoteStore") >= 2
-        routes = _routes(service.url, headers)
+        routes = _routes(service.url, {"Authorization": f"Bearer {SCRAPER_KEY}"} if api_key else {})
         # The messages the windows cut went on to long-term memory (the service's extraction).
         extraction = _drained(service.url, headers)
         assert extraction["delivered"] > 0, extraction

@@ -80,6 +80,31 @@ def test_growth_section(quick_run: tuple[Path, dict, str]) -> None:
         assert positive(growth["ratios"][key]), key
 
 
+def test_real_turn_section(quick_run: tuple[Path, dict, str]) -> None:
+    """A tool-calling agent whose model waits, under LangGraph's default durability: every checkpointer at
+    every latency, the ratios from the same run, the service and in-process keeping a window."""
+    real = quick_run[1]["real_turn"]
+    settings = quick_run[1]["meta"]["settings"]["real_turn"]
+    assert real["durability"] == "async" and real["window"] == 20
+    assert [figures["model_ms"] for figures in real["by_model_latency"]] == [round(s * 1000) for s in settings["latencies"]]
+    for figures in real["by_model_latency"]:
+        for kind in ("service", "inprocess", "plain"):
+            assert figures[kind]["n"] == settings["turns"] * settings["rounds"], kind
+            # A turn waits for at least one model call, a tool-calling turn for two and the tool.
+            assert figures[kind]["median_ms"] >= figures["model_ms"], (kind, figures)
+            assert figures[kind]["p95_ms"] >= 2 * figures["model_ms"] + real["tool_ms"], (kind, figures)
+            assert figures[kind]["p95_ms"] >= figures[kind]["median_ms"] > 0, (kind, figures)
+        for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_inprocess_mean",
+                    "service_vs_plain_median", "service_vs_plain_p95", "service_vs_plain_mean"):
+            assert positive(figures["ratios"][key]), key
+        kept = figures["messages_in_last_thread"]
+        assert kept["service"] <= 20 and kept["inprocess"] <= 20 < kept["plain"], kept
+    assert "Real turns:" in quick_run[2]
+    targets = quick_run[1]["targets"]
+    for figures in real["by_model_latency"]:
+        assert positive(targets[f"real_turn_{figures['model_ms']}ms_service_vs_inprocess_median"])
+
+
 def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
     latency = quick_run[1]["latency"]
     for mode in ("sync", "async"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -58,7 +59,7 @@ def test_version():
 
 @pytest.mark.parametrize(
     ("flag", "choices"),
-    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
+    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{auto,json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
 )
 def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
     assert f"{flag} {choices}" in _run("serve", "--help").stdout
@@ -144,7 +145,7 @@ def test_default_serve_uses_a_sqlite_file_in_the_working_folder(tmp_path):
         assert capabilities["backend"] == "sqlite"
         assert (tmp_path / "reducing-saver.sqlite").exists()
     assert "listening on http://127.0.0.1:" in service.output()
-    assert "backend sqlite: sqlite:///reducing-saver.sqlite" in service.output()
+    assert "backend sqlite (sqlite:///reducing-saver.sqlite), window 20 messages" in service.output()
 
 
 def test_the_database_password_is_not_printed(tmp_path, pg_database):
@@ -311,3 +312,62 @@ def test_a_wrong_flag_is_one_line_not_a_usage_dump(args, needle):
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(needle), result.stderr
     assert "--help" in result.stderr and "usage:" not in result.stderr
+
+
+def _serve_output(tmp_path, *args: str, terminal: bool) -> list[str]:
+    """The lines `reducing-saver serve ARGS` prints until it listens and has started, on a terminal (a
+    pseudo-terminal) or into a file, as under a process manager."""
+    import pty
+
+    log = tmp_path / f"serve-{'tty' if terminal else 'file'}.log"
+    if terminal:
+        leader, follower = pty.openpty()
+        process = subprocess.Popen(
+            [str(CLI), "serve", "--port", "0", *args], stdout=follower, stderr=follower, cwd=tmp_path,
+            env=_clean_env(),
+        )
+        os.close(follower)
+    else:
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(CLI), "serve", "--port", "0", *args], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                env=_clean_env(),
+            )
+    text = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"Application startup complete" not in text:
+            assert process.poll() is None and time.monotonic() < deadline, text.decode(errors="replace")
+            if terminal:
+                import select
+
+                if select.select([leader], [], [], 0.2)[0]:
+                    text += os.read(leader, 65536)
+            else:
+                time.sleep(0.1)
+                text = log.read_bytes()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        if terminal:
+            os.close(leader)
+    return text.decode(errors="replace").replace("\r\n", "\n").splitlines()
+
+
+def test_serve_on_a_terminal_logs_text_and_says_in_one_line_what_it_runs(tmp_path):
+    lines = _serve_output(tmp_path, "--max-messages", "12", "--keep-checkpoints", "5", terminal=True)
+    assert lines and not any(line.lstrip().startswith("{") for line in lines), lines
+    # The migrations of a new database in one line, not one per statement.
+    assert not any("applied migration" in line for line in lines), lines
+    migrated = [line for line in lines if "reducing-saver schema" in line]
+    assert len(migrated) == 1 and "to version" in migrated[0], lines
+    # One line says what runs: backend, window, encryption, summarizer, kept checkpoints.
+    (settings,) = [line for line in lines if "window" in line]
+    for part in ("backend sqlite", "window 12 messages", "encryption off", "summarizer off", "keep-checkpoints 5"):
+        assert part in settings, settings
+
+
+def test_serve_into_a_file_logs_json(tmp_path):
+    lines = _serve_output(tmp_path, "--database", "memory://", terminal=False)
+    records = [json.loads(line) for line in lines]
+    assert any("listening on http://127.0.0.1:" in record["message"] for record in records)

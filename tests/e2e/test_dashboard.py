@@ -125,11 +125,14 @@ def test_every_dashboard_query_names_exposed_metrics(fresh_pg: str, tmp_path: Pa
         "--storage-refresh-seconds",
         "0.5",
     ]
-    with run_service(tmp_path, *args, env={"REDUCING_SAVER_API_KEYS": api_keys}) as service:
+    env = {"REDUCING_SAVER_API_KEYS": api_keys, "REDUCING_SAVER_METRICS_KEY": "scraper-key"}
+    with run_service(tmp_path, *args, env=env) as service:
         for tenant, turns in (("a", 8), ("b", 2)):
             with RemoteReducingSaver(service.url, api_key=KEYS[tenant]) as saver:
                 converse(saver, f"thread-{tenant}", turns, seed=turns)
-        headers = {"x-api-key": KEYS["a"]}
+        # The scraper's key, as Prometheus sends it (a tenant's key gets 403: /metrics shows every tenant).
+        headers = {"Authorization": "Bearer scraper-key"}
+        assert httpx.get(f"{service.url}/metrics", headers={"x-api-key": KEYS["a"]}).status_code == 403
         deadline = time.monotonic() + 30
         while True:  # until a measuring pass started after both threads has seen the extracted messages
             text = httpx.get(f"{service.url}/metrics", headers=headers).text

@@ -86,7 +86,9 @@ def test_serve_migrates_at_start_and_says_what_it_applied(database, tmp_path):
     with run_service(tmp_path, "--database", url, "--log-format", "text") as service:
         assert httpx.get(f"{service.url}/readyz", timeout=10).status_code == 200
     assert version() == migrations.LATEST
-    assert f"applied migration {migrations.LATEST}: " in service.output()
+    assert f"reducing-saver schema from none to version {migrations.LATEST} ({migrations.LATEST + 1} migrations)" in (
+        service.output()
+    )
 
 
 def test_a_database_of_a_later_release_is_refused_by_every_command(database, tmp_path):
@@ -111,3 +113,24 @@ def test_migrate_on_memory_says_there_is_nothing_to_migrate():
     result = _run("migrate", "--database", "memory://")
     assert result.returncode == 0
     assert "nothing to migrate" in result.stdout
+
+
+def test_migrate_run_by_four_processes_at_once_reports_each_migration_once(database, tmp_path):
+    """Each process reports what it applied itself, read under the set-up locks: every migration, the
+    service's and langgraph's, is reported by exactly one of them; the others say the schema is current
+    or report the rest."""
+    url, migrations, version = database
+    command = [str(CLI), "migrate", "--database", url]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        for _ in range(4)
+    ]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert [process.returncode for process in processes] == [0] * 4, outputs
+    lines = [line for stdout, _ in outputs for line in stdout.splitlines()]
+    own = sorted(int(line.split(":")[0].removeprefix("applied migration ")) for line in lines if line.startswith("applied migration "))
+    assert own == list(range(len(migrations.MIGRATIONS))), lines
+    langgraph = [line for line in lines if line.startswith("applied langgraph's ")]
+    tables = [line.split()[2] for line in langgraph]
+    assert sorted(tables) == sorted(migrations.LANGGRAPH_TABLES), langgraph  # once per table
+    assert version() == migrations.LATEST

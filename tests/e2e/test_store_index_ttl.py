@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from langgraph.store.base import PutOp
 from langgraph.store.memory import InMemoryStore
 from langgraph.store.postgres import PostgresStore
 from langgraph.store.sqlite import SqliteStore
@@ -152,6 +153,17 @@ def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRe
             scores = [score for _, score in expected]
             assert [score for _, score in ranked] == pytest.approx(scores, abs=1e-5), (query, ranked)
 
+        # A query search pages: every item once, equal scores (equal texts) in key order, and pages past
+        # twice the limit are not empty (LangGraph's SQL stores bounded the candidates by the limit alone).
+        acme.batch([PutOp(("paged",), f"p{i:02}", {"text": "same text" if i % 3 else f"text {i}"}) for i in range(30)])
+        paged: list[Any] = []
+        while page := acme.search(("paged",), query="same text", limit=4, offset=len(paged)):
+            paged += page
+        assert sorted(i.key for i in paged) == [f"p{i:02}" for i in range(30)]
+        best = [i.key for i in paged if i.score == pytest.approx(1.0)]
+        assert best == [f"p{i:02}" for i in range(30) if i % 3] and [i.key for i in paged[:20]] == best
+        assert [i.score for i in paged] == sorted((i.score for i in paged), reverse=True)
+
         # langgraph_sdk's search_items with a query answers scores too.
         from langgraph_sdk import get_sync_client
 
@@ -180,7 +192,7 @@ def test_refusals(tmp_path: Path) -> None:
     line = _refused(
         tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "nope.mod:embed"}'
     )
-    assert "--store-index embed 'nope.mod:embed' cannot be imported" in line
+    assert "--store-index embed 'nope.mod:embed': module not found" in line
     line = _refused(
         tmp_path, "--database", "memory://", "--store-index", '{"dims": 4, "embed": "x:y", "bogus": 1}'
     )

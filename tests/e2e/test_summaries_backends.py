@@ -104,7 +104,7 @@ def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, da
 def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tmp_path: Path):
     from reducing_saver.client import RemoteStore
 
-    keys = {"REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key"}
+    keys = {"REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key", "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY}
     args = [
         "--database",
         f"sqlite:///{tmp_path}/service.sqlite",
@@ -130,7 +130,7 @@ def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tm
             for graph in graphs.values():
                 ask(graph, "t", n)
             deadline = time.monotonic() + 30
-            while metric_with_key(service.url, "acme-key", "reducing_saver_summary_pending_steps"):
+            while metric_with_key(service.url, SCRAPER_KEY, "reducing_saver_summary_pending_steps"):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         ask(graphs["acme"], "t", 10)
@@ -143,7 +143,7 @@ def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tm
         headers = {"Authorization": "Bearer globex-key"}
         status = httpx.get(f"{service.url}/v1/extraction/status", headers=headers, timeout=5).json()
         assert status["summaries"]["done_steps"] == 0  # globex sees its own threads only: none summarized
-        text = metrics_text(service.url, "acme-key")
+        text = metrics_text(service.url, SCRAPER_KEY)
         assert 'reducing_saver_summary_calls_total{tenant="acme"}' in text and 'tenant="globex"' not in text
         # The summary is in the tenant's store too, and only there.
         with RemoteStore(service.url, api_key="acme-key") as store:
@@ -151,6 +151,10 @@ def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tm
             assert "FACT: t 0" in item.value["text"]
         with RemoteStore(service.url, api_key="globex-key") as store:
             assert store.get(("threads", "t", "summary"), "running") is None
+
+
+#: The metrics scraper's key of the services with tenant keys: /metrics answers no tenant's.
+SCRAPER_KEY = "scraper-key"
 
 
 def metrics_text(url: str, key: str) -> str:
@@ -179,7 +183,9 @@ def test_a_tenant_whose_keys_carry_no_summary_is_never_summarized(tmp_path: Path
     summarized = [f"--database=sqlite:///{tmp_path}/summarized.sqlite", *window_args]
     plain = [f"--database=sqlite:///{tmp_path}/plain.sqlite", *window_args]
     with (
-        run_service(tmp_path, *summarized, "--summarizer", "tests.support.summarizers:facts") as service,
+        run_service(
+            tmp_path, *summarized, "--summarizer", "tests.support.summarizers:facts", env={"REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY}
+        ) as service,
         run_service(tmp_path, *plain) as without,
         RemoteReducingSaver(service.url, api_key="acme-key") as acme,
         RemoteReducingSaver(service.url, api_key="globex-key") as globex,
@@ -194,7 +200,7 @@ def test_a_tenant_whose_keys_carry_no_summary_is_never_summarized(tmp_path: Path
             for graph in graphs.values():
                 ask(graph, "t", n)
             deadline = time.monotonic() + 30
-            while metric_with_key(service.url, "acme-key", "reducing_saver_summary_pending_steps"):
+            while metric_with_key(service.url, SCRAPER_KEY, "reducing_saver_summary_pending_steps"):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             assert [m.id for m in window(graphs["globex"], "t")] == [
@@ -212,7 +218,7 @@ def test_a_tenant_whose_keys_carry_no_summary_is_never_summarized(tmp_path: Path
             summaries = status["summaries"]
             assert summaries["done_steps"] == summaries["pending_steps"] == summaries["dead_steps"] == 0
             assert status["delivered"] + status["pending"] + status["in_flight"] > 0  # its cuts: to memory
-        text = metrics_text(service.url, "acme-key")
+        text = metrics_text(service.url, SCRAPER_KEY)
         assert 'reducing_saver_summary_calls_total{tenant="acme"}' in text and 'tenant="globex"' not in text
         with RemoteStore(service.url, api_key="globex-key") as store:
             assert store.get(("threads", "t", "summary"), "running") is None

@@ -6,6 +6,7 @@ The previous release runs from its wheel in a virtual environment of its own
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sqlite3
 import subprocess
@@ -23,8 +24,7 @@ from reducing_saver.service.storage.sqlite import migrations as sqlite_migration
 from reducing_saver.service.version import __version__
 from tests.conftest import build_chat_graph, human
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
-from tests.support.previous_release import VERSION as VERSION_OF_PREVIOUS
-from tests.support.previous_release import build, run_previous_service
+from tests.support.previous_release import VERSION, version_key, build, run_previous_service
 from tests.support.server import run_service
 
 #: A small window, so a few turns prune messages into the outbox.
@@ -109,7 +109,7 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
     assert {row[0] for row in old_ledger} == set(KEPT + DOOMED + PENDING)
     old_items = set(db.rows("SELECT prefix, key FROM store"))
     assert ("notes.user-1", "a") in old_items and len(old_items) > 2  # notes and delivered memories
-    assert db.version() == -1  # the previous release kept no schema version
+    assert db.version() == previous_release.schema["postgres" if db.postgres else "sqlite"]
 
     # -- this release opens it: migrates, serves every old thread, delivers the pending rows once ------
     calls_db = make_database()
@@ -131,7 +131,7 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
         assert previous_release.agent("threads", url=service.url, threads=PENDING + DOOMED) == {
             thread: before[thread] for thread in PENDING + DOOMED
         }
-    assert "applied migration 0: CREATE TABLE IF NOT EXISTS reducing_saver_migrations" in service.output()
+    assert f"reducing-saver schema from none to version {db.latest()}" in service.output()
     assert db.version() == db.latest()
 
     with psycopg.connect(calls_db) as conn:
@@ -187,11 +187,52 @@ def test_this_releases_clients_work_against_the_previous_service(previous_releas
 
 
 def test_the_previous_release_is_what_runs(previous_release):
-    """The old environment imports the wheel's code: it has no migrations, and its CLI has no `migrate`."""
+    """The old environment imports the wheel's code, of the newest release before this one, whose schema is
+    this one's or older."""
     seen = previous_release.agent("identify")
-    assert seen["version"] == "0.1.0" and not seen["has_migrations"]
-    result = subprocess.run([str(previous_release.cli), "migrate"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "invalid choice: 'migrate'" in result.stderr
+    assert seen["version"] == VERSION and version_key(VERSION) < version_key(importlib.metadata.version("reducing-saver"))
+    assert seen["schema"]["postgres"] <= pg_migrations.LATEST and seen["schema"]["sqlite"] <= sqlite_migrations.LATEST
+    result = subprocess.run([str(previous_release.cli), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"reducing-saver {VERSION}"
+
+
+def test_the_previous_release_and_this_one_serve_one_database_together(previous_release, fresh_pg, tmp_path, make_database):
+    """The first rollout of an upgrade from the previous release (docs/migrations.md): this release migrates
+    the database while a previous-release replica serves it, then both serve the same threads, turn by turn
+    in alternation, with the settings the previous release knows (no summarizer, no encryption). Every
+    pruned message is delivered once, by one of the two, and both read every thread alike."""
+    db = Database(fresh_pg)
+    calls_db = make_database()
+    extract = ("--extractor", "tests.support.extractors:counting", "--extraction-linger-seconds", "0")
+    with (
+        run_previous_service(
+            previous_release, tmp_path, "--database", fresh_pg, *WINDOW, "--extractor",
+            "tests.support.extractors:counting", env={"RS_TEST_CALLS_DB": calls_db},
+        ) as old_url,
+        run_service(tmp_path, "--database", fresh_pg, *WINDOW, *extract, env={"RS_TEST_CALLS_DB": calls_db}) as new,
+        RemoteReducingSaver(old_url) as old_saver,
+        RemoteReducingSaver(new.url) as new_saver,
+    ):
+        assert db.version() == db.latest()
+        threads = ["mixed-1", "mixed-2"]
+        graphs = {thread: build_chat_graph(old_saver, prefix=thread, length=60) for thread in threads}
+        for turn in range(8):
+            for index, thread in enumerate(threads):
+                graph = graphs[thread]
+                graph.checkpointer = old_saver if (turn + index) % 2 else new_saver  # a load balancer's pick
+                graph.invoke({"messages": [human(turn, thread, 60)]}, {"configurable": {"thread_id": thread}})
+        _wait(lambda: set(_statuses(db.outbox())) == {"done"}, "both releases to deliver")
+        time.sleep(1.0)  # a second delivery, if there were one, would have happened by now
+        for thread in threads:
+            config = {"configurable": {"thread_id": thread}}
+            windows = [[m.id for m in s.get_tuple(config).checkpoint["channel_values"]["messages"]]
+                       for s in (old_saver, new_saver)]
+            assert windows[0] == windows[1] and len(windows[0]) <= 6
+            assert windows[0][-1] == f"{thread}-ai-0007"
+    with psycopg.connect(calls_db) as conn:
+        delivered = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
+    assert set(delivered) == set(db.outbox()) and len(delivered) == 2 * (16 - 4)
+    assert set(delivered.values()) == {1}  # each exactly once, by one release or the other
 
 
 def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previous_release, fresh_pg, tmp_path, record_property):
@@ -238,7 +279,7 @@ def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previo
     )
     assert not failures, failures[:3]
     assert not lost, lost
-    assert old_version == old_again == VERSION_OF_PREVIOUS
+    assert old_version == old_again == VERSION
     assert new_version == __version__
     assert f'reducing_saver_build_info{{version="{__version__}"}} 1.0' in metrics
     assert new_version != old_version, "this release reports the previous release's version"

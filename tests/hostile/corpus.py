@@ -456,6 +456,22 @@ def _cases() -> list[Case]:
                 cases.append(_state_case(code, target, place, msgpack=False))
                 cases.append(_state_case(code, target, place, msgpack=True))
     cases += [_state_value_case(*spec) for spec in STATE_VALUE_CASES]
+    # An extension as a map key: ormsgpack, so every reader, refuses the whole value (it used to be stored).
+    for place, field in (("other-channel", "values.notes"), ("pending-write", "writes[0] (channel 'notes')")):
+        cases.append(
+            Case(
+                f"ext0-os.system-as-a-map-key-{place}",
+                "/v1/writes/put" if place == "pending-write" else "/v1/checkpoints/put",
+                lambda ctx, place=place: orjson.dumps(
+                    state_body(
+                        place,
+                        b"\x81" + ormsgpack.packb(attack(0, ("os", "system"), ctx.marker(f"key-{place}"))) + b"\x01",
+                        thread_id=f"ext-key-{place}",
+                    )
+                ),
+                names=(field, "not msgpack a reader can decode"),
+            )
+        )
     # -- standard-library callables under a third-party module's name ------------------------------------
     cases += [_reexport_case(*reexport, place) for reexport in REEXPORTS for place in REEXPORT_PLACES]
     # -- structure ---------------------------------------------------------------------------------

@@ -191,6 +191,66 @@ def test_past_the_hard_limit_the_window_cuts_without_a_summary_and_catches_up_la
     assert facts | in_window >= {f"FACT: fact {n}" for n in range(9)}
 
 
+def test_while_the_summarizer_is_down_the_note_counts_messages_and_the_summary_stays_small():
+    """Hundreds of turns past the hard limit: the note says how many messages wait for the summary (not
+    how many batches), and the summary message's record stays the same size, however far behind; once the
+    summarizer catches up, one put folds everything in."""
+    import json
+    import re
+
+    saver, book = make_saver(hard=10)
+    graph = build_chat_graph(saver, length=40)
+    sizes = []
+    for n in range(150):
+        turn(graph, "t", n)  # the summarizer is down
+        window = window_of(graph, "t")
+        summary = summary_of(window)
+        if summary is None:
+            continue
+        waiting = int(re.search(r"\[(\d+) earlier message", summary.content).group(1))
+        in_window = [m for m in window if m is not summary]
+        assert waiting == 2 * (n + 1) - len(in_window), (n, summary.content[-80:])  # every message cut so far
+        sizes.append(len(json.dumps(summary.additional_kwargs[MARK_KEY])))
+    assert len(sizes) > 100 and max(sizes) <= min(sizes) + 20, (min(sizes), max(sizes))
+    assert len(summary.additional_kwargs[MARK_KEY]["lagging"]) <= 2
+    assert drain(book) > 50
+    turn(graph, "t", 150)
+    window = window_of(graph, "t")
+    summary = summary_of(window)
+    assert not summary.additional_kwargs[MARK_KEY]["lagging"] and "being summarized" not in summary.content
+    facts = set(summary.content.splitlines())
+    in_window = {m.content.splitlines()[0] for m in window if m.id.startswith("h-")}
+    assert facts | in_window >= {f"FACT: fact {n}" for n in range(151)}
+    assert not api_window_problems(window)
+
+
+@pytest.mark.parametrize("summarized_first", [False, True], ids=["while-waiting", "after-its-summary"])
+def test_an_edit_of_a_message_awaiting_its_summary_survives_in_the_summary(summarized_first):
+    """update_state rewrites a message (same id) whose batch waits for its summary: the summary of the
+    old text must not replace the new one. The edited batch is summarized again, and the window keeps it
+    until that summary exists."""
+    saver, book = make_saver()
+    graph = build_chat_graph(saver, length=40)
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [HumanMessage("FACT: my name is Alice", id="h-0000")]}, config)
+    for n in range(1, 4):
+        turn(graph, "t", n)
+    assert book.next_step() is not None  # the batch holding h-0000 waits for its summary
+    if summarized_first:
+        assert drain(book) == 1  # its summary of the old text is done, not yet in the window
+    graph.update_state(config, {"messages": [HumanMessage("FACT: CORRECTION: my name is Bob", id="h-0000")]})
+    edited = [m for m in window_of(graph, "t") if m.id == "h-0000"]
+    assert [m.content for m in edited] == ["FACT: CORRECTION: my name is Bob"]  # still in the window
+    drain(book)
+    turn(graph, "t", 4)
+    window = window_of(graph, "t")
+    summary = summary_of(window)
+    assert summary is not None and "FACT: CORRECTION: my name is Bob" in summary.content, summary
+    assert "Alice" not in summary.content
+    assert "h-0000" not in [m.id for m in window]
+    assert not api_window_problems(window)
+
+
 def test_a_fork_resumes_with_the_summary_that_covered_its_own_cut():
     saver, book = make_saver()
     graph = build_chat_graph(saver, length=40)

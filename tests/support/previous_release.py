@@ -1,9 +1,10 @@
 """The previous release of reducing-saver, in a virtual environment of its own.
 
-``tests/fixtures/reducing_saver-0.1.0-py3-none-any.whl`` is that release (commit fa41e61) built as a
-wheel, so a clone of any depth can run it. :func:`build` makes a virtual environment holding only that
-wheel, whose other packages (langgraph, psycopg, FastAPI, ...) come from the test environment through a
-path file: ``import reducing_saver`` there imports the old code and nothing of this checkout.
+``tests/fixtures/`` keeps the wheel of every release (docs/releasing.md); the previous release is the
+newest of them older than this checkout's version (0.1.0, commit fa41e61, before 0.2.0), so a clone of any
+depth can run it. :func:`build` makes a virtual environment holding only that wheel, whose other packages
+(langgraph, psycopg, FastAPI, ...) come from the test environment through a path file: ``import
+reducing_saver`` there imports the old code and nothing of this checkout.
 
 Run as ``python -m tests.support.previous_release ACTION JSON`` inside that environment, this module is
 an agent of the previous release: it runs a LangGraph chat graph on the old ``RemoteReducingSaver`` and
@@ -18,14 +19,36 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.server import free_port, run_ready
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEEL = ROOT / "tests" / "fixtures" / "reducing_saver-0.1.0-py3-none-any.whl"
-VERSION = "0.1.0"
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def release_wheels() -> dict[str, Path]:
+    """The kept wheel of each release, by version."""
+    return {path.name.split("-")[1]: path for path in FIXTURES.glob("reducing_saver-*-py3-none-any.whl")}
+
+
+def previous_version() -> str:
+    """The newest release older than this checkout's version (``pyproject.toml``)."""
+    current = version_key(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+    older = [version for version in release_wheels() if version_key(version) < current]
+    if not older:
+        raise RuntimeError(f"tests/fixtures holds no wheel of a release before {current}: see docs/releasing.md")
+    return max(older, key=version_key)
+
+
+VERSION = previous_version()
+WHEEL = release_wheels()[VERSION]
 
 
 class PreviousRelease:
@@ -33,6 +56,8 @@ class PreviousRelease:
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        #: The schema version the release leaves a database at, per backend (-1: none recorded).
+        self.schema: dict[str, int] = {}
         self.python = home / "bin" / "python"
         self.cli = home / "bin" / "reducing-saver"
         #: A folder holding only a link to this checkout's ``tests``: on the old processes' path instead of
@@ -90,7 +115,7 @@ def build(home: Path) -> PreviousRelease:
     seen = release.agent("identify")
     assert seen["version"] == VERSION, seen
     assert seen["package"].startswith(str(home)), seen  # the old code, not this checkout's
-    assert not seen["has_migrations"], seen  # the previous release had no migrations module
+    release.schema = seen["schema"]
     return release
 
 
@@ -103,10 +128,21 @@ def _identify() -> dict:
 
     import reducing_saver.client
 
+    schema = {}
+    for backend in ("postgres", "sqlite"):
+        name = f"reducing_saver.service.storage.{backend}.migrations"
+        # -1: the release kept no schema version (0.1.0 had no migrations).
+        schema[backend] = importlib.import_module(name).LATEST if importlib.util.find_spec(name) else -1
+    # The distribution installed in this environment: the checkout's own metadata (an editable install's
+    # egg-info in the repository, on the path as the working folder) may come first on sys.path.
+    (installed,) = [
+        dist for dist in importlib.metadata.distributions(name="reducing-saver")
+        if Path(dist.locate_file("")).resolve().is_relative_to(Path(sys.prefix).resolve())
+    ]
     return {
-        "version": importlib.metadata.version("reducing-saver"),
+        "version": installed.version,
         "package": str(Path(reducing_saver.client.__file__).resolve()),
-        "has_migrations": importlib.util.find_spec("reducing_saver.service.storage.migrations") is not None,
+        "schema": schema,
     }
 
 

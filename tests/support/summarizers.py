@@ -5,13 +5,15 @@
 does the same but fails a share RS_TEST_SUMMARY_FAIL_RATE of its calls, and records every call that
 returned in the table ``summarizer_calls`` of the database RS_TEST_CALLS_DB (when set), so a test can
 count model calls across processes; RS_TEST_SUMMARY_DELAY slows each call down (seconds). ``failing``
-fails every call.
+fails every call. ``gated`` is ``verbatim`` once :data:`GATE` is set (in-process tests: a summarizer
+that takes as long as the test wants).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -57,6 +59,16 @@ def flaky(previous: str | None, messages: list[BaseMessage]) -> str:
                 (os.getpid(), messages[0].id, len(messages)),
             )
     return text
+
+
+#: Opened by a test when ``gated`` may answer.
+GATE = threading.Event()
+
+
+def gated(previous: str | None, messages: list[BaseMessage]) -> str:
+    if not GATE.wait(60):
+        raise FlakySummarizerError("the gate stayed closed")
+    return verbatim(previous, messages)
 
 
 def failing(previous: str | None, messages: list[BaseMessage]) -> str:

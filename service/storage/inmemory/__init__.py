@@ -6,12 +6,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from langgraph.store.memory import InMemoryStore
-
 from reducing_saver.service.storage.inmemory import usage
 from reducing_saver.service.storage.inmemory.ledger import MemoryLedger
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.inmemory.store import PagingInMemoryStore
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.summaries.book import MemoryBook
@@ -28,7 +27,7 @@ class MemoryBackend:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
         self._outbox = MemoryOutbox()
         self._summaries: MemoryBook | None = None
-        self._store: InMemoryStore | None = None
+        self._store: PagingInMemoryStore | None = None
         #: InMemoryStore's ``index`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
@@ -39,7 +38,10 @@ class MemoryBackend:
         """Nothing to migrate: the process holds everything."""
         return []
 
-    def check_schema(self) -> None:
+    def check_schema(self, why: str = "") -> None:
+        """Nothing to check."""
+
+    def refuse_newer_schema(self) -> None:
         """Nothing to check."""
 
     def savers(self, count: int, latest_cache: Any = None) -> list[InMemoryLifecycleSaver]:
@@ -57,11 +59,11 @@ class MemoryBackend:
             saver.summary_book = self._summaries  # namespaces the saver removes lose their steps at once
         return self._summaries
 
-    def store(self) -> InMemoryStore:
+    def store(self) -> PagingInMemoryStore:
         if self._store is None:
             if "ttl" in self.store_options:
                 raise RuntimeError("--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL")
-            self._store = InMemoryStore(**self.store_options)
+            self._store = PagingInMemoryStore(**self.store_options)
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> MemoryLedger:

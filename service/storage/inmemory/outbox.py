@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Self
 
 from reducing_saver.service.extraction.outbox import (
+    SEALED_KEY,
     EntryKey,
     OutboxEntry,
     as_utc,
@@ -20,6 +21,10 @@ from reducing_saver.service.extraction.outbox import (
     json_text,
     sorted_unique,
 )
+
+
+def _sealed(message: Any) -> bool:
+    return isinstance(message, dict) and len(message) == 1 and SEALED_KEY in message
 
 
 @dataclass
@@ -46,6 +51,8 @@ class MemoryOutbox:
 
     #: A put's entries are recorded before its checkpoint, on their own.
     records_with_checkpoint = False
+    #: See ``extraction.outbox.Outbox`` (one process: it sealed its rows itself, or none).
+    claims_sealed = False
 
     def __init__(self) -> None:
         self._rows: dict[EntryKey, _MemoryRow] = {}
@@ -70,9 +77,15 @@ class MemoryOutbox:
         inserted = 0
         with self._lock:
             for e in rows:
-                if e.ident not in self._rows:
+                row = self._rows.get(e.ident)
+                newer = (
+                    row is not None
+                    and None not in (row.entry.fingerprint, e.fingerprint)
+                    and row.entry.fingerprint != e.fingerprint
+                )
+                if row is None or newer:  # a new key, or a newer version of the message
                     self._rows[e.ident] = _MemoryRow(replace(e, attempts=0, last_error=None), now)
-                    inserted += 1
+                    inserted += row is None
         return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
@@ -85,6 +98,7 @@ class MemoryOutbox:
                 if row.status == "pending"
                 and row.available_at <= now
                 and (row.lease_until is None or row.lease_until <= now)
+                and (self.claims_sealed or not _sealed(row.entry.message))
             ]
             ready.sort(key=lambda row: row.available_at)
             claimed = []

@@ -20,6 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
+    CheckpointPrunedError,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -33,6 +34,7 @@ from reducing_saver.service.storage.lifecycle import (
     refuse_delta_threads,
     run_id_of,
     uses_delta_channel,
+    was_pruned,
 )
 
 
@@ -60,6 +62,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
             with a DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
             ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the
             values before it seals them; ``lifecycle.uses_delta_channel``).
+
+    What the policy deleted stays known (``pruned_through``): ``get_tuple``, ``list`` and a ``put``
+    naming a deleted checkpoint raise ``CheckpointPrunedError`` (see ``lifecycle``).
     """
 
     #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
@@ -76,6 +81,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
         super().__init__(serde=serde, factory=factory)
         self.lock = threading.RLock()
         self.keep_checkpoints = keep_checkpoints
+        #: ``(thread_id, checkpoint_ns)`` -> the newest checkpoint id the keep-checkpoints policy deleted.
+        self.pruned_through: dict[tuple[str, str], str] = {}
         #: The backend's book of running summaries, once it has one (``MemoryBackend.summaries``): every
         #: namespace this saver removes (``delete_thread``, ``delete_for_runs``, ``prune``, kept counts)
         #: loses its summary steps under the lock, right after.
@@ -85,7 +92,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         with self.lock:
-            return super().get_tuple(config)
+            item = super().get_tuple(config)
+            if item is None:
+                self._refuse_pruned(config)
+            return item
 
     def list(
         self,
@@ -104,6 +114,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
         # InMemorySaver orders by checkpoint id within each thread and namespace only; newest first across
         # them all (as PostgreSQL and SQLite answer) is what lets a client page on with ``before``.
         items.sort(key=lambda item: item.config["configurable"]["checkpoint_id"], reverse=True)
+        if not items and config is not None:
+            with self.lock:
+                self._refuse_pruned(config)
         yield from items if limit is None else items[: max(limit, 0)]
 
     def put(
@@ -115,6 +128,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
     ) -> RunnableConfig:
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         with self.lock:
+            self._refuse_pruned(config, as_parent=True)
             next_config = super().put(config, checkpoint, metadata, new_versions)
             if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
                 configurable = next_config["configurable"]
@@ -130,6 +144,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
     def delete_thread(self, thread_id: str) -> None:
         with self.lock:
             super().delete_thread(thread_id)
+            self._forget_pruned([str(thread_id)])
             if self.summary_book is not None:
                 self.summary_book.delete_thread(str(thread_id))
 
@@ -167,6 +182,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
                 if thread_id == source:
                     changes.blobs[(target, ns, channel, version)] = blob
             self._apply(changes)
+            for (thread_id, ns), through in list(self.pruned_through.items()):
+                if thread_id == source:
+                    self.pruned_through[(target, ns)] = through
 
     def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs, their pending writes, and the blobs only they referenced.
@@ -215,6 +233,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
                     for ns in self.storage.get(thread_id, {}):
                         self._wipe(changes, thread_id, ns)
                     self._wipe(changes, thread_id, None)
+                self._forget_pruned(ids)
             else:
                 refuse_delta_threads(self._delta_threads(ids))
                 for thread_id in ids:
@@ -235,6 +254,25 @@ class InMemoryLifecycleSaver(InMemorySaver):
         return self.prune(thread_ids, strategy=strategy)
 
     # -- helpers (the lock is held) ------------------------------------------------------------------
+
+    def _refuse_pruned(self, config: RunnableConfig, *, as_parent: bool = False) -> None:
+        """Raise ``CheckpointPrunedError`` when ``config`` names a checkpoint the policy deleted."""
+        configurable = config.get("configurable") or {}
+        checkpoint_id = configurable.get("checkpoint_id")
+        if not checkpoint_id or configurable.get("thread_id") is None:
+            return
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
+        through = self.pruned_through.get((thread_id, ns))
+        if was_pruned(checkpoint_id, through) and checkpoint_id not in self.storage.get(thread_id, {}).get(ns, {}):
+            raise CheckpointPrunedError(checkpoint_id, through, as_parent=as_parent)
+
+    def _record_pruned(self, thread_id: str, ns: str, checkpoint_ids: set[str]) -> None:
+        newest = max(checkpoint_ids)
+        self.pruned_through[(thread_id, ns)] = max(newest, self.pruned_through.get((thread_id, ns), newest))
+
+    def _forget_pruned(self, thread_ids: Sequence[str]) -> None:
+        for key in [key for key in self.pruned_through if key[0] in set(thread_ids)]:
+            del self.pruned_through[key]
 
     def _in_use(self, thread_id: str) -> bool:
         return (
@@ -276,11 +314,13 @@ class InMemoryLifecycleSaver(InMemorySaver):
             return
         changes = _Changes()
         self._drop(changes, thread_id, ns, doomed, detach_all=False)
+        self._record_pruned(thread_id, ns, doomed)
         if ns == "":
             for call_ns, calls in self.storage[thread_id].items():
                 if is_subgraph_call(call_ns) and calls:
                     if parents_root(self.serde.loads_typed(calls[max(calls)][1])) in doomed:
                         self._wipe(changes, thread_id, call_ns)
+                        self._record_pruned(thread_id, call_ns, set(calls))
         self._apply(changes)
 
     def _drop(

@@ -6,11 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.service.storage import redact_url
 from reducing_saver.service.storage.latest import LatestCache
-from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
+from reducing_saver.service.storage.migrations import (
+    NO_MIGRATE,
+    check_langgraph,
+    check_version,
+    langgraph_changes,
+    refuse_newer,
+)
 from reducing_saver.service.storage.postgres import migrations, usage
 from reducing_saver.service.storage.postgres.errors import ServerReadOnly, refused_at_start, wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
@@ -29,6 +35,7 @@ from reducing_saver.service.storage.postgres.connections import (
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.postgres.store import PagingPostgresStore
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
@@ -50,7 +57,7 @@ class PostgresBackend:
         check_database(url, timeout=timeout, options=self.options)
         with refused_at_start(self._where):
             self.pool = open_pool(url, size=pool_size, timeout=timeout, options=self.options)
-        self._store: PostgresStore | None = None
+        self._store: PagingPostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
         self.migrates = migrate
@@ -68,22 +75,29 @@ class PostgresBackend:
             # The service's tables first: a database of a later release is refused before anything changes.
             with self.pool.connection() as conn:
                 applied = [str(done) for done in migrations.migrate(conn)]
-                before = migrations.langgraph_versions(conn)
             self._schema_checked = True
-            # Replicas that start together must not run langgraph's migrations at the same time.
+            # Replicas that start together must not run langgraph's migrations at the same time; each
+            # reports the versions it applied itself, read under the lock.
             with locked_setup(self.url, SAVER_LOCK_KEY, self.options):
+                before = self._langgraph_versions("checkpoint_migrations")
                 PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
-            self._setup_store(self._store or self._new_store())
-            with self.pool.connection() as conn:
-                after = migrations.langgraph_versions(conn)
-        return applied + langgraph_changes(before, after)
+                applied += langgraph_changes(before, self._langgraph_versions("checkpoint_migrations"))
+            return applied + self._setup_store(self._store or self._new_store())
 
-    def check_schema(self) -> None:
+    def _langgraph_versions(self, table: str) -> dict[str, int]:
+        with self.pool.connection() as conn:
+            return {table: migrations.langgraph_versions(conn)[table]}
+
+    def check_schema(self, why: str = NO_MIGRATE) -> None:
         with refused_at_start(self._where), self.pool.connection() as conn:
             where = migrations.where(conn)
-            check_version(migrations.version(conn), migrations.LATEST, where)
-            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where)
+            check_version(migrations.version(conn), migrations.LATEST, where, why)
+            check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where, why)
         self._schema_checked = True
+
+    def refuse_newer_schema(self) -> None:
+        with refused_at_start(self._where), self.pool.connection() as conn:
+            refuse_newer(migrations.version(conn), migrations.LATEST, migrations.where(conn))
 
     def connect(self) -> Any:
         """A connection of its own, opened as the pool's are (a caller closes it)."""
@@ -103,8 +117,10 @@ class PostgresBackend:
     def savers(self, count: int, latest_cache: LatestCache | None = None) -> list[PostgresLifecycleSaver]:
         savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
         for saver in savers:
-            # The service's tables are there (setup): a thread's summary steps go with it.
+            # The service's tables are there (setup): a thread's summary steps go with it, and what
+            # --keep-checkpoints deletes is recorded.
             saver.summaries_table = SUMMARIES_TABLE
+            saver.pruned_table = PRUNED_TABLE
             saver.latest_cache = latest_cache
         return savers
 
@@ -112,25 +128,29 @@ class PostgresBackend:
         self._own_schema()
         return PostgresOutbox(self.pool)
 
-    def _new_store(self) -> PostgresStore:
+    def _new_store(self) -> PagingPostgresStore:
         if "index" in self.store_options:
             require_pgvector(self.pool)
         default_ttl = (self.store_options.get("ttl") or {}).get("default_ttl")
         if default_ttl is not None and default_ttl != int(default_ttl):
             raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
-        return PostgresStore(self.pool, **self.store_options)
+        return PagingPostgresStore(self.pool, **self.store_options)
 
-    def _setup_store(self, store: PostgresStore) -> None:
+    def _setup_store(self, store: PagingPostgresStore) -> list[str]:
+        """The store's ``setup()`` under its lock; one line per langgraph migration it applied."""
         with refused_at_start(self._where), locked_setup(self.url, STORE_LOCK_KEY, self.options):
+            before = self._langgraph_versions("store_migrations")
             store.setup()
+            changes = langgraph_changes(before, self._langgraph_versions("store_migrations"))
         self._store_set_up = True
+        return changes
 
     def summaries(self) -> PostgresSummaryBook:
         """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
         self._own_schema()
         return PostgresSummaryBook(self.pool)
 
-    def store(self) -> PostgresStore:
+    def store(self) -> PagingPostgresStore:
         if self._store is None:
             store = self._new_store()
             if self.migrates and not self._store_set_up:

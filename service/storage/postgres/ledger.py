@@ -13,6 +13,7 @@ from typing import Any
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL
 
 from reducing_saver.reducer import thread_namespace
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.postgres import migrations
 from reducing_saver.service.storage.postgres.connections import connect
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
@@ -114,8 +115,10 @@ SELECT h.thread_id, h.head FROM (
 WHERE NOT EXISTS (SELECT 1 FROM {TABLE} t WHERE t.thread_id = h.thread_id)
 """
 
-# A deleted thread's running-summary steps go in the transaction that deletes its checkpoints.
+# A deleted thread's running-summary steps, and its record of what --keep-checkpoints deleted, go in the
+# transaction that deletes its checkpoints.
 _PG_FORGET_SUMMARIES = f"DELETE FROM {SUMMARIES_TABLE} WHERE thread_id = %s"
+_PG_FORGET_PRUNED = f"DELETE FROM {PRUNED_TABLE} WHERE thread_id = %s"
 
 _PG_LOG = f"INSERT INTO {LOG_TABLE} (thread_id, action, bytes, swept_by) VALUES (%s, %s, %s, %s)"
 
@@ -249,6 +252,7 @@ class PostgresLedger:
             for statement in PRUNE_DELETE_THREADS_SQL:
                 conn.execute(statement, ([thread_id],))
             conn.execute(_PG_FORGET_SUMMARIES, (thread_id,))
+            conn.execute(_PG_FORGET_PRUNED, (thread_id,))
 
     def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
         swept = "AND t.swept_at IS NULL" if policy.strategy == "keep_latest" else ""
@@ -303,8 +307,10 @@ class _PgSession:
         if self._prune_conn is None or self._prune_conn.closed:
             self._prune_conn = connect(self.ledger.database, self.ledger.options)
             self._saver = PostgresLifecycleSaver(self._prune_conn, serde=VerbatimSerde())
-            # The summary steps of the subgraph calls keep_latest deletes go right after it.
+            # The summary steps of the subgraph calls keep_latest deletes go right after it; a deleted
+            # thread's record of what --keep-checkpoints deleted goes with it.
             self._saver.summaries_table = SUMMARIES_TABLE
+            self._saver.pruned_table = PRUNED_TABLE
         return self._saver
 
     def measure(self, thread_id: str) -> int:
@@ -340,6 +346,7 @@ class _PgSession:
                 for statement in PRUNE_DELETE_THREADS_SQL:
                     conn.execute(statement, ([thread_id],))
                 conn.execute(_PG_FORGET_SUMMARIES, (thread_id,))
+                conn.execute(_PG_FORGET_PRUNED, (thread_id,))
                 conn.execute(f"DELETE FROM {TABLE} WHERE thread_id = %s", (thread_id,))
                 conn.execute(_PG_LOG, (thread_id, "deleted", before, self.ledger.worker_id))
                 return Outcome(thread_id, "deleted", before)

@@ -104,6 +104,35 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
     "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
+    # 16 (PostgreSQL) / 12 (SQLite): what each outbox message says (extraction/outbox.py), so a newer
+    # version of a message (an edit with the same id) replaces the one recorded; NULL for older rows.
+    "ALTER TABLE reducing_saver_outbox ADD COLUMN IF NOT EXISTS fingerprint text",
+    # 17-18 (PostgreSQL) / 13 (SQLite): what --keep-checkpoints deleted, per thread and namespace: the
+    # newest checkpoint id it deleted (storage/lifecycle.py: time travel there is an error, not an empty
+    # state); and the check a put runs in its own pipeline, refusing a parent the policy deleted
+    # (SQLSTATE RSP01, the newest deleted id as its detail).
+    """CREATE TABLE IF NOT EXISTS reducing_saver_pruned (
+        thread_id text NOT NULL,
+        checkpoint_ns text NOT NULL,
+        pruned_through text NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns)
+    )""",
+    """CREATE OR REPLACE FUNCTION reducing_saver_refuse_pruned_parent(thread text, ns text, parent text)
+    RETURNS void LANGUAGE plpgsql AS $$
+    DECLARE
+        through text;
+    BEGIN
+        SELECT p.pruned_through INTO through FROM reducing_saver_pruned p
+        WHERE p.thread_id = thread AND p.checkpoint_ns = ns;
+        IF through IS NOT NULL AND parent COLLATE "C" <= through COLLATE "C" AND NOT EXISTS (
+            SELECT 1 FROM checkpoints c
+            WHERE c.thread_id = thread AND c.checkpoint_ns = ns AND c.checkpoint_id = parent
+        ) THEN
+            RAISE EXCEPTION USING ERRCODE = 'RSP01', MESSAGE = 'the parent checkpoint was pruned',
+                DETAIL = through;
+        END IF;
+    END
+    $$""",
 ]
 
 #: The version this code reads and writes.

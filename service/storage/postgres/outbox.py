@@ -15,6 +15,7 @@ from psycopg.types.json import Json
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
+    SEALED_START,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -27,12 +28,18 @@ from reducing_saver.service.extraction.outbox import (
 )
 from reducing_saver.service.storage.postgres import migrations
 
-#: Rows per INSERT statement (9 parameters each; PostgreSQL allows 65535 per statement).
+#: Rows per INSERT statement (8 parameters each; PostgreSQL allows 65535 per statement).
 _INSERT_CHUNK = 1000
 
 
 
+#: The columns a record writes.
+_RECORDED = "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, fingerprint"
+
+
 def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
+    """One statement: rows of new keys are inserted; a row whose message has another fingerprint (a newer
+    version of it) is replaced and sent back to ``pending``; every other row is left alone, unlocked."""
     params: list[Any] = []
     for e in chunk:
         params += [
@@ -43,18 +50,27 @@ def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
             Json(e.message, dumps=json_text),
             e.message_class,
             as_utc(e.pruned_at),
+            e.fingerprint,
         ]
-    values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+    row = "(%s::text[], %s::text, %s::text, %s::text, %s::json, %s::text, %s::timestamptz, %s::text)"
+    values = ",".join([row] * len(chunk))
     sql = (
-        f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-        f"pruned_at) VALUES {values} ON CONFLICT (namespace, key) DO NOTHING"
+        f"WITH v ({_RECORDED}) AS (VALUES {values}), "
+        f"revised AS (UPDATE {TABLE} o SET message = v.message, message_class = v.message_class, "
+        "thread_id = v.thread_id, checkpoint_id = v.checkpoint_id, pruned_at = v.pruned_at, "
+        "fingerprint = v.fingerprint, status = 'pending', attempts = 0, available_at = now(), "
+        "claimed_by = NULL, lease_until = NULL, last_error = NULL, failed_at = NULL, delivered_at = NULL "
+        "FROM v WHERE o.namespace = v.namespace AND o.key = v.key AND o.fingerprint <> v.fingerprint "
+        "RETURNING 1) "
+        f"INSERT INTO {TABLE} ({_RECORDED}) SELECT {_RECORDED} FROM v "
+        "ON CONFLICT (namespace, key) DO NOTHING"
     )
     return sql, params
 
 
 def insert_entries(cur: Any, entries: Iterable[OutboxEntry]) -> None:
     """Queue the INSERTs of ``entries`` on ``cur`` (in a pipeline or transaction the caller commits), in key
-    order, keys already present left alone."""
+    order, keys already present left alone unless the message is a newer version."""
     rows = sorted_unique(entries)
     for start in range(0, len(rows), _INSERT_CHUNK):
         cur.execute(*_insert_statement(rows[start : start + _INSERT_CHUNK]))
@@ -73,6 +89,8 @@ class PostgresOutbox:
 
     #: The savers of the PostgreSQL backend insert a put's entries in its pipeline (``insert_entries``).
     records_with_checkpoint = True
+    #: See ``extraction.outbox.Outbox``.
+    claims_sealed = False
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -98,11 +116,13 @@ class PostgresOutbox:
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         """Record entries for extraction, once per ``(namespace, key)``; durable when it returns.
 
-        Idempotent: keys already present (pending, done or dead) are left alone. All or nothing (one
-        statement, or one transaction over several); rows go in key order.
+        Idempotent: keys already present (pending, done or dead) are left alone, unless the entry's
+        fingerprint differs from the row's (the message was edited since: the row takes the newer version
+        and is delivered again). All or nothing (one statement, or one transaction over several); rows go
+        in key order.
 
         Returns:
-            How many rows were inserted.
+            How many rows were inserted (revised rows not counted).
 
         Raises:
             psycopg.Error: If the rows could not be written (nothing is recorded then).
@@ -130,8 +150,9 @@ class PostgresOutbox:
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """Claim up to ``limit`` ready rows for ``worker_id`` with a lease of ``lease_seconds``.
 
-        Ready: pending, past its ``retry_at``, and not under a live lease. Concurrent claimers skip each
-        other's rows (``FOR UPDATE SKIP LOCKED``). Each claim counts one attempt.
+        Ready: pending, past its ``retry_at``, and not under a live lease; sealed only when
+        ``claims_sealed``. Concurrent claimers skip each other's rows (``FOR UPDATE SKIP LOCKED``). Each
+        claim counts one attempt.
 
         Returns:
             The claimed entries, ordered by namespace, then pruned_at, then key.
@@ -141,7 +162,7 @@ class PostgresOutbox:
                 f"""WITH picked AS (
                         SELECT namespace, key FROM {TABLE}
                         WHERE status = 'pending' AND available_at <= now()
-                          AND (lease_until IS NULL OR lease_until <= now())
+                          AND (lease_until IS NULL OR lease_until <= now()){self._sealed_filter()}
                         ORDER BY available_at
                         LIMIT %(limit)s
                         FOR UPDATE SKIP LOCKED)
@@ -152,10 +173,21 @@ class PostgresOutbox:
                     FROM picked WHERE o.namespace = picked.namespace AND o.key = picked.key
                     RETURNING o.namespace, o.key, o.thread_id, o.checkpoint_id, o.message, o.message_class,
                               o.pruned_at, o.attempts, o.last_error""",
-                {"limit": limit, "worker": worker_id, "lease": float(lease_seconds)},
+                {
+                    "limit": limit,
+                    "worker": worker_id,
+                    "lease": float(lease_seconds),
+                    "sealed": SEALED_START,
+                    "sealed_length": len(SEALED_START),
+                },
             )
             rows = cur.fetchall()
         return sorted((_pg_entry(r) for r in rows), key=claim_order)
+
+    def _sealed_filter(self) -> str:
+        # By the stored text's start (every writer puts the envelope's one key first, no space): json's
+        # operators would parse the message, and fail on a \u0000 anywhere in it.
+        return "" if self.claims_sealed else " AND left(message::text, %(sealed_length)s) <> %(sealed)s"
 
     def renew(self, worker_id: str, keys: Iterable[EntryKey] | None, lease_seconds: float) -> int:
         """Extend the lease of rows ``worker_id`` still holds (all of them when ``keys`` is None).

@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextvars
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import Any
 
+import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     ChannelVersions,
@@ -28,6 +29,7 @@ from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
     CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
+    CheckpointPrunedError,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -36,6 +38,7 @@ from reducing_saver.service.storage.lifecycle import (
     like_prefix,
     refuse_delta_threads,
     uses_delta_channel,
+    was_pruned,
 )
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.postgres import latest
@@ -111,11 +114,42 @@ WITH cps AS (
     WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = calls.checkpoint_ns
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) AS blobs,
+{recorded}SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) AS blobs,
        (SELECT count(*) FROM writes) AS writes, (SELECT count(*) FROM detached) AS detached,
        (SELECT count(*) FROM call_checkpoints) + (SELECT count(*) FROM call_blobs)
        + (SELECT count(*) FROM call_writes) AS subgraph_call_rows
 """
+_PG_KEEP_LAST_SQL, _PG_KEEP_LAST_RECORDING_SQL = (
+    _PG_KEEP_LAST_SQL.format(recorded=""),
+    # With the service's table of what the policy deleted (lifecycle.PRUNED_TABLE): the newest id deleted
+    # in the namespace, and in each subgraph call's namespace deleted with its root checkpoint.
+    _PG_KEEP_LAST_SQL.format(
+        recorded=""", recorded AS (
+    INSERT INTO {table} AS p (thread_id, checkpoint_ns, pruned_through)
+    SELECT %(thread)s, %(ns)s, max(checkpoint_id COLLATE "C") FROM doomed HAVING count(*) > 0
+    UNION ALL
+    SELECT %(thread)s, c.checkpoint_ns, max(c.checkpoint_id COLLATE "C") FROM checkpoints AS c
+    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns IN (SELECT checkpoint_ns FROM calls)
+    GROUP BY c.checkpoint_ns
+    ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET pruned_through = CASE
+        WHEN EXCLUDED.pruned_through COLLATE "C" > p.pruned_through COLLATE "C" THEN EXCLUDED.pruned_through
+        ELSE p.pruned_through END
+    RETURNING 1
+)
+"""
+    ),
+)
+
+# What the keep-checkpoints policy deleted (the service's table, named by the saver's ``pruned_table``).
+_PG_PRUNED_THROUGH_SQL = """
+SELECT p.pruned_through FROM {table} AS p WHERE p.thread_id = %s AND p.checkpoint_ns = %s
+  AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                  WHERE c.thread_id = p.thread_id AND c.checkpoint_ns = p.checkpoint_ns AND c.checkpoint_id = %s)
+"""
+# Run first in a put's pipeline: raises SQLSTATE RSP01 (detail: the newest deleted id) for a parent the
+# policy deleted, so the whole put rolls back (a migration defines it).
+_PG_REFUSE_PRUNED_PARENT_SQL = "SELECT reducing_saver_refuse_pruned_parent(%s, %s, %s)"
+_PRUNED_PARENT_SQLSTATE = "RSP01"
 
 #: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).
 _keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextvars.ContextVar(
@@ -133,6 +167,13 @@ class _Probe:
     def __init__(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
         self.sql, self.params, self.row = sql, params, None
 
+
+#: The thread, namespace and parent of a put in progress whose parent is checked first in its pipeline, and
+#: the thread a delete_thread in progress forgets the record of (both read by ``_queued``).
+_parent_check: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar(
+    "parent_check", default=None
+)
+_forget_pruned: contextvars.ContextVar[str | None] = contextvars.ContextVar("forget_pruned", default=None)
 
 #: The probe of a put or put_writes in progress (read by ``_cursor``, which runs it last in the pipeline).
 _probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
@@ -264,6 +305,12 @@ class PostgresLifecycleSaver(PostgresSaver):
     """
 
     keep_checkpoints: int | None = None
+    #: The service's table of what the keep-checkpoints policy deleted (``lifecycle.PRUNED_TABLE``), when
+    #: the database has it: each prune records there in its transaction, ``get_tuple`` and ``list`` of a
+    #: deleted checkpoint raise ``CheckpointPrunedError``, and so does a put naming one as parent (checked
+    #: first in the put's own pipeline); ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take
+    #: the record along. ``None``: nothing.
+    pruned_table: str | None = None
     #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
     #: it: ``delete_for_runs`` and ``prune`` then delete the steps of the namespaces they leave without a
     #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
@@ -307,6 +354,13 @@ class PostgresLifecycleSaver(PostgresSaver):
             if cur.fetchone()["in_use"]:
                 raise ThreadNotEmptyError(target)
             cur.execute(_PG_COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
+            if self.pruned_table is not None:
+                cur.execute(
+                    f"INSERT INTO {self.pruned_table} (thread_id, checkpoint_ns, pruned_through)"
+                    f" SELECT %s, checkpoint_ns, pruned_through FROM {self.pruned_table} WHERE thread_id = %s",
+                    (target, source),
+                    prepare=False,
+                )
         self._forget([target])
 
     def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
@@ -376,11 +430,13 @@ class PostgresLifecycleSaver(PostgresSaver):
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
         try:
-            if ids and strategy == "delete" and self.summaries_table is not None:
+            if ids and strategy == "delete" and (self.summaries_table is not None or self.pruned_table is not None):
                 with self._transaction() as cur:
                     for statement in PRUNE_DELETE_THREADS_SQL:
                         cur.execute(statement, (ids,), prepare=False)
                     forget_summaries(cur, self.summaries_table, ids)
+                    if self.pruned_table is not None:
+                        cur.execute(f"DELETE FROM {self.pruned_table} WHERE thread_id = ANY(%s)", (ids,), prepare=False)
                 return
             super().prune(ids, strategy=strategy)
             if ids and self.summaries_table is not None:
@@ -390,11 +446,48 @@ class PostgresLifecycleSaver(PostgresSaver):
             self._forget(ids)
 
     def delete_thread(self, thread_id: str) -> None:
-        """PostgresSaver's ``delete_thread``; the thread leaves the latest-checkpoint cache too."""
+        """PostgresSaver's ``delete_thread``, with the record of what the policy deleted in the same
+        transaction (``pruned_table``); the thread leaves the latest-checkpoint cache too."""
+        forgetting = _forget_pruned.set(str(thread_id) if self.pruned_table is not None else None)
         try:
             super().delete_thread(thread_id)
         finally:
+            _forget_pruned.reset(forgetting)
             self._forget([str(thread_id)])
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """PostgresSaver's ``list``; a checkpoint the keep-checkpoints policy deleted raises
+        ``CheckpointPrunedError`` (with ``pruned_table``) rather than listing nothing."""
+        found = False
+        with closing(super().list(config, filter=filter, before=before, limit=limit)) as items:
+            for item in items:
+                found = True
+                yield item
+        if not found:
+            self._refuse_pruned(config)
+
+    def _refuse_pruned(self, config: RunnableConfig | None) -> None:
+        """Raise ``CheckpointPrunedError`` when ``config`` names a checkpoint not stored that the
+        keep-checkpoints policy deleted (nothing without ``pruned_table``)."""
+        configurable = (config or {}).get("configurable") or {}
+        checkpoint_id = configurable.get("checkpoint_id")
+        if self.pruned_table is None or not checkpoint_id or configurable.get("thread_id") is None:
+            return
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
+        with self._cursor() as cur:
+            cur.execute(
+                _PG_PRUNED_THROUGH_SQL.format(table=self.pruned_table), (thread_id, ns, checkpoint_id), prepare=False
+            )
+            row = cur.fetchone()
+        if row is not None and was_pruned(checkpoint_id, row["pruned_through"]):
+            raise CheckpointPrunedError(checkpoint_id, row["pruned_through"])
 
     def _forget(self, thread_ids: Iterable[str]) -> None:
         """Drop threads from the latest-checkpoint cache: memory only, since every read proves its entry
@@ -405,9 +498,15 @@ class PostgresLifecycleSaver(PostgresSaver):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """PostgresSaver's ``get_tuple``; the latest checkpoint (no ``checkpoint_id``) from the cache when
         one query proves the database holds exactly the rows of its entry, else read in full (with each
-        row's xmin) and kept."""
+        row's xmin) and kept. A checkpoint the keep-checkpoints policy deleted raises
+        ``CheckpointPrunedError`` (with ``pruned_table``)."""
         cache = self.latest_cache
-        if cache is None or not cache.enabled or get_checkpoint_id(config):
+        if get_checkpoint_id(config):
+            item = super().get_tuple(config)
+            if item is None:
+                self._refuse_pruned(config)
+            return item
+        if cache is None or not cache.enabled:
             return super().get_tuple(config)
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
@@ -462,7 +561,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """PostgresSaver's ``put``; when a keep-checkpoints count applies, the put's pipeline also prunes
-        its namespace (``_cursor``), in the same transaction: one round trip, as without the policy.
+        its namespace (``_cursor``), in the same transaction: one round trip, as without the policy. With
+        ``pruned_table``, the pipeline first checks the put's parent: one the policy deleted raises
+        ``CheckpointPrunedError``, and nothing of the put is stored.
 
         The prune waits for the thread's advisory lock, so prunes of one thread run one after another
         across replicas, each on a snapshot that holds every put committed before it; a put committing
@@ -483,15 +584,20 @@ class PostgresLifecycleSaver(PostgresSaver):
             probe = (
                 _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
             )
+        parent = configurable.get("checkpoint_id")
         keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
         probing = _probe_after_write.set(probe)
+        checking = _parent_check.set((thread_id, ns, parent) if parent and self.pruned_table is not None else None)
         try:
             next_config = super().put(config, checkpoint, metadata, new_versions)
-        except BaseException:
+        except BaseException as exc:
             if cache is not None:
                 cache.put(thread_id, ns, None)
+            if isinstance(exc, psycopg.Error) and exc.sqlstate == _PRUNED_PARENT_SQLSTATE:
+                raise CheckpointPrunedError(parent, exc.diag.message_detail or "", as_parent=True) from None
             raise
         finally:
+            _parent_check.reset(checking)
             _probe_after_write.reset(probing)
             _keep_after_put.reset(keeping)
         if cache is not None and probe is not None:
@@ -557,6 +663,14 @@ class PostgresLifecycleSaver(PostgresSaver):
     @contextmanager
     def _queued(self, cur: Any, pipeline: bool, probe: _Probe | None) -> Iterator[None]:
         """The statements a write's pipeline runs around the write's own (see ``_cursor``)."""
+        check = _parent_check.get() if pipeline else None
+        if check is not None:
+            _parent_check.set(None)
+            cur.execute(_PG_REFUSE_PRUNED_PARENT_SQL, check)
+        forgetting = _forget_pruned.get() if pipeline else None
+        if forgetting is not None:
+            _forget_pruned.set(None)
+            cur.execute(f"DELETE FROM {self.pruned_table} WHERE thread_id = %s", (forgetting,), prepare=False)
         records = checkpoint_records.get() if pipeline else None
         if records is not None and records.entries and not records.written:
             insert_entries(cur, records.entries)
@@ -569,7 +683,13 @@ class PostgresLifecycleSaver(PostgresSaver):
             # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
             # takes several times as long as running it on a namespace of K + 1 checkpoints.
             cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
-            cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
+            if self.pruned_table is None:
+                cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
+            else:
+                cur.execute(
+                    _PG_KEEP_LAST_RECORDING_SQL.replace("{table}", self.pruned_table),
+                    {"thread": thread_id, "ns": ns, "keep": count},
+                )
         if probe is not None and probe.sql is not None:
             cur.execute(probe.sql, probe.params)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from reducing_saver.service.storage.postgres.errors import wrap_exceptions
 from reducing_saver.service.summaries.book import SqlSummaryBook
 
 
@@ -28,5 +29,8 @@ class PostgresSummaryBook(SqlSummaryBook):
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            yield cur
+        # A value PostgreSQL refuses is ValueRefused, an outage DatabaseUnavailable: the summarizer tells a
+        # failed attempt of one step from a round that failed.
+        with wrap_exceptions(), self._pool.connection() as conn, conn.transaction():
+            with conn.cursor(row_factory=dict_row) as cur:
+                yield cur

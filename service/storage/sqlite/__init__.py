@@ -7,10 +7,16 @@ import sqlite3
 from contextlib import closing
 from typing import Any
 
-from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.service.storage import sqlite_path
-from reducing_saver.service.storage.migrations import check_langgraph, check_version, langgraph_changes
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
+from reducing_saver.service.storage.migrations import (
+    NO_MIGRATE,
+    check_langgraph,
+    check_version,
+    langgraph_changes,
+    refuse_newer,
+)
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations, usage
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
@@ -18,6 +24,7 @@ from reducing_saver.service.storage.sqlite.connections import connect, setup_loc
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
+from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
@@ -45,7 +52,7 @@ class SqliteBackend:
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers = [self._conn.close]
-        self._store: SqliteStore | None = None
+        self._store: PagingSqliteStore | None = None
         #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
 
@@ -61,26 +68,34 @@ class SqliteBackend:
         # The service's tables first: a file of a later release is refused before anything changes.
         with closing(connect(self.path)) as conn:
             applied = [str(done) for done in migrations.migrate(conn)]
-            before = migrations.langgraph_versions(conn.cursor())
         self._schema_checked = True
+        # Each process reports the langgraph versions it applied itself: read under the lock.
         with setup_lock(self.path):
+            before = self._langgraph_versions()
             self.saver.setup()
             if self._store is not None:
                 self._store.setup()
             else:
                 with closing(connect(self.path)) as conn:
                     self._new_store(conn).setup()
+            after = self._langgraph_versions()
         self._store_set_up = True
-        with closing(connect(self.path)) as conn:
-            after = migrations.langgraph_versions(conn.cursor())
         return applied + langgraph_changes(before, after)
 
-    def check_schema(self) -> None:
+    def _langgraph_versions(self) -> dict[str, int]:
+        with closing(connect(self.path)) as conn:
+            return migrations.langgraph_versions(conn.cursor())
+
+    def check_schema(self, why: str = NO_MIGRATE) -> None:
         with closing(connect(self.path)) as conn:
             cur = conn.cursor()
-            check_version(migrations.version(cur), migrations.LATEST, self.path)
-            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path)
+            check_version(migrations.version(cur), migrations.LATEST, self.path, why)
+            check_langgraph(migrations.langgraph_versions(cur), migrations.LANGGRAPH_TABLES, self.path, why)
         self._schema_checked = True
+
+    def refuse_newer_schema(self) -> None:
+        with closing(connect(self.path)) as conn:
+            refuse_newer(migrations.version(conn.cursor()), migrations.LATEST, self.path)
 
     def _own_schema(self) -> None:
         """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
@@ -95,8 +110,10 @@ class SqliteBackend:
 
     def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
         """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
-        # The service's tables are there (setup): a thread's summary steps go with its checkpoints.
+        # The service's tables are there (setup): a thread's summary steps go with its checkpoints, and
+        # what --keep-checkpoints deleted is recorded.
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
@@ -112,7 +129,7 @@ class SqliteBackend:
         self._closers.append(book.close)
         return book
 
-    def _new_store(self, conn: sqlite3.Connection) -> SqliteStore:
+    def _new_store(self, conn: sqlite3.Connection) -> PagingSqliteStore:
         if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
             raise RuntimeError(NO_LOADABLE_EXTENSIONS)
         options = dict(self.store_options)
@@ -121,9 +138,9 @@ class SqliteBackend:
             # PostgresStore and InMemoryStore do (langgraph#8808): with "fields" alone it embeds whole
             # values.
             options["index"] = {**options["index"], "text_fields": options["index"]["fields"]}
-        return SqliteStore(conn, **options)
+        return PagingSqliteStore(conn, **options)
 
-    def store(self) -> SqliteStore:
+    def store(self) -> PagingSqliteStore:
         if self._store is None:
             conn = connect(self.path)
             self._closers.append(conn.close)
@@ -140,6 +157,7 @@ class SqliteBackend:
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
         self._own_schema()
         self.saver.summaries_table = SUMMARIES_TABLE
+        self.saver.pruned_table = PRUNED_TABLE
         return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from reducing_saver.reducer import thread_namespace
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
 from reducing_saver.service.ttl.ledger import (
@@ -162,7 +163,7 @@ class SqliteLedger:
         if entries and recorder is not None:
             recorder.record(entries)
         with self.saver._transaction() as cur:  # its running-summary steps with it, in one transaction
-            for table in ("writes", "checkpoints", SUMMARIES_TABLE):
+            for table in ("writes", "checkpoints", SUMMARIES_TABLE, PRUNED_TABLE):
                 cur.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
 
     def database_status(self, policy: Policy, *, thread_prefix: str = "") -> dict[str, Any]:
@@ -232,7 +233,7 @@ class _SqliteSession:
                 cur.execute(f"DELETE FROM {TABLE} WHERE thread_id = ?", (thread_id,))
                 return None
             if self.policy.strategy == "delete":
-                for table in ("writes", "checkpoints", SUMMARIES_TABLE, TABLE):
+                for table in ("writes", "checkpoints", SUMMARIES_TABLE, PRUNED_TABLE, TABLE):
                     cur.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
                 self._log(cur, thread_id, "deleted", before)
                 return Outcome(thread_id, "deleted", before)

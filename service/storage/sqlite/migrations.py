@@ -91,6 +91,17 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
     "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
+    # 16 (PostgreSQL) / 12 (SQLite): what each outbox message says (extraction/outbox.py), so a newer
+    # version of a message (an edit with the same id) replaces the one recorded; NULL for older rows.
+    "ALTER TABLE reducing_saver_outbox ADD COLUMN fingerprint TEXT",
+    # 13 (SQLite) / 17 (PostgreSQL): what --keep-checkpoints deleted, per thread and namespace: the newest
+    # checkpoint id it deleted (storage/lifecycle.py: time travel there is an error, not an empty state).
+    """CREATE TABLE IF NOT EXISTS reducing_saver_pruned (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        pruned_through TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns)
+    )""",
 ]
 
 #: The version this code reads and writes.

@@ -15,6 +15,7 @@ import orjson
 from reducing_saver.service.extraction.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
+    SEALED_START,
     TABLE,
     EntryKey,
     OutboxEntry,
@@ -41,6 +42,8 @@ class SqliteOutbox:
 
     #: A put's entries are recorded before its checkpoint, on their own.
     records_with_checkpoint = False
+    #: See ``extraction.outbox.Outbox``.
+    claims_sealed = False
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
@@ -86,9 +89,10 @@ class SqliteOutbox:
         if not rows:
             return 0
         with self._write() as cur:
+            now = time.time()
             cur.executemany(
                 f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
-                "pruned_at, available_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "pruned_at, available_at, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (namespace, key) DO NOTHING",
                 [
                     (
@@ -99,21 +103,48 @@ class SqliteOutbox:
                         json_text(e.message),
                         e.message_class,
                         as_utc(e.pruned_at).timestamp(),
-                        time.time(),
+                        now,
+                        e.fingerprint,
                     )
                     for e in rows
                 ],
             )
-            return cur.rowcount
+            inserted = cur.rowcount
+            # A newer version of a message (another fingerprint) replaces its row, delivered again.
+            cur.executemany(
+                f"UPDATE {TABLE} SET message = ?, message_class = ?, thread_id = ?, checkpoint_id = ?, "
+                "pruned_at = ?, fingerprint = ?, status = 'pending', attempts = 0, available_at = ?, "
+                "claimed_by = NULL, lease_until = NULL, last_error = NULL, failed_at = NULL, delivered_at = NULL "
+                "WHERE namespace = ? AND key = ? AND fingerprint <> ?",
+                [
+                    (
+                        json_text(e.message),
+                        e.message_class,
+                        e.thread_id,
+                        e.checkpoint_id,
+                        as_utc(e.pruned_at).timestamp(),
+                        e.fingerprint,
+                        now,
+                        _ns_text(e.namespace),
+                        e.key,
+                        e.fingerprint,
+                    )
+                    for e in rows
+                    if e.fingerprint is not None
+                ],
+            )
+            return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.claim`."""
         now = time.time()
         with self._write() as cur:
+            # Sealed rows only under --encryption (claims_sealed): others wait for a process with the key ring.
+            sealed = "" if self.claims_sealed else " AND substr(message, 1, ?) <> ?"
             picked = cur.execute(
                 f"SELECT namespace, key FROM {TABLE} WHERE status = 'pending' AND available_at <= ? "
-                "AND (lease_until IS NULL OR lease_until <= ?) ORDER BY available_at LIMIT ?",
-                (now, now, limit),
+                f"AND (lease_until IS NULL OR lease_until <= ?){sealed} ORDER BY available_at LIMIT ?",
+                (now, now, *(() if self.claims_sealed else (len(SEALED_START), SEALED_START)), limit),
             ).fetchall()
             if not picked:
                 return []

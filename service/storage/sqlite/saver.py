@@ -16,6 +16,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
+    CheckpointPrunedError,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -26,6 +27,7 @@ from reducing_saver.service.storage.lifecycle import (
     parents_root,
     refuse_delta_threads,
     uses_delta_channel,
+    was_pruned,
 )
 
 _SQ_METADATA = "CAST(metadata AS TEXT)"
@@ -58,9 +60,16 @@ class SqliteLifecycleSaver(SqliteSaver):
     DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
     ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the values
     before it seals them; ``lifecycle.uses_delta_channel``).
+
+    With ``pruned_table``, what the policy deleted stays known: ``get_tuple``, ``list`` and a ``put``
+    naming a deleted checkpoint raise ``CheckpointPrunedError`` (see ``lifecycle``).
     """
 
     keep_checkpoints: int | None = None
+    #: The service's table of what the keep-checkpoints policy deleted (``lifecycle.PRUNED_TABLE``), when
+    #: the file has it: prunes record there, reads and puts of a deleted checkpoint are refused, and
+    #: ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take the record along. ``None``: nothing.
+    pruned_table: str | None = None
     #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
     #: it: ``delete_for_runs`` and ``prune`` then delete, in their transaction, the steps of the namespaces
     #: they leave without a checkpoint. ``None``: nothing.
@@ -77,12 +86,47 @@ class SqliteLifecycleSaver(SqliteSaver):
         put's namespace it drops are deleted in a transaction of their own (``BEGIN IMMEDIATE``: one
         writer of the file at a time, so concurrent puts and prunes of a thread serialize)."""
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
+        self._refuse_pruned(config, as_parent=True)
         next_config = super().put(config, checkpoint, metadata, new_versions)
         if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
             configurable = next_config["configurable"]
             with self._transaction() as cur:
                 self._keep_last(cur, configurable["thread_id"], configurable["checkpoint_ns"], keep)
         return next_config
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """SqliteSaver's; a checkpoint the keep-checkpoints policy deleted raises ``CheckpointPrunedError``."""
+        item = super().get_tuple(config)
+        if item is None:
+            self._refuse_pruned(config)
+        return item
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of a thread, and the record of what it pruned, in one
+        transaction."""
+        with self._transaction() as cur:
+            for table in ("checkpoints", "writes", self.pruned_table):
+                if table is not None:
+                    cur.execute(f"DELETE FROM {table} WHERE thread_id = ?", (str(thread_id),))
+
+    def _refuse_pruned(self, config: RunnableConfig | None, *, as_parent: bool = False) -> None:
+        """Raise ``CheckpointPrunedError`` when ``config`` names a checkpoint not stored that the
+        keep-checkpoints policy deleted (nothing without ``pruned_table``)."""
+        configurable = (config or {}).get("configurable") or {}
+        checkpoint_id = configurable.get("checkpoint_id")
+        if self.pruned_table is None or not checkpoint_id or configurable.get("thread_id") is None:
+            return
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
+        with self.lock:
+            self.setup()
+            row = self.conn.execute(
+                f"SELECT p.pruned_through FROM {self.pruned_table} p WHERE p.thread_id = ? AND p.checkpoint_ns = ?"
+                " AND NOT EXISTS (SELECT 1 FROM checkpoints c"
+                " WHERE c.thread_id = ? AND c.checkpoint_ns = ? AND c.checkpoint_id = ?)",
+                (thread_id, ns, thread_id, ns, checkpoint_id),
+            ).fetchone()
+        if row is not None and was_pruned(checkpoint_id, row[0]):
+            raise CheckpointPrunedError(checkpoint_id, row[0], as_parent=as_parent)
 
     def list(
         self,
@@ -93,10 +137,16 @@ class SqliteLifecycleSaver(SqliteSaver):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """SqliteSaver's, plus every thread's checkpoints with one id when ``config`` names only that id
-        (``CHECKPOINT_ID_KEY``)."""
+        (``CHECKPOINT_ID_KEY``); a checkpoint the keep-checkpoints policy deleted raises
+        ``CheckpointPrunedError``."""
         checkpoint_id = ((config or {}).get("configurable") or {}).get(CHECKPOINT_ID_KEY)
         if checkpoint_id is None:
-            yield from super().list(config, filter=filter, before=before, limit=limit)
+            found = False
+            for item in super().list(config, filter=filter, before=before, limit=limit):
+                found = True
+                yield item
+            if not found:
+                self._refuse_pruned(config)
             return
         # SQLite compares text byte by byte: below the id followed by \x01 lie the id itself, then older ones.
         at_most = {"configurable": {"checkpoint_id": checkpoint_id + "\x01"}}
@@ -140,6 +190,12 @@ class SqliteLifecycleSaver(SqliteSaver):
                 " FROM writes WHERE thread_id = ?",
                 (target, source),
             )
+            if self.pruned_table is not None:
+                cur.execute(
+                    f"INSERT INTO {self.pruned_table} (thread_id, checkpoint_ns, pruned_through)"
+                    f" SELECT ?, checkpoint_ns, pruned_through FROM {self.pruned_table} WHERE thread_id = ?",
+                    (target, source),
+                )
 
     def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None:
         """Delete the checkpoints of runs and their pending writes, in one transaction.
@@ -213,7 +269,7 @@ class SqliteLifecycleSaver(SqliteSaver):
             return
         with self._transaction() as cur:
             if strategy == "delete":
-                for table in ("writes", "checkpoints", self.summaries_table):
+                for table in ("writes", "checkpoints", self.summaries_table, self.pruned_table):
                     if table is not None:
                         cur.execute(
                             f"DELETE FROM {table} WHERE thread_id IN (SELECT value FROM json_each(?))",
@@ -302,8 +358,7 @@ class SqliteLifecycleSaver(SqliteSaver):
                 params,
             )
 
-    @staticmethod
-    def _keep_last(cur: sqlite3.Cursor, thread_id: str, ns: str, keep: int) -> None:
+    def _keep_last(self, cur: sqlite3.Cursor, thread_id: str, ns: str, keep: int) -> None:
         parents = dict(
             cur.execute(
                 "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
@@ -322,11 +377,21 @@ class SqliteLifecycleSaver(SqliteSaver):
             f" WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id {in_doomed}",
         ):
             cur.execute(statement, params)
+        self._record_pruned(cur, thread_id, ns, doomed[-1])
         if ns == "":
-            SqliteLifecycleSaver._drop_calls_of(cur, thread_id, set(doomed))
+            self._drop_calls_of(cur, thread_id, set(doomed))
 
-    @staticmethod
-    def _drop_calls_of(cur: sqlite3.Cursor, thread_id: str, roots: set[str]) -> None:
+    def _record_pruned(self, cur: sqlite3.Cursor, thread_id: str, ns: str, newest: str) -> None:
+        """Record that the policy deleted checkpoints of a namespace up to ``newest`` (with ``pruned_table``)."""
+        if self.pruned_table is not None:
+            cur.execute(
+                f"INSERT INTO {self.pruned_table} (thread_id, checkpoint_ns, pruned_through) VALUES (?, ?, ?)"
+                " ON CONFLICT (thread_id, checkpoint_ns)"
+                " DO UPDATE SET pruned_through = max(pruned_through, excluded.pruned_through)",
+                (thread_id, ns, newest),
+            )
+
+    def _drop_calls_of(self, cur: sqlite3.Cursor, thread_id: str, roots: set[str]) -> None:
         """Delete the namespaces of subgraph calls that started from the root checkpoints ``roots``."""
         heads = cur.execute(
             "SELECT checkpoint_ns, metadata FROM checkpoints WHERE thread_id = ? AND instr(checkpoint_ns, ':') > 0"
@@ -336,6 +401,11 @@ class SqliteLifecycleSaver(SqliteSaver):
         ).fetchall()
         for call_ns, metadata in heads:
             if parents_root(json.loads(metadata) if metadata is not None else None) in roots:
+                (newest,) = cur.execute(
+                    "SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
+                    (thread_id, call_ns),
+                ).fetchone()
+                self._record_pruned(cur, thread_id, call_ns, newest)
                 for table in ("writes", "checkpoints"):
                     cur.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, call_ns))
 

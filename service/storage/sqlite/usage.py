@@ -57,6 +57,7 @@ _OUTBOX_ROW = _size(
     "status",
     "claimed_by",
     "last_error",
+    "fingerprint",
 )
 _STORE_ROW = _size("prefix", "key", "value")
 

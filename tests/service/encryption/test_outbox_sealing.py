@@ -57,3 +57,27 @@ def test_a_changed_or_moved_message_fails_the_claim(outbox, tamper):
     assert sorted(entry.key for entry in claimed) == [second, third]
     (dead,) = inner.dead_letters()
     assert dead.key == first and "integrity check failed" in dead.last_error
+
+
+def test_fingerprints_are_keyed_per_tenant_and_stable():
+    """What a message says is kept as a keyed digest under encryption: equal for the same message (so an
+    unchanged message is recorded once), different for an edit, for another tenant, for another key
+    ring, and never the plain digest (which could be matched against guessed texts)."""
+    from reducing_saver.service.encryption.records import seal_entries
+
+    def sealed_fingerprint(text: str, namespace=NS, ring=None) -> str:
+        cipher = Cipher(load_keyring(ring or RING))
+        sealer = Sealer(cipher, "required", tenant_mode=True)
+        (entry,) = make_entries([HumanMessage(text, id="m")], namespace, thread_id="t-1")
+        (sealed,) = seal_entries(sealer, [entry])
+        assert sealed.fingerprint != entry.fingerprint and len(sealed.fingerprint) == 32
+        return sealed.fingerprint
+
+    first = sealed_fingerprint("my name is Alice")
+    assert sealed_fingerprint("my name is Alice") == first
+    assert sealed_fingerprint("CORRECTION: my name is Bob") != first
+    assert sealed_fingerprint("my name is Alice", ("tenants", "globex", "memories", "t-1")) != first
+    assert sealed_fingerprint("my name is Alice", ring=ring_json("k1", k1=new_key())) != first
+
+
+RING = ring_json("k1", k1=new_key())

@@ -508,11 +508,11 @@ def test_load_extractor_runs_sync_and_async_callables():
 
 
 def test_load_extractor_explains_bad_paths():
-    with pytest.raises(ValueError, match="module:callable"):
+    with pytest.raises(ValueError, match="expected module:attribute"):
         load_extractor("no_colon")
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ValueError, match="attribute not found"):
         load_extractor("tests.service.extraction.test_extraction:missing")
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ValueError, match="module not found"):
         load_extractor("no_such_module_here:x")
     with pytest.raises(ValueError, match="not a callable"):
         load_extractor("tests.service.extraction.test_extraction:NS")

@@ -242,6 +242,50 @@ def test_fail_needs_exactly_one_outcome(outbox):
         outbox.fail("w", e.ident, "x", retry_at=datetime.now(UTC), dead=True)
 
 
+def test_an_error_quoting_what_the_database_cannot_hold_fails_only_its_message(outbox):
+    """An extractor's error may quote the content it failed on, NUL and lone surrogates included: the
+    message is a retry or a dead letter with that error escaped, the others are delivered, and the
+    deliverer's round does not fail (which would hold back every row of its claim)."""
+    outbox.record(entries(3))
+    poisoned = "m-0001"
+
+    def extractor(batch, namespace):
+        if any(e.key == poisoned for e in batch):
+            raise ValueError("the model answered 'x\x00y' and then '\ud800'")
+
+    deliverer = Deliverer(outbox, extractor, worker_id="w", max_attempts=2, base_backoff=0, max_backoff=0)
+    assert deliverer.run_once() == 2  # not an exception
+    status(outbox, delivered=2, pending=1)
+    assert deliverer.run_once() == 0
+    status(outbox, delivered=2, pending=0, dead=1)
+    (dead,) = outbox.dead_letters()
+    assert dead.key == poisoned
+    assert "the model answered 'x\\x00y' and then '\\ud800'" in dead.last_error
+
+
+def test_a_newer_version_of_a_message_replaces_its_row_and_is_delivered_again(outbox):
+    """The same key saying something else (an edit with the same id) is recorded again, however far the
+    first version went (pending, delivered, dead); the same version again changes nothing."""
+    first = make_entries([HumanMessage("my name is Alice", id="m")], NS, thread_id="t")
+    edited = make_entries([HumanMessage("CORRECTION: my name is Bob", id="m")], NS, thread_id="t")
+    assert first[0].fingerprint != edited[0].fingerprint
+    assert outbox.record(first) == 1
+    (claimed,) = outbox.claim("w", 10, 30)
+    assert outbox.complete("w", [claimed.ident]) == 1
+    outbox.record(first)  # a later put of the same turn: nothing to do
+    status(outbox, pending=0, delivered=1)
+    outbox.record(edited)
+    status(outbox, pending=1, delivered=0)
+    (again,) = outbox.claim("w", 10, 30)
+    assert again.message["content"] == "CORRECTION: my name is Bob" and again.attempts == 1
+    outbox.fail("w", again.ident, "boom", dead=True)
+    outbox.record(edited)
+    status(outbox, pending=0, dead=1)  # the same version: the dead letter stays
+    outbox.record(first)  # a put from before the edit (a fork, say): the version last recorded wins
+    (back,) = outbox.claim("w", 10, 30)
+    assert back.message["content"] == "my name is Alice"
+
+
 def test_retry_dead_by_key_and_purge_delivered(outbox):
     outbox.record(entries(3))
     claimed = outbox.claim("w", 3, 30)
@@ -508,8 +552,8 @@ def test_postgres_record_sends_one_insert_per_thousand_rows(fresh_pg, monkeypatc
         execute = psycopg.Cursor.execute
 
         def counting(self, query, params=None, **kwargs):
-            if str(query).startswith("INSERT INTO reducing_saver_outbox"):
-                inserts.append(len(params) // 7)
+            if "INSERT INTO reducing_saver_outbox" in str(query):
+                inserts.append(len(params) // 8)
             return execute(self, query, params, **kwargs)
 
         monkeypatch.setattr(psycopg.Cursor, "execute", counting)

@@ -466,7 +466,7 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(tmp_path, pg_dat
 
     records = [json.loads(line) for line in service.output().splitlines()]  # JSON from start to finish
     messages = [r["message"] for r in records]
-    assert any("listening on" in m and "postgres:***@" in m for m in messages)
+    assert any(m.startswith("reducing-saver ") and "backend postgres (postgresql://postgres:***@" in m for m in messages)
     closed = messages.index("backend postgres closed; shutdown complete")
     access = next(i for i, r in enumerate(records) if r.get("route") == "/v1/checkpoints/put")
     assert access < closed  # the backend closed after the request finished

@@ -36,6 +36,7 @@ def test_dead_summary_batches_are_listed_and_sent_back_per_tenant():
     settings = Settings(
         database="memory://",
         api_keys=",".join(f"{tenant}={key}" for tenant, key in KEYS.items()),
+        metrics_key="scraper-key",
         max_messages=4,
         min_messages=2,
         summarizer="tests.support.summarizers:failing",
@@ -72,7 +73,7 @@ def test_dead_summary_batches_are_listed_and_sent_back_per_tenant():
         while _dead(client, KEYS["rival"]) == []:
             assert time.monotonic() < deadline, "the retried batch never failed again"
             time.sleep(0.05)
-        metrics = client.get("/metrics", headers={"authorization": f"Bearer {KEYS['acme']}"}).text
+        metrics = client.get("/metrics", headers={"authorization": "Bearer scraper-key"}).text
         assert "reducing_saver_summary_dead_steps 3.0" in metrics
         assert 'reducing_saver_summary_failures_total{tenant="rival"} 2.0' in metrics
 

@@ -311,14 +311,71 @@ def test_codes_langgraph_does_not_know_are_left_alone():
     check_value(b"\x92\xd4\xfd\x00\xc0", "f", DEFAULT)  # fixext 1 with code -3, then nil
 
 
-def test_values_without_extension_bytes_are_not_decoded(monkeypatch: pytest.MonkeyPatch):
-    def fail(*args: Any) -> None:
-        raise AssertionError("decoded")
+# -- bytes no reader can decode ---------------------------------------------------------------------
 
-    monkeypatch.setattr(extensions, "_decode", fail)
-    check_value(packed({"a": [1, 2.5, "text", None, True, {"b": b"raw"}]}), "f", DEFAULT)
-    with pytest.raises(AssertionError):
-        check_value(packed(Color.RED), "f", DEFAULT)
+GADGET = ormsgpack.packb(ormsgpack.Ext(0, ormsgpack.packb(["os", "system", "touch X"])))
+#: Values LangGraph's decoder (ormsgpack, as every reader uses it) cannot read: stored, each would break
+#: every read of its thread, through the service's client and a stock saver alike.
+UNREADABLE = {
+    # An extension as a map key (the gadget's target is never reached: ormsgpack refuses the key).
+    "ext-key": b"\x81" + GADGET + b"\x01",
+    "ext-key-in-array": b"\x92\x01\x81" + GADGET + b"\x01",
+    "ext-key-in-nested-map": b"\x81\xa1a\x81\xa1b\x81" + GADGET + b"\x01",
+    "unknown-ext-key": b"\x81\xd4\x63\x00\x01",  # code 99: a value LangGraph reads as None, but not as a key
+    "map-key": b"\x81\x80\x01",
+    "non-utf8-string": b"\x92\xa1a\xa2\xff\xfe",
+    "non-utf8-key": b"\x81\xa1\xff\x01",
+    "reserved-byte": b"\x91\xc1",
+    "truncated": b"\x93\x01\x02",
+    "nested-too-deep": b"\x91" * 1100 + b"\xc0",
+}
+#: Values whose extension payloads LangGraph's decoder cannot read: a stock reader gets ``None`` or the
+#: raw argument in their place (silently), or fails (a DeltaChannel snapshot).
+UNREADABLE_PAYLOADS = {
+    "ext-key-in-a-models-fields": ormsgpack.packb(
+        [ormsgpack.Ext(2, b"\x93\xa5myapp\xa4Step\x81" + GADGET + b"\x01")]
+    ),
+    "ext-key-in-a-snapshot": ormsgpack.packb(ormsgpack.Ext(7, b"\x81" + GADGET + b"\x01")),
+    "truncated-payload": ormsgpack.packb({"a": ormsgpack.Ext(5, b"\x94\xa5myapp")}),
+}
+#: Odd but readable: what ormsgpack decodes with LangGraph's options is accepted.
+READABLE = {
+    "int-key": b"\x81\x01\x01",
+    "nil-key": b"\x81\xc0\x01",
+    "bin-key": b"\x81\xc4\x01x\x01",
+    "float-key": b"\x81\xcb" + b"\x00" * 8 + b"\x01",
+    "array-key": b"\x81\x91\x01\x01",
+    "msgpack-timestamp": b"\x91\xd6\xff\x00\x00\x00\x00",
+    "nested-1000-deep": b"\x91" * 1000 + b"\xc0",
+}
+
+
+@pytest.mark.parametrize("data", UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_a_value_no_reader_can_decode_is_refused(data: bytes):
+    with pytest.raises(ValueError):  # what every reader would meet
+        SERDE.loads_typed(("msgpack", data))
+    refused = refusal(data)
+    assert str(refused).startswith("values.notes: not msgpack a reader can decode (")
+    assert "every reader of the thread" in str(refused)
+
+
+@pytest.mark.parametrize("data", UNREADABLE_PAYLOADS.values(), ids=UNREADABLE_PAYLOADS.keys())
+def test_an_extension_payload_no_reader_can_decode_is_refused(data: bytes):
+    try:
+        read = SERDE.loads_typed(("msgpack", data))
+    except ValueError:
+        pass
+    else:  # the stock reader put something else in the payload's place
+        assert None in (read if isinstance(read, list) else list(read.values()))
+    refused = refusal(data)
+    assert "the payload of msgpack extension code" in str(refused), str(refused)
+    assert refused.field == "values.notes"
+
+
+@pytest.mark.parametrize("data", READABLE.values(), ids=READABLE.keys())
+def test_what_a_stock_reader_decodes_is_accepted(data: bytes):
+    SERDE.loads_typed(("msgpack", data))
+    check_value(data, "values.notes", DEFAULT)
 
 
 # -- the policy and its setting -------------------------------------------------------------------
@@ -443,8 +500,38 @@ def test_a_pending_write_naming_code_is_refused_and_not_stored(tmp_path: Path):
         ]
         response = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
         assert response.status_code == 422
-        assert "writes[1]: msgpack extension code 1 naming subprocess.Popen" in response.json()["detail"]
+        assert "writes[1] (channel 'notes'): msgpack extension code 1 naming subprocess.Popen" in response.json()["detail"]
         assert _stored(client)["pending_writes"] == [], "neither write was stored"
+
+
+def test_an_extension_map_key_is_refused_at_put_and_write_and_the_thread_stays_readable(fresh_pg: str):
+    """The value that used to be stored and then broke every read of its thread (the service's client and
+    a stock PostgresSaver both failed with ValueError) is refused at put and at put_writes, naming the
+    channel; nothing of it is stored, and both readers read the thread."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    from reducing_saver.client import RemoteReducingSaver
+
+    poisoned = blob_to_wire("msgpack", UNREADABLE["ext-key"])
+    with TestClient(create_app(Settings(database=fresh_pg, extract=False, sweep=False))) as client:
+        refused = client.post("/v1/checkpoints/put", json=_state_put(UNREADABLE["ext-key"]))
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith("values.notes: not msgpack a reader can decode")
+        assert client.post("/v1/checkpoints/put", json=_state_put(packed({"a": 1}))).status_code == 200
+        checkpoint_id = _stored(client)["config"]["configurable"]["checkpoint_id"]
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+        writes = [["notes", blob_to_wire("msgpack", packed({"b": 2}))], ["notes", poisoned]]
+        refused = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith("writes[1] (channel 'notes'): not msgpack a reader can decode")
+        with RemoteReducingSaver("http://testserver", transport=client._transport) as saver:
+            mine = saver.get_tuple({"configurable": {"thread_id": "t1"}})
+            assert mine.checkpoint["channel_values"] == {"notes": {"a": 1}} and mine.pending_writes == []
+    with psycopg.connect(fresh_pg, autocommit=True, row_factory=dict_row) as conn:
+        theirs = PostgresSaver(conn).get_tuple({"configurable": {"thread_id": "t1", "checkpoint_ns": ""}})
+    assert theirs.checkpoint["channel_values"] == {"notes": {"a": 1}} and theirs.pending_writes == []
 
 
 def test_the_flag_sets_it():

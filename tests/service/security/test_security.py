@@ -234,7 +234,8 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
             assert response.status_code == expected, (method, path, headers, response.text)
             if expected == 401:
                 assert response.headers["www-authenticate"].startswith("Bearer")
-                assert response.json()["detail"].startswith("a valid API key is required")
+                wanted = "the metrics scraper's key" if path == "/metrics" else "a valid API key"
+                assert response.json()["detail"].startswith(f"{wanted} is required")
         assert httpx.request(method, url + path, headers=auth("rival"), json={}).status_code != 401
     # The document declares the scheme, and 401 on every secured operation.
     document = httpx.get(f"{url}/openapi.json", headers=auth("acme")).json()
@@ -245,6 +246,79 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
         for op in ops.values():
             public = path in ("/healthz", "/readyz")
             assert ("401" in op["responses"]) != public and ("security" in op) != public
+
+
+AMBIGUOUS = [
+    [("authorization", f"Bearer {KEYS['acme']}"), ("authorization", "Bearer wrong-key")],
+    [("authorization", "Bearer wrong-key"), ("authorization", f"Bearer {KEYS['acme']}")],
+    [("authorization", f"Bearer {KEYS['acme']}"), ("authorization", f"Bearer {KEYS['acme']}")],
+    [("authorization", f"Bearer {KEYS['acme']}"), ("x-api-key", KEYS["rival"])],
+    [("x-api-key", KEYS["acme"]), ("x-api-key", "wrong-key")],
+]
+
+
+@pytest.mark.parametrize("headers", AMBIGUOUS, ids=["right-then-wrong", "wrong-then-right", "twice", "bearer-and-other-header", "two-x-api-keys"])
+def test_ambiguous_credentials_are_refused_with_400(headers):
+    """Two Authorization headers, or a key in both headers that disagree: which one a proxy in front checked
+    is anyone's guess, so neither is taken (as servers guarding against request smuggling answer)."""
+    with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
+        answer = client.get("/v1/capabilities", headers=headers)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["detail"].startswith("ambiguous credentials")
+        assert KEYS["acme"] not in answer.text and "wrong-key" not in answer.text
+        # One key in both headers agrees: that is one credential.
+        same = [("authorization", f"Bearer {KEYS['acme']}"), ("x-api-key", KEYS["acme"])]
+        assert client.get("/v1/capabilities", headers=same).status_code == 200
+
+
+@pytest.mark.e2e
+def test_ambiguous_credentials_are_refused_by_the_running_service(keyed_service):
+    for headers in AMBIGUOUS:
+        answer = httpx.get(f"{keyed_service.url}/v1/capabilities", headers=headers)
+        assert answer.status_code == 400, (headers, answer.text)
+
+
+SCRAPER_KEY = "scraper-key-0123456789abcdef"
+
+
+def test_metrics_answer_the_operators_key_only_never_a_tenants(tmp_path):
+    """/metrics holds every tenant's figures (storage per tenant): a tenant's key gets 403 there, with or
+    without a metrics key configured; the metrics key (plain, or its hash in a file) reads it and nothing
+    else; the API description names the scheme."""
+    def put_thread(client: TestClient, tenant: str) -> None:
+        body = {"config": {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, "checkpoint": empty_checkpoint(),
+                "values": {}, "metadata": {}, "new_versions": {}}
+        assert client.post("/v1/checkpoints/put", json=body, headers=auth(tenant)).status_code == 200
+
+    with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
+        put_thread(client, "acme")
+        refused = client.get("/metrics", headers=auth("acme"))
+        assert refused.status_code == 403, refused.text
+        assert "REDUCING_SAVER_METRICS_KEY" in refused.json()["detail"]
+        assert client.get("/metrics").status_code == 401
+    hashed = tmp_path / "metrics-key"
+    hashed.write_text(security.hash_key(SCRAPER_KEY) + "\n")
+    for source in ({"metrics_key": SCRAPER_KEY}, {"metrics_key_file": str(hashed)}):
+        settings = Settings(database="memory://", api_keys=key_pairs(), **source)
+        with TestClient(create_app(settings)) as client:
+            put_thread(client, "acme")
+            put_thread(client, "rival")
+            for headers in (auth("acme"), {"x-api-key": KEYS["rival"]}):
+                assert client.get("/metrics", headers=headers).status_code == 403
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                assert client.get("/metrics", headers=headers).status_code == 401
+            for headers in ({"Authorization": f"Bearer {SCRAPER_KEY}"}, {"x-api-key": SCRAPER_KEY}):
+                scraped = client.get("/metrics", headers=headers)
+                assert scraped.status_code == 200 and "reducing_saver_http_requests_total" in scraped.text
+            assert client.get("/v1/capabilities", headers={"Authorization": f"Bearer {SCRAPER_KEY}"}).status_code == 401
+            operation = client.get("/openapi.json").json()["paths"]["/metrics"]["get"]
+            assert operation["security"] == [{"metricsKey": []}, {"metricsKeyHeader": []}]
+            assert {"401", "403"} <= set(operation["responses"])
+
+
+def test_a_metrics_key_that_is_also_a_tenants_key_is_refused():
+    with pytest.raises(ValidationError, match="metrics key is also tenant 'acme'"):
+        Settings(database="memory://", api_keys=key_pairs(), metrics_key=KEYS["acme"])
 
 
 @pytest.mark.e2e

@@ -346,8 +346,10 @@ def test_a_graph_with_subgraphs_interrupts_and_forks(kept_saver, keep: int) -> N
         assert graph.get_state(config).values["messages"][-1].content == f"reply to approved: yes {turn}"
     history = list(graph.get_state_history(config))
     assert keep <= len(history) < 6 * 6
-    # Fork from the oldest checkpoint still kept, and from one in the middle, and run each branch on.
-    for snapshot in (history[-1], history[len(history) // 2]):
+    # Fork from the oldest checkpoint still kept, and from one in the middle, and run each branch on (the
+    # first branch's puts may delete the second's start: it is picked from what is kept then).
+    for pick in (lambda kept: kept[-1], lambda kept: kept[len(kept) // 2]):
+        snapshot = pick(list(graph.get_state_history(config)))
         forked = graph.update_state(snapshot.config, {"notes": ["forked"]})
         if graph.get_state(forked).next:
             graph.invoke(None if not graph.get_state(forked).interrupts else Command(resume="fork"), forked)
@@ -429,3 +431,56 @@ def test_two_replicas_writing_and_pruning_one_thread_lose_nothing_kept(
         stock = PostgresSaver(conn)
         for t in stock.list({"configurable": {"thread_id": thread_id}}):
             assert _readable(t) == _readable(tee.reference.get_tuple(t.config))
+
+
+# -- counts beyond 64 bits -----------------------------------------------------------------------------
+
+BIGINT_MAX = 2**63 - 1
+
+
+def test_a_count_beyond_64_bits_is_refused_at_start_naming_the_setting(capsys: pytest.CaptureFixture) -> None:
+    from pydantic import ValidationError
+
+    from reducing_saver.service.cli import main
+    from reducing_saver.service.configuration.settings import Settings
+
+    with pytest.raises(ValidationError, match="keep_checkpoints"):
+        Settings(database="memory://", keep_checkpoints=2**63)
+    assert Settings(database="memory://", keep_checkpoints=BIGINT_MAX).keep_checkpoints == BIGINT_MAX
+    assert main(["serve", "--database", "memory://", "--keep-checkpoints", str(2**63)]) == 2
+    assert "--keep-checkpoints / REDUCING_SAVER_KEEP_CHECKPOINTS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_threads_count_beyond_64_bits_is_a_422_naming_the_field(kind: str, request: pytest.FixtureRequest, tmp_path) -> None:
+    """The documented 422 naming ``config.configurable.keep_checkpoints``, on every backend (PostgreSQL
+    used to answer "bigint out of range"); the largest count that fits keeps everything, as it says."""
+    from fastapi.testclient import TestClient
+
+    from reducing_saver.client import RemoteReducingSaver
+    from reducing_saver.client import BadRequestError
+    from reducing_saver.service.configuration.settings import Settings
+    from reducing_saver.service.http.app import create_app
+
+    database = {
+        "postgres": request.getfixturevalue("fresh_pg") if kind == "postgres" else None,
+        "sqlite": f"sqlite:///{tmp_path}/big.sqlite",
+        "memory": "memory://",
+    }[kind]
+    app = create_app(Settings(database=database, extract=False, sweep=False, keep_checkpoints=2))
+    with TestClient(app) as client, RemoteReducingSaver("http://testserver", transport=client._transport) as saver:
+        checkpoint = {"v": 4, "id": _new_id(), "ts": "2026-01-01T00:00:00+00:00", "channel_values": {},
+                      "channel_versions": {}, "versions_seen": {}, "updated_channels": []}
+        for count in (2**63, 2**64, 10**30):
+            config = {"configurable": {"thread_id": "big", "checkpoint_ns": "", "keep_checkpoints": count}}
+            with pytest.raises(BadRequestError) as refused:
+                saver.put(config, {**checkpoint, "id": _new_id()}, {}, {})
+            assert refused.value.status_code == 422
+            assert "config.configurable.keep_checkpoints must be a whole number >= 0" in refused.value.message
+            assert str(BIGINT_MAX) in refused.value.message
+        assert list(saver.list({"configurable": {"thread_id": "big"}})) == []
+        fits = {"configurable": {"thread_id": "big", "checkpoint_ns": "", "keep_checkpoints": BIGINT_MAX}}
+        for _ in range(4):
+            fits = saver.put(fits, {**checkpoint, "id": _new_id()}, {}, {})
+            fits["configurable"]["keep_checkpoints"] = BIGINT_MAX
+        assert len(list(saver.list({"configurable": {"thread_id": "big"}}))) == 4

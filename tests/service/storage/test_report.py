@@ -96,3 +96,35 @@ def test_report_refuses_bad_arguments(tmp_path, capsys) -> None:
     assert main(["report", "--database", f"sqlite:///{tmp_path}/missing.sqlite"]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "missing.sqlite").exists()
+
+
+@pytest.mark.parametrize("count", [1, 2, 12])
+def test_the_charts_legend_covers_no_bar(count: int, tmp_path, monkeypatch) -> None:
+    """With one thread the two bars fill the plot: a legend inside it hid them."""
+    import matplotlib.figure
+
+    from reducing_saver.service.storage.report import chart
+    from reducing_saver.service.storage.usage import ThreadStorage
+
+    seen: list[tuple] = []
+    save = matplotlib.figure.Figure.savefig
+
+    def savefig(figure, *args, **kwargs):
+        save(figure, *args, **kwargs)
+        renderer = figure.canvas.get_renderer()  # the Agg canvas, while the figure is still open
+        legends = [legend for legend in (*figure.legends, *(axes.get_legend() for axes in figure.axes)) if legend]
+        bars = [patch.get_window_extent(renderer) for axes in figure.axes for patch in axes.patches]
+        seen.append((figure.bbox, [legend.get_window_extent(renderer) for legend in legends], bars))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    threads = [
+        ThreadStorage(f"thread-{n}", checkpoints=3, checkpoint_bytes=10_000 * (n + 1), plain_estimate=90_000 * (n + 1))
+        for n in range(count)
+    ]
+    chart(threads, str(tmp_path / "chart.png"))
+    ((picture, legends, bars),) = seen
+    assert len(legends) == 1 and len(bars) == 2 * count
+    legend = legends[0]
+    assert [bar for bar in bars if bar.overlaps(legend)] == []
+    # And the legend is inside the picture.
+    assert picture.contains(legend.x0, legend.y0) and picture.contains(legend.x1, legend.y1)

@@ -374,7 +374,29 @@ def test_bad_input_gets_a_4xx_naming_it() -> None:
         for top in ("0", "101", "many"):
             answer = run.http.get("/v1/storage", params={"top": top})
             assert answer.status_code == 422 and "top" in answer.text
-        assert run.http.get("/v1/threads/a%2Fb/storage").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path_id", "why"),
+    [
+        ("a%00b", "'\\x00' at index 1"),
+        ("a%01b", "'\\x01' at index 1"),
+        ("a%2Fb", "'/' at index 1"),
+        ("%2E%2E", "'..' is not a thread id"),
+        ("x" * 300, "300 characters is more than the limit of 256 (setting max_thread_id_length)"),
+    ],
+    ids=["nul", "control", "slash", "dot-dot", "too-long"],
+)
+def test_the_thread_route_checks_the_thread_id_as_every_route_does(database: str, path_id: str, why: str) -> None:
+    """The same refusal a put of that thread id gets (422 naming thread_id), before any database work:
+    never the database's own error text."""
+    with running(database) as run:
+        answer = run.http.get(f"/v1/threads/{path_id}/storage")
+        assert answer.status_code == 422, answer.text
+        detail = str(answer.json()["detail"])
+        assert "thread_id" in detail and why in detail, detail
+        assert "PostgreSQL" not in detail
+        assert run.http.get("/v1/threads/fine/storage").status_code == 404  # still serving
 
 
 # -- the estimate's parts ----------------------------------------------------------------------------

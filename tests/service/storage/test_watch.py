@@ -39,14 +39,14 @@ def wait_for_first_pass(service, timeout: float = 10.0) -> None:
 
 def test_gauges_add_up_each_tenants_threads_and_scrapes_never_measure(database: str) -> None:  # noqa: F811
     api_keys = ",".join(f"{tenant}={key}" for tenant, key in KEYS.items())
-    with running(database, api_keys=api_keys, storage_refresh_seconds=3600) as run:
+    with running(database, api_keys=api_keys, metrics_key="scraper-key", storage_refresh_seconds=3600) as run:
         wait_for_first_pass(run.service)
         with run.saver(KEYS["a"]) as a, run.saver(KEYS["b"]) as b:
             converse(a, "one", 8, seed=1)
             converse(a, "two", 3, seed=2)
             converse(b, "one", 2, seed=3)
         run.delivered(8 * 2 - 6)
-        headers = {"x-api-key": KEYS["a"]}
+        headers = {"x-api-key": "scraper-key"}  # the metrics scraper's, no tenant's
         # The pass ran before the traffic; a scrape answers from it, measuring nothing.
         measured = []
         backend = run.service.open_backend()

@@ -46,6 +46,52 @@ def test_request_is_idempotent_and_children_are_found_by_base(backend):
     assert book.steps("t", "", [first.step_id, "nope"]).keys() == {first.step_id}
 
 
+def test_a_chain_of_lagging_steps_is_read_back_from_its_tip_in_one_call(backend):
+    """A summary far behind names only the ends of its lagging chain; the book walks the links."""
+    book = backend.summaries()
+    done = step(None, ["d"])
+    book.request(done)
+    assert book.complete(done, "summary D")
+    base, chain = done.step_id, []
+    for n in range(30):
+        request = step(base, [f"k{n}"], version=n + 2)
+        book.request(request)
+        chain.append(request.step_id)
+        base = request.step_id
+    book.request(step(chain[10], ["fork"], version=12))  # another branch off the chain: not on the path
+    found = book.chain("t", "", chain[-1], done.step_id)
+    assert [info.step_id for info in found] == chain
+    assert found[0].base_step == done.step_id and [info.version for info in found] == list(range(2, 32))
+    assert [info.step_id for info in book.chain("t", "", chain[4], chain[1])] == chain[2:5]
+    assert [info.step_id for info in book.chain("t", "", done.step_id, None)] == [done.step_id]
+    assert book.chain("other", "", chain[-1], None) == []
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_backend(request, tmp_path):
+    """The backends whose book keeps batches as bytes (memory:// keeps objects: nothing to corrupt)."""
+    url = f"sqlite:///{tmp_path}/service.sqlite" if request.param == "sqlite" else request.getfixturevalue("fresh_pg")
+    opened = open_backend(url, pool_size=2, timeout=10.0)
+    opened.setup()
+    yield opened
+    opened.close()
+
+
+def test_a_batch_that_cannot_be_read_is_a_dead_letter_and_the_next_step_is_claimed(sql_backend):
+    """One unreadable row (not JSON) is parked with its reason; it never fails the claim, which would
+    hand the same row back ahead of every other step."""
+    book = sql_backend.summaries()
+    broken, fine = step(None, ["a"], thread="broken"), step(None, ["b"], thread="fine")
+    book.request(broken)
+    book.request(fine)
+    with book._tx() as cur:
+        cur.execute(book._sql("UPDATE reducing_saver_summaries SET batch = ? WHERE thread_id = 'broken'"), (b"\x00not json",))
+    claimed = book.claim("w", 60)
+    assert claimed is not None and claimed.request.thread_id == "fine"
+    (dead,) = book.dead_letters()
+    assert dead.thread_id == "broken" and "JSONDecodeError" in dead.last_error
+
+
 def test_a_step_is_claimed_only_once_its_base_is_done_and_completes_once(backend):
     book = backend.summaries()
     first, second = step(None, ["a"]), None

@@ -4,6 +4,7 @@ and the worker's once-per-batch advance under failures and double calls."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 import threading
 import time
 
@@ -35,9 +36,9 @@ def test_module_attribute_names_a_callable_or_a_chat_model():
         load_summarizer("tests.support.summarizers:chat_model", max_input_tokens=1000, max_tokens=100),
         ModelSummarizer,
     )
-    with pytest.raises(SummarizerError, match="is a int"):
+    with pytest.raises(SummarizerError, match="not a chat model or callable: got an int"):
         load_summarizer("tests.support.summarizers:not_callable", max_input_tokens=1000, max_tokens=100)
-    with pytest.raises(SummarizerError, match="cannot be imported"):
+    with pytest.raises(SummarizerError, match="module not found"):
         load_summarizer("tests.support.nothing_here:x", max_input_tokens=1000, max_tokens=100)
 
 
@@ -46,22 +47,15 @@ def test_provider_model_goes_through_init_chat_model(monkeypatch):
     summarizer = load_summarizer("openai:gpt-4o-mini", max_input_tokens=1000, max_tokens=123)
     assert isinstance(summarizer, ModelSummarizer)
     assert summarizer.model.model_name == "gpt-4o-mini" and summarizer.model.max_tokens == 123
-    with pytest.raises(SummarizerError, match="cannot be initialized"):
+    with pytest.raises(SummarizerError, match="module not found.*nor is 'no-such-provider' a provider"):
         load_summarizer("no-such-provider:model", max_input_tokens=1000, max_tokens=100)
 
 
 def test_a_missing_provider_package_is_a_clear_error(monkeypatch):
-    import builtins
+    from reducing_saver.service import imports
 
-    real_import = builtins.__import__
-
-    def no_langchain(name, *args, **kwargs):
-        if name.startswith("langchain.chat_models"):
-            raise ImportError("No module named 'langchain'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_langchain)
-    with pytest.raises(SummarizerError, match="needs the langchain package"):
+    monkeypatch.setattr(imports, "_langchain_providers", lambda kind: (False, None))  # no langchain
+    with pytest.raises(SummarizerError, match="provider package missing: .*needs the langchain package"):
         load_summarizer("anthropic:claude-x", max_input_tokens=1000, max_tokens=100)
 
 
@@ -320,6 +314,100 @@ def test_serve_refuses_to_start_with_a_summarizer_it_cannot_load(tmp_path):
         timeout=60,
         cwd=tmp_path,
     )
-    assert result.returncode == 1
-    assert "--summarizer 'nosuchprovider:some-model' cannot be initialized" in result.stderr
+    assert result.returncode == 2
+    assert "--summarizer 'nosuchprovider:some-model': module not found" in result.stderr
+    assert "nor is 'nosuchprovider' a provider LangChain takes" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _two_steps(book: MemoryBook) -> StepRequest:
+    """A thread whose first summary holds a fact, and a second batch waiting on top of it."""
+    first, second = _requests(2)
+    book.request(first)
+    assert book.complete(first, "the account number is 4242")
+    book.request(second)
+    return second
+
+
+@pytest.mark.parametrize("answer", ["", "   \n\t "], ids=["empty", "whitespace"])
+@pytest.mark.parametrize("kind", ["chat-model", "callable"])
+def test_an_empty_answer_is_a_failed_attempt_never_a_summary(kind, answer):
+    """A model that spends its whole budget reasoning answers nothing: that attempt failed, the summary
+    it would replace stays, and after the last attempt the batch is a dead letter."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    book = MemoryBook()
+    second = _two_steps(book)
+    calls = []
+    if kind == "chat-model":
+        model = FakeListChatModel(responses=[answer] * 10)
+        summarizer = ModelSummarizer(model, "fake", max_input_tokens=1000, max_tokens=100)
+    else:
+        summarizer = CallableSummarizer(lambda previous, messages: calls.append(previous) or answer, "blank", max_tokens=100)
+    worker = SummaryWorker(book, summarizer, max_attempts=3, base_backoff=0, max_backoff=0)
+    while worker.run_once():
+        pass
+    worker.release()
+    info = book.steps("t", "", [second.step_id])[second.step_id]
+    assert info.status == "dead" and info.text is None
+    (dead,) = book.dead_letters()
+    assert dead.attempts == 3 and "empty summary" in dead.last_error
+    # The previous summary is what the thread keeps.
+    assert book.steps("t", "", [second.base_step])[second.base_step].text == "the account number is 4242"
+    if kind == "callable":
+        assert calls == ["the account number is 4242"] * 3
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def sql_book(request, tmp_path):
+    """The book of a set-up backend that stores text (the answer goes through the database's driver)."""
+    from reducing_saver.service.storage import open_backend
+
+    url = request.getfixturevalue("fresh_pg") if request.param == "postgres" else f"sqlite:///{tmp_path}/s.sqlite"
+    backend = open_backend(url, pool_size=2, timeout=10.0)
+    backend.setup()
+    yield backend.summaries()
+    backend.close()
+
+
+def test_an_answer_the_database_cannot_store_fails_that_step_alone(sql_book):
+    """A lone surrogate cannot be encoded for the database: that answer is a failed attempt of its own step
+    (a dead letter after the last attempt), not an outage; the other threads' steps are summarized."""
+    poisoned, *others = [
+        StepRequest(thread, "", step_id(None, [f"{thread}-m"]), None, 1, (f"{thread}-m",),
+                    [HumanMessage(f"FACT: {thread}", id=f"{thread}-m")], 1)
+        for thread in ("a-poisoned", "b", "c")
+    ]
+    for request in (poisoned, *others):
+        sql_book.request(request)
+    calls: Counter = Counter()
+
+    def answer(previous, messages):
+        thread = messages[0].id.removesuffix("-m")
+        calls[thread] += 1
+        if thread == "a-poisoned":
+            raise_inside = "\x00" if calls[thread] == 2 else ""  # an error text the database refuses too
+            if raise_inside:
+                raise RuntimeError(f"model broke on {raise_inside}\ud800")
+            return "the user's name is \ud800"
+        return f"summary of {thread}"
+
+    worker = SummaryWorker(
+        sql_book, CallableSummarizer(answer, "surrogates", max_tokens=100),
+        max_attempts=3, base_backoff=0, max_backoff=0, idle_sleep=0.02,
+    )
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while sql_book.status()["dead_steps"] < 1 or sql_book.status()["done_steps"] < 2:
+            assert time.monotonic() < deadline, (dict(calls), sql_book.status())
+            time.sleep(0.02)
+    finally:
+        worker.stop(10)
+    assert calls == {"a-poisoned": 3, "b": 1, "c": 1}
+    for request in others:
+        info = sql_book.steps(request.thread_id, "", [request.step_id])[request.step_id]
+        assert info.status == "done" and info.text == f"summary of {request.thread_id}"
+    (dead,) = sql_book.dead_letters()
+    assert dead.thread_id == "a-poisoned" and dead.attempts == 3
+    assert "gave up after 3 attempt(s)" in dead.last_error and "surrogate" in dead.last_error
