@@ -33,7 +33,7 @@ WINDOW = ("--max-messages", "6", "--min-messages", "4")
 #: Every background task at work: delivery (at once), running summaries, TTL sweeps every second of
 #: threads idle for 2 s (keep_latest: a swept thread keeps its state).
 BACKGROUND = (
-    "--summarizer", "tests.support.summarizers:facts",
+    "--summarizer", "tests.support.summarizers:verbatim",
     "--extraction-linger-seconds", "0",
     "--default-ttl", "2s",
     "--sweep-interval", "1s",
