@@ -25,7 +25,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import closing
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 
@@ -278,9 +279,10 @@ class EncryptingSaver(BaseCheckpointSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
 
     Build one with :func:`encrypting`, which gives it exactly the optional capabilities it supports of
-    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys), and
-    ``copy_thread`` (which seals each value again for the target thread). ``get_delta_channel_history``
-    is not offered: it returns writes without the checkpoint their envelopes are bound to.
+    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys),
+    ``copy_thread`` (which seals each value again for the target thread), and
+    ``get_delta_channel_history``, read in one go by the backend with the place each sealed value is bound
+    to (``placed_delta_history``) and opened here.
 
     ``put`` tells the inner saver, whose keep-checkpoints rule must leave a DeltaChannel thread whole but
     which receives a snapshot only sealed, that the put belongs to one: it looks at the plain values and
@@ -465,10 +467,48 @@ class _CopyThread:
                 self.put_writes(written, writes, task_id)  # type: ignore[attr-defined]
 
 
-_MIXINS: dict[str, type] = {"copy_thread": _CopyThread, "delete_for_runs": _DeleteForRuns, "prune": _Prune}
+class _DeltaChannelHistory:
+    inner: BaseCheckpointSaver
+    sealer: Sealer
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The backend's history of the channels (its own queries, ``placed_delta_history``), each write
+        opened with the checkpoint, task and index it is bound to, each seed with its channel version."""
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        result: dict[str, DeltaChannelHistory] = {}
+        for channel, placed in self.inner.placed_delta_history(config, channels).items():  # type: ignore[attr-defined]
+            writes = [
+                (task_id, channel, self.sealer.open_write(value, thread_id, ns, checkpoint_id, task_id, channel)[1])
+                for checkpoint_id, task_id, value in placed["writes"]
+            ]
+            entry = DeltaChannelHistory(writes=writes)
+            if "seed" in placed:
+                version, value = placed["seed"]
+                entry["seed"] = self.sealer.open_value(value, thread_id, ns, channel, version)
+            result[channel] = entry
+        return result
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self.get_delta_channel_history(config=config, channels=channels)
+
+
+_MIXINS: dict[str, type] = {
+    "copy_thread": _CopyThread,
+    "delete_for_runs": _DeleteForRuns,
+    "prune": _Prune,
+    "delta_channel_history": _DeltaChannelHistory,
+}
 
 
 def encrypting(inner: BaseCheckpointSaver, sealer: Sealer) -> EncryptingSaver:
-    """``inner`` wrapped in an :class:`EncryptingSaver` with the capabilities it keeps under encryption."""
-    kept = saver_capabilities(inner) & _MIXINS.keys()
+    """``inner`` wrapped in an :class:`EncryptingSaver` with the capabilities it keeps under encryption
+    (DeltaChannel history where the backend reads it with places: ``placed_delta_history``)."""
+    kept = set(saver_capabilities(inner) & _MIXINS.keys())
+    if not hasattr(inner, "placed_delta_history"):
+        kept.discard("delta_channel_history")
     return with_capabilities(EncryptingSaver, frozenset(kept), _MIXINS)(inner, sealer)

@@ -41,8 +41,9 @@ not only as ``_DeltaSnapshot`` objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from langgraph.checkpoint.base import writes_sort_key
 from langgraph.checkpoint.postgres.base import PRUNE_STRATEGIES
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
@@ -208,3 +209,52 @@ def uses_delta_channel(
         return True
     values = checkpoint.get("channel_values") or {}
     return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())
+
+
+# -- DeltaChannel history with the places of its values ---------------------------------------------
+
+
+class PlacedHistory(TypedDict):
+    """``get_delta_channel_history``'s entry for one channel, each value with the place it was stored at.
+
+    A sealed value opens only with the place it is bound to (``EncryptingSaver``), which the saver API's
+    history leaves out: ``writes`` are ``(checkpoint_id, task_id, value)``, oldest first, in the order
+    ``get_delta_channel_history`` returns them; ``seed`` is ``(version, value)``, the channel's version at
+    the ancestor whose stored value starts the replay (absent when the walk reached the thread's root).
+    """
+
+    writes: list[tuple[str, str, Any]]
+    seed: NotRequired[tuple[Any, Any]]
+
+
+def placed_histories(
+    channels: Sequence[str],
+    chain_by_channel: Mapping[str, Sequence[str]],
+    writes: Iterable[tuple[str, str, str, int, str, Any]],
+    seeds: Mapping[str, tuple[Any, Any]],
+) -> dict[str, PlacedHistory]:
+    """Assemble :class:`PlacedHistory` entries from what a backend read.
+
+    Args:
+        channels: The channels asked for.
+        chain_by_channel: Each channel's ancestors of the target, newest first, down to and including
+            the one holding its seed.
+        writes: ``(checkpoint_id, channel, task_id, idx, task_path, value)`` of those ancestors, any order.
+        seeds: ``channel -> (version, value)`` for the channels whose walk found a stored value.
+    """
+    by_place: dict[tuple[str, str], list[tuple[str, str, int, Any]]] = {}
+    for checkpoint_id, channel, task_id, idx, task_path, value in writes:
+        by_place.setdefault((channel, checkpoint_id), []).append((task_path or "", task_id, idx, value))
+    result: dict[str, PlacedHistory] = {}
+    for channel in channels:
+        collected: list[tuple[str, str, Any]] = []
+        for checkpoint_id in reversed(chain_by_channel.get(channel, ())):
+            found = by_place.get((channel, checkpoint_id), [])
+            # The order a super-step's tasks apply their writes in (writes_sort_key).
+            for _path, task_id, _idx, value in sorted(found, key=lambda w: writes_sort_key(w[0], w[1], w[2])):
+                collected.append((checkpoint_id, task_id, value))
+        entry = PlacedHistory(writes=collected)
+        if channel in seeds:
+            entry["seed"] = seeds[channel]
+        result[channel] = entry
+    return result

@@ -15,11 +15,13 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
     DeltaChannelHistory,
+    get_checkpoint_id,
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -30,6 +32,7 @@ from reducing_saver.service.storage.lifecycle import (
     is_subgraph_call,
     keep_checkpoints_of,
     parents_root,
+    placed_histories,
     refuse_delta_threads,
     run_id_of,
     uses_delta_channel,
@@ -138,6 +141,39 @@ class InMemoryLifecycleSaver(InMemorySaver):
     ) -> Mapping[str, DeltaChannelHistory]:
         with self.lock:
             return super().get_delta_channel_history(config=config, channels=channels)
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
+        ``EncryptingSaver`` needs to open sealed values. The same walk as InMemorySaver's: a channel's seed
+        is the first ancestor's non-empty blob at the channel's version there."""
+        channels = list(channels)
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        chain: dict[str, list[str]] = {channel: [] for channel in channels}
+        seeds: dict[str, tuple[Any, Any]] = {}
+        writes: list[tuple] = []
+        with self.lock:
+            checkpoints = self.storage.get(thread_id, {}).get(ns, {})
+            target = checkpoints.get(get_checkpoint_id(config) or max(checkpoints, default=""))
+            current, walking = (target[2] if target is not None else None), set(channels)
+            while current is not None and walking and current in checkpoints:
+                stored, _, parent = checkpoints[current]
+                versions = self.serde.loads_typed(stored).get("channel_versions") or {}
+                for channel in list(walking):
+                    chain[channel].append(current)
+                    version = versions.get(channel)
+                    blob = self.blobs.get((thread_id, ns, channel, version)) if version is not None else None
+                    if blob is not None and blob[0] != "empty":
+                        seeds[channel] = (version, self.serde.loads_typed(blob))
+                        walking.discard(channel)
+                current = parent
+            for checkpoint_id in {checkpoint_id for ids in chain.values() for checkpoint_id in ids}:
+                for (task_id, idx), (_, channel, value, task_path) in self.writes.get(
+                    (thread_id, ns, checkpoint_id), {}
+                ).items():
+                    if checkpoint_id in chain.get(channel, ()):
+                        writes.append((checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed(value)))
+        return placed_histories(channels, chain, writes, seeds)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

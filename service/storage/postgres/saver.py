@@ -28,12 +28,14 @@ from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
     CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
     check_run_ids,
     keep_checkpoints_of,
     like_prefix,
+    placed_histories,
     refuse_delta_threads,
     uses_delta_channel,
 )
@@ -138,6 +140,10 @@ class _Probe:
 _probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
     "probe_after_write", default=None
 )
+
+#: Set while ``placed_delta_history`` runs PostgresSaver's history queries: their rows are assembled with the
+#: places of their values (``_build_delta_channels_writes_history``).
+_placing: contextvars.ContextVar[bool] = contextvars.ContextVar("placing", default=False)
 
 _PG_THREAD_IN_USE_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
@@ -509,6 +515,51 @@ class PostgresLifecycleSaver(PostgresSaver):
                 ),
             )
         return next_config
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``), read
+        by PostgresSaver's own two queries: what ``EncryptingSaver`` needs to open sealed values."""
+        token = _placing.set(True)
+        try:
+            return self.get_delta_channel_history(config=config, channels=channels)  # type: ignore[return-value]
+        finally:
+            _placing.reset(token)
+
+    def _build_delta_channels_writes_history(
+        self,
+        *,
+        channels: Sequence[str],
+        chain_by_ch: Mapping[str, list[str]],
+        seed_ver_by_ch: Mapping[str, str | None],
+        seed_inline_by_ch: Mapping[str, Any],
+        stage2_rows: Sequence[Any],
+    ) -> dict[str, Any]:
+        """PostgresSaver's assembly of its history rows; under ``placed_delta_history``, with places."""
+        if not _placing.get():
+            return super()._build_delta_channels_writes_history(
+                channels=channels,
+                chain_by_ch=chain_by_ch,
+                seed_ver_by_ch=seed_ver_by_ch,
+                seed_inline_by_ch=seed_inline_by_ch,
+                stage2_rows=stage2_rows,
+            )
+        writes, blobs = [], {}
+        for row in stage2_rows:
+            value = None if row["type"] == "empty" else self.serde.loads_typed((row["type"], row["blob"]))
+            if row["_kind"] == "w":
+                writes.append((row["checkpoint_id"], row["channel"], row["task_id"], row["idx"], row["task_path"], value))
+            elif row["type"] != "empty":
+                blobs[(row["channel"], row["version"])] = value
+        seeds = {}
+        for channel in channels:
+            version = seed_ver_by_ch.get(channel)
+            if version is None:
+                continue
+            if (channel, version) in blobs:
+                seeds[channel] = (version, blobs[(channel, version)])
+            elif channel in seed_inline_by_ch:  # a primitive kept inline in the checkpoint row
+                seeds[channel] = (version, seed_inline_by_ch[channel])
+        return placed_histories(channels, chain_by_ch, writes, seeds)
 
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None

@@ -11,11 +11,19 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+)
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite._delta import DELTA_STAGE1_SQL, build_delta_stage2_sql
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
@@ -24,6 +32,7 @@ from reducing_saver.service.storage.lifecycle import (
     is_snapshot_value,
     keep_checkpoints_of,
     parents_root,
+    placed_histories,
     refuse_delta_threads,
     uses_delta_channel,
 )
@@ -105,6 +114,56 @@ class SqliteLifecycleSaver(SqliteSaver):
                 if item.config["configurable"]["checkpoint_id"] != checkpoint_id:
                     return
                 yield item
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
+        ``EncryptingSaver`` needs to open sealed values. SqliteSaver's two queries: the ancestors, each
+        checkpoint read until every channel has found a stored value (its seed), then their writes."""
+        channels = list(channels)
+        if not channels:
+            return {}
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        target = get_checkpoint_id(config)
+        if not target:
+            latest = self.get_tuple(config)
+            if latest is None:
+                return {channel: PlacedHistory(writes=[]) for channel in channels}
+            target = latest.config["configurable"]["checkpoint_id"]
+        chain: dict[str, list[str]] = {channel: [] for channel in channels}
+        seeds: dict[str, tuple[Any, Any]] = {}
+        with self.cursor(transaction=False) as cur:
+            cur.execute(DELTA_STAGE1_SQL, (thread_id, ns, target, thread_id, ns))
+            walking, seen = set(channels), set()
+            for checkpoint_id, type_, blob in cur:
+                if checkpoint_id == target and not seen:  # the target itself: its writes come after it
+                    seen.add(checkpoint_id)
+                    continue
+                if checkpoint_id in seen or not walking:  # a loop of re-put ids, or every seed found
+                    break
+                seen.add(checkpoint_id)
+                checkpoint = self.serde.loads_typed((type_, blob))
+                values, versions = checkpoint.get("channel_values") or {}, checkpoint.get("channel_versions") or {}
+                for channel in list(walking):
+                    chain[channel].append(checkpoint_id)
+                    if channel in values:
+                        seeds[channel] = (versions.get(channel), values[channel])
+                        walking.discard(channel)
+            with_chain = [channel for channel in channels if chain[channel]]
+            rows: list[tuple] = []
+            if with_chain:
+                sql = build_delta_stage2_sql(
+                    has_task_path=self._has_task_path, chain_lens=[len(chain[c]) for c in with_chain]
+                )
+                params: list[Any] = []
+                for channel in with_chain:
+                    params += [thread_id, ns, channel, *chain[channel]]
+                rows = cur.execute(sql, params).fetchall()
+        writes = [
+            (checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed((type_, value)))
+            for checkpoint_id, channel, task_id, idx, type_, value, task_path in rows
+        ]
+        return placed_histories(channels, chain, writes, seeds)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and pending write of a thread to another thread id, in one transaction.
