@@ -287,8 +287,9 @@ class HistorySettings(BaseModel):
         description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
         "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
         "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "
-        "overrides it for its thread. Unset or 0: every checkpoint is kept. Threads with a DeltaChannel are "
-        "kept whole.",
+        "overrides it for its thread. Unset or 0: every checkpoint is kept. On a thread with a DeltaChannel a kept "
+        "checkpoint keeps the ancestors it is rebuilt from, and the service has LangGraph snapshot a channel "
+        "whose last snapshot is K or more steps back when a run starts (docs/storage.md).",
     )
 
 

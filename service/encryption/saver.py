@@ -44,13 +44,11 @@ from langgraph.checkpoint.base import (
 
 from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, key_id_of
 from reducing_saver.service.storage.lifecycle import (
-    DELTA_CHANNEL_KEY,
     DELTA_METADATA_KEYS,
     ThreadNotEmptyError,
     check_copy_ids,
     is_snapshot_value,
     refuse_delta_threads,
-    uses_delta_channel,
 )
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
@@ -284,10 +282,8 @@ class EncryptingSaver(BaseCheckpointSaver):
     ``get_delta_channel_history``, read in one go by the backend with the place each sealed value is bound
     to (``placed_delta_history``) and opened here.
 
-    ``put`` tells the inner saver, whose keep-checkpoints rule must leave a DeltaChannel thread whole but
-    which receives a snapshot only sealed, that the put belongs to one: it looks at the plain values and
-    metadata (``lifecycle.uses_delta_channel``) and sets ``config["configurable"][DELTA_CHANNEL_KEY]``,
-    which is not stored (LangGraph's metadata merge skips ``__`` keys).
+    The backend's keep-checkpoints rule reads only plain metadata (the DeltaChannel counters stay plain),
+    so it applies to sealed threads as to plain ones.
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -348,9 +344,6 @@ class EncryptingSaver(BaseCheckpointSaver):
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         # Merged here, as the inner saver would, so configurable values are sealed too (it then adds none).
         merged = get_checkpoint_metadata(config, metadata)
-        if uses_delta_channel(config, checkpoint, merged):
-            # Told from the plain values: the inner saver sees a snapshot only sealed, and would prune.
-            config = {**config, "configurable": {**configurable, DELTA_CHANNEL_KEY: True}}
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         channels, new_versions = self._stored_channels(checkpoint, new_versions)
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)

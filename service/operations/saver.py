@@ -22,7 +22,7 @@ from reducing_saver.service import security
 from reducing_saver.service.http import schemas
 from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of, with_snapshots_due
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
@@ -228,6 +228,15 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     scope = _scope(service)
     config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     item = saver.get_tuple(config)
+    if item is not None and not config["configurable"].get("checkpoint_id"):
+        # A run starts from the latest checkpoint: DeltaChannels whose snapshot would leave the kept
+        # checkpoints are answered as due, so LangGraph stores one (lifecycle.with_snapshots_due).
+        try:
+            keep = keep_checkpoints_of(config, service.settings.keep_checkpoints)
+        except ValueError:  # refused when the thread puts; a read goes on as without a count
+            keep = None
+        if keep is not None and "counters_since_delta_snapshot" in item.metadata:
+            item = item._replace(metadata=with_snapshots_due(item.metadata, keep))
     return bodies.GetCheckpointAnswer(
         checkpoint=scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None
     )

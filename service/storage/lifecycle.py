@@ -27,9 +27,9 @@ Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoi
   blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
   (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
   call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
-  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing (``uses_delta_channel``;
-  under encryption the values arrive sealed, and ``EncryptingSaver`` says so with
-  ``DELTA_CHANNEL_KEY``).
+  ``prune`` deletes it. On a thread that uses a DeltaChannel, a kept checkpoint also keeps the ancestors
+  its channels are rebuilt from, back to each one's snapshot (``delta_needs``, told by the metadata
+  counters, which stay plain under encryption).
 
 A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
 checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
@@ -175,40 +175,68 @@ def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int |
     return value or None
 
 
-def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str]:
+def delta_needs(metadata: Mapping[str, Any] | None) -> frozenset[str]:
+    """The DeltaChannels a checkpoint does not hold a value of: those its metadata counts steps for since
+    their last snapshot (``counters_since_delta_snapshot``), rebuilt from its ancestors' writes back to
+    one. A thread of LangGraph.js (``delta_writes_versioned``) needs all its history: ``{"*"}``, which no
+    ancestor provides."""
+    metadata = metadata or {}
+    if "delta_writes_versioned" in metadata:
+        return frozenset({"*"})
+    counters = metadata.get("counters_since_delta_snapshot")
+    return frozenset(counters) if isinstance(counters, Mapping) else frozenset()
+
+
+#: An update count LangGraph's loop finds at or past any DeltaChannel's ``snapshot_frequency``.
+SNAPSHOT_DUE = 2**31 - 1
+
+
+def with_snapshots_due(metadata: Mapping[str, Any], keep: int | None) -> Mapping[str, Any]:
+    """The latest checkpoint's metadata as the service answers it when a thread keeps ``keep`` checkpoints.
+
+    LangGraph's loop snapshots a DeltaChannel when the counters it reads from the checkpoint it starts
+    from say the channel's updates reached its ``snapshot_frequency``. A channel whose last snapshot is
+    ``keep`` or more steps back is answered as due (updates :data:`SNAPSHOT_DUE`), so the run's first
+    checkpoint stores its value (LangGraph folds it with the graph's own reducer) and the checkpoints
+    before it can go. The stored metadata is left as it is; without ``keep``, so is the answer.
+    """
+    counters = metadata.get("counters_since_delta_snapshot")
+    if keep is None or not isinstance(counters, Mapping):
+        return metadata
+    due = {}
+    for channel, counted in counters.items():
+        steps = counted[1] if isinstance(counted, (list, tuple)) and len(counted) == 2 else None
+        due[channel] = [SNAPSHOT_DUE, steps] if isinstance(steps, int) and steps >= keep else counted
+    return {**metadata, "counters_since_delta_snapshot": due} if due != counters else metadata
+
+
+def checkpoints_to_drop(
+    parents: Mapping[str, str | None], keep: int, needs: Mapping[str, frozenset[str]] | None = None
+) -> set[str]:
     """The checkpoints of one namespace that keeping the last ``keep`` deletes.
 
     ``parents`` maps each checkpoint id of the namespace to its parent's id. Kept: the ``keep`` newest
-    (checkpoint ids grow with time) and every branch head, a checkpoint no other one names as its
-    parent; every other checkpoint goes.
+    (checkpoint ids grow with time), every branch head (a checkpoint no other one names as its parent),
+    and, for each of those, the ancestors a DeltaChannel's value is rebuilt from: ``needs`` maps a
+    checkpoint to the channels it does not hold (:func:`delta_needs`), and its parent is kept while any of
+    them is still missing, up to the ancestor holding each one (a snapshot). Every other checkpoint goes.
     """
     newest = set(sorted(parents, reverse=True)[:keep])
     named = {parent for parent in parents.values() if parent is not None}
-    return {checkpoint for checkpoint in parents if checkpoint not in newest and checkpoint in named}
+    kept = newest | (set(parents) - named)
+    if needs:
+        for checkpoint in list(kept):
+            missing, current = needs.get(checkpoint, frozenset()), checkpoint
+            while missing and parents.get(current) in parents:
+                current = parents[current]
+                kept.add(current)
+                missing = missing & needs.get(current, frozenset())
+    return set(parents) - kept
 
 
 def is_subgraph_call(checkpoint_ns: str) -> bool:
     """A subgraph call's own namespace (``node:task_id``), not a ``checkpointer=True`` subgraph's."""
     return ":" in checkpoint_ns
-
-
-#: ``config["configurable"]`` key with which a wrapper that saw a put's plain values says the put belongs
-#: to a thread with a DeltaChannel (``EncryptingSaver``: the backend's saver then receives the values
-#: sealed, and no snapshot is recognizable). A ``__`` key: LangGraph's metadata merge skips it, so it is
-#: never stored, and a client cannot send it (``check_configurable`` refuses ``__`` keys).
-DELTA_CHANNEL_KEY = "__delta_channel__"
-
-
-def uses_delta_channel(
-    config: Mapping[str, Any], checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None
-) -> bool:
-    """True when a put belongs to a thread with a DeltaChannel: its values are rebuilt from older
-    checkpoints' writes, so its history cannot be cut. Told by the put's metadata counters, a snapshot
-    among its channel values, or ``config["configurable"][DELTA_CHANNEL_KEY]``."""
-    if (config.get("configurable") or {}).get(DELTA_CHANNEL_KEY) is True:
-        return True
-    values = checkpoint.get("channel_values") or {}
-    return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())
 
 
 # -- DeltaChannel history with the places of its values ---------------------------------------------

@@ -27,6 +27,7 @@ from reducing_saver.service.storage.lifecycle import (
     check_prune_args,
     check_run_ids,
     checkpoints_to_drop,
+    delta_needs,
     has_delta_metadata,
     is_snapshot_blob,
     is_subgraph_call,
@@ -35,7 +36,6 @@ from reducing_saver.service.storage.lifecycle import (
     placed_histories,
     refuse_delta_threads,
     run_id_of,
-    uses_delta_channel,
 )
 
 
@@ -58,11 +58,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
 
     Args:
         keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
-            branch heads (see ``lifecycle``); ``None`` keeps every one. A put's
-            ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread
-            with a DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
-            ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the
-            values before it seals them; ``lifecycle.uses_delta_channel``).
+            branch heads and the ancestors their DeltaChannels are rebuilt from (see ``lifecycle``);
+            ``None`` keeps every one. A put's ``config["configurable"]["keep_checkpoints"]`` overrides it
+            for that thread.
     """
 
     #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
@@ -119,7 +117,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         with self.lock:
             next_config = super().put(config, checkpoint, metadata, new_versions)
-            if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
+            if keep is not None:
                 configurable = next_config["configurable"]
                 self._keep_last(configurable["thread_id"], configurable["checkpoint_ns"], keep)
             return next_config
@@ -307,7 +305,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
     def _keep_last(self, thread_id: str, ns: str, keep: int) -> None:
         """Delete what keeping the last ``keep`` checkpoints of one namespace drops (the lock is held)."""
         checkpoints = self.storage[thread_id][ns]
-        doomed = checkpoints_to_drop({cid: parent for cid, (_, _, parent) in checkpoints.items()}, keep)
+        parents = {cid: parent for cid, (_, _, parent) in checkpoints.items()}
+        needs = {cid: delta_needs(self.serde.loads_typed(metadata)) for cid, (_, metadata, _) in checkpoints.items()}
+        doomed = checkpoints_to_drop(parents, keep, needs)
         if not doomed:
             return
         changes = _Changes()

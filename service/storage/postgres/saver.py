@@ -37,7 +37,6 @@ from reducing_saver.service.storage.lifecycle import (
     like_prefix,
     placed_histories,
     refuse_delta_threads,
-    uses_delta_channel,
 )
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.postgres import latest
@@ -52,19 +51,33 @@ _COPY_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 _KEEP_LOCK_CLASS = 0x72736B6B  # "rskk"
 _KEEP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
-# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop),
-# with their writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the
-# root namespace) the subgraph calls that started from a deleted root checkpoint.
+# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop:
+# the newest K, the branch heads and the ancestors their DeltaChannels are rebuilt from stay), with their
+# writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the root
+# namespace) the subgraph calls that started from a deleted root checkpoint.
 _PG_KEEP_LAST_SQL = """
-WITH cps AS (
-    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions
+WITH RECURSIVE cps AS (
+    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions,
+           CASE WHEN metadata ? 'delta_writes_versioned' THEN ARRAY['*']
+                WHEN jsonb_typeof(metadata -> 'counters_since_delta_snapshot') = 'object'
+                THEN ARRAY(SELECT jsonb_object_keys(metadata -> 'counters_since_delta_snapshot'))
+                ELSE ARRAY[]::text[] END AS needs
     FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
 ), newest AS (
     SELECT checkpoint_id FROM cps ORDER BY checkpoint_id DESC LIMIT %(keep)s
+), kept (checkpoint_id, missing) AS (
+    SELECT checkpoint_id, needs FROM cps
+    WHERE checkpoint_id IN (SELECT checkpoint_id FROM newest)
+       OR checkpoint_id NOT IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
+    UNION
+    -- A kept checkpoint missing a DeltaChannel's value keeps its parent, until an ancestor holds it.
+    SELECT parent.checkpoint_id, ARRAY(SELECT unnest(kept.missing) INTERSECT SELECT unnest(parent.needs))
+    FROM kept
+    JOIN cps AS child ON child.checkpoint_id = kept.checkpoint_id
+    JOIN cps AS parent ON parent.checkpoint_id = child.parent_checkpoint_id
+    WHERE cardinality(kept.missing) > 0
 ), doomed AS (
-    SELECT checkpoint_id, versions FROM cps
-    WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM newest)
-      AND checkpoint_id IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
+    SELECT checkpoint_id, versions FROM cps WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM kept)
 ), freed AS (
     SELECT v.key AS channel, v.value AS version
     FROM doomed CROSS JOIN LATERAL jsonb_each_text(doomed.versions) AS v
@@ -472,17 +485,13 @@ class PostgresLifecycleSaver(PostgresSaver):
 
         The prune waits for the thread's advisory lock, so prunes of one thread run one after another
         across replicas, each on a snapshot that holds every put committed before it; a put committing
-        meanwhile is newer than anything the prune deletes. Threads with a DeltaChannel are left whole:
-        told by the metadata counters, a snapshot value, or ``config["configurable"][DELTA_CHANNEL_KEY]``
-        (set by ``EncryptingSaver``, which sees the values before it seals them;
-        ``lifecycle.uses_delta_channel``).
+        meanwhile is newer than anything the prune deletes. A checkpoint kept on a DeltaChannel thread keeps
+        the ancestors its channels are rebuilt from (``lifecycle.checkpoints_to_drop``).
         """
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
         cache = self.latest_cache
-        if keep is not None and uses_delta_channel(config, checkpoint, metadata):
-            keep = None
         probe = None
         if cache is not None and cache.enabled:
             # The upsert returns the row; a prune after it may change the row's parent: read it again.

@@ -29,12 +29,12 @@ from reducing_saver.service.storage.lifecycle import (
     check_prune_args,
     check_run_ids,
     checkpoints_to_drop,
+    delta_needs,
     is_snapshot_value,
     keep_checkpoints_of,
     parents_root,
     placed_histories,
     refuse_delta_threads,
-    uses_delta_channel,
 )
 
 _SQ_METADATA = "CAST(metadata AS TEXT)"
@@ -62,11 +62,9 @@ class SqliteLifecycleSaver(SqliteSaver):
     are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
 
     ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
-    of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
-    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread with a
-    DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
-    ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the values
-    before it seals them; ``lifecycle.uses_delta_channel``).
+    of each thread and namespace, plus branch heads and the ancestors their DeltaChannels are rebuilt
+    from (see ``lifecycle``); a put's ``config["configurable"]["keep_checkpoints"]`` overrides it for that
+    thread.
     """
 
     keep_checkpoints: int | None = None
@@ -87,7 +85,7 @@ class SqliteLifecycleSaver(SqliteSaver):
         writer of the file at a time, so concurrent puts and prunes of a thread serialize)."""
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         next_config = super().put(config, checkpoint, metadata, new_versions)
-        if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
+        if keep is not None:
             configurable = next_config["configurable"]
             with self._transaction() as cur:
                 self._keep_last(cur, configurable["thread_id"], configurable["checkpoint_ns"], keep)
@@ -363,13 +361,16 @@ class SqliteLifecycleSaver(SqliteSaver):
 
     @staticmethod
     def _keep_last(cur: sqlite3.Cursor, thread_id: str, ns: str, keep: int) -> None:
-        parents = dict(
-            cur.execute(
-                "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
-                (thread_id, ns),
-            ).fetchall()
-        )
-        doomed = sorted(checkpoints_to_drop(parents, keep))
+        rows = cur.execute(
+            "SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
+            (thread_id, ns),
+        ).fetchall()
+        parents = {checkpoint_id: parent for checkpoint_id, parent, _ in rows}
+        needs = {
+            checkpoint_id: delta_needs(json.loads(metadata) if metadata is not None else None)
+            for checkpoint_id, _, metadata in rows
+        }
+        doomed = sorted(checkpoints_to_drop(parents, keep, needs))
         if not doomed:
             return
         params = (thread_id, ns, json.dumps(doomed))
