@@ -88,6 +88,9 @@ class MessagesCodec(Protocol):
     def decode_seed(self, value: Any) -> list[Any] | None:
         """The messages of a DeltaChannel's seed (a snapshot, or a plain list)."""
 
+    def is_snapshot(self, value: Any) -> bool:
+        """Whether a stored value is a DeltaChannel snapshot."""
+
 
 class ListCodec:
     """Messages channel values that are plain lists of messages (in-process savers)."""
@@ -102,6 +105,9 @@ class ListCodec:
 
     def decode_seed(self, value: Any) -> list[Any] | None:
         return self.decode(value.value if isinstance(value, _DeltaSnapshot) else value)
+
+    def is_snapshot(self, value: Any) -> bool:
+        return isinstance(value, _DeltaSnapshot)
 
     def encode(self, kept: list[Any], original: Any) -> Any:
         return kept
@@ -304,7 +310,8 @@ class ReducingSaver(BaseCheckpointSaver):
         }
         namespace = memory_namespace(self.reducer, config)
         content: dict[str, Any] | None = None
-        if is_delta_channel_value(checkpoint, key):
+        values = checkpoint["channel_values"]
+        if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
             step = self._delta_step(parent_config) if parent else None
             if step is None:
                 return
@@ -312,7 +319,7 @@ class ReducingSaver(BaseCheckpointSaver):
             before = removal_keys(before_messages, namespace)
             content = dict(zip((k for k, _ in before), before_messages, strict=True))
         else:
-            after = self.codec.decode(checkpoint["channel_values"].get(key))
+            after = self.codec.decode(values[key])
             if after is None:
                 return
             held = removals.last(thread_id, ns, parent) if parent else None

@@ -129,6 +129,16 @@ class MeasuringCodec:
     def allowed(self) -> frozenset[tuple[str, str]]:
         return self.inner.allowed
 
+    def decode_write(self, value: Any) -> list[Any] | None:
+        """``inner.decode_write``: the state before a step, read for what the agent removed (not a put's)."""
+        return self.inner.decode_write(value)
+
+    def decode_seed(self, value: Any) -> list[Any] | None:
+        return self.inner.decode_seed(value)
+
+    def is_snapshot(self, value: Any) -> bool:
+        return self.inner.is_snapshot(value)
+
     def decode_ahead(self, value: Any) -> list[Any] | None:
         """``inner.decode(value)`` now, and the same answer to the request's next ``decode`` of this very
         value (the reducer's): a put's operation decodes its messages channel as its extension check, so
