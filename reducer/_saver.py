@@ -60,6 +60,9 @@ def _warn_delta_channel(messages_key: str) -> None:
         )
 
 
+#: ``apply_reducer(decoded=UNREADABLE)``: the caller decoded the channel's value, and it holds no messages list.
+UNREADABLE: Any = object()
+
 #: ``record_pruned(pruned, namespace, config, checkpoint)``: durably records messages leaving the window.
 RecordPruned = Callable[[list[Any], tuple[str, ...], RunnableConfig, Checkpoint], None]
 
@@ -128,6 +131,7 @@ def apply_reducer(
     codec: MessagesCodec = LIST_CODEC,
     record_pruned: RecordPruned | None = None,
     summaries: Summaries | None = None,
+    decoded: Any = None,
 ) -> Checkpoint:
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
 
@@ -138,6 +142,9 @@ def apply_reducer(
     or is backed by a DeltaChannel) the same checkpoint object comes back. A DeltaChannel-backed channel
     is logged as a warning once per channel name and process.
 
+    ``decoded``: ``codec.decode`` of the channel's value, when the caller has it already (a list, or
+    :data:`UNREADABLE` for ``None``).
+
     ``record_pruned(pruned, namespace, config, checkpoint)``, when given, runs before the ``on_prune``
     hooks with every pruned message (no dedupe); an exception from it propagates, so a caller that stores
     the result only afterwards never stores a checkpoint whose pruned messages were not recorded.
@@ -147,8 +154,8 @@ def apply_reducer(
             _warn_delta_channel(messages_key)
         return checkpoint
     value = checkpoint["channel_values"][messages_key]
-    messages = codec.decode(value)
-    if messages is None:
+    messages = codec.decode(value) if decoded is None else decoded
+    if messages is None or messages is UNREADABLE:
         return checkpoint
     plan = None
     if summaries is not None:
@@ -280,6 +287,7 @@ class ReducingSaver(BaseCheckpointSaver):
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
+        decoded = self._removed(config, checkpoint, new_versions)
         return apply_reducer(
             self.reducer,
             checkpoint,
@@ -288,20 +296,23 @@ class ReducingSaver(BaseCheckpointSaver):
             codec=self.codec,
             record_pruned=self.record_pruned,
             summaries=self.summaries,
+            decoded=decoded,
         )
 
-    def _removed(self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions) -> None:
+    def _removed(
+        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> list[Any] | None:
         """Record (and hand to the hooks) the messages the agent trimmed from its state in the step this put
         ends, and forget the ones it deleted (:mod:`reducing_saver.reducer._removals`).
 
         The state before the step: for a messages list stored whole, this process's note of the parent's
         list, else the parent's stored window (messages older than it left through the window's cut, and
         are in memory already); for a DeltaChannel, rebuilt from its history when the parent's writes hold
-        a removal (read only then).
+        a removal (read only then). Returns the put's messages when it decoded them (for the reducer).
         """
         removals, key = self.removals, self.messages_key
-        if removals is None or self.passthrough or key not in new_versions:
-            return
+        if removals is None:
+            return None
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns") or "")
         parent = configurable.get("checkpoint_id")
@@ -314,14 +325,15 @@ class ReducingSaver(BaseCheckpointSaver):
         if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
             step = self._delta_step(parent_config) if parent else None
             if step is None:
-                return
+                return None
+            decoded = None
             before_messages, after = step
             before = removal_keys(before_messages, namespace)
             content = dict(zip((k for k, _ in before), before_messages, strict=True))
         else:
-            after = self.codec.decode(values[key])
+            after = decoded = self.codec.decode(values[key])
             if after is None:
-                return
+                return UNREADABLE
             held = removals.last(thread_id, ns, parent) if parent else None
             if held is None and parent:
                 stored = self._stored_messages(parent_config)
@@ -330,7 +342,7 @@ class ReducingSaver(BaseCheckpointSaver):
                     content = dict(zip((k for k, _ in held), stored, strict=True))
             removals.note(thread_id, ns, checkpoint["id"], removal_keys(after, namespace))
             if not held:
-                return
+                return decoded
             before = held
         trimmed, deleted = split_removed(before, {k for k, _ in removal_keys(after, namespace)})
         remembered, forgotten = removals.decide(trimmed, deleted)
@@ -346,6 +358,7 @@ class ReducingSaver(BaseCheckpointSaver):
                 self.reducer.deliver(found, namespace)
         if forgotten and removals.forget is not None:
             removals.forget(forgotten, namespace, config)
+        return decoded
 
     def _stored_messages(self, config: RunnableConfig) -> list[Any] | None:
         item = self.inner.get_tuple(config)
@@ -390,7 +403,6 @@ class ReducingSaver(BaseCheckpointSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        self._removed(config, checkpoint, new_versions)
         return self.inner.put(config, self._reduce(config, checkpoint, new_versions), metadata, new_versions)
 
     def put_writes(
@@ -430,7 +442,6 @@ class ReducingSaver(BaseCheckpointSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        self._removed(config, checkpoint, new_versions)
         reduced = self._reduce(config, checkpoint, new_versions)
         return await self.inner.aput(config, reduced, metadata, new_versions)
 

@@ -10,7 +10,7 @@ from reducing_saver.service.storage.usage import ThreadStorage
 NO_MATPLOTLIB = (
     "--png needs matplotlib, which is not installed: pip install matplotlib (or reducing-saver[test])"
 )
-COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved")
+COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved", "delta channels")
 
 
 def human_bytes(size: float) -> str:
@@ -42,6 +42,8 @@ def rows(threads: Sequence[ThreadStorage], top: int) -> list[tuple[str, ...]]:
             human_bytes(t.total_bytes),
             human_bytes(t.plain_estimate),
             ratio(t),
+            # Stored as written, never windowed: rebuilt from their writes (docs/storage.md).
+            ", ".join(t.delta_channels) or "-",
         )
         for t in threads[:top]
     ]

@@ -22,7 +22,7 @@ from langgraph.graph.message import _messages_delta_reducer
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
-from tests.conftest import human
+from tests.conftest import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 
 KEEP, TURNS = 3, 14
@@ -89,7 +89,16 @@ def test_a_delta_channel_thread_keeps_a_flat_history_that_reads_as_the_reference
             for snapshot, expected in zip(history, reference.get_state_history(config)):
                 assert snapshot.values == expected.values, (turn, snapshot.metadata)
                 assert (snapshot.next, snapshot.metadata["step"]) == (expected.next, expected.metadata["step"])
+        # What the storage route says of it, and of a thread whose messages are a plain list.
+        build_chat_graph(saver, prefix="p").invoke({"messages": [human(0, "p")]}, {"configurable": {"thread_id": "plain"}})
         saver.close()
+        said = client.get("/v1/threads/keep-delta/storage").json()
+        assert said["delta_channels"] == ["messages", "notes"]
+        assert {name: use["kind"] for name, use in said["channels"].items()} == {"messages": "delta", "notes": "delta"}
+        assert "does not apply" in said["channels"]["messages"]["service"]
+        assert f"keep_checkpoints={KEEP}" in said["channels"]["notes"]["service"]
+        plain = client.get("/v1/threads/plain/storage").json()
+        assert plain["delta_channels"] == [] and plain["channels"]["messages"]["kind"] == "windowed"
     assert len(reference.get_state(config).values["messages"]) == 2 * TURNS
     # Flat: from the second half on, what a thread keeps no longer grows with its length.
     assert max(kept[TURNS // 2 :]) <= KEEP + 4, kept
