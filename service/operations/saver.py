@@ -22,7 +22,12 @@ from reducing_saver.service import security
 from reducing_saver.service.http import schemas
 from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of, with_snapshots_due
+from reducing_saver.service.storage.lifecycle import (
+    ThreadNotEmptyError,
+    is_snapshot_value,
+    keep_checkpoints_of,
+    with_snapshots_due,
+)
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
@@ -236,7 +241,9 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
         except ValueError:  # refused when the thread puts; a read goes on as without a count
             keep = None
         if keep is not None and "counters_since_delta_snapshot" in item.metadata:
-            item = item._replace(metadata=with_snapshots_due(item.metadata, keep))
+            values = item.checkpoint.get("channel_values") or {}
+            snapshotted = [channel for channel, value in values.items() if is_snapshot_value(value)]
+            item = item._replace(metadata=with_snapshots_due(item.metadata, keep, snapshotted))
     return bodies.GetCheckpointAnswer(
         checkpoint=scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None
     )

@@ -191,23 +191,32 @@ def delta_needs(metadata: Mapping[str, Any] | None) -> frozenset[str]:
 SNAPSHOT_DUE = 2**31 - 1
 
 
-def with_snapshots_due(metadata: Mapping[str, Any], keep: int | None) -> Mapping[str, Any]:
+def with_snapshots_due(
+    metadata: Mapping[str, Any], keep: int | None, snapshotted: Iterable[str] = ()
+) -> Mapping[str, Any]:
     """The latest checkpoint's metadata as the service answers it when a thread keeps ``keep`` checkpoints.
 
     LangGraph's loop snapshots a DeltaChannel when the counters it reads from the checkpoint it starts
-    from say the channel's updates reached its ``snapshot_frequency``. A channel whose last snapshot is
-    ``keep`` or more steps back is answered as due (updates :data:`SNAPSHOT_DUE`), so the run's first
-    checkpoint stores its value (LangGraph folds it with the graph's own reducer) and the checkpoints
-    before it can go. The stored metadata is left as it is; without ``keep``, so is the answer.
+    from say the channel's updates reached its ``snapshot_frequency``. When a channel's last snapshot is
+    ``keep`` or more steps back, every DeltaChannel of the checkpoint (those counted, and ``snapshotted``:
+    the ones holding a snapshot there) is answered as due (updates :data:`SNAPSHOT_DUE`), so the run's
+    first checkpoint stores every value (LangGraph folds each with the graph's own reducer), holds them
+    all, and the checkpoints before it can go. The stored metadata is left as it is; without ``keep``, or
+    with every snapshot near, so is the answer.
     """
     counters = metadata.get("counters_since_delta_snapshot")
     if keep is None or not isinstance(counters, Mapping):
         return metadata
-    due = {}
-    for channel, counted in counters.items():
-        steps = counted[1] if isinstance(counted, (list, tuple)) and len(counted) == 2 else None
-        due[channel] = [SNAPSHOT_DUE, steps] if isinstance(steps, int) and steps >= keep else counted
-    return {**metadata, "counters_since_delta_snapshot": due} if due != counters else metadata
+
+    def steps(counted: Any) -> int:
+        found = counted[1] if isinstance(counted, (list, tuple)) and len(counted) == 2 else None
+        return found if isinstance(found, int) and not isinstance(found, bool) else 0
+
+    if not any(steps(counted) >= keep for counted in counters.values()):
+        return metadata
+    due = {channel: [SNAPSHOT_DUE, steps(counted)] for channel, counted in counters.items()}
+    due.update({channel: [SNAPSHOT_DUE, 0] for channel in snapshotted if channel not in due})
+    return {**metadata, "counters_since_delta_snapshot": due}
 
 
 def checkpoints_to_drop(
@@ -217,20 +226,22 @@ def checkpoints_to_drop(
 
     ``parents`` maps each checkpoint id of the namespace to its parent's id. Kept: the ``keep`` newest
     (checkpoint ids grow with time), every branch head (a checkpoint no other one names as its parent),
-    and, for each of those, the ancestors a DeltaChannel's value is rebuilt from: ``needs`` maps a
-    checkpoint to the channels it does not hold (:func:`delta_needs`), and its parent is kept while any of
-    them is still missing, up to the ancestor holding each one (a snapshot). Every other checkpoint goes.
+    and the ancestors their DeltaChannels are rebuilt from: ``needs`` maps a checkpoint to the channels it
+    does not hold (:func:`delta_needs`); a kept checkpoint that lacks any keeps its parent, which is read
+    back as well, so it keeps its own parent in turn while it lacks any, back to a checkpoint that holds
+    every channel (one with no counters) or the namespace's first. Every other checkpoint goes.
     """
     newest = set(sorted(parents, reverse=True)[:keep])
     named = {parent for parent in parents.values() if parent is not None}
     kept = newest | (set(parents) - named)
     if needs:
         for checkpoint in list(kept):
-            missing, current = needs.get(checkpoint, frozenset()), checkpoint
-            while missing and parents.get(current) in parents:
+            current = checkpoint
+            while needs.get(current) and parents.get(current) in parents:
                 current = parents[current]
+                if current in kept and current != checkpoint:
+                    break
                 kept.add(current)
-                missing = missing & needs.get(current, frozenset())
     return set(parents) - kept
 
 

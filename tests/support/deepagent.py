@@ -54,7 +54,6 @@ class ScriptedModel(GenericFakeChatModel):
             if "subtask" in text:
                 return AIMessage(f"subagent report on {text[:40]}")
             return AIMessage(f"summary of {len(messages)} message(s), {sum(len(_text(m)) for m in messages)} chars")
-        calls_made = sum(1 for m in messages if isinstance(m, AIMessage) and m.tool_calls and _turn_of([m]) < 0)
         step = sum(1 for m in messages[messages.index(_last_human(messages)) :] if isinstance(m, AIMessage))
         ident = f"ai-{turn:03d}-{step}"
         if isinstance(last, ToolMessage) or step > 0:
@@ -79,7 +78,6 @@ class ScriptedModel(GenericFakeChatModel):
             calls = [{"name": "task", "args": {"description": f"subtask {turn}: check the notes", "subagent_type": "general-purpose"}, "id": f"c-{turn}-0"}]
         else:
             return AIMessage(f"turn {turn}: a plain answer. " + "y" * 200, id=ident)
-        del calls_made
         return AIMessage("", id=ident, tool_calls=calls)
 
 
@@ -94,10 +92,10 @@ def build_deep_agent(checkpointer: Any, *, langchain_summarization: bool = False
     """A deepagents agent with the scripted model, ``write_file`` under ``interrupt_on``; with
     ``langchain_summarization``, LangChain's ``SummarizationMiddleware`` in place of deepagents' own."""
     from deepagents import create_deep_agent
-    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain.agents.middleware import SummarizationMiddleware, TodoListMiddleware
 
     model = ScriptedModel()
-    middleware = []
+    middleware: list[Any] = [TodoListMiddleware()]
     if langchain_summarization:
         middleware.append(SummarizationMiddleware(model=model, trigger=("messages", 24), keep=("messages", 8)))
     return create_deep_agent(

@@ -70,8 +70,9 @@ WITH RECURSIVE cps AS (
     WHERE checkpoint_id IN (SELECT checkpoint_id FROM newest)
        OR checkpoint_id NOT IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
     UNION
-    -- A kept checkpoint missing a DeltaChannel's value keeps its parent, until an ancestor holds it.
-    SELECT parent.checkpoint_id, ARRAY(SELECT unnest(kept.missing) INTERSECT SELECT unnest(parent.needs))
+    -- A kept checkpoint missing a DeltaChannel's value keeps its parent, itself read back: so on, back to
+    -- one holding every channel.
+    SELECT parent.checkpoint_id, parent.needs
     FROM kept
     JOIN cps AS child ON child.checkpoint_id = kept.checkpoint_id
     JOIN cps AS parent ON parent.checkpoint_id = child.parent_checkpoint_id
