@@ -140,3 +140,40 @@ def test_a_deepagents_thread_reads_as_a_stock_postgres_saver_does(mode: str, mak
         print(f"{mode}: {TURNS} turns in {elapsed:.1f} s, {interrupts} interrupts, {len(left)} removed messages in memory")
         saver.close()
         store.close()
+
+
+class _Counting(httpx.BaseTransport):
+    """Sync HTTP to the service, counting requests."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.requests = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_requests_per_turn_stay_flat_under_encryption(tmp_path, fresh_pg) -> None:
+    """Under uvicorn with ``--encryption required``: a deepagents turn costs the same requests at turn 60
+    as at turn 20 (its history comes in one request per read, not one per ancestor)."""
+    env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
+    args = ("--database", fresh_pg, "--encryption", "required", "--no-extract")
+    with run_service(tmp_path, *args, env=env) as service:
+        counting = _Counting()
+        saver = RemoteReducingSaver(service.url, transport=counting)
+        assert "delta_channel_history" in saver.capabilities
+        graph = build_deep_agent(saver)
+        config = {"configurable": {"thread_id": "deep-requests"}}
+        per_turn = []
+        for turn in range(64):
+            before = counting.requests
+            _turn(graph, turn, config)
+            per_turn.append(counting.requests - before)
+        saver.close()
+    # Turns of one kind (turn % 8) cost the same, however long the thread has grown.
+    for turn in range(56, 64):
+        assert per_turn[turn] <= per_turn[turn - 40] + 2, per_turn
