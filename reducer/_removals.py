@@ -109,17 +109,26 @@ class Removals:
             forgotten.
         forget: Called with the deleted messages, their memory namespace and the put's config (the
             service drops them from memory); ``None``: deletions only stay out of memory.
-        threads: How many threads' last message lists (keys only) are remembered between puts: the state
-            before a step, where the stored one holds only the window. A put of a thread not among them
-            reads its parent checkpoint instead.
+        threads: How many threads' last message lists are remembered between puts (the keys of their newest
+            ``keys_per_thread`` messages): the state before a step, where the stored one holds only the
+            window. A put of a thread not among them reads its parent checkpoint instead.
+        keys_per_thread: How many of a list's newest messages are remembered.
     """
 
-    def __init__(self, remember: RememberRemoved = "trimmed", *, forget: Forget | None = None, threads: int = 4096) -> None:
+    def __init__(
+        self,
+        remember: RememberRemoved = "trimmed",
+        *,
+        forget: Forget | None = None,
+        threads: int = 1024,
+        keys_per_thread: int = 256,
+    ) -> None:
         if remember not in REMEMBER_REMOVED_CHOICES:
             raise ValueError(f"remember must be one of {REMEMBER_REMOVED_CHOICES}, got {remember!r}")
         self.remember = remember
         self.forget = forget
         self._threads = threads
+        self._keys_per_thread = keys_per_thread
         self._last: OrderedDict[tuple[str, str], tuple[str, tuple[tuple[str, bool], ...]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -145,7 +154,8 @@ class Removals:
 
     def note(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, keys: tuple[tuple[str, bool], ...]) -> None:
         """Remember the message list a put stored (its :func:`removal_keys`, before any window cut) for
-        the thread's next put."""
+        the thread's next put; only the newest ``keys_per_thread``."""
+        keys = keys[-self._keys_per_thread :]
         with self._lock:
             self._last[(thread_id, checkpoint_ns)] = (checkpoint_id, keys)
             self._last.move_to_end((thread_id, checkpoint_ns))
