@@ -307,8 +307,8 @@ class ReducingSaver(BaseCheckpointSaver):
 
         The state before the step: for a messages list stored whole, this process's note of the parent's
         list, else the parent's stored window (messages older than it left through the window's cut, and
-        are in memory already); for a DeltaChannel, rebuilt from its history when the parent's writes hold
-        a removal (read only then). Returns the put's messages when it decoded them (for the reducer).
+        are in memory already); for a DeltaChannel, the parent's pending writes are read (one read), and
+        the state rebuilt from the channel's history only when they hold a removal. Returns the put's messages when it decoded them (for the reducer).
         """
         removals, key = self.removals, self.messages_key
         if removals is None:
