@@ -321,6 +321,7 @@ class ReducingSaver(BaseCheckpointSaver):
         }
         namespace = memory_namespace(self.reducer, config)
         content: dict[str, Any] | None = None
+        after_keys = None
         values = checkpoint["channel_values"]
         if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
             step = self._delta_step(parent_config) if parent else None
@@ -340,11 +341,14 @@ class ReducingSaver(BaseCheckpointSaver):
                 if stored is not None:
                     held = removal_keys(stored, namespace)
                     content = dict(zip((k for k, _ in held), stored, strict=True))
-            removals.note(thread_id, ns, checkpoint["id"], removal_keys(after, namespace))
+            after_keys = removal_keys(after, namespace)
+            removals.note(thread_id, ns, checkpoint["id"], after_keys)
             if not held:
                 return decoded
             before = held
-        trimmed, deleted = split_removed(before, {k for k, _ in removal_keys(after, namespace)})
+        if after_keys is None:
+            after_keys = removal_keys(after, namespace)
+        trimmed, deleted = split_removed(before, {k for k, _ in after_keys})
         remembered, forgotten = removals.decide(trimmed, deleted)
         if remembered:
             if content is None:
