@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.client._errors import (
     ConnectionSetupError,
@@ -132,6 +133,9 @@ LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
 SPARSE_BACKENDS = frozenset({"postgres", "memory"})
 INLINE_IN_EVERY_ROW = frozenset({"postgres"})
+#: Threads the client remembers having told about an unwindowed DeltaChannel (forgotten all at once past it).
+NOTICED_THREADS = 10_000
+_ABSENT = object()
 #: ``body_format`` values: the per-step calls' bodies (other calls are always JSON).
 BODY_FORMAT_NAMES = {"msgpack": MSGPACK, "json": JSON}
 
@@ -952,6 +956,7 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         wanted = BODY_FORMAT_NAMES[body_format]
         self.body_format = wanted if wanted in info.body_formats else JSON
         self._msgpack = self.body_format == MSGPACK
+        self._noticed: set[tuple[str, str]] = set()
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -1100,6 +1105,8 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> _Call[RunnableConfig]:
         values = checkpoint["channel_values"]
+        if self.messages_key in new_versions:
+            self._notice_unwindowed(config, values.get(self.messages_key, _ABSENT))
         if self.backend in SPARSE_BACKENDS:  # send only what the backend will store
             keep_inline = self.backend in INLINE_IN_EVERY_ROW
             values = {
@@ -1115,6 +1122,33 @@ class RemoteReducingSaver(BaseCheckpointSaver[str]):
             new_versions=new_versions,
         )
         return _post(PUT_PATH, body, _parse_put, msgpack=self._msgpack)
+
+    def _notice_unwindowed(self, config: RunnableConfig, value: Any) -> None:
+        """Log once per thread (and namespace) that the service's window cannot apply to its messages
+        channel: a DeltaChannel (absent from the checkpoint, or a snapshot) is rebuilt from its writes, so
+        the service stores it as written."""
+        if value is not _ABSENT and not isinstance(value, _DeltaSnapshot):
+            return
+        reducer = self.reducer
+        window = (
+            f"max_messages={reducer.max_messages}" if reducer.max_messages else
+            f"max_tokens={reducer.max_tokens}" if reducer.max_tokens else None
+        )
+        configurable = config.get("configurable") or {}
+        thread = (str(configurable.get("thread_id")), str(configurable.get("checkpoint_ns") or ""))
+        if window is None or thread in self._noticed:
+            return
+        if len(self._noticed) >= NOTICED_THREADS:
+            self._noticed.clear()
+        self._noticed.add(thread)
+        logger.info(
+            "thread %r: channel %r is a DeltaChannel, rebuilt from its writes; the service's window (%s) "
+            "does not apply to it: it is stored as written, and the messages the agent removes reach "
+            "long-term memory (docs/memory.md)",
+            thread[0],
+            self.messages_key,
+            window,
+        )
 
     def _put_writes_call(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str

@@ -17,6 +17,14 @@ from reducing_saver.reducer._namespace import (
     thread_namespace,
     validate_namespace,
 )
+from reducing_saver.reducer._removals import (
+    REMEMBER_REMOVED_CHOICES,
+    REMOVE_ALL_MESSAGES,
+    Forget,
+    RememberRemoved,
+    Removals,
+    split_removed,
+)
 from reducing_saver.reducer._saver import (
     LIST_CODEC,
     MessagesCodec,
@@ -57,6 +65,7 @@ from reducing_saver.reducer._window import (
 
 __all__ = [
     "DEFAULT_NAMESPACE_KEY",
+    "Forget",
     "LIST_CODEC",
     "MARK_KEY",
     "SUMMARY_PREFIX",
@@ -66,7 +75,11 @@ __all__ = [
     "MessageReducer",
     "MessagesCodec",
     "PruneHook",
+    "REMEMBER_REMOVED_CHOICES",
+    "REMOVE_ALL_MESSAGES",
     "RecordPruned",
+    "RememberRemoved",
+    "Removals",
     "ReduceResult",
     "ReducerConfig",
     "ReducingSaver",
@@ -87,6 +100,7 @@ __all__ = [
     "message_key",
     "message_type",
     "namespace_for",
+    "split_removed",
     "step_id",
     "summary_content",
     "summary_message_id",

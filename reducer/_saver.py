@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.reducer._namespace import namespace_for
+from reducing_saver.reducer._removals import Removals, fold, is_removal, removal_keys, split_removed
 from reducing_saver.reducer._summary import Summaries
 from reducing_saver.reducer._window import MessageReducer
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
@@ -59,6 +60,9 @@ def _warn_delta_channel(messages_key: str) -> None:
         )
 
 
+#: ``apply_reducer(decoded=UNREADABLE)``: the caller decoded the channel's value, and it holds no messages list.
+UNREADABLE: Any = object()
+
 #: ``record_pruned(pruned, namespace, config, checkpoint)``: durably records messages leaving the window.
 RecordPruned = Callable[[list[Any], tuple[str, ...], RunnableConfig, Checkpoint], None]
 
@@ -80,12 +84,33 @@ class MessagesCodec(Protocol):
     def wrap(self, message: Any) -> Any:
         """A LangChain message the saver writes itself (a running summary), as an element of the list."""
 
+    def decode_write(self, value: Any) -> list[Any] | None:
+        """The messages of a pending write (a list, or one message) or of a stored list, not measured as a
+        put's; ``None`` when it holds none."""
+
+    def decode_seed(self, value: Any) -> list[Any] | None:
+        """The messages of a DeltaChannel's seed (a snapshot, or a plain list)."""
+
+    def is_snapshot(self, value: Any) -> bool:
+        """Whether a stored value is a DeltaChannel snapshot."""
+
 
 class ListCodec:
     """Messages channel values that are plain lists of messages (in-process savers)."""
 
     def decode(self, value: Any) -> list[Any] | None:
         return value if isinstance(value, list) else None
+
+    def decode_write(self, value: Any) -> list[Any] | None:
+        if isinstance(value, list):
+            return value
+        return [value] if hasattr(value, "type") and hasattr(value, "id") else None
+
+    def decode_seed(self, value: Any) -> list[Any] | None:
+        return self.decode(value.value if isinstance(value, _DeltaSnapshot) else value)
+
+    def is_snapshot(self, value: Any) -> bool:
+        return isinstance(value, _DeltaSnapshot)
 
     def encode(self, kept: list[Any], original: Any) -> Any:
         return kept
@@ -106,6 +131,7 @@ def apply_reducer(
     codec: MessagesCodec = LIST_CODEC,
     record_pruned: RecordPruned | None = None,
     summaries: Summaries | None = None,
+    decoded: Any = None,
 ) -> Checkpoint:
     """Return ``checkpoint`` with its messages channel cut to the reducer's window.
 
@@ -116,6 +142,9 @@ def apply_reducer(
     or is backed by a DeltaChannel) the same checkpoint object comes back. A DeltaChannel-backed channel
     is logged as a warning once per channel name and process.
 
+    ``decoded``: ``codec.decode`` of the channel's value, when the caller has it already (a list, or
+    :data:`UNREADABLE` for ``None``).
+
     ``record_pruned(pruned, namespace, config, checkpoint)``, when given, runs before the ``on_prune``
     hooks with every pruned message (no dedupe); an exception from it propagates, so a caller that stores
     the result only afterwards never stores a checkpoint whose pruned messages were not recorded.
@@ -125,8 +154,8 @@ def apply_reducer(
             _warn_delta_channel(messages_key)
         return checkpoint
     value = checkpoint["channel_values"][messages_key]
-    messages = codec.decode(value)
-    if messages is None:
+    messages = codec.decode(value) if decoded is None else decoded
+    if messages is None or messages is UNREADABLE:
         return checkpoint
     plan = None
     if summaries is not None:
@@ -182,6 +211,9 @@ class ReducingSaver(BaseCheckpointSaver):
             ``apply_reducer``); the service records them in its extraction outbox here.
         summaries: Keep a running summary in every window: cut messages leave it only once the
             summary covers them (:class:`Summaries`).
+        removals: What to do with the messages the agent removes itself (``RemoveMessage``): trimmed ones
+            are recorded and delivered like the window's cut, deleted ones forgotten (:class:`Removals`).
+            ``None``: nothing.
 
     Raises:
         ValueError: If ``inner`` already carries a different reducer.
@@ -208,6 +240,7 @@ class ReducingSaver(BaseCheckpointSaver):
         codec: MessagesCodec = LIST_CODEC,
         record_pruned: RecordPruned | None = None,
         summaries: Summaries | None = None,
+        removals: Removals | None = None,
     ) -> None:
         super().__init__(serde=inner.serde)
         if not hasattr(inner, "reducer"):
@@ -228,6 +261,7 @@ class ReducingSaver(BaseCheckpointSaver):
         self.codec = codec
         self.record_pruned = record_pruned
         self.summaries = summaries
+        self.removals = removals
 
     def __repr__(self) -> str:
         return f"ReducingSaver({self.inner!r}, {self.reducer!r})"
@@ -253,6 +287,7 @@ class ReducingSaver(BaseCheckpointSaver):
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
+        decoded = self._removed(config, checkpoint, new_versions)
         return apply_reducer(
             self.reducer,
             checkpoint,
@@ -261,7 +296,94 @@ class ReducingSaver(BaseCheckpointSaver):
             codec=self.codec,
             record_pruned=self.record_pruned,
             summaries=self.summaries,
+            decoded=decoded,
         )
+
+    def _removed(
+        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> list[Any] | None:
+        """Record (and hand to the hooks) the messages the agent trimmed from its state in the step this put
+        ends, and forget the ones it deleted (:mod:`reducing_saver.reducer._removals`).
+
+        The state before the step: for a messages list stored whole, this process's note of the parent's
+        list, else the parent's stored window (messages older than it left through the window's cut, and
+        are in memory already); for a DeltaChannel, the parent's pending writes are read (one read), and
+        the state rebuilt from the channel's history only when they hold a removal. Returns the put's messages when it decoded them (for the reducer).
+        """
+        removals, key = self.removals, self.messages_key
+        if removals is None:
+            return None
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns") or "")
+        parent = configurable.get("checkpoint_id")
+        parent_config: RunnableConfig = {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}
+        }
+        namespace = memory_namespace(self.reducer, config)
+        content: dict[str, Any] | None = None
+        after_keys = None
+        values = checkpoint["channel_values"]
+        if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
+            step = self._delta_step(parent_config) if parent else None
+            if step is None:
+                return None
+            decoded = None
+            before_messages, after = step
+            before = removal_keys(before_messages, namespace)
+            content = dict(zip((k for k, _ in before), before_messages, strict=True))
+        else:
+            after = decoded = self.codec.decode(values[key])
+            if after is None:
+                return UNREADABLE
+            held = removals.last(thread_id, ns, parent) if parent else None
+            if held is None and parent:
+                stored = self._stored_messages(parent_config)
+                if stored is not None:
+                    held = removal_keys(stored, namespace)
+                    content = dict(zip((k for k, _ in held), stored, strict=True))
+            after_keys = removal_keys(after, namespace)
+            removals.note(thread_id, ns, checkpoint["id"], after_keys)
+            if not held:
+                return decoded
+            before = held
+        if after_keys is None:
+            after_keys = removal_keys(after, namespace)
+        trimmed, deleted = split_removed(before, {k for k, _ in after_keys})
+        remembered, forgotten = removals.decide(trimmed, deleted)
+        if remembered:
+            if content is None:
+                stored = self._stored_messages(parent_config) or []
+                content = dict(zip((k for k, _ in removal_keys(stored, namespace)), stored, strict=True))
+            # A message missing from the stored window left it through the window's cut: in memory already.
+            found = [content[k] for k in remembered if k in content]
+            if found:
+                if self.record_pruned is not None:
+                    self.record_pruned(found, namespace, config, checkpoint)
+                self.reducer.deliver(found, namespace)
+        if forgotten and removals.forget is not None:
+            removals.forget(forgotten, namespace, config)
+        return decoded
+
+    def _stored_messages(self, config: RunnableConfig) -> list[Any] | None:
+        item = self.inner.get_tuple(config)
+        if item is None:
+            return None
+        return self.codec.decode_write(item.checkpoint["channel_values"].get(self.messages_key))
+
+    def _delta_step(self, parent_config: RunnableConfig) -> tuple[list[Any], list[Any]] | None:
+        """The messages before and after the step from ``parent_config`` of a DeltaChannel, when the step's
+        writes remove any (``None`` otherwise)."""
+        key = self.messages_key
+        item = self.inner.get_tuple(parent_config)
+        if item is None:
+            return None
+        writes = [self.codec.decode_write(value) or [] for _, channel, value in item.pending_writes or () if channel == key]
+        if not any(is_removal(m) for write in writes for m in write):
+            return None
+        history = self.inner.get_delta_channel_history(config=parent_config, channels=[key]).get(key) or {}
+        state = (self.codec.decode_seed(history["seed"]) or []) if "seed" in history else []
+        before = fold(state, (self.codec.decode_write(value) or [] for _, _, value in history.get("writes", ())))
+        return before, fold(before, writes)
 
     # -- the required saver API ---------------------------------------------------------------------
 
@@ -295,6 +417,8 @@ class ReducingSaver(BaseCheckpointSaver):
     def delete_thread(self, thread_id: str) -> None:
         self.inner.delete_thread(thread_id)
         self._summary_book_call("delete_thread", thread_id)
+        if self.removals is not None:
+            self.removals.forget_thread(str(thread_id))
 
     def _summary_book_call(self, name: str, *args: Any) -> None:
         """A thread's summary steps go where its checkpoints go (a book that keeps them per thread)."""

@@ -78,6 +78,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--sweep-interval": "sweep_interval",
     "--sweep": "sweep",
     "--extract-on-delete": "extract_on_delete",
+    "--remember-removed": "remember_removed",
     "--keep-checkpoints": "keep_checkpoints",
     "--store-index": "store_index",
     "--store-ttl": "store_ttl",

@@ -355,10 +355,32 @@ class SafeMessagesCodec:
         Raises:
             UnsafeMessagesError: If any extension other than an allowed message appears anywhere.
         """
+        return self._decode(value, self._unreadable)
+
+    def decode_write(self, value: Any) -> list[EncodedMessage] | None:
+        """The messages of a pending write to the messages channel (a list, or one message) or of a stored
+        list, read as :meth:`decode` reads a put's, but not counted: ``None`` when it holds none."""
+        if isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_PYDANTIC_V2:
+            value = Blob("msgpack", b"\x91" + value.data)  # one message: read it as a list of one
+        return self._decode(value, _quiet)
+
+    def decode_seed(self, value: Any) -> list[EncodedMessage] | None:
+        """The messages of a DeltaChannel's seed: a snapshot (extension 7 around the list), or a list."""
+        if isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT:
+            # The hook returns the extension's bytes untouched: nothing inside is decoded but the list.
+            wrapped = ormsgpack.unpackb(value.data, ext_hook=lambda code, data: data)
+            value = Blob("msgpack", wrapped)
+        return self._decode(value, _quiet)
+
+    def is_snapshot(self, value: Any) -> bool:
+        """Whether a stored value is a DeltaChannel snapshot (msgpack extension 7 as the whole value)."""
+        return isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT
+
+    def _decode(self, value: Any, unreadable: Any) -> list[EncodedMessage] | None:
         if not isinstance(value, Blob):
             return None
         if value.type != "msgpack":
-            return self._unreadable(f"serde type {value.type!r} is not msgpack")
+            return unreadable(f"serde type {value.type!r} is not msgpack")
         data = value.data
         if _top_ext_code(data) == EXT_DELTA_SNAPSHOT:
             return None
@@ -368,12 +390,12 @@ class SafeMessagesCodec:
         except Exception as exc:
             if decoder.refusal is not None:
                 raise _locate(data, self._allowed, decoder.refusal) from None
-            return self._unreadable(decoder.unreadable or f"not valid msgpack ({exc})")
+            return unreadable(decoder.unreadable or f"not valid msgpack ({exc})")
         if type(top) is not list:
-            return self._unreadable(f"the value is a {type(top).__name__}, not a list")
+            return unreadable(f"the value is a {type(top).__name__}, not a list")
         for element in top:
             if type(element) is not EncodedMessage:
-                return self._unreadable(f"the list holds a {type(element).__name__}, not a message")
+                return unreadable(f"the list holds a {type(element).__name__}, not a message")
         return top
 
     def encode(self, kept: list[EncodedMessage], original: Any) -> Blob:
@@ -611,6 +633,10 @@ def _locate(data: bytes, allowed: frozenset[tuple[str, str]], refusal: _Refusal)
 
 # Where the type byte of an extension sits, by its first byte: fixext 1/2/4/8/16, ext 8/16/32.
 _EXT_TYPE_OFFSET = {0xD4: 1, 0xD5: 1, 0xD6: 1, 0xD7: 1, 0xD8: 1, 0xC7: 2, 0xC8: 3, 0xC9: 5}
+
+
+def _quiet(reason: str) -> None:
+    return None
 
 
 def _top_ext_code(data: bytes) -> int | None:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
-from reducing_saver.reducer import MessageReducer, ReducingSaver
+from reducing_saver.reducer import MessageReducer, ReducingSaver, Removals
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
 from reducing_saver.service.http.errors import Unavailable
@@ -153,6 +153,8 @@ class Service:
             summaries = self.running_summaries.summaries if self.running_summaries is not None else None
 
             sealer = self.sealer()
+            # One policy for the pool: its note of each thread's last message list serves every saver.
+            removals = Removals(settings.remember_removed, forget=self._forget)
 
             def wrap(inner: Any) -> ReducingSaver:
                 inner.keep_checkpoints = settings.keep_checkpoints
@@ -165,6 +167,7 @@ class Service:
                     codec=codec,
                     record_pruned=self._record,
                     summaries=summaries,
+                    removals=removals,
                 )
 
             savers = SaverPool(
@@ -213,6 +216,10 @@ class Service:
     def _record(self, pruned: list[Any], namespace: tuple[str, ...], config: Any, checkpoint: Any) -> None:
         assert self.memory is not None, "the backend records only while the service is open"
         self.memory.record(pruned, namespace, config, checkpoint)
+
+    def _forget(self, keys: list[str], namespace: tuple[str, ...], config: Any) -> None:
+        assert self.memory is not None, "the backend records only while the service is open"
+        self.memory.forget(keys, namespace, config)
 
     def recording_with_checkpoint(self) -> AbstractContextManager[None]:
         """Around a put: messages it prunes are recorded in the checkpoint's own transaction where the

@@ -77,7 +77,7 @@ def test_a_new_migration_reaches_the_migrations_page(monkeypatch):
     monkeypatch.setattr(sqlite, "MIGRATIONS", [*sqlite.MIGRATIONS, "ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT"])
     monkeypatch.setattr(sqlite, "LATEST", sqlite.LATEST + 1)
     page = config_docs.rendered(ROOT)[config_docs.MIGRATIONS_PAGE]
-    assert f"version **{sqlite.LATEST}** on SQLite" in " ".join(page.split())  # the sentence wraps anywhere
+    assert f"version **{sqlite.LATEST}** on SQLite" in " ".join(page.split())
     assert f"| {sqlite.LATEST} | `ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT` |" in page
     assert config_docs.stale(ROOT) == [config_docs.MIGRATIONS_PAGE]
 

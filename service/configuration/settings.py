@@ -250,6 +250,14 @@ class ExtractionSettings(BaseModel):
         description="module:callable called as (messages, namespace, store) for each namespace's pruned "
         "messages; default: write each message into the store under its namespace.",
     )
+    remember_removed: Literal["trimmed", "all", "none"] = Field(
+        "trimmed",
+        description="Which messages the agent removes from its own state reach long-term memory: trimmed "
+        "(those removed from the oldest end, by RemoveMessage or REMOVE_ALL_MESSAGES and a summary, as the "
+        "window's cut; a RemoveMessage of a newer message is a deliberate deletion: never remembered, and "
+        "removed from memory if it was), all (every removal is remembered), none (no removal is; "
+        "deletions are still removed from memory). docs/memory.md.",
+    )
     extraction_batch_size: int = Field(100, ge=1, description="Outbox rows a deliverer claims at a time.")
     extraction_lease_seconds: float = Field(
         30.0, gt=0, description="How long a claim lasts without renewal (a crashed worker's rows return after it)."
@@ -346,8 +354,9 @@ class HistorySettings(BaseModel):
         description="Keep only the newest K checkpoints of each thread and namespace, plus every branch "
         "head (a fork's newest checkpoint) and exactly the blobs and writes they reference; each put "
         "deletes the rest of its namespace (PostgreSQL: in the put's own transaction). A put's config['configurable']['keep_checkpoints'] "
-        "overrides it for its thread. Unset or 0: every checkpoint is kept. Threads with a DeltaChannel are "
-        "kept whole.",
+        "overrides it for its thread. Unset or 0: every checkpoint is kept. On a thread with a DeltaChannel a kept "
+        "checkpoint keeps the ancestors it is rebuilt from, and the service has LangGraph snapshot a channel "
+        "whose last snapshot is K or more steps back when a run starts (docs/storage.md).",
     )
 
 

@@ -134,11 +134,17 @@ class EncryptingOutbox:
     def record(self, entries: Iterable[OutboxEntry]) -> int:
         return self.inner.record(seal_entries(self.sealer, entries))
 
+    def forget(self, entries: Iterable[OutboxEntry]) -> int:
+        return self.inner.forget(entries)  # a deletion holds no message: nothing to seal
+
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """The inner claim, messages opened. A row that cannot be opened (changed, moved, plain under
         ``required``, an unknown key) becomes a dead letter whose error says why; the others go on."""
         opened = []
         for entry in self.inner.claim(worker_id, limit, lease_seconds):
+            if entry.message is None:  # a deletion (``forget``): no message
+                opened.append(entry)
+                continue
             try:
                 message = open_record(self.sealer, "outbox", entry.message, entry.namespace, entry.key)
             except StoredDataError as exc:

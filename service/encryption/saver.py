@@ -25,7 +25,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import closing
 from typing import Any, Literal
 
@@ -38,18 +38,17 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 
 from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, key_id_of
 from reducing_saver.service.storage.lifecycle import (
-    DELTA_CHANNEL_KEY,
     DELTA_METADATA_KEYS,
     ThreadNotEmptyError,
     check_copy_ids,
     is_snapshot_value,
     refuse_delta_threads,
-    uses_delta_channel,
 )
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
@@ -278,14 +277,13 @@ class EncryptingSaver(BaseCheckpointSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
 
     Build one with :func:`encrypting`, which gives it exactly the optional capabilities it supports of
-    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys), and
-    ``copy_thread`` (which seals each value again for the target thread). ``get_delta_channel_history``
-    is not offered: it returns writes without the checkpoint their envelopes are bound to.
+    the inner saver's: ``prune`` and ``delete_for_runs`` (they read only plain columns and keys),
+    ``copy_thread`` (which seals each value again for the target thread), and
+    ``get_delta_channel_history``, read in one go by the backend with the place each sealed value is bound
+    to (``placed_delta_history``) and opened here.
 
-    ``put`` tells the inner saver, whose keep-checkpoints rule must leave a DeltaChannel thread whole but
-    which receives a snapshot only sealed, that the put belongs to one: it looks at the plain values and
-    metadata (``lifecycle.uses_delta_channel``) and sets ``config["configurable"][DELTA_CHANNEL_KEY]``,
-    which is not stored (LangGraph's metadata merge skips ``__`` keys).
+    The backend's keep-checkpoints rule reads only plain metadata (the DeltaChannel counters stay plain),
+    so it applies to sealed threads as to plain ones.
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -346,9 +344,6 @@ class EncryptingSaver(BaseCheckpointSaver):
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         # Merged here, as the inner saver would, so configurable values are sealed too (it then adds none).
         merged = get_checkpoint_metadata(config, metadata)
-        if uses_delta_channel(config, checkpoint, merged):
-            # Told from the plain values: the inner saver sees a snapshot only sealed, and would prune.
-            config = {**config, "configurable": {**configurable, DELTA_CHANNEL_KEY: True}}
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         channels, new_versions = self._stored_channels(checkpoint, new_versions)
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)
@@ -465,10 +460,48 @@ class _CopyThread:
                 self.put_writes(written, writes, task_id)  # type: ignore[attr-defined]
 
 
-_MIXINS: dict[str, type] = {"copy_thread": _CopyThread, "delete_for_runs": _DeleteForRuns, "prune": _Prune}
+class _DeltaChannelHistory:
+    inner: BaseCheckpointSaver
+    sealer: Sealer
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The backend's history of the channels (its own queries, ``placed_delta_history``), each write
+        opened with the checkpoint, task and index it is bound to, each seed with its channel version."""
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        result: dict[str, DeltaChannelHistory] = {}
+        for channel, placed in self.inner.placed_delta_history(config, channels).items():  # type: ignore[attr-defined]
+            writes = [
+                (task_id, channel, self.sealer.open_write(value, thread_id, ns, checkpoint_id, task_id, channel)[1])
+                for checkpoint_id, task_id, value in placed["writes"]
+            ]
+            entry = DeltaChannelHistory(writes=writes)
+            if "seed" in placed:
+                version, value = placed["seed"]
+                entry["seed"] = self.sealer.open_value(value, thread_id, ns, channel, version)
+            result[channel] = entry
+        return result
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self.get_delta_channel_history(config=config, channels=channels)
+
+
+_MIXINS: dict[str, type] = {
+    "copy_thread": _CopyThread,
+    "delete_for_runs": _DeleteForRuns,
+    "prune": _Prune,
+    "delta_channel_history": _DeltaChannelHistory,
+}
 
 
 def encrypting(inner: BaseCheckpointSaver, sealer: Sealer) -> EncryptingSaver:
-    """``inner`` wrapped in an :class:`EncryptingSaver` with the capabilities it keeps under encryption."""
-    kept = saver_capabilities(inner) & _MIXINS.keys()
+    """``inner`` wrapped in an :class:`EncryptingSaver` with the capabilities it keeps under encryption
+    (DeltaChannel history where the backend reads it with places: ``placed_delta_history``)."""
+    kept = set(saver_capabilities(inner) & _MIXINS.keys())
+    if not hasattr(inner, "placed_delta_history"):
+        kept.discard("delta_channel_history")
     return with_capabilities(EncryptingSaver, frozenset(kept), _MIXINS)(inner, sealer)

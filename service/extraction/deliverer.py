@@ -17,6 +17,9 @@ The extractor is any callable ``extractor(entries, namespace)`` (its result may 
   Writing the same key again overwrites, so a redelivery leaves one item per message.
 * :func:`load_extractor` wraps a ``module:callable`` of the user's, called as
   ``callable(messages, namespace, store)`` (sync or async).
+
+A row without a message is a deletion (a message the agent deleted on purpose): the deliverer calls the
+extractor's ``forget(entries, namespace)`` instead, which removes each key from the store.
 """
 
 from __future__ import annotations
@@ -164,6 +167,17 @@ class Deliverer:
             )
             self._fail(entry, message, permanent=True, renewer=renewer)
         group = [e for e in group if e.attempts <= self.max_attempts]
+        deletions = [e for e in group if e.message is None]
+        if deletions:  # messages the agent deleted on purpose: they leave the store
+            group = [e for e in group if e.message is not None]
+            error = self._forget(deletions, namespace)
+            if error is None:
+                delivered = self._complete(deletions, renewer)
+            else:
+                delivered = 0
+                for entry in deletions:
+                    self._fail(entry, _describe(error), permanent=False, renewer=renewer)
+            return delivered + (self._deliver_group(namespace, group, renewer) if group else 0)
         if not group:
             return 0
         error = self._extract(group, namespace)
@@ -201,6 +215,19 @@ class Deliverer:
                 namespace,
                 _describe(exc),
             )
+            return exc
+        return None
+
+    def _forget(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> Exception | None:
+        """The extractor's ``forget(entries, namespace)`` when it has one (an extractor without one wrote
+        nothing this service can find again: there is nothing to remove)."""
+        forget = getattr(self.extractor, "forget", None)
+        if forget is None:
+            return None
+        try:
+            forget(entries, namespace)
+        except Exception as exc:
+            logger.warning("forgetting %d message(s) of namespace %r failed: %s", len(entries), namespace, _describe(exc))
             return exc
         return None
 

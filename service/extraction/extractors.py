@@ -77,6 +77,10 @@ class StoreExtractor:
                 raise PermanentExtractionError(f"{type(exc).__name__}: {exc}") from exc
             raise
 
+    def forget(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
+        """Remove the entries' keys from the store (a message the agent deleted on purpose)."""
+        self.store.batch([PutOp(tuple(namespace), entry.key, None) for entry in entries])
+
     @staticmethod
     def value(entry: OutboxEntry) -> dict[str, Any]:
         """The store item's value for ``entry``."""
@@ -105,6 +109,12 @@ class CallableExtractor:
     def __call__(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> Any:
         messages = [entry_message(entry) for entry in entries]
         return self.func(messages, namespace, self.store)
+
+    def forget(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
+        """Remove the entries' keys from the store, where the default extractor keeps a message; what
+        ``func`` derived from the message elsewhere is its own to remove."""
+        if self.store is not None:
+            self.store.batch([PutOp(tuple(namespace), entry.key, None) for entry in entries])
 
 
 def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtractor:

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -99,6 +100,17 @@ class Memory:
             return
         self.outbox.record(fresh)
         self._committed(fresh)
+
+    def forget(self, keys: list[str], namespace: tuple[str, ...], config: RunnableConfig) -> None:
+        """Durably mark messages the agent deleted on purpose as deletions (``Outbox.forget``) before the
+        checkpoint without them is stored: the deliverer removes them from the store, and they are never
+        recorded for memory again."""
+        thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
+        namespace = tuple(str(label) for label in namespace)
+        now = datetime.now(UTC)
+        entries = [OutboxEntry(namespace, key, thread_id, None, None, now) for key in dict.fromkeys(keys)]
+        self.outbox.forget(entries)
+        self._committed(entries)
 
     @contextmanager
     def with_checkpoint(self) -> Iterator[None]:

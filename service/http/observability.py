@@ -44,7 +44,7 @@ from reducing_saver.service import background
 from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.version import __version__
-from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
+from reducing_saver.wire import DELTA_HISTORY_PATH, HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 
 access_logger = logging.getLogger("reducing_saver.access")
 logger = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ REQUEST_ID_HEADER = "X-Request-ID"
 MAX_REQUEST_ID_LENGTH = 128
 
 #: Routes whose successful requests are access-logged at DEBUG, not INFO: those polled by probes and
-#: scrapers, and the per-step saver calls (six a chat turn; a log line costs more CPU than the routing).
+#: scrapers, and the per-step saver calls (six a chat turn; a log line costs more CPU than the routing),
+#: DeltaChannel history among them (LangGraph asks for it at the start of every run).
 #: Errors are logged at INFO everywhere; the request metrics count every request.
-QUIET_ROUTES = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH, *PER_STEP_PATHS})
+QUIET_ROUTES = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH, DELTA_HISTORY_PATH, *PER_STEP_PATHS})
 
 #: The status counted and logged for a request whose client closed the connection before its answer began
 #: (nginx's "client closed request"): the client's doing, not a server error. Nothing is sent.
@@ -129,6 +130,16 @@ class MeasuringCodec:
     @property
     def allowed(self) -> frozenset[tuple[str, str]]:
         return self.inner.allowed
+
+    def decode_write(self, value: Any) -> list[Any] | None:
+        """``inner.decode_write``: the state before a step, read for what the agent removed (not a put's)."""
+        return self.inner.decode_write(value)
+
+    def decode_seed(self, value: Any) -> list[Any] | None:
+        return self.inner.decode_seed(value)
+
+    def is_snapshot(self, value: Any) -> bool:
+        return self.inner.is_snapshot(value)
 
     def decode_ahead(self, value: Any) -> list[Any] | None:
         """``inner.decode(value)`` now, and the same answer to the request's next ``decode`` of this very

@@ -361,6 +361,17 @@ class SummaryRetryDeadResponse(BaseModel):
 MAX_STORAGE_TOP = 100
 
 
+class ChannelUse(BaseModel):
+    """What the service does with one channel of a thread."""
+
+    kind: Literal["windowed", "whole", "delta"] = Field(
+        description="windowed: the messages channel, each stored checkpoint keeping a window of it; whole: "
+        "the messages channel, stored whole (no window is configured); delta: a DeltaChannel, rebuilt "
+        "from its writes, stored as written."
+    )
+    service: str = Field(description="What the service does for it, in a sentence.")
+
+
 class ThreadStorageResponse(BaseModel):
     """What one thread holds now, and what a plain ``add_messages`` saver would hold."""
 
@@ -382,6 +393,13 @@ class ThreadStorageResponse(BaseModel):
     saver_bytes: int = Field(description="checkpoint_bytes + blob_bytes + write_bytes.")
     total_bytes: int = Field(description="saver_bytes + outbox_bytes + store_bytes.")
     saved_ratio: float | None = Field(description="plain_estimate / total_bytes; null for an empty thread.")
+    delta_channels: list[str] = Field(
+        description="The thread's DeltaChannels (deepagents' messages and files are): the channels its "
+        "checkpoints count steps for since their last snapshot."
+    )
+    channels: dict[str, ChannelUse] = Field(
+        description="The messages channel and every DeltaChannel, with what the service does for each."
+    )
 
 
 class StorageSummaryResponse(BaseModel):

@@ -22,7 +22,12 @@ from reducing_saver.service import security
 from reducing_saver.service.http import schemas
 from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError, keep_checkpoints_of
+from reducing_saver.service.storage.lifecycle import (
+    ThreadNotEmptyError,
+    is_snapshot_value,
+    keep_checkpoints_of,
+    with_snapshots_due,
+)
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
 from reducing_saver.service.ttl.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
@@ -228,6 +233,17 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     scope = _scope(service)
     config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
     item = saver.get_tuple(config)
+    if item is not None and not config["configurable"].get("checkpoint_id"):
+        # A run starts from the latest checkpoint: DeltaChannels whose snapshot would leave the kept
+        # checkpoints are answered as due, so LangGraph stores one (lifecycle.with_snapshots_due).
+        try:
+            keep = keep_checkpoints_of(config, service.settings.keep_checkpoints)
+        except ValueError:  # refused when the thread puts; a read goes on as without a count
+            keep = None
+        if keep is not None and "counters_since_delta_snapshot" in item.metadata:
+            values = item.checkpoint.get("channel_values") or {}
+            snapshotted = [channel for channel, value in values.items() if is_snapshot_value(value)]
+            item = item._replace(metadata=with_snapshots_due(item.metadata, keep, snapshotted))
     return bodies.GetCheckpointAnswer(
         checkpoint=scope.tuple_out(_tuple_out(item, _stores_wire_metadata(saver))) if item else None
     )
@@ -526,6 +542,35 @@ def sweeps_status(service: Service) -> dict[str, Any]:
     return service.sweeper.status(thread_prefix=_scope(service).prefix)
 
 
+def channel_uses(thread: ThreadStorage, settings: Any) -> dict[str, dict[str, str]]:
+    """What the service does with the thread's messages channel and each of its DeltaChannels
+    (``schemas.ChannelUse``), under ``settings``."""
+    key, keep = settings.messages_key, settings.keep_checkpoints
+    window = (
+        f"max_messages={settings.max_messages}" if settings.max_messages else
+        f"max_tokens={settings.max_tokens}" if settings.max_tokens else None
+    )
+    removed = f"messages the agent removes reach long-term memory (remember_removed={settings.remember_removed})"
+    uses: dict[str, dict[str, str]] = {}
+    if key not in thread.delta_channels:
+        if window is not None:
+            what = f"each stored checkpoint keeps a window ({window}); messages cut from it, and {removed}"
+            uses[key] = {"kind": "windowed", "service": what}
+        else:
+            uses[key] = {"kind": "whole", "service": f"stored whole (no window is configured); {removed}"}
+    for channel in thread.delta_channels:
+        what = ["rebuilt from its writes, so stored as written" + (f": the window ({window}) does not apply" if channel == key and window else "")]
+        if channel == key:
+            what.append(removed)
+        if keep:
+            what.append(
+                f"keep_checkpoints={keep} keeps the checkpoints back to its snapshot, and LangGraph writes one "
+                f"when a run starts whose last snapshot is {keep} or more steps back"
+            )
+        uses[channel] = {"kind": "delta", "service": "; ".join(what)}
+    return uses
+
+
 def thread_storage(service: Service, thread_id: str) -> dict[str, Any]:
     """What one of the caller's threads holds (``schemas.ThreadStorageResponse``).
 
@@ -537,7 +582,7 @@ def thread_storage(service: Service, thread_id: str) -> dict[str, Any]:
     found = service.open_backend().storage(selection, messages_key=service.settings.messages_key)
     if not found:
         raise NotFound(f"thread {thread_id!r} has no checkpoints")
-    return _thread_storage_out(found[0], scope)
+    return _thread_storage_out(found[0], scope, service.settings)
 
 
 def storage_summary(service: Service, top: int) -> dict[str, Any]:
@@ -546,9 +591,9 @@ def storage_summary(service: Service, top: int) -> dict[str, Any]:
     selection = Selection(tenant=scope.tenant, tenant_mode=service.tenant_mode)
     threads = service.open_backend().storage(selection, messages_key=service.settings.messages_key)
     summary = summarize(threads, top)
-    summary["largest"] = [_thread_storage_out(thread, scope) for thread in threads[:top]]
+    summary["largest"] = [_thread_storage_out(thread, scope, service.settings) for thread in threads[:top]]
     return summary
 
 
-def _thread_storage_out(thread: ThreadStorage, scope: security.TenantScope) -> dict[str, Any]:
-    return {**thread.as_dict(), "thread_id": scope.unthread(thread.thread_id)}
+def _thread_storage_out(thread: ThreadStorage, scope: security.TenantScope, settings: Any) -> dict[str, Any]:
+    return {**thread.as_dict(), "thread_id": scope.unthread(thread.thread_id), "channels": channel_uses(thread, settings)}

@@ -27,9 +27,9 @@ Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoi
   blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
   (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
   call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
-  ``prune`` deletes it. Puts of threads that use a DeltaChannel prune nothing (``uses_delta_channel``;
-  under encryption the values arrive sealed, and ``EncryptingSaver`` says so with
-  ``DELTA_CHANNEL_KEY``).
+  ``prune`` deletes it. On a thread that uses a DeltaChannel, a kept checkpoint also keeps the ancestors
+  its channels are rebuilt from, back to each one's snapshot (``delta_needs``, told by the metadata
+  counters, which stay plain under encryption).
 
 What the keep-checkpoints policy deleted stays known: per thread and namespace, the newest checkpoint id
 it deleted (``pruned_through``: the table :data:`PRUNED_TABLE` on PostgreSQL and SQLite, a dict in
@@ -50,8 +50,9 @@ not only as ``_DeltaSnapshot`` objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from langgraph.checkpoint.base import writes_sort_key
 from langgraph.checkpoint.postgres.base import PRUNE_STRATEGIES
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
@@ -223,16 +224,74 @@ def keep_checkpoints_of(config: Mapping[str, Any], default: int | None) -> int |
     return value or None
 
 
-def checkpoints_to_drop(parents: Mapping[str, str | None], keep: int) -> set[str]:
+def delta_needs(metadata: Mapping[str, Any] | None) -> frozenset[str]:
+    """The DeltaChannels a checkpoint does not hold a value of: those its metadata counts steps for since
+    their last snapshot (``counters_since_delta_snapshot``), rebuilt from its ancestors' writes back to
+    one. A thread of LangGraph.js (``delta_writes_versioned``) needs all its history: ``{"*"}``, which no
+    ancestor provides."""
+    metadata = metadata or {}
+    if "delta_writes_versioned" in metadata:
+        return frozenset({"*"})
+    counters = metadata.get("counters_since_delta_snapshot")
+    return frozenset(counters) if isinstance(counters, Mapping) else frozenset()
+
+
+#: An update count LangGraph's loop finds at or past any DeltaChannel's ``snapshot_frequency``.
+SNAPSHOT_DUE = 2**31 - 1
+
+
+def with_snapshots_due(
+    metadata: Mapping[str, Any], keep: int | None, snapshotted: Iterable[str] = ()
+) -> Mapping[str, Any]:
+    """The latest checkpoint's metadata as the service answers it when a thread keeps ``keep`` checkpoints.
+
+    LangGraph's loop snapshots a DeltaChannel when the counters it reads from the checkpoint it starts
+    from say the channel's updates reached its ``snapshot_frequency``. When a channel's last snapshot is
+    ``keep`` or more steps back, every DeltaChannel of the checkpoint (those counted, and ``snapshotted``:
+    the ones holding a snapshot there) is answered as due (updates :data:`SNAPSHOT_DUE`), so the run's
+    first checkpoint stores every value (LangGraph folds each with the graph's own reducer), holds them
+    all, and the checkpoints before it can go. The stored metadata is left as it is; without ``keep``, or
+    with every snapshot near, so is the answer.
+    """
+    counters = metadata.get("counters_since_delta_snapshot")
+    if keep is None or not isinstance(counters, Mapping):
+        return metadata
+
+    def steps(counted: Any) -> int:
+        found = counted[1] if isinstance(counted, (list, tuple)) and len(counted) == 2 else None
+        return found if isinstance(found, int) and not isinstance(found, bool) else 0
+
+    if not any(steps(counted) >= keep for counted in counters.values()):
+        return metadata
+    due = {channel: [SNAPSHOT_DUE, steps(counted)] for channel, counted in counters.items()}
+    due.update({channel: [SNAPSHOT_DUE, 0] for channel in snapshotted if channel not in due})
+    return {**metadata, "counters_since_delta_snapshot": due}
+
+
+def checkpoints_to_drop(
+    parents: Mapping[str, str | None], keep: int, needs: Mapping[str, frozenset[str]] | None = None
+) -> set[str]:
     """The checkpoints of one namespace that keeping the last ``keep`` deletes.
 
     ``parents`` maps each checkpoint id of the namespace to its parent's id. Kept: the ``keep`` newest
-    (checkpoint ids grow with time) and every branch head, a checkpoint no other one names as its
-    parent; every other checkpoint goes.
+    (checkpoint ids grow with time), every branch head (a checkpoint no other one names as its parent),
+    and the ancestors their DeltaChannels are rebuilt from: ``needs`` maps a checkpoint to the channels it
+    does not hold (:func:`delta_needs`); a kept checkpoint that lacks any keeps its parent, which is read
+    back as well, so it keeps its own parent in turn while it lacks any, back to a checkpoint that holds
+    every channel (one with no counters) or the namespace's first. Every other checkpoint goes.
     """
     newest = set(sorted(parents, reverse=True)[:keep])
     named = {parent for parent in parents.values() if parent is not None}
-    return {checkpoint for checkpoint in parents if checkpoint not in newest and checkpoint in named}
+    kept = newest | (set(parents) - named)
+    if needs:
+        for checkpoint in list(kept):
+            current = checkpoint
+            while needs.get(current) and parents.get(current) in parents:
+                current = parents[current]
+                if current in kept and current != checkpoint:
+                    break
+                kept.add(current)
+    return set(parents) - kept
 
 
 def is_subgraph_call(checkpoint_ns: str) -> bool:
@@ -240,20 +299,50 @@ def is_subgraph_call(checkpoint_ns: str) -> bool:
     return ":" in checkpoint_ns
 
 
-#: ``config["configurable"]`` key with which a wrapper that saw a put's plain values says the put belongs
-#: to a thread with a DeltaChannel (``EncryptingSaver``: the backend's saver then receives the values
-#: sealed, and no snapshot is recognizable). A ``__`` key: LangGraph's metadata merge skips it, so it is
-#: never stored, and a client cannot send it (``check_configurable`` refuses ``__`` keys).
-DELTA_CHANNEL_KEY = "__delta_channel__"
+# -- DeltaChannel history with the places of its values ---------------------------------------------
 
 
-def uses_delta_channel(
-    config: Mapping[str, Any], checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None
-) -> bool:
-    """True when a put belongs to a thread with a DeltaChannel: its values are rebuilt from older
-    checkpoints' writes, so its history cannot be cut. Told by the put's metadata counters, a snapshot
-    among its channel values, or ``config["configurable"][DELTA_CHANNEL_KEY]``."""
-    if (config.get("configurable") or {}).get(DELTA_CHANNEL_KEY) is True:
-        return True
-    values = checkpoint.get("channel_values") or {}
-    return has_delta_metadata(metadata) or any(is_snapshot_value(v) for v in values.values())
+class PlacedHistory(TypedDict):
+    """``get_delta_channel_history``'s entry for one channel, each value with the place it was stored at.
+
+    A sealed value opens only with the place it is bound to (``EncryptingSaver``), which the saver API's
+    history leaves out: ``writes`` are ``(checkpoint_id, task_id, value)``, oldest first, in the order
+    ``get_delta_channel_history`` returns them; ``seed`` is ``(version, value)``, the channel's version at
+    the ancestor whose stored value starts the replay (absent when the walk reached the thread's root).
+    """
+
+    writes: list[tuple[str, str, Any]]
+    seed: NotRequired[tuple[Any, Any]]
+
+
+def placed_histories(
+    channels: Sequence[str],
+    chain_by_channel: Mapping[str, Sequence[str]],
+    writes: Iterable[tuple[str, str, str, int, str, Any]],
+    seeds: Mapping[str, tuple[Any, Any]],
+) -> dict[str, PlacedHistory]:
+    """Assemble :class:`PlacedHistory` entries from what a backend read.
+
+    Args:
+        channels: The channels asked for.
+        chain_by_channel: Each channel's ancestors of the target, newest first, down to and including
+            the one holding its seed.
+        writes: ``(checkpoint_id, channel, task_id, idx, task_path, value)`` of those ancestors, any order.
+        seeds: ``channel -> (version, value)`` for the channels whose walk found a stored value.
+    """
+    by_place: dict[tuple[str, str], list[tuple[str, str, int, Any]]] = {}
+    for checkpoint_id, channel, task_id, idx, task_path, value in writes:
+        by_place.setdefault((channel, checkpoint_id), []).append((task_path or "", task_id, idx, value))
+    result: dict[str, PlacedHistory] = {}
+    for channel in channels:
+        collected: list[tuple[str, str, Any]] = []
+        for checkpoint_id in reversed(chain_by_channel.get(channel, ())):
+            found = by_place.get((channel, checkpoint_id), [])
+            # The order a super-step's tasks apply their writes in (writes_sort_key).
+            for _path, task_id, _idx, value in sorted(found, key=lambda w: writes_sort_key(w[0], w[1], w[2])):
+                collected.append((checkpoint_id, task_id, value))
+        entry = PlacedHistory(writes=collected)
+        if channel in seeds:
+            entry["seed"] = seeds[channel]
+        result[channel] = entry
+    return result

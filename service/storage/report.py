@@ -11,7 +11,7 @@ NO_MATPLOTLIB = (
     "--png needs matplotlib, which is not installed: install the report extra (pip install -e '.[server,report]' "
     "in the checkout) or pip install matplotlib"
 )
-COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved")
+COLUMNS = ("thread", "tenant", "checkpoints", "bytes now", "plain estimate", "saved", "delta channels")
 
 
 def human_bytes(size: float) -> str:
@@ -43,6 +43,8 @@ def rows(threads: Sequence[ThreadStorage], top: int) -> list[tuple[str, ...]]:
             human_bytes(t.total_bytes),
             human_bytes(t.plain_estimate),
             ratio(t),
+            # Stored as written, never windowed: rebuilt from their writes (docs/storage.md).
+            ", ".join(t.delta_channels) or "-",
         )
         for t in threads[:top]
     ]

@@ -140,6 +140,8 @@ class ThreadStorage:
         messages_bytes: The part of checkpoint and blob bytes that is the messages channel.
         cut_messages: Messages cut from the thread (``c`` of the estimate).
         plain_estimate: Bytes a plain ``add_messages`` saver would hold in the checkpoint tables.
+        delta_channels: The thread's DeltaChannels: the channels its checkpoints' metadata counts since
+            their last snapshot (``counters_since_delta_snapshot``), sorted.
     """
 
     thread_id: str
@@ -153,6 +155,7 @@ class ThreadStorage:
     messages_bytes: int = 0
     cut_messages: int = 0
     plain_estimate: int = 0
+    delta_channels: list[str] = field(default_factory=list)
     heads: dict[str, Head] = field(default_factory=dict, repr=False)
 
     @property

@@ -15,8 +15,7 @@ from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e
 
-# Every capability the suite knows; the DeltaChannel history (writes read without the checkpoint their
-# ciphertext is bound to) is not offered under encryption.
+# Every capability the suite knows, the DeltaChannel history included (the service opens it itself).
 EXPECTED = {cap.value for cap in Capability}
 
 
@@ -50,4 +49,4 @@ async def test_conformance_required(service):
     assert detected == EXPECTED
     assert report.passed_all(), _report_failures(report)
     with RemoteReducingSaver(process.url) as client:
-        assert sorted(client.capabilities) == ["copy_thread", "delete_for_runs", "prune"]
+        assert sorted(client.capabilities) == ["copy_thread", "delete_for_runs", "delta_channel_history", "prune"]

@@ -88,6 +88,15 @@ class MemoryOutbox:
                     inserted += row is None
         return inserted
 
+    def forget(self, entries: Iterable[OutboxEntry]) -> int:
+        """See :meth:`PostgresOutbox.forget`."""
+        rows = sorted_unique(entries)
+        now = time.time()
+        with self._lock:
+            for e in rows:
+                self._rows[e.ident] = _MemoryRow(replace(e, message=None, message_class=None, attempts=0, last_error=None), now)
+        return len(rows)
+
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.claim`."""
         now = time.time()

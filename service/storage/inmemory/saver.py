@@ -15,25 +15,28 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
     DeltaChannelHistory,
+    get_checkpoint_id,
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
     CheckpointPrunedError,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
     check_run_ids,
     checkpoints_to_drop,
+    delta_needs,
     has_delta_metadata,
     is_snapshot_blob,
     is_subgraph_call,
     keep_checkpoints_of,
     parents_root,
+    placed_histories,
     refuse_delta_threads,
     run_id_of,
-    uses_delta_channel,
     was_pruned,
 )
 
@@ -57,14 +60,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
 
     Args:
         keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
-            branch heads (see ``lifecycle``); ``None`` keeps every one. A put's
-            ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread
-            with a DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
-            ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the
-            values before it seals them; ``lifecycle.uses_delta_channel``).
-
-    What the policy deleted stays known (``pruned_through``): ``get_tuple``, ``list`` and a ``put``
-    naming a deleted checkpoint raise ``CheckpointPrunedError`` (see ``lifecycle``).
+    was_pruned,
     """
 
     #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
@@ -130,7 +126,7 @@ class InMemoryLifecycleSaver(InMemorySaver):
         with self.lock:
             self._refuse_pruned(config, as_parent=True)
             next_config = super().put(config, checkpoint, metadata, new_versions)
-            if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
+            if keep is not None:
                 configurable = next_config["configurable"]
                 self._keep_last(configurable["thread_id"], configurable["checkpoint_ns"], keep)
             return next_config
@@ -153,6 +149,39 @@ class InMemoryLifecycleSaver(InMemorySaver):
     ) -> Mapping[str, DeltaChannelHistory]:
         with self.lock:
             return super().get_delta_channel_history(config=config, channels=channels)
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
+        ``EncryptingSaver`` needs to open sealed values. The same walk as InMemorySaver's: a channel's seed
+        is the first ancestor's non-empty blob at the channel's version there."""
+        channels = list(channels)
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        chain: dict[str, list[str]] = {channel: [] for channel in channels}
+        seeds: dict[str, tuple[Any, Any]] = {}
+        writes: list[tuple] = []
+        with self.lock:
+            checkpoints = self.storage.get(thread_id, {}).get(ns, {})
+            target = checkpoints.get(get_checkpoint_id(config) or max(checkpoints, default=""))
+            current, walking = (target[2] if target is not None else None), set(channels)
+            while current is not None and walking and current in checkpoints:
+                stored, _, parent = checkpoints[current]
+                versions = self.serde.loads_typed(stored).get("channel_versions") or {}
+                for channel in list(walking):
+                    chain[channel].append(current)
+                    version = versions.get(channel)
+                    blob = self.blobs.get((thread_id, ns, channel, version)) if version is not None else None
+                    if blob is not None and blob[0] != "empty":
+                        seeds[channel] = (version, self.serde.loads_typed(blob))
+                        walking.discard(channel)
+                current = parent
+            for checkpoint_id in {checkpoint_id for ids in chain.values() for checkpoint_id in ids}:
+                for (task_id, idx), (_, channel, value, task_path) in self.writes.get(
+                    (thread_id, ns, checkpoint_id), {}
+                ).items():
+                    if checkpoint_id in chain.get(channel, ()):
+                        writes.append((checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed(value)))
+        return placed_histories(channels, chain, writes, seeds)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -309,7 +338,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
     def _keep_last(self, thread_id: str, ns: str, keep: int) -> None:
         """Delete what keeping the last ``keep`` checkpoints of one namespace drops (the lock is held)."""
         checkpoints = self.storage[thread_id][ns]
-        doomed = checkpoints_to_drop({cid: parent for cid, (_, _, parent) in checkpoints.items()}, keep)
+        parents = {cid: parent for cid, (_, _, parent) in checkpoints.items()}
+        needs = {cid: delta_needs(self.serde.loads_typed(metadata)) for cid, (_, metadata, _) in checkpoints.items()}
+        doomed = checkpoints_to_drop(parents, keep, needs)
         if not doomed:
             return
         changes = _Changes()

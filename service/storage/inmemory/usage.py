@@ -50,9 +50,14 @@ def measure(
             for ns, checkpoints in namespaces.items():
                 if not checkpoints:
                     continue
+                delta: set[str] = set(thread.delta_channels)
                 for checkpoint, metadata, _ in checkpoints.values():
                     thread.checkpoints += 1
                     thread.checkpoint_bytes += len(checkpoint[1]) + len(metadata[1])
+                    counters = saver.serde.loads_typed(metadata).get("counters_since_delta_snapshot")
+                    if isinstance(counters, dict):
+                        delta.update(counters)
+                thread.delta_channels = sorted(delta)
                 checkpoint, metadata, _ = checkpoints[max(checkpoints)]
                 head = saver.serde.loads_typed(checkpoint)
                 version = (head.get("channel_versions") or {}).get(messages_key)

@@ -139,6 +139,31 @@ class PostgresOutbox:
                 inserted = self._insert(cur, chunks)
         return inserted
 
+    def forget(self, entries: Iterable[OutboxEntry]) -> int:
+        """Make each entry's key a deletion: pending again, with no message, so the deliverer removes it
+        from the store (``Deliverer``), and a later record of the key is refused as every repeat is.
+
+        A row a deliverer holds is taken from it (its completion then finds nothing to complete), so a
+        delivery racing the deletion ends before it, never after. Idempotent; one transaction.
+
+        Returns:
+            How many rows were written.
+        """
+        rows = sorted_unique(entries)
+        if not rows:
+            return 0
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            for e in rows:
+                cur.execute(
+                    f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
+                    "pruned_at) VALUES (%s, %s, %s, %s, 'null', NULL, %s) ON CONFLICT (namespace, key) DO UPDATE "
+                    "SET status = 'pending', message = 'null', message_class = NULL, claimed_by = NULL, "
+                    "lease_until = NULL, available_at = now(), attempts = 0, last_error = NULL, "
+                    "failed_at = NULL, delivered_at = NULL",
+                    (list(e.namespace), e.key, e.thread_id, e.checkpoint_id, as_utc(e.pruned_at)),
+                )
+        return len(rows)
+
     @staticmethod
     def _insert(cur: Any, chunks: list[list[OutboxEntry]]) -> int:
         inserted = 0

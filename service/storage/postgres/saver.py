@@ -30,14 +30,15 @@ from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
     CheckpointPrunedError,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
     check_run_ids,
     keep_checkpoints_of,
     like_prefix,
+    placed_histories,
     refuse_delta_threads,
-    uses_delta_channel,
     was_pruned,
 )
 from reducing_saver.service.storage.latest import LatestCache
@@ -53,19 +54,34 @@ _COPY_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 _KEEP_LOCK_CLASS = 0x72736B6B  # "rskk"
 _KEEP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
-# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop),
-# with their writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the
-# root namespace) the subgraph calls that started from a deleted root checkpoint.
+# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop:
+# the newest K, the branch heads and the ancestors their DeltaChannels are rebuilt from stay), with their
+# writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the root
+# namespace) the subgraph calls that started from a deleted root checkpoint.
 _PG_KEEP_LAST_SQL = """
-WITH cps AS (
-    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions
+WITH RECURSIVE cps AS (
+    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions,
+           CASE WHEN metadata ? 'delta_writes_versioned' THEN ARRAY['*']
+                WHEN jsonb_typeof(metadata -> 'counters_since_delta_snapshot') = 'object'
+                THEN ARRAY(SELECT jsonb_object_keys(metadata -> 'counters_since_delta_snapshot'))
+                ELSE ARRAY[]::text[] END AS needs
     FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
 ), newest AS (
     SELECT checkpoint_id FROM cps ORDER BY checkpoint_id DESC LIMIT %(keep)s
+), kept (checkpoint_id, missing) AS (
+    SELECT checkpoint_id, needs FROM cps
+    WHERE checkpoint_id IN (SELECT checkpoint_id FROM newest)
+       OR checkpoint_id NOT IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
+    UNION
+    -- A kept checkpoint missing a DeltaChannel's value keeps its parent, itself read back: so on, back to
+    -- one holding every channel.
+    SELECT parent.checkpoint_id, parent.needs
+    FROM kept
+    JOIN cps AS child ON child.checkpoint_id = kept.checkpoint_id
+    JOIN cps AS parent ON parent.checkpoint_id = child.parent_checkpoint_id
+    WHERE cardinality(kept.missing) > 0
 ), doomed AS (
-    SELECT checkpoint_id, versions FROM cps
-    WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM newest)
-      AND checkpoint_id IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
+    SELECT checkpoint_id, versions FROM cps WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM kept)
 ), freed AS (
     SELECT v.key AS channel, v.value AS version
     FROM doomed CROSS JOIN LATERAL jsonb_each_text(doomed.versions) AS v
@@ -179,6 +195,10 @@ _forget_pruned: contextvars.ContextVar[str | None] = contextvars.ContextVar("for
 _probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
     "probe_after_write", default=None
 )
+
+#: Set while ``placed_delta_history`` runs PostgresSaver's history queries: their rows are assembled with the
+#: places of their values (``_build_delta_channels_writes_history``).
+_placing: contextvars.ContextVar[bool] = contextvars.ContextVar("placing", default=False)
 
 _PG_THREAD_IN_USE_SQL = """
 SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
@@ -567,17 +587,13 @@ class PostgresLifecycleSaver(PostgresSaver):
 
         The prune waits for the thread's advisory lock, so prunes of one thread run one after another
         across replicas, each on a snapshot that holds every put committed before it; a put committing
-        meanwhile is newer than anything the prune deletes. Threads with a DeltaChannel are left whole:
-        told by the metadata counters, a snapshot value, or ``config["configurable"][DELTA_CHANNEL_KEY]``
-        (set by ``EncryptingSaver``, which sees the values before it seals them;
-        ``lifecycle.uses_delta_channel``).
+        meanwhile is newer than anything the prune deletes. A checkpoint kept on a DeltaChannel thread keeps
+        the ancestors its channels are rebuilt from (``lifecycle.checkpoints_to_drop``).
         """
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable["checkpoint_ns"]
         cache = self.latest_cache
-        if keep is not None and uses_delta_channel(config, checkpoint, metadata):
-            keep = None
         probe = None
         if cache is not None and cache.enabled:
             # The upsert returns the row; a prune after it may change the row's parent: read it again.
@@ -615,6 +631,51 @@ class PostgresLifecycleSaver(PostgresSaver):
                 ),
             )
         return next_config
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``), read
+        by PostgresSaver's own two queries: what ``EncryptingSaver`` needs to open sealed values."""
+        token = _placing.set(True)
+        try:
+            return self.get_delta_channel_history(config=config, channels=channels)  # type: ignore[return-value]
+        finally:
+            _placing.reset(token)
+
+    def _build_delta_channels_writes_history(
+        self,
+        *,
+        channels: Sequence[str],
+        chain_by_ch: Mapping[str, list[str]],
+        seed_ver_by_ch: Mapping[str, str | None],
+        seed_inline_by_ch: Mapping[str, Any],
+        stage2_rows: Sequence[Any],
+    ) -> dict[str, Any]:
+        """PostgresSaver's assembly of its history rows; under ``placed_delta_history``, with places."""
+        if not _placing.get():
+            return super()._build_delta_channels_writes_history(
+                channels=channels,
+                chain_by_ch=chain_by_ch,
+                seed_ver_by_ch=seed_ver_by_ch,
+                seed_inline_by_ch=seed_inline_by_ch,
+                stage2_rows=stage2_rows,
+            )
+        writes, blobs = [], {}
+        for row in stage2_rows:
+            value = None if row["type"] == "empty" else self.serde.loads_typed((row["type"], row["blob"]))
+            if row["_kind"] == "w":
+                writes.append((row["checkpoint_id"], row["channel"], row["task_id"], row["idx"], row["task_path"], value))
+            elif row["type"] != "empty":
+                blobs[(row["channel"], row["version"])] = value
+        seeds = {}
+        for channel in channels:
+            version = seed_ver_by_ch.get(channel)
+            if version is None:
+                continue
+            if (channel, version) in blobs:
+                seeds[channel] = (version, blobs[(channel, version)])
+            elif channel in seed_inline_by_ch:  # a primitive kept inline in the checkpoint row
+                seeds[channel] = (version, seed_inline_by_ch[channel])
+        return placed_histories(channels, chain_by_ch, writes, seeds)
 
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None

@@ -43,6 +43,14 @@ FROM (
 LEFT JOIN checkpoint_blobs b ON b.thread_id = h.thread_id AND b.checkpoint_ns = h.checkpoint_ns
     AND b.channel = %(key)s AND b.version = h.version
 """
+# The channels the thread's checkpoints count steps for since their last snapshot: its DeltaChannels.
+_DELTA = """
+SELECT thread_id, array_agg(DISTINCT channel ORDER BY channel) AS channels
+FROM checkpoints CROSS JOIN LATERAL jsonb_object_keys(
+    CASE WHEN jsonb_typeof(metadata -> 'counters_since_delta_snapshot') = 'object'
+         THEN metadata -> 'counters_since_delta_snapshot' ELSE '{{}}'::jsonb END) AS channel
+WHERE {where} GROUP BY thread_id
+"""
 _OUTBOX = f"""
 SELECT {{tenant}} AS tenant, thread_id, count(*) AS n, sum(pg_column_size(o.*)) AS bytes
 FROM {OUTBOX_TABLE} o WHERE {{where}} GROUP BY 1, 2
@@ -122,6 +130,9 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
                     window_messages=msgpack_array_length(row["header"]),
                     checkpoints_had=checkpoints_had(row["step"]),
                 )
+        for row in conn.execute(_DELTA.format(where=where), params):
+            if (thread := threads.get(row["thread_id"])) is not None:
+                thread.delta_channels = list(row["channels"])
         outbox = _grouped(conn, _OUTBOX, _outbox_where(selection), params, OUTBOX_TABLE)
         store = _grouped(conn, _STORE, _store_where(selection), params, "store")
     return assemble(threads, outbox, store, selection.tenant_mode)

@@ -135,6 +135,26 @@ class SqliteOutbox:
             )
             return inserted
 
+    def forget(self, entries: Iterable[OutboxEntry]) -> int:
+        """See :meth:`PostgresOutbox.forget`."""
+        rows = sorted_unique(entries)
+        if not rows:
+            return 0
+        now = time.time()
+        with self._write() as cur:
+            cur.executemany(
+                f"INSERT INTO {TABLE} (namespace, key, thread_id, checkpoint_id, message, message_class, "
+                "pruned_at, available_at) VALUES (?, ?, ?, ?, 'null', NULL, ?, ?) ON CONFLICT (namespace, key) "
+                "DO UPDATE SET status = 'pending', message = 'null', message_class = NULL, claimed_by = NULL, "
+                "lease_until = NULL, available_at = excluded.available_at, attempts = 0, last_error = NULL, "
+                "failed_at = NULL, delivered_at = NULL",
+                [
+                    (_ns_text(e.namespace), e.key, e.thread_id, e.checkpoint_id, as_utc(e.pruned_at).timestamp(), now)
+                    for e in rows
+                ],
+            )
+        return len(rows)
+
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.claim`."""
         now = time.time()

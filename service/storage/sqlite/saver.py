@@ -11,22 +11,31 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+)
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite._delta import DELTA_STAGE1_SQL, build_delta_stage2_sql
 
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
     CheckpointPrunedError,
+    PlacedHistory,
     ThreadNotEmptyError,
     check_copy_ids,
     check_prune_args,
     check_run_ids,
     checkpoints_to_drop,
+    delta_needs,
     is_snapshot_value,
     keep_checkpoints_of,
     parents_root,
+    placed_histories,
     refuse_delta_threads,
-    uses_delta_channel,
     was_pruned,
 )
 
@@ -55,14 +64,7 @@ class SqliteLifecycleSaver(SqliteSaver):
     are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
 
     ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
-    of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
-    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread. Puts of a thread with a
-    DeltaChannel prune nothing: told by the metadata counters, a snapshot value, or
-    ``config["configurable"][DELTA_CHANNEL_KEY]`` (set by ``EncryptingSaver``, which sees the values
-    before it seals them; ``lifecycle.uses_delta_channel``).
-
-    With ``pruned_table``, what the policy deleted stays known: ``get_tuple``, ``list`` and a ``put``
-    naming a deleted checkpoint raise ``CheckpointPrunedError`` (see ``lifecycle``).
+    was_pruned,
     """
 
     keep_checkpoints: int | None = None
@@ -88,7 +90,7 @@ class SqliteLifecycleSaver(SqliteSaver):
         keep = keep_checkpoints_of(config, self.keep_checkpoints)
         self._refuse_pruned(config, as_parent=True)
         next_config = super().put(config, checkpoint, metadata, new_versions)
-        if keep is not None and not uses_delta_channel(config, checkpoint, metadata):
+        if keep is not None:
             configurable = next_config["configurable"]
             with self._transaction() as cur:
                 self._keep_last(cur, configurable["thread_id"], configurable["checkpoint_ns"], keep)
@@ -155,6 +157,56 @@ class SqliteLifecycleSaver(SqliteSaver):
                 if item.config["configurable"]["checkpoint_id"] != checkpoint_id:
                     return
                 yield item
+
+    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+        """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
+        ``EncryptingSaver`` needs to open sealed values. SqliteSaver's two queries: the ancestors, each
+        checkpoint read until every channel has found a stored value (its seed), then their writes."""
+        channels = list(channels)
+        if not channels:
+            return {}
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        target = get_checkpoint_id(config)
+        if not target:
+            latest = self.get_tuple(config)
+            if latest is None:
+                return {channel: PlacedHistory(writes=[]) for channel in channels}
+            target = latest.config["configurable"]["checkpoint_id"]
+        chain: dict[str, list[str]] = {channel: [] for channel in channels}
+        seeds: dict[str, tuple[Any, Any]] = {}
+        with self.cursor(transaction=False) as cur:
+            cur.execute(DELTA_STAGE1_SQL, (thread_id, ns, target, thread_id, ns))
+            walking, seen = set(channels), set()
+            for checkpoint_id, type_, blob in cur:
+                if checkpoint_id == target and not seen:  # the target itself: its writes come after it
+                    seen.add(checkpoint_id)
+                    continue
+                if checkpoint_id in seen or not walking:  # a loop of re-put ids, or every seed found
+                    break
+                seen.add(checkpoint_id)
+                checkpoint = self.serde.loads_typed((type_, blob))
+                values, versions = checkpoint.get("channel_values") or {}, checkpoint.get("channel_versions") or {}
+                for channel in list(walking):
+                    chain[channel].append(checkpoint_id)
+                    if channel in values:
+                        seeds[channel] = (versions.get(channel), values[channel])
+                        walking.discard(channel)
+            with_chain = [channel for channel in channels if chain[channel]]
+            rows: list[tuple] = []
+            if with_chain:
+                sql = build_delta_stage2_sql(
+                    has_task_path=self._has_task_path, chain_lens=[len(chain[c]) for c in with_chain]
+                )
+                params: list[Any] = []
+                for channel in with_chain:
+                    params += [thread_id, ns, channel, *chain[channel]]
+                rows = cur.execute(sql, params).fetchall()
+        writes = [
+            (checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed((type_, value)))
+            for checkpoint_id, channel, task_id, idx, type_, value, task_path in rows
+        ]
+        return placed_histories(channels, chain, writes, seeds)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and pending write of a thread to another thread id, in one transaction.
@@ -359,13 +411,16 @@ class SqliteLifecycleSaver(SqliteSaver):
             )
 
     def _keep_last(self, cur: sqlite3.Cursor, thread_id: str, ns: str, keep: int) -> None:
-        parents = dict(
-            cur.execute(
-                "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
-                (thread_id, ns),
-            ).fetchall()
-        )
-        doomed = sorted(checkpoints_to_drop(parents, keep))
+        rows = cur.execute(
+            "SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?",
+            (thread_id, ns),
+        ).fetchall()
+        parents = {checkpoint_id: parent for checkpoint_id, parent, _ in rows}
+        needs = {
+            checkpoint_id: delta_needs(json.loads(metadata) if metadata is not None else None)
+            for checkpoint_id, _, metadata in rows
+        }
+        doomed = sorted(checkpoints_to_drop(parents, keep, needs))
         if not doomed:
             return
         params = (thread_id, ns, json.dumps(doomed))

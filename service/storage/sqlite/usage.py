@@ -66,6 +66,13 @@ SELECT thread_id, checkpoint_ns, type, checkpoint, {_CHECKPOINT_ROW} AS bytes,
        json_extract(CAST(metadata AS TEXT), '$.step') AS step
 FROM checkpoints WHERE {{where}} ORDER BY thread_id, checkpoint_ns, checkpoint_id
 """
+# The channels the thread's checkpoints count steps for since their last snapshot: its DeltaChannels.
+_DELTA = """
+SELECT DISTINCT thread_id, counted.key AS channel
+FROM checkpoints, json_each(CAST(metadata AS TEXT), '$.counters_since_delta_snapshot') AS counted
+WHERE json_type(CAST(metadata AS TEXT), '$.counters_since_delta_snapshot') = 'object' AND {where}
+ORDER BY thread_id, channel
+"""
 _WRITES = f"SELECT thread_id, sum({_WRITE_ROW}) AS bytes FROM writes WHERE {{where}} GROUP BY thread_id"
 _OUTBOX = f"""
 SELECT namespace, thread_id, count(*) AS n, sum({_OUTBOX_ROW}) AS bytes FROM {OUTBOX_TABLE}
@@ -119,6 +126,9 @@ def measure(path: str, selection: Selection, *, messages_key: str) -> list[Threa
             for row in conn.execute(_WRITES.format(where=where), params):
                 if (thread := threads.get(row["thread_id"])) is not None:
                     thread.write_bytes = row["bytes"]
+            for row in conn.execute(_DELTA.format(where=where), params):
+                if (thread := threads.get(row["thread_id"])) is not None:
+                    thread.delta_channels.append(row["channel"])
             agent = "thread_id = :agent" if selection.thread is not None else "1"
             outbox = _grouped(conn, _OUTBOX, agent, params, OUTBOX_TABLE, selection, _outbox_tenant)
             agent = "json_extract(value, '$.thread_id') = :agent" if selection.thread is not None else "1"

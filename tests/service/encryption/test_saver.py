@@ -108,10 +108,11 @@ def backend_saver(request, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["migrate", "required"])
-def test_keep_checkpoints_keeps_a_delta_channel_thread_whole_under_encryption(backend_saver, mode):
+def test_keep_checkpoints_keeps_a_delta_channel_threads_rebuild_chain_under_encryption(backend_saver, mode):
     """A DeltaChannel ``items`` as LangGraph puts it: absent from the checkpoint, counters in the metadata,
-    except on a checkpoint that snapshots it, whose only marker is the snapshot value (no counters). Under
-    encryption the backend sees that value sealed; the thread must still be kept whole, as without."""
+    except on a checkpoint that snapshots it, whose only marker is the snapshot value (no counters). The
+    newest 2 are kept with their ancestors back to the snapshot, and nothing older: under encryption (the
+    backend sees the values sealed, the counters plain) as without."""
     sealer = Sealer(Cipher(load_keyring(ring_json("k1", k1=new_key()))), mode, tenant_mode=False)
     sealed = encrypting(backend_saver, sealer)
 
@@ -126,7 +127,7 @@ def test_keep_checkpoints_keeps_a_delta_channel_thread_whole_under_encryption(ba
 
     _history(backend_saver, "delta-off", delta, ids)
     _history(sealed, "delta-sealed", delta, ids)
-    assert len(_read(backend_saver, "delta-off")) == len(delta)
+    assert [checkpoint_id for checkpoint_id, _, _ in _read(backend_saver, "delta-off")] == ids[:2:-1]
     assert _read(sealed, "delta-sealed") == _read(backend_saver, "delta-off")
 
     # The same puts without a DeltaChannel are pruned to 2 either way: the policy is on.

@@ -6,6 +6,8 @@ on real PostgreSQL, with two pools at once and with deliverers in separate proce
 
 from __future__ import annotations
 
+import dataclasses
+
 import multiprocessing
 import random
 import threading
@@ -231,6 +233,25 @@ def test_delivered_rows_keep_their_key_and_drop_the_message(outbox):
     assert retried.message == recorded[2].message
     assert outbox.complete("w2", [retried.ident]) == 1
     assert set(stored_messages(outbox).values()) == {None}
+
+
+def test_forget_takes_a_row_from_its_deliverer_and_keeps_the_key_out(outbox):
+    """A deletion (a message the agent deleted on purpose) is a row without a message: pending again
+    whatever it was, taken from a deliverer holding it (its completion finds nothing), claimed as a
+    deletion, and once done a later record of the key stays out."""
+    held, delivered, unseen = entries(3)
+    outbox.record([held, delivered])
+    first, second = outbox.claim("w", 2, 30)
+    assert outbox.complete("w", [second.ident]) == 1
+    never = dataclasses.replace(unseen, message=None, message_class=None)
+    assert outbox.forget([dataclasses.replace(e, message=None) for e in (held, delivered)] + [never]) == 3
+    assert outbox.complete("w", [first.ident]) == 0  # "w" delivered it meanwhile: the deletion runs after
+    claimed = outbox.claim("w2", 10, 30)
+    assert sorted(e.key for e in claimed) == sorted(e.key for e in (held, delivered, unseen))
+    assert all(e.message is None for e in claimed)
+    assert outbox.complete("w2", [e.ident for e in claimed]) == 3
+    assert outbox.record([held, delivered, unseen]) == 0
+    assert outbox.claim("w3", 10, 30) == []
 
 
 def test_fail_needs_exactly_one_outcome(outbox):

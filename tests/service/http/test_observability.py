@@ -528,3 +528,11 @@ def test_request_metrics_count_and_bucket_each_request_as_prometheus_client_woul
         }
 
     assert samples(metrics.registry) == samples(reference)
+
+
+def test_delta_history_calls_are_logged_at_debug(client, log_lines):
+    # LangGraph asks for a DeltaChannel's history at the start of every run: a per-step call.
+    body = {"config": {"configurable": {"thread_id": "t-delta-log"}}, "channels": ["messages"]}
+    response = client.post("/v1/checkpoints/delta-history", json=body)
+    assert response.status_code == 200
+    assert not any(r["logger"] == "reducing_saver.access" for r in _records(log_lines))

@@ -42,6 +42,8 @@ def test_report_prints_the_largest_threads_and_writes_a_png(database: str, tmp_p
         "plain",
         "estimate",
         "saved",
+        "delta",
+        "channels",
     ]
     backend = open_backend(database, create=False)
     try:

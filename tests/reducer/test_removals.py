@@ -1,0 +1,136 @@
+"""Messages an agent removes itself: trimmed ones reach memory once, deleted ones are forgotten.
+
+An in-process ``ReducingSaver`` (no window: ``max_messages`` far above the thread) over ``InMemorySaver``,
+a graph that trims with ``RemoveMessage`` or summarizes with ``REMOVE_ALL_MESSAGES``, on ``add_messages``
+and on a DeltaChannel.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, SystemMessage
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import REMOVE_ALL_MESSAGES, _messages_delta_reducer, add_messages
+
+from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver, Removals, split_removed
+from reducing_saver.reducer._removals import fold
+
+
+class _Added(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class _Delta(TypedDict):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=4)]
+
+
+def _graph(saver, schema, manage):
+    """``chat`` answers; ``manage`` (a function of the state) then trims or summarizes."""
+
+    def chat(state):
+        last = state["messages"][-1].id
+        turn = last.removeprefix("h-") if last.startswith("h-") else "0"
+        return {"messages": [AIMessage(f"answer {turn}", id=f"ai-{turn}")]}
+
+    def tidy(state):
+        return {"messages": manage(state["messages"])}
+
+    builder = StateGraph(schema)
+    builder.add_node("chat", chat)
+    builder.add_node("tidy", tidy)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", "tidy")
+    builder.add_edge("tidy", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _trim_to_last(n):
+    return lambda messages: [RemoveMessage(id=m.id) for m in messages[:-n]]
+
+
+def _summarize_keeping(n):
+    def summarize(messages):
+        if len(messages) <= n + 1:
+            return []
+        summary = HumanMessage("summary", id=f"summary-{messages[-1].id}", additional_kwargs={"lc_source": "summarization"})
+        return [RemoveMessage(id=REMOVE_ALL_MESSAGES), summary, *messages[-n:]]
+
+    return summarize
+
+
+class _Memory:
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+        self.forgotten: list[str] = []
+
+    def hook(self, messages, namespace) -> None:
+        self.delivered += [m.id for m in messages]
+
+    def forget(self, keys, namespace, config) -> None:
+        self.forgotten += keys
+
+
+def _saver(memory: _Memory, remember: str = "trimmed") -> ReducingSaver:
+    reducer = MessageReducer(ReducerConfig(max_messages=1000, on_prune=[memory.hook]))
+    return ReducingSaver(InMemorySaver(), reducer, removals=Removals(remember, forget=memory.forget))
+
+
+def test_split_removed_trims_the_oldest_and_deletes_the_rest() -> None:
+    before = [("sys", True), ("h1", False), ("a1", False), ("summary", True), ("h2", False), ("a2", False), ("h3", False)]
+    assert split_removed(before, {"h2", "h3", "sys", "summary"}) == (["h1", "a1"], ["a2"])
+    assert split_removed(before, {"h1", "a1", "h2", "a2", "h3"}) == ([], [])
+    assert split_removed(before, set()) == (["h1", "a1", "h2", "a2", "h3"], [])
+
+
+def test_fold_is_add_messages() -> None:
+    state = [HumanMessage("a", id="1"), AIMessage("b", id="2")]
+    writes = [[AIMessage("b2", id="2"), HumanMessage("c", id="3")], [RemoveMessage(id="1")], [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage("d", id="4")]]
+    for end in range(len(writes) + 1):
+        expected = state
+        for write in writes[:end]:
+            expected = add_messages(expected, write)
+        assert [m.id for m in fold(state, writes[:end])] == [m.id for m in expected]
+
+
+@pytest.mark.parametrize("schema", [_Added, _Delta], ids=["add_messages", "delta"])
+@pytest.mark.parametrize("manage", [_trim_to_last(4), _summarize_keeping(3)], ids=["trim", "summarize"])
+def test_every_message_the_agent_removes_reaches_memory_once(schema, manage) -> None:
+    memory = _Memory()
+    graph = _graph(_saver(memory), schema, manage)
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [SystemMessage("be brief", id="sys")]}, config)
+    for turn in range(1, 13):
+        graph.invoke({"messages": [HumanMessage(f"q {turn}", id=f"h-{turn}")]}, config)
+    kept = {m.id for m in graph.get_state(config).values["messages"]}
+    everything = {"sys"} | {f"h-{t}" for t in range(1, 13)} | {f"ai-{t}" for t in range(13)}
+    assert sorted(memory.delivered) == sorted(everything - kept - {"sys"})  # each once; the system prompt stays
+    assert memory.forgotten == []
+
+
+@pytest.mark.parametrize("schema", [_Added, _Delta], ids=["add_messages", "delta"])
+@pytest.mark.parametrize("remember", ["trimmed", "all", "none"])
+def test_a_deliberate_deletion_is_forgotten_unless_every_removal_is_remembered(schema, remember) -> None:
+    memory = _Memory()
+    graph = _graph(_saver(memory, remember), schema, lambda messages: [])
+    config = {"configurable": {"thread_id": "t"}}
+    for turn in range(1, 5):
+        graph.invoke({"messages": [HumanMessage(f"q {turn}", id=f"h-{turn}")]}, config)
+    graph.update_state(config, {"messages": [RemoveMessage(id="h-2")]})  # "forget what I said"
+    graph.invoke({"messages": [HumanMessage("q 5", id="h-5")]}, config)
+    assert "h-2" not in {m.id for m in graph.get_state(config).values["messages"]}
+    assert memory.delivered == (["h-2"] if remember == "all" else [])
+    assert memory.forgotten == ([] if remember == "all" else ["h-2"])
+
+
+def test_a_message_removed_and_added_again_is_delivered_once_per_removal_key() -> None:
+    memory = _Memory()
+    graph = _graph(_saver(memory), _Added, lambda messages: [])
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [HumanMessage("q 1", id="h-1")]}, config)
+    graph.update_state(config, {"messages": [RemoveMessage(id="h-1")]})
+    graph.update_state(config, {"messages": [HumanMessage("q 1", id="h-1")]})
+    assert memory.delivered == ["h-1"]  # the hooks see each removal; the service's outbox keeps one per key
