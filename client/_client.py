@@ -48,6 +48,7 @@ from reducing_saver.client._errors import (
     RequestTimeoutError,
     ServerUnavailableError,
     error_from_response,
+    is_database_timeout,
 )
 from reducing_saver.client._serde import SafeJsonPlusSerializer
 from reducing_saver.client._aiohttp import AiohttpTransport
@@ -702,8 +703,9 @@ class _Http:
     ) -> float | None:
         """Seconds to wait before retrying ``call``, or ``None`` when ``outcome`` is final.
 
-        An idempotent call is retried ``max_retries`` times after a connection error or a 502/503/504;
-        past those, a 503 (the service or its database cannot serve *now*) or a refused, reset or
+        An idempotent call is retried ``max_retries`` times after a connection error or a 502/503/504
+        (but not the service's own 504 for a statement its database cancelled: that would take as long
+        again, :class:`DatabaseTimeoutError`); past those, a 503 (the service or its database cannot serve *now*) or a refused, reset or
         broken connection (the service is restarting) is retried on, at most ``UNAVAILABLE_MAX_DELAY``
         apart, while the retry would start within ``retry_unavailable_for`` seconds of the first
         attempt. A connection that retrying cannot fix (:func:`unfixable_cause`) is final at once.
@@ -713,7 +715,7 @@ class _Http:
             return None
         floor = 0.0
         if isinstance(outcome, Answer):
-            if outcome.status not in RETRY_STATUSES:
+            if outcome.status not in RETRY_STATUSES or is_database_timeout(outcome.status, outcome.content):
                 return None
             reason = f"{outcome.status} {httpx.codes.get_reason_phrase(outcome.status)}"
             floor = _retry_after(outcome)

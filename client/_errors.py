@@ -14,6 +14,8 @@ Every error the client raises on purpose derives from one root::
     ├── ServerUnavailableError    5xx, or the service could not be reached
     │   └── ConnectionSetupError  the URL cannot reach it, whatever it does: unknown host, https://
     │                             against plain HTTP, a certificate that does not verify (never retried)
+    ├── DatabaseTimeoutError      504 with code database_timeout: the service's database cancelled a
+    │                             statement past its statement_timeout or lock_timeout (never retried)
     └── RequestTimeoutError       no answer within the configured timeout
 
 Other statuses (405, 429, ...) raise ``ReducingSaverError`` itself; a redirect (3xx) is never followed
@@ -29,6 +31,8 @@ from typing import Any
 
 import httpx
 import orjson
+
+from reducing_saver.wire import DATABASE_TIMEOUT
 
 #: Longest slice of a non-JSON error body quoted in a message.
 _MAX_BODY_QUOTE = 300
@@ -98,6 +102,14 @@ class RequestTimeoutError(ReducingSaverError):
     """The service did not answer within the timeout."""
 
 
+class DatabaseTimeoutError(ReducingSaverError):
+    """The service's database cancelled a statement of the call: it ran past a limit set on the database
+    (``statement_timeout``, or ``lock_timeout`` waiting for a lock). Not an outage: the same call is likely
+    to take as long again, so the client does not retry it; ask for less (a smaller ``limit``), or have the
+    limit raised for the service's role. A 504 without the service's ``code`` (from a proxy in front of it)
+    stays a retried ``ServerUnavailableError``."""
+
+
 _BY_STATUS: dict[int, type[ReducingSaverError]] = {
     400: BadRequestError,
     401: AuthenticationError,
@@ -108,6 +120,21 @@ _BY_STATUS: dict[int, type[ReducingSaverError]] = {
     413: PayloadTooLargeError,
     422: BadRequestError,
 }
+
+
+def error_code(content: bytes) -> str | None:
+    """The ``code`` of a JSON error body (``wire.bodies.ErrorBody``), or ``None``."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def is_database_timeout(status_code: int, content: bytes) -> bool:
+    """Whether an answer is the service's own 504 for a statement its database cancelled."""
+    return status_code == 504 and error_code(content) == DATABASE_TIMEOUT
 
 
 def error_class(status_code: int) -> type[ReducingSaverError]:
@@ -153,7 +180,8 @@ def error_from_response(response: httpx.Response, *, method: str, path: str) -> 
     message = f"{method} {path} failed with {status} {response.reason_phrase}: {_describe_body(response)}"
     if request_id:
         message += f" (request id {request_id})"
-    return error_class(status)(message, status_code=status, request_id=request_id)
+    cls = DatabaseTimeoutError if is_database_timeout(status, response.content) else error_class(status)
+    return cls(message, status_code=status, request_id=request_id)
 
 
 __all__ = [
@@ -162,12 +190,15 @@ __all__ = [
     "CheckpointPrunedError",
     "ConflictError",
     "ConnectionSetupError",
+    "DatabaseTimeoutError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ReducingSaverError",
     "RequestTimeoutError",
     "ServerUnavailableError",
     "error_class",
+    "error_code",
     "error_from_response",
+    "is_database_timeout",
     "render_detail",
 ]

@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from importlib import metadata as importlib_metadata
 from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
@@ -64,6 +63,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--shutdown-grace-seconds": "shutdown_grace_seconds",
     "--keep-alive-seconds": "keep_alive_seconds",
     "--db-timeout-seconds": "db_timeout_seconds",
+    "--postgres-prepared-statements": "postgres_prepared_statements",
     "--storage-refresh-seconds": "storage_refresh_seconds",
     "--migrate": "migrate",
     "--extract": "extract",
@@ -122,12 +122,18 @@ ENV_ONLY: dict[str, str] = {
     "extraction_max_backoff": _TUNING,
     "extraction_idle_seconds": _TUNING,
     "sweep_batch_size": _TUNING,
+    "postgres_check_idle_seconds": _TUNING,
+    "postgres_keepalives_idle_seconds": _TUNING,
+    "postgres_keepalives_interval_seconds": _TUNING,
+    "postgres_keepalives_count": _TUNING,
+    "postgres_tcp_user_timeout_seconds": _TUNING,
 }
 #: The flags of ``worker``: where the outbox is, how to deliver, how to log.
 WORKER_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
     for flag in (
         "--database",
+        "--postgres-prepared-statements",
         "--extractor",
         "--extraction-batch-size",
         "--extraction-max-attempts",
@@ -147,14 +153,18 @@ WORKER_FLAGS: dict[str, str] = {
 }
 #: The flags of ``migrate``: the database, and the store's settings (vector search adds tables).
 MIGRATE_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--store-index", "--db-timeout-seconds", "--log-level")
+    flag: SERVE_FLAGS[flag]
+    for flag in ("--database", "--postgres-prepared-statements", "--store-index", "--db-timeout-seconds", "--log-level")
 }
-EXTRACTION_FLAGS: dict[str, str] = {"--database": "database"}
+EXTRACTION_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements")
+}
 #: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
 SWEEP_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
     for flag in (
         "--database",
+        "--postgres-prepared-statements",
         "--ttl-strategy",
         "--default-ttl",
         "--outbox-retention",
@@ -165,10 +175,13 @@ SWEEP_FLAGS: dict[str, str] = {
     )
 }
 #: The flags of ``report`` besides its own (``--top``, ``--png``).
-REPORT_FLAGS: dict[str, str] = {flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file")}
+REPORT_FLAGS: dict[str, str] = {
+    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file")
+}
 #: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
 ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--api-keys-file", "--log-level", "--log-format")
+    flag: SERVE_FLAGS[flag]
+    for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file", "--log-level", "--log-format")
 }
 ALL_FLAGS = {
     **SERVE_FLAGS,
@@ -189,10 +202,9 @@ WORKER_POOL_SIZE = 4
 
 
 def _version() -> str:
-    try:
-        return importlib_metadata.version("reducing-saver")
-    except importlib_metadata.PackageNotFoundError:  # a source tree that is not installed
-        return "0.0.0"
+    from reducing_saver.service.version import __version__
+
+    return __version__
 
 
 def _help(field: str) -> str:
@@ -312,6 +324,7 @@ def _positive(text: str) -> int:
 #: declaring them, in the order ``--help`` shows them.
 HELP_GROUPS: dict[str, tuple[str, str]] = {
     "ServerSettings": ("server", "the database, the address, processes and logs"),
+    "PostgresSettings": ("PostgreSQL connections", "poolers, failover, idle connections"),
     "ReducerSettings": ("window", "what every stored checkpoint keeps of the messages channel"),
     "SecuritySettings": ("security", "API keys, exposure, encryption at rest, code in stored values"),
     "Limits": ("limits", "caps on what one request may carry"),
@@ -518,7 +531,11 @@ def _check_backend(settings: Settings) -> None:
     from reducing_saver.service.storage.migrations import summarized
 
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         backend.store_options = store_config.store_options(settings)
@@ -632,13 +649,18 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         # /proc/<pid>/environ shows its value blanked (security/environ.py says what cannot be).
         if os.environ.pop(ENCRYPTION_KEYS_ENV, "").strip().startswith("{"):
             blank_initial_value(ENCRYPTION_KEYS_ENV)
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
+        app = create_app(settings)
+        server = uvicorn.Server(uvicorn.Config(app, **common))
         try:
             server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's exit when the app's start-up failed
+            if app.refusal is None:
+                raise
         finally:
             _leave_threads_stuck_on_the_database()
         if not server.started:
-            raise CommandError("the service did not start (the log above says why)")
+            # A database found unfit at the app's start (after the check above passed) is one line too.
+            raise CommandError(app.refusal or "the service did not start (the log above says why)")
         return
     # Worker processes build their own app: from the environment (and .env) as this process did, plus
     # the flags given here. Nothing else, and no secret, goes into their environment: a key ring given
@@ -722,7 +744,11 @@ def worker(settings: Settings) -> None:
     stop = threading.Event()
     # Claims, renewals, completions and the store share one small pool.
     backend = open_backend(
-        settings.database, pool_size=WORKER_POOL_SIZE, timeout=settings.db_timeout_seconds, migrate=settings.migrate
+        settings.database,
+        pool_size=WORKER_POOL_SIZE,
+        timeout=settings.db_timeout_seconds,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     backend.store_options = store_config.store_options(settings)
     try:
@@ -773,7 +799,9 @@ def migrate(settings: Settings) -> None:
         return
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal, code=2)
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, postgres=settings.postgres
+    )
     try:
         backend.store_options = store_config.store_options(settings)
         applied = backend.migrate()
@@ -789,7 +817,12 @@ def extraction(settings: Settings, action: str) -> None:
     from reducing_saver.service.storage import open_backend
 
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         outbox = backend.outbox()
@@ -813,7 +846,12 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
         print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
         return 2
     backend = open_backend(
-        settings.database, pool_size=2, timeout=settings.db_timeout_seconds, create=False, migrate=settings.migrate
+        settings.database,
+        pool_size=2,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        migrate=settings.migrate,
+        postgres=settings.postgres,
     )
     try:
         # Deleted threads' windows go to the outbox (PostgreSQL: in the sweep's own transaction); the
@@ -848,7 +886,9 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
             import matplotlib  # noqa: F401  (an optional dependency: checked before any work)
         except ImportError:
             raise CommandError(storage_report.NO_MATPLOTLIB) from None
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+    )
     try:
         backend.refuse_newer_schema()  # a later release's tables may mean something else
         selection = Selection(tenant_mode=settings.api_key_set is not None)
@@ -878,7 +918,9 @@ def encrypt_sweep(settings: Settings) -> int:
             "service process (start the service with --encryption required instead)",
             code=2,
         )
-    backend = open_backend(settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False)
+    backend = open_backend(
+        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+    )
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)
     try:

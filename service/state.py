@@ -137,6 +137,7 @@ class Service:
             pool_size=settings.pool_size,
             timeout=settings.db_timeout_seconds,
             migrate=settings.migrate,
+            postgres=settings.postgres,
         )
         try:
             backend.store_options = store_options(settings)

@@ -97,6 +97,12 @@ THREAD_STORAGE_PATH = API_PREFIX + "/threads/{thread_id}/storage"
 STORAGE_PATH = API_PREFIX + "/storage"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
+
+#: The ``code`` of a 504 answer: the database cancelled a statement that ran past a limit set on it
+#: (``statement_timeout``, ``lock_timeout``). A 504 without it comes from a proxy in front of the service.
+DATABASE_TIMEOUT = "database_timeout"
+#: Status -> the ``code`` every error answer with that status carries (``bodies.ErrorBody``).
+ERROR_CODES = {504: DATABASE_TIMEOUT}
 #: The content types the per-step routes accept and answer in.
 BODY_FORMATS = (JSON, MSGPACK)
 _ID_KEYS = ("thread_id", "checkpoint_ns", "checkpoint_id")
@@ -432,8 +438,10 @@ def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "API_PREFIX",
     "CAPABILITIES_PATH",
+    "DATABASE_TIMEOUT",
     "DEAD_LETTERS_PATH",
     "DELTA_HISTORY_PATH",
+    "ERROR_CODES",
     "EXTRACTION_STATUS_PATH",
     "GET_PATH",
     "HEALTH_PATH",

@@ -134,9 +134,11 @@ class CapabilitiesAnswer(TypedDict):
 
 
 class ErrorBody(TypedDict):
-    """Every error answer: FastAPI's ``detail``, a sentence or a list of pydantic errors."""
+    """Every error answer: FastAPI's ``detail``, a sentence or a list of pydantic errors; ``code`` where a
+    client acts on the kind of error rather than its status (``wire.ERROR_CODES``)."""
 
     detail: str | list[dict[str, Any]]
+    code: NotRequired[str]
 
 
 # -- the store's batch route ------------------------------------------------------------------------

@@ -40,7 +40,9 @@ class ServerSettings(BaseModel):
     database: str = Field(
         DEFAULT_DATABASE,
         description="Where checkpoints live: postgresql://user:pass@host:port/db (an existing UTF8 "
-        "database), sqlite:///path/to/file (relative to the working folder; serve and worker create a "
+        "database; several hosts, postgresql://user:pass@h1:5432,h2:5432/db, for a primary and its standbys: "
+        "the service connects to the one that accepts writes, target_session_attrs=read-write unless the URL "
+        "says otherwise), sqlite:///path/to/file (relative to the working folder; serve and worker create a "
         "missing file and folder, other commands do not) or memory:// (tests only).",
     )
     host: str = Field("127.0.0.1", description="Address to listen on.")
@@ -104,6 +106,45 @@ class ServerSettings(BaseModel):
         description="How often a background thread measures every thread's storage for the "
         "reducing_saver_storage_* metrics (one pass over the checkpoint, outbox and store tables; /metrics "
         "answers from the last pass); 0 turns the measuring and those metrics off.",
+    )
+
+
+class PostgresSettings(BaseModel):
+    """How every PostgreSQL connection the service opens behaves (docs/operations.md, managed PostgreSQL).
+
+    Every one: the pool, the start-up checks and set-up locks, a sweep's own connections, the commands.
+    """
+
+    postgres_prepared_statements: bool = Field(
+        True,
+        description="Prepare each statement on the server at its first use and reuse it by name (psycopg's "
+        "prepare_threshold=0, as PostgresSaver.from_conn_string does). Turn it off behind a pooler in "
+        "transaction mode that does not keep prepared statements per client: PgBouncer before 1.21 (Debian "
+        "12 ships 1.18), or 1.21 and later with max_prepared_statements = 0. Left on there, the service "
+        "refuses to start, naming this setting.",
+    )
+    postgres_check_idle_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="A pooled connection idle for longer than this is checked with one round trip before it "
+        "is lent; one a load balancer, proxy or restart has cut is replaced, and no caller sees it. 0 checks "
+        "every connection lent.",
+    )
+    postgres_keepalives_idle_seconds: int = Field(
+        10, ge=1, description="TCP keepalive: seconds a connection is idle before the first probe."
+    )
+    postgres_keepalives_interval_seconds: int = Field(
+        5, ge=1, description="TCP keepalive: seconds between probes that get no answer."
+    )
+    postgres_keepalives_count: int = Field(
+        3, ge=1, description="TCP keepalive: probes without an answer before the connection counts as lost."
+    )
+    postgres_tcp_user_timeout_seconds: float = Field(
+        15.0,
+        ge=0,
+        description="How long sent bytes may stay unacknowledged before the kernel drops the connection (a "
+        "statement sent into a partition fails then, not after about 15 minutes of retransmissions); 0 "
+        "leaves the kernel's default.",
     )
 
 
@@ -350,6 +391,7 @@ class StoreSettings(BaseModel):
 
 class Settings(
     ServerSettings,
+    PostgresSettings,
     ReducerSettings,
     SecuritySettings,
     LimitSettings,
@@ -512,6 +554,11 @@ class Settings(
     def keyring(self) -> KeyRing | None:
         """The encryption key ring, parsed; ``None`` when none is configured."""
         return self._keyring
+
+    @property
+    def postgres(self) -> PostgresSettings:
+        """The PostgreSQL connection settings alone (what ``storage.open_backend`` takes)."""
+        return PostgresSettings(**{name: getattr(self, name) for name in PostgresSettings.model_fields})
 
     @property
     def limits(self) -> LimitSettings:

@@ -154,5 +154,5 @@ def refusal(settings: Any) -> str | None:
             "store keeps TTLs in whole minutes (a refreshing read would round it): give whole minutes"
         )
     return rules.store_refusal(
-        settings.database, index=index is not None, ttl=ttl is not None
+        settings.database, index=index is not None, ttl=ttl is not None, postgres=getattr(settings, "postgres", None)
     )

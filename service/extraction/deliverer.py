@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
+from reducing_saver.service.background import FailureLog
 from reducing_saver.service.extraction.extractors import Extractor, PermanentExtractionError
 from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEntry
 
@@ -119,6 +120,7 @@ class Deliverer:
         self.last_claimed = 0
         self._stop_event: threading.Event | None = None
         self._wakeup = threading.Event()
+        self._failures = FailureLog("delivery", logger)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -283,7 +285,8 @@ class Deliverer:
         """Deliver until ``stop_event`` is set, then hand back what this worker still holds.
 
         Sleeps ``idle_sleep`` whenever a claim found less than a full batch; database errors are logged
-        and retried with backoff (at most :data:`ERROR_WAIT_MAX` seconds apart), never raised. A
+        and retried with backoff (at most :data:`ERROR_WAIT_MAX` seconds apart), never raised (an outage is
+        logged once, without a traceback: ``background.FailureLog``). A
         :meth:`wake` cuts that wait short too: a put that just recorded rows shows the database is back.
         """
         self._stop_event = stop_event
@@ -293,9 +296,10 @@ class Deliverer:
                 try:
                     self.run_once()
                     errors = 0
-                except Exception:
+                    self._failures.succeeded()
+                except Exception as exc:
                     errors += 1
-                    logger.exception("%s: delivery round failed", self.worker_id)
+                    self._failures.failed(exc, f"{self.worker_id}: delivery round failed; retrying")
                     backoff = self.idle_sleep * 2 ** min(errors, 8)
                     self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, backoff))
                     self._wakeup.clear()
@@ -368,6 +372,7 @@ class _LeaseRenewer(threading.Thread):
         self._keys = set(keys)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._failures = FailureLog("lease_renewal", logger)
 
     def finished(self, keys: Iterable[EntryKey]) -> None:
         with self._lock:
@@ -389,9 +394,10 @@ class _LeaseRenewer(threading.Thread):
                 continue
             try:
                 renewed = self._outbox.renew(self._worker_id, keys, self._lease)
-            except Exception:
-                logger.exception("%s: lease renewal failed; retrying", self._worker_id)
+            except Exception as exc:
+                self._failures.failed(exc, f"{self._worker_id}: lease renewal failed; retrying")
                 continue
+            self._failures.succeeded()
             # Rows finished meanwhile are not renewed either; only count those still in hand.
             still = len(set(keys).intersection(self.outstanding()))
             if renewed < still:

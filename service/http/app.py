@@ -23,7 +23,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service import security
 from reducing_saver.service.cli import FLAGS_ENV
@@ -42,6 +42,7 @@ from reducing_saver.service.http.routes import (
     threads,
 )
 from reducing_saver.service.state import Service
+from reducing_saver.service.storage import StorageError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import METRICS_PATH
 
@@ -58,6 +59,22 @@ class ServiceApp(FastAPI):
     """
 
     outer_middleware: list[tuple[type, dict[str, Any]]] = []
+    #: Why the service refused to start (a ``StorageError``: one line for an operator), once it has.
+    refusal: str | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await super().__call__(scope, receive, send)
+            return
+
+        async def send_refusal(message: Message) -> None:
+            # Starlette reports a failed start-up with the traceback; a refusal is one line instead (the
+            # command line prints it, so the server logs nothing of its own).
+            if message["type"] == "lifespan.startup.failed" and self.refusal is not None:
+                message = {**message, "message": ""}
+            await send(message)
+
+        await super().__call__(scope, receive, send_refusal)
 
     def build_middleware_stack(self) -> ASGIApp:
         app = super().build_middleware_stack()
@@ -123,7 +140,7 @@ async def _answer_error(request: Request, exc: Exception) -> Response:
         answer = (500, "internal server error")
     status, detail = answer
     headers = {name.decode(): value.decode() for name, value in headers_for(status)}
-    return Response(error_body(detail), status_code=status, media_type="application/json", headers=headers)
+    return Response(error_body(detail, status), status_code=status, media_type="application/json", headers=headers)
 
 
 def create_app(settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None) -> FastAPI:
@@ -138,8 +155,14 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     service = Service(settings, on_prune)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(service.open)
+    async def lifespan(app: ServiceApp) -> AsyncIterator[None]:
+        try:
+            await run_in_threadpool(service.open)
+        except StorageError as exc:  # the database is unfit (unreachable, read-only, behind a pooler...)
+            app.refusal = str(exc)
+            if os.environ.get(FLAGS_ENV) is not None:  # a worker process of `serve --workers N`: it logs it
+                logger.error("reducing-saver: %s", exc)
+            raise
         try:
             yield
         finally:

@@ -18,6 +18,10 @@ value, a value PostgreSQL refuses
 the keep-checkpoints policy deleted
 :class:`Unavailable`, no connection or      503     names the database as the cause
 saver in time, the database unreachable
+or accepting no writes (a standby)
+``DatabaseTimeout``: a statement the        504     names the limit; ``code: database_timeout``
+database cancelled (statement_timeout,              (a client does not retry it blindly)
+lock_timeout)
 :class:`Untransportable`: a stored value    500     names the field and why it cannot travel
 with no wire form
 ``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
@@ -38,9 +42,9 @@ from starlette.types import Send
 
 from reducing_saver.service.encryption import StoredDataError
 from reducing_saver.service.messages_codec import UnsafeMessagesError
-from reducing_saver.service.storage import DatabaseUnavailable, SaversBusy, ValueRefused
+from reducing_saver.service.storage import DatabaseTimeout, DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import CheckpointPrunedError, ThreadNotEmptyError
-from reducing_saver.wire import WireError
+from reducing_saver.wire import ERROR_CODES, WireError
 from reducing_saver.wire.bodies import ErrorBody
 
 
@@ -114,6 +118,8 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
         return 409, str(exc) or "not supported by this backend"
     if isinstance(exc, (SaversBusy, DatabaseUnavailable)):
         return 503, str(exc)
+    if isinstance(exc, DatabaseTimeout):
+        return 504, str(exc)
     return None
 
 
@@ -129,6 +135,7 @@ ANSWERED: tuple[type[BaseException], ...] = (
     NotImplementedError,
     SaversBusy,
     DatabaseUnavailable,
+    DatabaseTimeout,
 )
 
 
@@ -137,21 +144,25 @@ def headers_for(status: int) -> list[tuple[bytes, bytes]]:
     return _HEADERS.get(status, [])
 
 
-def error_body(detail: Any) -> bytes:
-    """``{"detail": ...}`` as JSON (FastAPI's error shape); values orjson cannot write become text."""
+def error_body(detail: Any, status: int | None = None) -> bytes:
+    """``{"detail": ...}`` as JSON (FastAPI's error shape), with the ``code`` of ``status`` where it has one
+    (``wire.ERROR_CODES``); values orjson cannot write become text."""
+    body = ErrorBody(detail=detail)
+    if status in ERROR_CODES:
+        body["code"] = ERROR_CODES[status]
     try:
-        return orjson.dumps(ErrorBody(detail=detail))
+        return orjson.dumps(body)
     except TypeError:  # an echoed input orjson cannot encode (an int beyond 64 bits, say)
         import json
 
-        return json.dumps(ErrorBody(detail=detail), default=str).encode()
+        return json.dumps(body, default=str).encode()
 
 
 async def send_error(
     send: Send, status: int, detail: Any, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     """Answer a raw ASGI request with a JSON error (the middlewares and the hot path)."""
-    body = error_body(detail)
+    body = error_body(detail, status)
     await send(
         {
             "type": "http.response.start",

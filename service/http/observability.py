@@ -40,8 +40,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reducing_saver.service import background
 from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.service.version import __version__
 from reducing_saver.wire import DELTA_HISTORY_PATH, HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
 
 access_logger = logging.getLogger("reducing_saver.access")
@@ -258,6 +260,32 @@ class ServiceMetrics:
         )
         self._latest: Any = None
         self._latest_counted = dict.fromkeys(("hit", "miss", "stale"), 0)
+        self.background_errors = Counter(
+            "reducing_saver_background_errors",
+            "Failed rounds of background work, by task (delivery, lease_renewal, summaries, sweep, "
+            "storage_figures) and kind: transient (the database could not serve: an outage, a failover, a "
+            "cut connection, a cancelled statement; logged once, as a warning) or fault (logged with its "
+            "traceback).",
+            ("task", "kind"),
+            registry=self.registry,
+        )
+        self._background_counted = background.failures()
+        self.idle_replaced = Counter(
+            "reducing_saver_db_idle_connections_replaced",
+            "Pooled PostgreSQL connections found broken by the check before lending an idle one (cut by a load "
+            "balancer, a proxy or a restart) and replaced, unseen by any request (postgres_check_idle_seconds).",
+            registry=self.registry,
+        )
+        self._idle_replaced_counted = 0
+        build_info = Gauge(
+            "reducing_saver_build_info",
+            "The release this process runs, in the version label (always 1): during a rollout, the replicas "
+            "of each release.",
+            ("version",),
+            multiprocess_mode="max",
+            registry=self.registry,
+        )
+        build_info.labels(__version__).set(1)
         self._gauges: dict[str, Gauge] = {}
         self._backend: Any = None
         self._pool: Any = None
@@ -326,6 +354,11 @@ class ServiceMetrics:
         figures (:meth:`start_updating`), so a scrape of one worker sees the others' current figures.
         """
         with self._lock:
+            for (task, kind), count in background.failures().items():
+                counted = self._background_counted.get((task, kind), 0)
+                if count > counted:
+                    self.background_errors.labels(task, kind).inc(count - counted)
+                    self._background_counted[(task, kind)] = count
             unreadable = self.codec.unreadable
             if unreadable > self._unreadable_counted:
                 self.unreadable.inc(unreadable - self._unreadable_counted)
@@ -353,6 +386,10 @@ class ServiceMetrics:
                     "livesum",
                 ).set(backend.borrowed)
             if pool is not None:
+                replaced = getattr(pool, "replaced_idle", 0)
+                if replaced > self._idle_replaced_counted:
+                    self.idle_replaced.inc(replaced - self._idle_replaced_counted)
+                    self._idle_replaced_counted = replaced
                 stats = pool.get_stats()
                 size, available = stats.get("pool_size", 0), stats.get("pool_available", 0)
                 for name, help_text, value in (

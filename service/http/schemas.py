@@ -285,6 +285,11 @@ class CapabilitiesResponse(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str | list[dict[str, Any]]
+    code: str | None = Field(
+        None,
+        description="Present where a client acts on the kind of error: database_timeout on a 504 (the database "
+        "cancelled a statement that ran past its statement_timeout or lock_timeout; not retried blindly).",
+    )
 
 
 class SummaryStatus(BaseModel):

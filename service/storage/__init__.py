@@ -62,9 +62,47 @@ class DatabaseUnavailable(Exception):
     Each backend raises it for its driver's errors (``<backend>/errors.py``: ``wrap_exceptions``)."""
 
 
+class DatabaseTimeout(Exception):
+    """The database cancelled a statement that ran past a limit the operator set (``statement_timeout``,
+    ``lock_timeout``): not an outage, and the same call is likely to run as long again (a 504 the client
+    does not retry); the message names the limit the database gave."""
+
+
 class ValueRefused(Exception):
     """The database refused a value of the request (PostgreSQL's text and JSONB cannot hold U+0000, say):
     the same call fails again (a 422); the message names what was refused."""
+
+
+#: Each backend's test of whether a driver error is the database's passing trouble rather than a fault
+#: of the code: an outage (what its ``wrap_exceptions`` turns into :class:`DatabaseUnavailable`) or a
+#: statement cancelled by a limit (:class:`DatabaseTimeout`). Returns a one-line reason, else ``None``;
+#: backends register theirs when imported (:func:`transient_test`).
+_TRANSIENT_TESTS: list[Callable[[BaseException], str | None]] = []
+
+
+def transient_test(test: Callable[[BaseException], str | None]) -> Callable[[BaseException], str | None]:
+    """Register a backend's test for :func:`transient` (a decorator)."""
+    _TRANSIENT_TESTS.append(test)
+    return test
+
+
+def transient(exc: BaseException) -> str | None:
+    """Why the database could not do this now, when ``exc`` (or an error it was raised from) is passing
+    trouble: :class:`DatabaseUnavailable`, :class:`DatabaseTimeout`, a busy saver pool, or a driver error a
+    backend counts as one. ``None`` for anything else (a fault to log with its traceback). Background
+    work (delivery, summaries, sweeps) logs these once, as a warning."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (DatabaseUnavailable, DatabaseTimeout, SaversBusy)):
+            return str(error)
+        for test in _TRANSIENT_TESTS:
+            reason = test(error)
+            if reason is not None:
+                return reason
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def redact_url(url: str) -> str:
@@ -153,7 +191,13 @@ class Backend(Protocol):
 
 
 def open_backend(
-    url: str, *, pool_size: int = 4, timeout: float = 5.0, create: bool = True, migrate: bool = True
+    url: str,
+    *,
+    pool_size: int = 4,
+    timeout: float = 5.0,
+    create: bool = True,
+    migrate: bool = True,
+    postgres: Any = None,
 ) -> Backend:
     """Open the backend a database URL names.
 
@@ -166,12 +210,16 @@ def open_backend(
             commands pass ``False``, so a mistyped path or another working folder creates nothing.
         migrate: Apply the migrations the database lacks when the backend sets up its tables; ``False``
             (``--no-migrate``): change no table, refuse (``SchemaError``) a database that is behind.
+        postgres: PostgreSQL: how every connection is opened (``Settings.postgres``: prepared statements,
+            idle checks, TCP keepalives); the settings' defaults when omitted. Other backends ignore it.
 
     Raises:
         StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
             PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
-    return backend_module(url).open(url, pool_size=pool_size, timeout=timeout, create=create, migrate=migrate)
+    return backend_module(url).open(
+        url, pool_size=pool_size, timeout=timeout, create=create, migrate=migrate, postgres=postgres
+    )
 
 
 def backend_module(url: str) -> Any:
@@ -309,11 +357,14 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 __all__ = [
     "BACKEND_SCHEMES",
     "Backend",
+    "DatabaseTimeout",
     "DatabaseUnavailable",
     "SaverPool",
     "SaversBusy",
     "ValueRefused",
     "backend_kind",
     "open_backend",
+    "transient",
+    "transient_test",
     "sqlite_path",
 ]

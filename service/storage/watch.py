@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from reducing_saver.service.background import FailureLog
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 logger = logging.getLogger("reducing_saver.service")
@@ -111,6 +112,7 @@ class StorageWatch:
         self.duration = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = FailureLog("storage_figures", logger)
 
     def refresh(self) -> None:
         """One pass: measure every thread, replace the figures (scrapes see the old or the new, whole)."""
@@ -126,8 +128,10 @@ class StorageWatch:
         while not self._stop.is_set():
             try:
                 self.refresh()
-            except Exception:
-                logger.exception("measuring storage for /metrics failed; the last figures stay")
+            except Exception as exc:
+                self._failures.failed(exc, "measuring storage for /metrics failed; the last figures stay")
+            else:
+                self._failures.succeeded()
             self._stop.wait(self.interval)
 
     def start(self) -> None:

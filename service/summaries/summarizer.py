@@ -41,6 +41,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
+from reducing_saver.service.background import FailureLog
 from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
@@ -540,6 +541,7 @@ class SummaryWorker:
         """
         self._stop = stop
         errors = 0
+        failures = FailureLog("summaries", logger)
         try:
             while not stop.is_set():
                 try:
@@ -552,9 +554,10 @@ class SummaryWorker:
                         if forgotten:
                             logger.info("forgot %d summary step(s) of threads that are gone", forgotten)
                     errors = 0
-                except Exception:  # noqa: BLE001
+                    failures.succeeded()
+                except Exception as exc:  # noqa: BLE001
                     errors += 1
-                    logger.exception("%s: summary round failed", self.worker_id)
+                    failures.failed(exc, f"{self.worker_id}: summary round failed; retrying")
                     self._wakeup.wait(min(30.0, self.idle_sleep * 2 ** min(errors, 6)))
                     self._wakeup.clear()
                     continue

@@ -97,6 +97,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
+from reducing_saver.service.background import FailureLog
 from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, encrypting, sealer_for
 from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.encryption.records import seal_entries
@@ -294,6 +295,7 @@ class Sweeper:
         self._discovered = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = FailureLog("sweep", logger)
 
     # -- the put path --------------------------------------------------------------------------------
 
@@ -406,8 +408,8 @@ class Sweeper:
                 seen.add(thread_id)
                 try:
                     outcome = session.handle(thread_id)
-                except Exception:
-                    logger.exception("TTL sweep failed on thread %r; the next sweep retries it", thread_id)
+                except Exception as exc:
+                    self._failures.failed(exc, f"TTL sweep failed on thread {thread_id!r}; the next sweep retries it")
                     report.errors += 1
                     self._count_for_tenant(thread_id, errors=1)
                     skip.append(thread_id)
@@ -435,8 +437,8 @@ class Sweeper:
         report.outbox_retention_seconds = self.outbox_retention
         try:
             report.outbox_rows_purged = self.outbox.purge_delivered(self.outbox_retention)
-        except Exception:
-            logger.exception("purging delivered outbox rows failed; the next sweep retries")
+        except Exception as exc:
+            self._failures.failed(exc, "purging delivered outbox rows failed; the next sweep retries")
             report.errors += 1
 
     def _encrypt_rows(self, report: SweepReport) -> None:
@@ -446,8 +448,8 @@ class Sweeper:
             return
         try:
             done = self.encrypt_step()
-        except Exception:
-            logger.exception("the encryption sweep failed; the next sweep retries")
+        except Exception as exc:
+            self._failures.failed(exc, "the encryption sweep failed; the next sweep retries")
             report.errors += 1
             return
         if done.rewritten or done.remaining:
@@ -510,9 +512,12 @@ class Sweeper:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.sweep()
-            except Exception:
-                logger.exception("TTL sweep failed; retrying in %g s", self.interval)
+                report = self.sweep()
+            except Exception as exc:
+                self._failures.failed(exc, f"TTL sweep failed; retrying in {self.interval:g} s")
+            else:
+                if not report.errors:
+                    self._failures.succeeded()
             self._stop.wait(self.interval)
 
     def status_figure(self, name: str) -> Any:

@@ -35,6 +35,7 @@ from reducing_saver.client import (
     BadRequestError,
     CheckpointPrunedError,
     ConflictError,
+    DatabaseTimeoutError,
     NotFoundError,
     PayloadTooLargeError,
     ReducingSaverError,
@@ -43,7 +44,7 @@ from reducing_saver.client import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
-from reducing_saver.wire import Blob, channel_value_from_wire, is_inline
+from reducing_saver.wire import DATABASE_TIMEOUT, Blob, channel_value_from_wire, is_inline
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities
 
 URL = "http://reducing-saver.test"
@@ -389,6 +390,43 @@ async def test_503_twice_then_success_is_retried_async() -> None:
     await saver.aclose()
 
 
+def database_timeout(request: httpx.Request) -> httpx.Response:
+    """The service's own 504: its database cancelled the statement (statement_timeout)."""
+    body = {"detail": "the database cancelled the statement: canceling statement due to statement timeout",
+            "code": DATABASE_TIMEOUT}
+    return httpx.Response(504, json=body, headers={"X-Request-ID": "req-7"})
+
+
+def test_the_services_database_timeout_is_raised_at_once_not_retried() -> None:
+    service = FakeService()
+    saver = make_saver(service, max_retries=3)
+    service.override = database_timeout
+    with pytest.raises(DatabaseTimeoutError) as info:
+        saver.list(config()).__next__()
+    assert service.count("/checkpoints/list") == 1
+    assert info.value.status_code == 504 and info.value.request_id == "req-7"
+    assert "statement timeout" in str(info.value)
+
+
+async def test_the_services_database_timeout_is_raised_at_once_not_retried_async() -> None:
+    service = FakeService()
+    saver = make_saver(service, max_retries=3)
+    service.override = database_timeout
+    with pytest.raises(DatabaseTimeoutError):
+        await saver.aget_tuple(config())
+    assert service.count("/checkpoints/get") == 1
+    await saver.aclose()
+
+
+def test_a_504_without_the_services_code_is_a_proxys_and_retried() -> None:
+    service = FakeService()
+    saver = make_saver(service, max_retries=3)
+    gateway = lambda request: httpx.Response(504, text="<html>504 Gateway Time-out</html>")  # noqa: E731
+    service.override = sequence(gateway, failing_with(504), lambda request: httpx.Response(200, json={"checkpoint": None}))
+    assert saver.get_tuple(config()) is None
+    assert service.count("/checkpoints/get") == 3
+
+
 def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.MonkeyPatch) -> None:
     delays: list[float] = []
     monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
@@ -677,6 +715,7 @@ def test_public_surface_is_pinned() -> None:
             "CheckpointPrunedError",
             "ConflictError",
             "ConnectionSetupError",
+            "DatabaseTimeoutError",
             "NotFoundError",
             "PayloadTooLargeError",
             "ReducingSaverError",

@@ -48,9 +48,13 @@ def test_invalid_settings_exit_2_with_a_clear_message(args, needle):
 
 
 def test_version():
+    """The installed release's version (its package metadata), so the replicas of two releases differ."""
+    from reducing_saver.service.version import __version__
+
     result = _run("--version")
     assert result.returncode == 0
     assert re.fullmatch(r"reducing-saver \d+\.\d+\.\d+\S*\n", result.stdout)
+    assert result.stdout == f"reducing-saver {__version__}\n"
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,9 @@ service must recover by itself, and no pruned message may be lost.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -23,7 +25,7 @@ import pytest
 from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service.storage.postgres.connections import ServicePool, open_pool, pool_connection_kwargs
+from reducing_saver.service.storage.postgres.connections import ServicePool, connection_kwargs, open_pool
 from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
 from tests.support.proxy import tcp_proxy
 from tests.support.server import CLI, ROOT, run_service
@@ -172,6 +174,16 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
                 f"recovered {recovered - restored_at:.2f} s after"
             )
             assert all(a.status == 200 for a in answers if a.at >= recovered)
+            # Delivery failed its rounds while the database was gone: one warning line, no traceback, counted.
+            lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+            delivery = [line for line in lines if "delivery round failed" in line["message"]]
+            assert "Traceback" not in output, output[-3000:]
+            assert len(delivery) == 1 and delivery[0]["level"] == "WARNING", delivery
+            metrics = httpx.get(f"{service.url}/metrics", timeout=10).text
+            counted = re.search(
+                r'^reducing_saver_background_errors_total\{kind="transient",task="delivery"\} (\S+)$', metrics, re.M
+            )
+            assert counted and float(counted.group(1)) >= 1, metrics
             record_property(
                 "outage figures",
                 f"503s: {len(failed)}, slowest {slowest:.2f} s, median "
@@ -279,7 +291,7 @@ def test_a_connection_attempt_that_gets_no_answer_gives_up_so_the_pool_recovers(
             proxy.url(fresh_pg),
             min_size=1,
             max_size=1,
-            kwargs=pool_connection_kwargs(2.0),
+            kwargs=connection_kwargs(proxy.url(fresh_pg), timeout=2.0),
             open=False,
             timeout=2.0,
         )

@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import time
 from collections import Counter
-from contextlib import closing
+from contextlib import ExitStack, closing
 
 import httpx
 import psycopg
@@ -21,7 +21,9 @@ import pytest
 from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.service.storage.postgres import migrations as pg_migrations
 from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
+from reducing_saver.service.version import __version__
 from tests.conftest import build_chat_graph, human
+from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.previous_release import VERSION, version_key, build, run_previous_service
 from tests.support.server import run_service
 
@@ -231,3 +233,54 @@ def test_the_previous_release_and_this_one_serve_one_database_together(previous_
         delivered = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
     assert set(delivered) == set(db.outbox()) and len(delivered) == 2 * (16 - 4)
     assert set(delivered.values()) == {1}  # each exactly once, by one release or the other
+
+
+def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previous_release, fresh_pg, tmp_path, record_property):
+    """A rollout, replica by replica: the previous release serves the database; this release starts on it
+    (migrating it) while agents run; then their turns go to both releases at once, each thread's turns
+    alternating between them, and a replica of the previous release restarts meanwhile on the migrated
+    database; then the previous release stops and this one serves alone. No call fails, nothing is lost,
+    and each replica says which release it runs."""
+    agents = [Agent(f"rollout-{n}", []) for n in range(4)]
+    with ExitStack() as rollout:
+        with run_previous_service(previous_release, tmp_path, "--database", fresh_pg, *WINDOW) as old:
+            for agent in agents:
+                agent.urls = [old]
+            with running(agents) as fleet:
+                fleet.wait_for(20)
+                # This release starts, and migrates the database, under the previous release's traffic.
+                new = rollout.enter_context(run_service(tmp_path, "--database", fresh_pg, *WINDOW))
+                fleet.wait_for(10)
+            for agent in agents:
+                agent.urls = [old, new.url]
+            with running(agents) as fleet:
+                fleet.wait_for(80, timeout=180)
+                with run_previous_service(previous_release, tmp_path, "--database", fresh_pg, *WINDOW) as restarted:
+                    old_again = httpx.get(f"{restarted}/v1/capabilities", timeout=10).json()["version"]
+                fleet.wait_for(20)
+            old_version = httpx.get(f"{old}/v1/capabilities", timeout=10).json()["version"]
+        # The previous release is gone: this one alone.
+        for agent in agents:
+            agent.urls = [new.url]
+        with running(agents) as fleet:
+            fleet.wait_for(20)
+        new_version = httpx.get(f"{new.url}/v1/capabilities", timeout=10).json()["version"]
+        metrics = httpx.get(f"{new.url}/metrics", timeout=10).text
+        wait_delivered(new.url)
+        lost = lost_turns(agents, new.url, fresh_pg)
+        outputs = new.output() + "".join(log.read_text(errors="replace") for log in tmp_path.glob("previous-*.log"))
+
+    failures = [error for agent in agents for _, error in agent.failures]
+    acknowledged = sum(len(agent.acknowledged) for agent in agents)
+    record_property(
+        "rolling upgrade figures",
+        f"{old_version} and {new_version} on one database: {acknowledged} turns acknowledged, {len(failures)} "
+        f"failed, {sum(map(len, lost.values()))} messages lost; a replica of {old_again} restarted mid-rollout",
+    )
+    assert not failures, failures[:3]
+    assert not lost, lost
+    assert old_version == old_again == VERSION
+    assert new_version == __version__
+    assert f'reducing_saver_build_info{{version="{__version__}"}} 1.0' in metrics
+    assert new_version != old_version, "this release reports the previous release's version"
+    assert "Traceback" not in outputs, outputs[-3000:]

@@ -60,17 +60,21 @@ class PreviousRelease:
         self.schema: dict[str, int] = {}
         self.python = home / "bin" / "python"
         self.cli = home / "bin" / "reducing-saver"
+        #: A folder holding only a link to this checkout's ``tests``: on the old processes' path instead of
+        #: the checkout itself, whose ``reducing_saver.egg-info`` (this release's metadata) would make
+        #: ``importlib.metadata`` report this release's version for the old code.
+        self.tests_path = home / "tests-path"
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment its processes run in: no setting of ours, ``tests`` importable."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_") and k != "PYTHONPATH"}
-        return {**env, "PYTHONPATH": str(ROOT), **extra}
+        return {**env, "PYTHONPATH": str(self.tests_path), **extra}
 
     def agent(self, action: str, **args: object) -> dict:
         """Run :func:`main` ``action`` in the old environment; its JSON answer."""
         result = subprocess.run(
             [str(self.python), "-m", "tests.support.previous_release", action, json.dumps(args)],
-            capture_output=True, text=True, timeout=300, env=self.env(), cwd=ROOT, check=False,
+            capture_output=True, text=True, timeout=300, env=self.env(), cwd=self.tests_path, check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"the previous release's agent failed ({action}):\n{result.stderr}")
@@ -84,7 +88,7 @@ def run_previous_service(release: PreviousRelease, log_dir: Path, *args: str, en
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(release.cli), "serve", "--port", str(port), "--log-format", "text", *args]
-    with run_ready(command, url, log_dir / f"previous-{port}.log", env=release.env(**(env or {})), cwd=ROOT):
+    with run_ready(command, url, log_dir / f"previous-{port}.log", env=release.env(**(env or {})), cwd=release.tests_path):
         yield url
 
 
@@ -93,6 +97,8 @@ def build(home: Path) -> PreviousRelease:
     environment's other packages visible behind it."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(home)], check=True)
     release = PreviousRelease(home)
+    release.tests_path.mkdir()
+    (release.tests_path / "tests").symlink_to(ROOT / "tests")
     purelib = subprocess.run(
         [str(release.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,

@@ -4,13 +4,15 @@ The service is given the proxy's port as its database. :meth:`TcpProxy.cut` clos
 carries and closes each new one at once (a client sees "server closed the connection unexpectedly", as
 when PostgreSQL stops); :meth:`TcpProxy.hang` keeps every connection open but silent, and accepts new
 ones without an answer (a network partition: statements and connection attempts wait, nothing fails);
-:meth:`TcpProxy.restore` forwards again.
+:meth:`TcpProxy.restore` forwards again. With ``idle_cut`` it closes every connection that carried nothing
+either way for that many seconds, as a load balancer or NAT gateway with an idle timeout does.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,10 +22,16 @@ class TcpProxy:
 
     Args:
         target: ``(host, port)`` to forward to.
+        idle_cut: Close a connection idle (no byte either way) for this many seconds; ``None``: never.
     """
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], *, idle_cut: float | None = None) -> None:
         self.target = target
+        self.idle_cut = idle_cut
+        #: Connections closed for being idle (``idle_cut``).
+        self.idle_cuts = 0
+        #: (client, upstream) -> when a byte last went through, either way.
+        self._last_active: dict[tuple[socket.socket, socket.socket], float] = {}
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._cut = threading.Event()
@@ -33,6 +41,8 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
         self._thread.start()
+        if idle_cut is not None:
+            threading.Thread(target=self._cut_idle, name="tcp-proxy-idle", daemon=True).start()
 
     def url(self, database_url: str) -> str:
         """``database_url`` with its host and port replaced by the proxy's."""
@@ -90,19 +100,40 @@ class TcpProxy:
             except OSError:
                 _close(client)
                 continue
+            pair = (client, upstream)
             with self._lock:
-                self._sockets.update((client, upstream))
+                self._sockets.update(pair)
+                self._last_active[pair] = time.monotonic()
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+                threading.Thread(target=self._pump, args=(source, sink, pair), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _cut_idle(self) -> None:
+        assert self.idle_cut is not None
+        while not self._closed.wait(0.05):
+            now = time.monotonic()
+            with self._lock:
+                idle = [pair for pair, last in self._last_active.items() if now - last >= self.idle_cut]
+                for pair in idle:
+                    del self._last_active[pair]
+                    self._sockets.difference_update(pair)
+                self.idle_cuts += len(idle)
+            for pair in idle:
+                for sock in pair:
+                    _close(sock)
+
+    def _pump(self, source: socket.socket, sink: socket.socket, pair: tuple[socket.socket, socket.socket]) -> None:
         try:
             while data := source.recv(65536):
+                with self._lock:
+                    if pair in self._last_active:
+                        self._last_active[pair] = time.monotonic()
                 if not self._hung.is_set():
                     sink.sendall(data)
         except OSError:
             pass
         finally:
+            with self._lock:
+                self._last_active.pop(pair, None)
             for sock in (source, sink):
                 with self._lock:
                     self._sockets.discard(sock)
@@ -118,8 +149,8 @@ def _close(sock: socket.socket) -> None:
 
 
 @contextmanager
-def tcp_proxy(target: tuple[str, int]) -> Iterator[TcpProxy]:
-    proxy = TcpProxy(target)
+def tcp_proxy(target: tuple[str, int], *, idle_cut: float | None = None) -> Iterator[TcpProxy]:
+    proxy = TcpProxy(target, idle_cut=idle_cut)
     try:
         yield proxy
     finally:

@@ -96,6 +96,44 @@ def run_service(
         yield ServiceProcess(process, url, log)
 
 
+@contextmanager
+def run_services(
+    log_dir: Path, *arg_lists: tuple[str, ...], env: dict[str, str] | None = None, timeout: float = 90.0
+) -> Iterator[list[ServiceProcess]]:
+    """Start one `reducing-saver serve ARGS` per argument list at the same moment (replicas starting
+    together), wait until every one answers /readyz (each within ``timeout`` s of the start), stop them all
+    (SIGTERM) afterwards."""
+    full_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    services: list[ServiceProcess] = []
+    try:
+        for args in arg_lists:
+            port = free_port()
+            log = log_dir / f"service-{port}.log"
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [str(CLI), "serve", "--port", str(port), *args],
+                    stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=log_dir,
+                )  # fmt: skip
+            services.append(ServiceProcess(process, f"http://127.0.0.1:{port}", log))
+        for service in services:
+            wait_ready(service.url, service.process, service.log, timeout=timeout)
+        yield services
+    finally:
+        for service in services:
+            if service.process.poll() is None:
+                service.process.terminate()
+        for service in services:
+            try:
+                service.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+                service.process.wait()
+
+
 class ImageService:
     """The service running in a container of the project's image (:func:`run_in_image`)."""
 

@@ -43,8 +43,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": schemas.ErrorResponse, "description": "A field is missing, of the wrong type, or refused."},
     503: {
         "model": schemas.ErrorResponse,
-        "description": "The database is unavailable: unreachable, or no saver or connection within "
-        "db_timeout_seconds.",
+        "description": "The database is unavailable: unreachable, accepting no writes (a standby, a "
+        "failover), or no saver or connection within db_timeout_seconds.",
+    },
+    504: {
+        "model": schemas.ErrorResponse,
+        "description": "The database cancelled a statement that ran past a limit set on it (statement_timeout, "
+        "lock_timeout); the body's code is database_timeout.",
     },
 }
 

@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from reducing_saver.service.http.errors import Unavailable
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
+from reducing_saver.service.storage import DatabaseUnavailable
 from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, READY_PATH
 
 router = APIRouter(tags=["health"])
@@ -23,7 +24,8 @@ async def healthz() -> dict[str, str]:
 
 @router.get(
     READY_PATH,
-    summary=f"The database answers: the checkpoint table is readable within {READY_TIMEOUT_SECONDS:g} s.",
+    summary=f"The database answers: the checkpoint table is readable within {READY_TIMEOUT_SECONDS:g} s, and "
+    "the server accepts writes.",
     responses={503: ERRORS[503]},
 )
 async def readyz(service: ServiceDep) -> dict[str, str]:
@@ -34,6 +36,8 @@ async def readyz(service: ServiceDep) -> dict[str, str]:
         await service.blocking(backend.ready, READY_TIMEOUT_SECONDS, timeout=READY_TIMEOUT_SECONDS + 0.5)
     except Unavailable:
         raise Unavailable(f"database not ready: no answer within {READY_TIMEOUT_SECONDS:g} s") from None
+    except DatabaseUnavailable as exc:  # unreachable, or it accepts no writes (a standby, a failover)
+        raise Unavailable(f"database not ready: {exc}") from None
     except Exception as exc:
         raise Unavailable(f"database not ready: {type(exc).__name__}") from None
     return {"status": "ready"}

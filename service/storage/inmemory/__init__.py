@@ -91,12 +91,12 @@ STORE_TTL_WHOLE_MINUTES = False
 STORE_NESTED_FILTERS = True
 
 
-def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> str | None:
     """Why this backend cannot serve the store settings: InMemoryStore has no TTL."""
     return "--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL" if ttl else None
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
 ) -> MemoryBackend:
     return MemoryBackend()

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from reducing_saver.service.storage import redact_url
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.migrations import (
@@ -17,15 +18,18 @@ from reducing_saver.service.storage.migrations import (
     refuse_newer,
 )
 from reducing_saver.service.storage.postgres import migrations, usage
-from reducing_saver.service.storage.postgres.errors import wrap_exceptions
+from reducing_saver.service.storage.postgres.errors import ServerReadOnly, refused_at_start, wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
+    READ_ONLY_SQL,
     SAVER_LOCK_KEY,
     STORE_LOCK_KEY,
     check_database,
+    connect,
     locked_setup,
     open_pool,
+    postgres_settings,
     require_pgvector,
 )
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
@@ -43,10 +47,16 @@ class PostgresBackend:
 
     kind = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int, timeout: float, migrate: bool = True) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int, timeout: float, migrate: bool = True, options: Any = None
+    ) -> None:
         self.url = url
-        check_database(url, timeout=timeout)
-        self.pool = open_pool(url, size=pool_size, timeout=timeout)
+        #: The ``postgres_*`` settings every connection of this backend is opened with.
+        self.options = postgres_settings(options)
+        self._where = redact_url(url)
+        check_database(url, timeout=timeout, options=self.options)
+        with refused_at_start(self._where):
+            self.pool = open_pool(url, size=pool_size, timeout=timeout, options=self.options)
         self._store: PagingPostgresStore | None = None
         #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}
@@ -61,32 +71,37 @@ class PostgresBackend:
             self.check_schema()
 
     def migrate(self) -> list[str]:
-        # The service's tables first: a database of a later release is refused before anything changes.
-        with self.pool.connection() as conn:
-            applied = [str(done) for done in migrations.migrate(conn)]
-        self._schema_checked = True
-        # Replicas that start together must not run langgraph's migrations at the same time; each reports
-        # the versions it applied itself, read under the lock.
-        with locked_setup(self.url, SAVER_LOCK_KEY):
-            before = self._langgraph_versions("checkpoint_migrations")
-            PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
-            applied += langgraph_changes(before, self._langgraph_versions("checkpoint_migrations"))
-        return applied + self._setup_store(self._store or self._new_store())
+        with refused_at_start(self._where):
+            # The service's tables first: a database of a later release is refused before anything changes.
+            with self.pool.connection() as conn:
+                applied = [str(done) for done in migrations.migrate(conn)]
+            self._schema_checked = True
+            # Replicas that start together must not run langgraph's migrations at the same time; each
+            # reports the versions it applied itself, read under the lock.
+            with locked_setup(self.url, SAVER_LOCK_KEY, self.options):
+                before = self._langgraph_versions("checkpoint_migrations")
+                PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()).setup()
+                applied += langgraph_changes(before, self._langgraph_versions("checkpoint_migrations"))
+            return applied + self._setup_store(self._store or self._new_store())
 
     def _langgraph_versions(self, table: str) -> dict[str, int]:
         with self.pool.connection() as conn:
             return {table: migrations.langgraph_versions(conn)[table]}
 
     def check_schema(self, why: str = NO_MIGRATE) -> None:
-        with self.pool.connection() as conn:
+        with refused_at_start(self._where), self.pool.connection() as conn:
             where = migrations.where(conn)
             check_version(migrations.version(conn), migrations.LATEST, where, why)
             check_langgraph(migrations.langgraph_versions(conn), migrations.LANGGRAPH_TABLES, where, why)
         self._schema_checked = True
 
     def refuse_newer_schema(self) -> None:
-        with self.pool.connection() as conn:
+        with refused_at_start(self._where), self.pool.connection() as conn:
             refuse_newer(migrations.version(conn), migrations.LATEST, migrations.where(conn))
+
+    def connect(self) -> Any:
+        """A connection of its own, opened as the pool's are (a caller closes it)."""
+        return connect(self.url, self.options)
 
     def _own_schema(self) -> None:
         """The service's tables, migrated or checked once per backend (``outbox()``, ``ledger()``)."""
@@ -123,7 +138,7 @@ class PostgresBackend:
 
     def _setup_store(self, store: PagingPostgresStore) -> list[str]:
         """The store's ``setup()`` under its lock; one line per langgraph migration it applied."""
-        with locked_setup(self.url, STORE_LOCK_KEY):
+        with refused_at_start(self._where), locked_setup(self.url, STORE_LOCK_KEY, self.options):
             before = self._langgraph_versions("store_migrations")
             store.setup()
             changes = langgraph_changes(before, self._langgraph_versions("store_migrations"))
@@ -147,18 +162,22 @@ class PostgresBackend:
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> PostgresLedger:
         self._own_schema()
-        return PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id)
+        return PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id, options=self.options)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
         return usage.measure(self.pool, selection, messages_key=messages_key)
 
     def ready(self, timeout: float) -> None:
         # Reads the checkpoint table under a lock timeout: a table another session locked (a sweep, a
-        # migration, LOCK TABLE) is as unready as a database that does not answer.
+        # migration, LOCK TABLE) is as unready as a database that does not answer. A server that accepts
+        # no writes (a standby the URL led to, a primary being demoted) is not ready either: its
+        # connections go, and the pool reconnects to the one that does.
         with self.pool.connection(timeout=timeout) as conn, conn.transaction():
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
+            if conn.execute(READ_ONLY_SQL).fetchone()["read_only"]:
+                raise ServerReadOnly("pg_is_in_recovery() or transaction_read_only")
 
     def wrap_exceptions(self) -> Any:
         return wrap_exceptions()
@@ -176,20 +195,20 @@ STORE_TTL_WHOLE_MINUTES = True
 STORE_NESTED_FILTERS = False
 
 
-def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> str | None:
     """Why this backend cannot serve the store settings: vector search needs the pgvector extension."""
     if not index:
         return None
     try:
-        with psycopg.connect(url, connect_timeout=5) as conn:
-            if conn.execute(HAS_PGVECTOR).fetchone() is None:
+        with connect(url, postgres) as conn:
+            if conn.execute(HAS_PGVECTOR, prepare=False).fetchone() is None:
                 return PGVECTOR_MISSING
-    except psycopg.OperationalError:
-        return None  # unreachable now: the service starts and reports it as it does for any outage
+    except psycopg.Error:
+        return None  # unreachable or unfit now: the service's start-up checks say why, in one line
     return None
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
 ) -> PostgresBackend:
-    return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate)
+    return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate, options=postgres)

@@ -142,6 +142,7 @@ class PostgresLedger:
         pool: The process's connection pool, for touches and explicit deletes (the put path) and status.
         window: Reads the messages in a thread's head, as outbox entries.
         worker_id: Written in the sweep log.
+        options: The ``postgres_*`` settings the sweep's own connections are opened with (the pool's).
 
     A sweep runs on two connections of its own, opened for it (its queries and ledger transactions, and
     PostgresSaver's ``prune``), never on the backend's pool: requests keep the pool, and puts that wait on
@@ -152,8 +153,11 @@ class PostgresLedger:
     #: The memory namespace of a thread whose puts named none (tenant mode: open_sweeper's).
     fallback_namespace = staticmethod(thread_namespace)
 
-    def __init__(self, database: str, *, pool: Any, window: Window, worker_id: str) -> None:
+    def __init__(
+        self, database: str, *, pool: Any, window: Window, worker_id: str, options: Any = None
+    ) -> None:
         self.database = database
+        self.options = options
         self._pool = pool
         self.window = window
         self.worker_id = worker_id
@@ -295,13 +299,13 @@ class _PgSession:
 
     def _ledger_conn(self) -> Any:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.ledger.database)
+            self._conn = connect(self.ledger.database, self.ledger.options)
         return self._conn
 
     def _pruner(self) -> Any:
 
         if self._prune_conn is None or self._prune_conn.closed:
-            self._prune_conn = connect(self.ledger.database)
+            self._prune_conn = connect(self.ledger.database, self.ledger.options)
             self._saver = PostgresLifecycleSaver(self._prune_conn, serde=VerbatimSerde())
             # The summary steps of the subgraph calls keep_latest deletes go right after it; a deleted
             # thread's record of what --keep-checkpoints deleted goes with it.

@@ -1,8 +1,9 @@
 """The PostgreSQL schema of the service's own tables, as versioned migrations.
 
-``MIGRATIONS[v]`` is version ``v``: one statement each (the pool's connections use
-``prepare_threshold=0``, under which PostgreSQL refuses several statements in one). Append new
-statements at the end; never edit or remove a released one (see :mod:`..migrations`).
+``MIGRATIONS[v]`` is version ``v``: one statement each (the pool's connections may prepare statements,
+and PostgreSQL refuses several statements in one prepared statement), never ``CONCURRENTLY`` (the
+migrations apply in one transaction). Append new statements at the end; never edit or remove a released
+one (see :mod:`..migrations`).
 """
 
 from __future__ import annotations
@@ -154,14 +155,16 @@ def where(conn: Any) -> str:
 
 
 def migrate(conn: Any) -> list[Applied]:
-    """Apply the migrations the database lacks, each once, under the set-up lock.
+    """Apply the migrations the database lacks, each once, in one transaction holding the set-up lock.
 
-    Each statement and the row recording it commit together (``CREATE INDEX CONCURRENTLY``, which
-    cannot run in a transaction, commits before its row). A process that waited for the lock reads
-    the version again, so it applies nothing another one applied meanwhile.
+    The lock, every statement applied and the rows recording them share one transaction (PostgreSQL's
+    DDL is transactional): a failure applies none of them, and a pooler in transaction mode keeps the
+    whole of it on one server connection. A process that waited for the lock reads the version inside
+    it, so it applies nothing another one applied meanwhile. No statement may be ``CONCURRENTLY``
+    (which cannot run in a transaction).
 
     Args:
-        conn: A psycopg connection (the pool's, in autocommit mode, or any other).
+        conn: An autocommit psycopg connection (the pool's) that runs nothing else meanwhile.
 
     Returns:
         The migrations applied, oldest first (empty when the schema was current).
@@ -174,15 +177,9 @@ def migrate(conn: Any) -> list[Applied]:
         found = version(conn)
         refuse_newer(found, LATEST, where(conn))
         for v in range(found + 1, len(MIGRATIONS)):
-            statement = MIGRATIONS[v]
-            if "CONCURRENTLY" in statement.upper():
-                conn.execute(statement)
-                conn.execute(f"INSERT INTO {TABLE} (v) VALUES (%s)", (v,))
-            else:
-                with conn.transaction():
-                    conn.execute(statement)
-                    conn.execute(f"INSERT INTO {TABLE} (v) VALUES (%s)", (v,))
-            applied.append(Applied(v, statement))
+            conn.execute(MIGRATIONS[v], prepare=False)
+            conn.execute(f"INSERT INTO {TABLE} (v) VALUES (%s)", (v,), prepare=False)
+            applied.append(Applied(v, MIGRATIONS[v]))
     return applied
 
 

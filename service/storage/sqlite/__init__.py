@@ -185,7 +185,7 @@ STORE_TTL_WHOLE_MINUTES = False
 STORE_NESTED_FILTERS = False
 
 
-def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
+def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> str | None:
     """Why this backend cannot serve the store settings: vector search needs a sqlite3 that loads
     extensions (sqlite-vec)."""
     if index:
@@ -196,6 +196,6 @@ def store_refusal(url: str, *, index: bool, ttl: bool) -> str | None:
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True
+    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
 ) -> SqliteBackend:
     return SqliteBackend(sqlite_path(url), create=create, migrate=migrate)

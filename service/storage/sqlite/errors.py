@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from reducing_saver.service.storage import DatabaseUnavailable
+from reducing_saver.service.storage import DatabaseUnavailable, transient_test
 
 
 @contextmanager
@@ -17,6 +17,14 @@ def wrap_exceptions() -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):
-            raise DatabaseUnavailable(f"the database is unavailable: SQLite: {exc}") from exc
+        if (reason := unavailable(exc)) is not None:
+            raise DatabaseUnavailable(reason) from exc
         raise
+
+
+@transient_test
+def unavailable(exc: BaseException) -> str | None:
+    """Why the database cannot serve now (a file locked past the busy timeout); ``None`` otherwise."""
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return f"the database is unavailable: SQLite: {exc}"
+    return None

@@ -6,6 +6,8 @@ SIGTERM, whose logs must be JSON lines from start to finish.
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import io
 import json
 import logging
@@ -223,6 +225,46 @@ async def test_a_request_that_raises_counts_as_500_and_the_error_propagates(log_
     assert metrics.registry.get_sample_value("reducing_saver_http_requests_total", labels) == 1
     access = next(r for r in _records(log_lines) if r["logger"] == "reducing_saver.access")
     assert (access["status"], access["request_id"]) == (500, "r-500")
+
+
+def test_the_release_shows_in_the_metrics_the_capabilities_and_the_command_line(client):
+    """An operator tells the replicas of two releases apart during a rollout: the installed version, read
+    from the package metadata, in reducing_saver_build_info, /v1/capabilities and `reducing-saver --version`."""
+    from reducing_saver.service.cli import build_parser
+    from reducing_saver.service.version import __version__
+
+    assert f'reducing_saver_build_info{{version="{__version__}"}} 1.0' in client.get("/metrics").text
+    assert client.get("/v1/capabilities").json()["version"] == __version__
+    parser = build_parser()
+    version = next(action for action in parser._actions if "--version" in action.option_strings)
+    assert version.version == f"reducing-saver {__version__}"
+    assert __version__ == importlib.metadata.version("reducing-saver") != "0.0.0"
+
+
+def test_a_background_failure_of_the_database_is_one_warning_then_counted(client, log_lines):
+    """An outage fails every round of a background task: the first is one WARNING line without a traceback,
+    the rest are counted only, until a round goes through again."""
+    from reducing_saver.service.background import FailureLog
+    from reducing_saver.service.storage import DatabaseUnavailable
+
+    failures = FailureLog("delivery", logging.getLogger("reducing_saver.test"))
+    for _ in range(3):
+        try:
+            raise DatabaseUnavailable("the database is unavailable: OperationalError: server closed the connection")
+        except DatabaseUnavailable as exc:
+            failures.failed(exc, "delivery round failed; retrying")
+    failures.succeeded()
+    try:
+        raise KeyError("a fault of the code")
+    except KeyError as exc:
+        failures.failed(exc, "delivery round failed; retrying")
+    lines = [json.loads(line) for line in log_lines.getvalue().splitlines() if "delivery" in line]
+    assert [line["level"] for line in lines] == ["WARNING", "INFO", "ERROR"]
+    assert "exception" not in lines[0] and "server closed the connection" in lines[0]["message"]
+    assert "Traceback" in lines[2]["exception"]  # a fault keeps its traceback
+    metrics = client.get("/metrics").text
+    assert 'reducing_saver_background_errors_total{kind="transient",task="delivery"} 3.0' in metrics
+    assert 'reducing_saver_background_errors_total{kind="fault",task="delivery"} 1.0' in metrics
 
 
 def test_openapi_lists_metrics(client):

@@ -6,14 +6,16 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from reducing_saver.service.http.errors import error_answer
-from reducing_saver.service.storage import DatabaseUnavailable, ValueRefused
+from reducing_saver.service.http.errors import error_answer, error_body
+from reducing_saver.service.storage import DatabaseTimeout, DatabaseUnavailable, ValueRefused
 from reducing_saver.service.storage.postgres.errors import wrap_exceptions as pg_wrap
 from reducing_saver.service.storage.sqlite.errors import wrap_exceptions as sqlite_wrap
+from reducing_saver.wire import DATABASE_TIMEOUT
 
 SERVICE = Path(__file__).resolve().parents[3] / "service"
 
@@ -41,6 +43,39 @@ def test_no_pooled_connection_in_time_is_a_503(fresh_pg):
             with pool.connection(timeout=0.1):
                 pass
     assert isinstance(raised.value.__cause__, PoolTimeout)
+
+
+@pytest.mark.parametrize(
+    ("limit", "statement", "cancelled"),
+    [
+        ("statement_timeout", "SELECT pg_sleep(5)", "canceling statement due to statement timeout"),
+        ("lock_timeout", "LOCK TABLE held IN ACCESS EXCLUSIVE MODE", "canceling statement due to lock timeout"),
+    ],
+)
+def test_a_statement_the_database_cancels_is_a_504_with_its_own_code(fresh_pg, limit, statement, cancelled):
+    """A limit the operator set on the database is no outage (a 503 the client would retry): a 504 whose body
+    names it, with the code the client reads (wire.DATABASE_TIMEOUT)."""
+    with psycopg.connect(fresh_pg, autocommit=True) as holder, psycopg.connect(fresh_pg, autocommit=True) as conn:
+        holder.execute("CREATE TABLE held (x int)")
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
+        conn.execute(f"SET {limit} = '100ms'")
+        with pytest.raises(DatabaseTimeout) as raised, pg_wrap(), conn.transaction():
+            conn.execute(statement)
+    status, detail = error_answer(raised.value)
+    assert status == 504 and cancelled in detail and limit in detail, detail
+    assert orjson.loads(error_body(detail, status)) == {"detail": detail, "code": DATABASE_TIMEOUT}
+    assert "code" not in orjson.loads(error_body("x", 503))
+
+
+def test_a_server_that_accepts_no_writes_is_a_503_naming_it(fresh_pg):
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(DatabaseUnavailable) as raised, pg_wrap():
+            conn.execute("CREATE TABLE t (x int)")
+    assert isinstance(raised.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+    status, detail = error_answer(raised.value)
+    assert status == 503 and "accepts no writes" in detail and "standby" in detail
 
 
 def test_other_postgres_errors_pass_unchanged(fresh_pg):

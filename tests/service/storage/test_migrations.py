@@ -281,3 +281,10 @@ def test_every_command_refuses_a_database_of_a_later_release_and_changes_nothing
     after = run("SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints" if url.startswith("postgres")
                 else "SELECT thread_id, checkpoint, metadata FROM checkpoints")
     assert after == before  # nothing rewritten
+
+
+def test_no_postgres_migration_needs_to_run_outside_a_transaction():
+    """The service's PostgreSQL migrations apply in one transaction with their lock: CONCURRENTLY cannot."""
+    from reducing_saver.service.storage.postgres.migrations import MIGRATIONS
+
+    assert not [statement for statement in MIGRATIONS if "CONCURRENTLY" in statement.upper()]
