@@ -21,7 +21,7 @@
 """
 
 
-from reducing_saver.service.security.auth import PUBLIC_PATHS, AuthMiddleware, document_auth
+from reducing_saver.service.security.auth import PUBLIC_PATHS, AuthMiddleware, document_auth, route_matcher
 from reducing_saver.service.security.guard import BodyGuard, BodySizeLimit, nesting_depth
 from reducing_saver.service.security.keys import (
     TENANT_PATTERN,
@@ -79,6 +79,7 @@ __all__ = [
     "current_limits",
     "current_tenant",
     "document_auth",
+    "route_matcher",
     "documented",
     "hash_key",
     "is_loopback",

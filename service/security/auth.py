@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reducing_saver.service.http.errors import send_error
@@ -62,6 +64,17 @@ def _bearer(scope: Scope) -> bytes | None:
     return api_keys[0] if api_keys and api_keys[0] else None
 
 
+def route_matcher(routes: list[BaseRoute]) -> Callable[[Scope], bool]:
+    """Whether one of ``routes`` that the API description documents serves a request's method at its path
+    (the router's own matching; a route that only answers 405 is left out)."""
+    documented = [route for route in routes if getattr(route, "include_in_schema", True)]
+
+    def serves(scope: Scope) -> bool:
+        return any(route.matches(scope)[0] == Match.FULL for route in documented)
+
+    return serves
+
+
 class AuthMiddleware:
     """Sets the request's caps and tenant; with keys configured, 401 without a valid key (``Authorization:
     Bearer <key>``, or ``x-api-key: <key>`` as langgraph_sdk sends it), 400 for more than one (two
@@ -72,7 +85,9 @@ class AuthMiddleware:
     configured but tenant keys are. Without any key configured it is open, as every route is then.
 
     The header is read here and nowhere else; it is never logged (the access log has method, path,
-    status and duration only) and a 401 never echoes what was sent.
+    status and duration only) and a 401 never echoes what was sent. A request with ambiguous credentials
+    that no route serves (``serves``: an undeclared method, an unknown path) goes on without a tenant to
+    the router, whose 404 or 405 says more than a 400 would; no endpoint runs for it.
     """
 
     def __init__(
@@ -82,12 +97,14 @@ class AuthMiddleware:
         limits: Limits,
         public: frozenset[str],
         metrics_keys: ApiKeys | None = None,
+        serves: Callable[[Scope], bool] = lambda scope: True,
     ) -> None:
         self.app = app
         self.keys = keys
         self.limits = limits
         self.public = public
         self.metrics_keys = metrics_keys
+        self.serves = serves
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,7 +116,10 @@ class AuthMiddleware:
                 try:
                     token = _bearer(scope)
                 except AmbiguousCredentials:
-                    await send_error(send, 400, AMBIGUOUS)
+                    if self.serves(scope):
+                        await send_error(send, 400, AMBIGUOUS)
+                    else:
+                        await self.app(scope, receive, send)
                     return
                 if not token or self.metrics_keys is None or self.metrics_keys.tenant_for(token) is None:
                     if token and self.keys is not None and self.keys.tenant_for(token) is not None:
@@ -111,7 +131,10 @@ class AuthMiddleware:
             try:
                 token = _bearer(scope)
             except AmbiguousCredentials:
-                await send_error(send, 400, AMBIGUOUS)
+                if self.serves(scope):
+                    await send_error(send, 400, AMBIGUOUS)
+                    return
+                await self.app(scope, receive, send)  # the router's 404 or 405, and nothing else, answers
                 return
             tenant = self.keys.tenant_for(token) if token else None
             if tenant is None:
@@ -132,7 +155,7 @@ def document_auth(
 ) -> None:
     """Declare the keys in ``app``'s OpenAPI document: security schemes for a tenant's key (a bearer token,
     or the ``x-api-key`` header) and the metrics scraper's, and on every operation but the public ones,
-    ``security`` (either scheme) and a 401 response; ``/metrics`` (not public) takes the scraper's key, and a
+    ``security`` (either scheme), a 400 response (ambiguous credentials) and a 401; ``/metrics`` (not public) takes the scraper's key, and a
     403 for a tenant's. ``tenants``: tenant keys are configured; ``metrics``: a scraper key is."""
     original = app.openapi
 
@@ -170,6 +193,7 @@ def document_auth(
             "description": "The metrics scraper's key in the x-api-key header.",
         }
         error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        ambiguous = {**error, "description": "More than one credential: two keys, or a bearer key and an x-api-key that differ."}
         for path, operations in schema.get("paths", {}).items():
             if path in public:
                 continue
@@ -177,11 +201,13 @@ def document_auth(
                 responses = operation.setdefault("responses", {})
                 if path == METRICS_PATH:
                     operation["security"] = [{"metricsKey": []}, {"metricsKeyHeader": []}]
+                    responses["400"] = ambiguous
                     responses["401"] = {**error, "description": "No metrics scraper's key."}
                     if tenants:
                         responses["403"] = {**error, "description": "A tenant's key: /metrics is not a tenant's."}
                 elif tenants:
                     operation["security"] = [{"apiKey": []}, {"apiKeyHeader": []}]
+                    responses.setdefault("400", ambiguous)
                     responses["401"] = unauthorized
         if not metrics:  # no scraper key configured: /metrics answers none
             components["securitySchemes"]["metricsKey"]["description"] += " None is configured."

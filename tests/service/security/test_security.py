@@ -271,6 +271,23 @@ def test_ambiguous_credentials_are_refused_with_400(headers):
         assert client.get("/v1/capabilities", headers=same).status_code == 200
 
 
+def test_ambiguous_credentials_on_what_no_route_serves_get_the_routers_answer():
+    """An undeclared method or an unknown path has no endpoint to protect: the router's 405 or 404 says
+    more than a 400 would. Every operation that has one documents the 400."""
+    headers = AMBIGUOUS[0]
+    with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
+        assert client.request("TRACE", "/v1/checkpoints/get", headers=headers).status_code == 405
+        assert client.request("TRACE", "/v1/threads/t/storage", headers=headers).status_code == 405
+        assert client.request("TRACE", "/store/items", headers=headers).status_code == 405
+        assert client.request("TRACE", "/metrics", headers=headers).status_code == 405
+        assert client.get("/v1/no-such-route", headers=headers).status_code == 404
+        assert client.post("/v1/checkpoints/get", headers=headers, json={}).status_code == 400
+        document = client.get("/openapi.json").json()
+    for path, ops in document["paths"].items():
+        for op in ops.values():
+            assert ("400" in op["responses"]) == (path not in ("/healthz", "/readyz")), (path, op["responses"])
+
+
 @pytest.mark.e2e
 def test_ambiguous_credentials_are_refused_by_the_running_service(keyed_service):
     for headers in AMBIGUOUS:
