@@ -266,3 +266,8 @@ def test_the_corpus_covers_what_the_issue_lists():
         for place in corpus.REEXPORT_PLACES:
             assert f"reexport-{module}.{name}-{place}" in names
     assert len(CASES) >= 150
+
+
+def test_the_security_page_gives_the_corpus_size():
+    page = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    assert f"holds {len(CASES)} named hostile requests" in " ".join(page.split())
