@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver, Removals
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
+from reducing_saver.service.encryption import Sealer, encrypting, keyless, sealer_for
 from reducing_saver.service.http.errors import Unavailable
 from reducing_saver.service.extraction.recorder import Memory
 from reducing_saver.service.imports import import_callable
@@ -158,8 +158,8 @@ class Service:
 
             def wrap(inner: Any) -> ReducingSaver:
                 inner.keep_checkpoints = settings.keep_checkpoints
-                if sealer is not None:
-                    inner = encrypting(inner, sealer)
+                # Without a key ring, a value another process sealed is refused, never passed on.
+                inner = encrypting(inner, sealer) if sealer is not None else keyless(inner)
                 return ReducingSaver(
                     inner,
                     self.reducer,

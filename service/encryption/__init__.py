@@ -14,6 +14,7 @@ from reducing_saver.service.encryption.envelope import (
     StoredDataError,
     UnknownKeyError,
 )
+from reducing_saver.service.encryption.keyless import KeylessSaver, keyless
 from reducing_saver.service.encryption.keys import KeyRing, KeyRingError, load_keyring, parse_keyring
 from reducing_saver.service.encryption.saver import (
     ENVELOPE_TYPE,
@@ -49,11 +50,13 @@ __all__ = [
     "IntegrityError",
     "KeyRing",
     "KeyRingError",
+    "KeylessSaver",
     "PlainTextRefused",
     "Sealer",
     "StoredDataError",
     "UnknownKeyError",
     "encrypting",
+    "keyless",
     "load_keyring",
     "parse_keyring",
     "sealer_for",

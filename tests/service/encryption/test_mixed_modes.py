@@ -10,17 +10,23 @@ rollout with two real service processes is ``tests/e2e/test_encryption_rollout.p
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
+from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage
 
+from reducing_saver.client import ReducingSaverError, RemoteReducingSaver
 from reducing_saver.reducer import StepRequest, step_id
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import ENVELOPE_TYPE, StoredDataError
 from reducing_saver.service.extraction.recorder import Memory
+from reducing_saver.service.http.app import create_app
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.summaries.summarizer import CallableSummarizer, SummaryWorker
+from tests.conftest import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 
 RING = ring_json("k1", k1=new_key())
@@ -171,3 +177,43 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
         assert sorted(e.message["content"].rstrip(".") for e in claimed) == sorted(
             f"{kind} {n}" for n in range(3) for kind in ("question", "answer")
         )
+
+
+# -- checkpoint reads and copies through an `off` process ------------------------------------------
+
+
+@contextmanager
+def _client(database: str, mode: str) -> Iterator[RemoteReducingSaver]:
+    """The service of ``mode`` on ``database`` (in process), and a client of it."""
+    keys = {"encryption_keys": RING} if mode != "off" else {}
+    app = create_app(Settings(database=database, encryption=mode, extract=False, sweep=False, **keys))
+    with TestClient(app) as http, RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0) as saver:
+        yield saver
+
+
+def test_an_off_service_refuses_sealed_checkpoints_naming_the_mode_and_copies_none(database):
+    sealed = {"configurable": {"thread_id": "sealed"}}
+    with _client(database, "migrate") as keyed:
+        graph = build_chat_graph(keyed)
+        for turn in range(2):
+            graph.invoke({"messages": [human(turn)]}, sealed)
+        expected = graph.get_state(sealed).values["messages"]
+    with _client(database, "off") as off:
+        graph = build_chat_graph(off)
+        graph.invoke({"messages": [human(0)]}, {"configurable": {"thread_id": "plain"}})
+        reads = {
+            "get_tuple": lambda: off.get_tuple(sealed),
+            "list": lambda: list(off.list(sealed)),
+            "get_state": lambda: graph.get_state(sealed),
+            "invoke": lambda: graph.invoke({"messages": [human(9)]}, sealed),
+            "copy_thread": lambda: off.copy_thread("sealed", "sealed-copy"),
+        }
+        for name, read in reads.items():
+            with pytest.raises(ReducingSaverError, match=r"encrypted at rest.*--encryption off") as refused:
+                read()
+            assert "thread 'sealed'" in str(refused.value), name
+        assert off.get_tuple({"configurable": {"thread_id": "sealed-copy"}}) is None
+        off.copy_thread("plain", "plain-copy")  # a thread with nothing sealed copies as before
+        assert off.get_tuple({"configurable": {"thread_id": "plain-copy"}}) is not None
+    with _client(database, "migrate") as keyed:  # nothing changed: the keyed process reads it all
+        assert build_chat_graph(keyed).get_state(sealed).values["messages"] == expected
