@@ -5,7 +5,7 @@ them into the tenant's namespaces and runs them as one ``batch`` of its backend'
 SqliteStore, InMemoryStore), so results, deduplication and ordering are that store's. Every convenience
 method of ``BaseStore`` (``get``, ``put``, ``delete``, ``search``, ``list_namespaces`` and their async
 twins) goes through them. The transport, retries, errors and API key are those of
-``RemoteReducingSaver`` (``_client._Http``).
+``RemoteReducingSaver`` (``_http.Http``).
 
 Construction sends no request, but it is not free of blocking work: for an ``https://`` URL the sync
 client builds an SSL context (it reads the CA bundle), and the first async call imports aiohttp (which
@@ -32,8 +32,9 @@ from langgraph.store.base import (
     _validate_namespace_labels,
 )
 
-from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
+from reducing_saver.client._calls import Call
 from reducing_saver.client._errors import BadRequestError
+from reducing_saver.client._http import ConnectionOptions, off_the_loop, open_http
 from reducing_saver.wire import STORE_BATCH_PATH, bodies, json_dumps, unwritable
 
 
@@ -113,7 +114,7 @@ def _batch_body(ops: list[Op]) -> bytes:
     return json_dumps(bodies.StoreBatchBody(ops=[_op_json(op) for op in ops]))
 
 
-def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
+def _batch_call(ops: list[Op]) -> Call[list[Result]]:
     def parse(body: Any) -> list[Result]:
         results = body["results"]
         if len(results) != len(ops):
@@ -122,7 +123,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
 
     content = _batch_body(ops)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
-    return _Call("POST", STORE_BATCH_PATH, content, True, parse)
+    return Call("POST", STORE_BATCH_PATH, content, True, parse)
 
 
 class RemoteStore(BaseStore):

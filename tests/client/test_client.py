@@ -429,7 +429,7 @@ def test_a_504_without_the_services_code_is_a_proxys_and_retried() -> None:
 
 def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.MonkeyPatch) -> None:
     delays: list[float] = []
-    monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
+    monkeypatch.setattr("reducing_saver.client._http.time.sleep", delays.append)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=0)
     service.override = failing_with(503)
@@ -460,7 +460,7 @@ def test_503_is_retried_for_the_time_budget_past_max_retries(monkeypatch: pytest
     # A database restart answers 503 for seconds: three retries a few tenths of a second apart would
     # give up long before it is back.
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
     service.override = failing_with(503)
@@ -491,7 +491,7 @@ def test_a_restarting_service_is_retried_for_the_time_budget(
 ) -> None:
     # A restart refuses connections, and resets those it had, for seconds: as long as a 503.
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
     service.override = raising(exc)
@@ -503,7 +503,7 @@ def test_a_restarting_service_is_retried_for_the_time_budget(
 
 def test_the_time_budget_applies_to_503_only(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=2, retry_unavailable_for=60.0)
     service.override = failing_with(502)
@@ -519,8 +519,8 @@ async def test_retry_after_sets_a_floor_on_the_delay(api: str, monkeypatch: pyte
     async def asleep(delay: float) -> None:
         delays.append(delay)
 
-    monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
-    monkeypatch.setattr("reducing_saver.client._client.asyncio.sleep", asleep)
+    monkeypatch.setattr("reducing_saver.client._http.time.sleep", delays.append)
+    monkeypatch.setattr("reducing_saver.client._http.asyncio.sleep", asleep)
     service = FakeService()
     saver = make_saver(service, max_retries=3)
     service.override = sequence(
@@ -1170,7 +1170,7 @@ def test_a_request_http_cannot_carry_is_no_outage_and_never_quoted() -> None:
     # mapping keeps it out of messages and out of the outage class anyway.
     saver = make_saver(FakeService())
     exc = transport_errors.from_httpx(httpx.LocalProtocolError("Illegal header value b'Bearer s3cret\\n'"))
-    error = saver._http._transport_error(reducing_saver.client._client._capabilities_call(), exc)
+    error = saver._http._transport_error(reducing_saver.client._server_info.capabilities_call(), exc)
     assert type(error) is ReducingSaverError
     assert "s3cret" not in str(error) and "not valid HTTP" in str(error)
 
