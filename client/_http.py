@@ -149,7 +149,7 @@ class Http:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https"):
             raise ValueError(
-                "RemoteReducingSaver needs the service's http:// or https:// URL, "
+                f"{owner} needs the service's http:// or https:// URL, "
                 f"got a {parsed.scheme!r} URL (the database URL belongs in the service's settings, "
                 "not in the client)"
             )

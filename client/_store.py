@@ -175,7 +175,7 @@ class RemoteStore(BaseStore):
     supports_ttl = True
 
     def __init__(self, url: str, **options: Unpack[ConnectionOptions]) -> None:
-        self._http = open_http(url, "RemoteStore", options)
+        self._http = open_http(url, type(self).__name__, options)
 
     @classmethod
     async def aopen(cls, url: str, **options: Unpack[ConnectionOptions]) -> Self:

@@ -41,6 +41,7 @@ from reducing_saver.client import (
     ReducingSaverError,
     RemoteReducer,
     RemoteReducingSaver,
+    RemoteStore,
     RequestTimeoutError,
     ServerUnavailableError,
 )
@@ -362,9 +363,19 @@ def test_constructor_raises_when_capabilities_fail() -> None:
         make_saver(refuse)
 
 
-def test_non_http_url_is_refused() -> None:
+class _MySaver(RemoteReducingSaver):
+    pass
+
+
+class _MyStore(RemoteStore):
+    pass
+
+
+@pytest.mark.parametrize("cls", [RemoteReducingSaver, RemoteStore, _MySaver, _MyStore])
+def test_non_http_url_is_refused_naming_the_class_constructed(cls: type) -> None:
     with pytest.raises(ValueError, match="http:// or https://") as info:
-        RemoteReducingSaver("postgresql://user:hunter2@db/app")
+        cls("postgresql://user:hunter2@db/app")
+    assert str(info.value).startswith(f"{cls.__name__} needs the service's http:// or https:// URL")
     assert "hunter2" not in str(info.value)
 
 
