@@ -14,7 +14,6 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from importlib import metadata as importlib_metadata
 from typing import Any, TypedDict, TypeVar
 
 import httpx
@@ -48,11 +47,7 @@ from reducing_saver.client._transport import (
     WriteError,
 )
 from reducing_saver.wire import JSON, MSGPACK
-
-try:
-    __version__ = importlib_metadata.version("reducing-saver")
-except importlib_metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+from reducing_saver.wire.version import __version__
 
 logger = logging.getLogger(__name__)
 

@@ -741,6 +741,11 @@ def test_public_surface_is_pinned() -> None:
         ]
     )
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", reducing_saver.client.__version__)
+    # Read once, in wire, for both sides.
+    from reducing_saver.service.version import __version__ as service_version
+    from reducing_saver.wire.version import __version__ as wire_version
+
+    assert reducing_saver.client.__version__ is wire_version is service_version
     for error in (BadRequestError, AuthenticationError, PayloadTooLargeError, RequestTimeoutError):
         assert issubclass(error, ReducingSaverError)
 
