@@ -14,7 +14,13 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Self, Unpack
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from reducing_saver.client._http import ConnectionOptions, Http, off_the_loop, open_http
@@ -44,9 +50,12 @@ class RemoteReducingSaver(SaverCalls, BaseCheckpointSaver[str]):
 
     The service keeps every stored checkpoint's messages channel to a bounded window; this client only
     (de)serializes with its ``serde`` and talks HTTP. The constructor asks the service for its
-    capabilities (blocking; for up to ``startup_timeout`` seconds while the service is down) and returns an instance of the class variant that has exactly
-    the optional methods the service's backend supports (``copy_thread``, ``delete_for_runs``, ``prune``,
-    ``get_delta_channel_history`` and their async twins), so capability probes see the truth.
+    capabilities (blocking; for up to ``startup_timeout`` seconds while the service is down) and returns
+    an instance of the class variant that has exactly the optional methods the service's backend
+    supports (``copy_thread``, ``delete_for_runs``, ``prune``, ``get_delta_channel_history`` and their
+    async twins), so capability probes see the truth. A ``put`` sends only the channel values the
+    backend stores (``stored_values`` in the capabilities; by the backend's name for a service that does
+    not say).
 
     Sync calls share a thread-safe pool of kept-alive ``http.client`` connections (the standard
     library's); async calls one aiohttp session per event loop, created on first use and closed when that
@@ -190,6 +199,7 @@ class RemoteReducingSaver(SaverCalls, BaseCheckpointSaver[str]):
         self.messages_key = info.messages_key
         self.server_version = info.version
         self.max_list_limit = info.max_list_limit
+        self._stored_values = info.stored_values
         wanted = BODY_FORMAT_NAMES[body_format]
         self.body_format = wanted if wanted in info.body_formats else JSON
         self._msgpack = self.body_format == MSGPACK

@@ -15,8 +15,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.client._calls import Call, as_given, no_content, post
-from reducing_saver.client._server_info import RemoteReducer
-from reducing_saver.client._values import decode_tuple, encode_value, encode_write, stored_inline
+from reducing_saver.client._server_info import RemoteReducer, StoredValues
+from reducing_saver.client._values import decode_tuple, encode_value, encode_write, values_to_send
 from reducing_saver.wire import (
     GET_PATH,
     LIST_PATH,
@@ -33,10 +33,6 @@ from reducing_saver.wire import (
 
 logger = logging.getLogger(__name__)
 
-#: Backends whose saver reads a channel's value only when the channel is in ``new_versions``. PostgresSaver
-#: does so for blobs, but keeps primitive values inline in every checkpoint row: those always travel.
-SPARSE_BACKENDS = frozenset({"postgres", "memory"})
-INLINE_IN_EVERY_ROW = frozenset({"postgres"})
 #: Threads the client remembers having told about an unwindowed DeltaChannel (forgotten all at once past it).
 NOTICED_THREADS = 10_000
 _ABSENT = object()
@@ -55,6 +51,8 @@ class SaverCalls:
     backend: str
     messages_key: str
     max_list_limit: int | None
+    #: Which channel values the service's backend stores: a put sends only those.
+    _stored_values: StoredValues
     #: The per-step calls' bodies are msgpack (else JSON).
     _msgpack: bool
     #: The threads (and namespaces) already told that the service's window does not apply to them.
@@ -128,13 +126,7 @@ class SaverCalls:
         values = checkpoint["channel_values"]
         if self.messages_key in new_versions:
             self._notice_unwindowed(config, values.get(self.messages_key, _ABSENT))
-        if self.backend in SPARSE_BACKENDS:  # send only what the backend will store
-            keep_inline = self.backend in INLINE_IN_EVERY_ROW
-            values = {
-                channel: value
-                for channel, value in values.items()
-                if channel in new_versions or (keep_inline and stored_inline(value))
-            }
+        values = values_to_send(values, new_versions, self._stored_values)
         body = bodies.PutCheckpointBody(
             config=self._config(config),
             checkpoint=checkpoint_fields(checkpoint),

@@ -9,13 +9,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from reducing_saver.client._calls import Call
 from reducing_saver.wire import CAPABILITIES_PATH, JSON
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES
 
 logger = logging.getLogger(__name__)
+
+#: Which channel values a checkpoint of the service's backend keeps (``stored_values``): ``"all"``, every
+#: value in every checkpoint (SqliteSaver); ``"changed"``, only the channels in ``new_versions``
+#: (InMemorySaver); ``"changed_and_inline"``, those and every primitive value, which PostgresSaver keeps
+#: inline in each checkpoint row. A put sends only what will be stored.
+StoredValues = Literal["all", "changed", "changed_and_inline"]
+#: What a service that does not say (0.1.0) stores, by its backend's name.
+STORED_VALUES_BY_BACKEND: dict[str, StoredValues] = {
+    "sqlite": "all",
+    "memory": "changed",
+    "postgres": "changed_and_inline",
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,7 @@ class ServerInfo:
     #: The most checkpoints one list answer holds; ``None`` from a service that does not say (one that
     #: answers a list without a limit in full).
     max_list_limit: int | None
+    stored_values: StoredValues
 
 
 def parse_server_info(body: Any) -> ServerInfo:
@@ -64,7 +77,23 @@ def parse_server_info(body: Any) -> ServerInfo:
         version=body["version"],
         body_formats=frozenset(body.get("body_formats") or (JSON,)),
         max_list_limit=list_page_size(body.get("limits")),
+        stored_values=_stored_values(body),
     )
+
+
+def _stored_values(body: Any) -> StoredValues:
+    """The service's ``stored_values``; by its backend's name when it does not say; ``"all"`` (always
+    enough) for a backend or a rule this client does not know."""
+    said = body.get("stored_values")
+    if said is None:
+        return STORED_VALUES_BY_BACKEND.get(body["backend"], "all")
+    if said in get_args(StoredValues):
+        return cast(StoredValues, said)
+    logger.info(
+        "the service stores channel values by a rule this client does not know (%r): puts send all",
+        said,
+    )
+    return "all"
 
 
 def list_page_size(limits: Any) -> int | None:

@@ -1,5 +1,6 @@
-"""Checkpoint values on the wire: how a channel value or a pending write travels (inline, a big int's own
-form, or the serde's bytes as a ``Blob``) and how it reads back.
+"""Checkpoint values on the wire: which channel values a put sends (those the service's backend stores),
+how a channel value or a pending write travels (inline, a big int's own form, or the serde's bytes as a
+``Blob``) and how it reads back.
 
 The serde is an argument, not a field: ``BaseCheckpointSaver.with_allowlist`` gives a copy of the saver a
 serde of its own.
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import ChannelVersions, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from reducing_saver.client._server_info import StoredValues
 from reducing_saver.wire import Blob, channel_value_from_wire, int_to_wire, ints_from_wire, is_inline
 
 
@@ -46,7 +48,8 @@ def decode_tuple(serde: SerializerProtocol, wire: Mapping[str, Any]) -> Checkpoi
     checkpoint = {
         **wire["checkpoint"],
         "channel_values": {
-            channel: decode_value(serde, value, f"values.{channel}") for channel, value in wire["values"].items()
+            channel: decode_value(serde, value, f"values.{channel}")
+            for channel, value in wire["values"].items()
         },
     }
     return CheckpointTuple(
@@ -58,6 +61,20 @@ def decode_tuple(serde: SerializerProtocol, wire: Mapping[str, Any]) -> Checkpoi
     )
 
 
-def stored_inline(value: Any) -> bool:
+def values_to_send(
+    values: dict[str, Any], new_versions: ChannelVersions, stored_values: StoredValues
+) -> dict[str, Any]:
+    """The channel values of a put the service's backend will store (``stored_values``): only those travel."""
+    if stored_values == "all":
+        return values
+    inline_too = stored_values == "changed_and_inline"
+    return {
+        channel: value
+        for channel, value in values.items()
+        if channel in new_versions or (inline_too and _stored_inline(value))
+    }
+
+
+def _stored_inline(value: Any) -> bool:
     """What PostgresSaver keeps inline in every checkpoint row: None, str, int (of any size), float, bool."""
     return is_inline(value) or type(value) is int

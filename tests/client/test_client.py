@@ -832,7 +832,7 @@ WHEN = datetime(2025, 5, 17, 12, 0, tzinfo=UTC)
 def test_put_sends_only_what_the_backend_stores(backend: str) -> None:
     service = FakeService(backend=backend)
     saver = make_saver(service)
-    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None}
+    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None, "items": ["a"]}
     checkpoint = make_checkpoint("c1", values, {ch: "1" for ch in values})
     saver.put(config(), checkpoint, {"source": "loop", "step": 1}, {"messages": "1", "count": "1"})
     sent = service.bodies("/checkpoints/put")[0]
@@ -848,6 +848,35 @@ def test_put_sends_only_what_the_backend_stores(backend: str) -> None:
     assert "channel_values" not in sent["checkpoint"]
     assert sent["checkpoint"]["channel_versions"] == checkpoint["channel_versions"]
     assert sent["metadata"] == {"source": "loop", "step": 1}
+
+
+EVERY = {"messages", "count", "name", "ratio", "flag", "items"}
+
+
+@pytest.mark.parametrize(
+    ("backend", "stored_values", "expected"),
+    [
+        # What the service says wins over its backend's name (a new backend, a saver that changed).
+        ("postgres", "all", EVERY),
+        ("sqlite", "changed", {"messages", "count"}),
+        ("sqlite", "changed_and_inline", {"messages", "count", "name", "ratio", "flag"}),
+        ("another", "changed", {"messages", "count"}),
+        # A rule this client does not know: every value travels (the service stores what it needs).
+        ("memory", "a-newer-rule", EVERY),
+        # No rule (a service before it said one) and a backend this client does not know: every value too.
+        ("another", None, EVERY),
+    ],
+)
+def test_put_sends_what_the_service_says_it_stores(backend: str, stored_values: str | None, expected: set) -> None:
+    service = FakeService(backend=backend)
+    if stored_values is not None:
+        service.info["stored_values"] = stored_values
+    service.override = lambda request: httpx.Response(200, json={"config": config()})
+    saver = make_saver(service)
+    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None, "items": ["a"]}
+    checkpoint = make_checkpoint("c1", values, {ch: "1" for ch in values})
+    saver.put(config(), checkpoint, {}, {"messages": "1", "count": "1"})
+    assert set(service.bodies("/checkpoints/put")[0]["values"]) == expected
 
 
 def test_inline_and_typed_values_on_the_wire() -> None:
