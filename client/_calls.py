@@ -87,7 +87,7 @@ def finish(call: Call[T], answer: Answer, url: str) -> T:
     if 300 <= answer.status < 400:
         raise _redirect_error(call, answer, url)
     if not 200 <= answer.status < 300:
-        response = httpx.Response(answer.status, headers=answer.headers.items(), content=answer.content)
+        response = httpx.Response(answer.status, headers=list(answer.headers.items()), content=answer.content)
         raise error_from_response(response, method=call.method, path=call.path)
     try:
         body = _loads(answer)

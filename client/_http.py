@@ -67,9 +67,11 @@ RETRY_UNAVAILABLE_FOR = 30.0
 #: The longest wait between two retries under that time budget, so a call goes through soon after the
 #: service can serve again.
 UNAVAILABLE_MAX_DELAY = 2.0
-#: Connections per saver (sync and async each): at most ``max_connections`` at once; the sync pool keeps
-#: at most ``max_keepalive_connections`` idle ones, each for ``keepalive_expiry`` s.
-LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+#: Connections per saver (sync and async each): at most ``MAX_CONNECTIONS`` at once; the sync pool keeps
+#: at most ``MAX_IDLE_CONNECTIONS`` idle ones, each for ``KEEPALIVE_EXPIRY`` s (httpx's defaults).
+MAX_CONNECTIONS = 100
+MAX_IDLE_CONNECTIONS = 20
+KEEPALIVE_EXPIRY = 5.0
 
 T = TypeVar("T")
 
@@ -202,9 +204,9 @@ class Http:
                 self.timeout,
                 proxy=self._proxy,
                 ssl_context=self._ssl_context,
-                max_connections=LIMITS.max_connections,
-                max_idle=LIMITS.max_keepalive_connections,
-                keepalive_expiry=LIMITS.keepalive_expiry,
+                max_connections=MAX_CONNECTIONS,
+                max_idle=MAX_IDLE_CONNECTIONS,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
             )
         self._async: AsyncTransport
         if async_transport is not None:
@@ -212,7 +214,7 @@ class Http:
         else:
             self._async = AiohttpTransport(
                 self.timeout,
-                max_connections=LIMITS.max_connections,
+                max_connections=MAX_CONNECTIONS,
                 ssl_context=self._ssl_context,
                 proxy=None if self._proxy is None else str(self._proxy),
             )
@@ -332,7 +334,7 @@ class Http:
                 f"{call.method} {call.path}: the service at {self.url} could not be reached within "
                 f"startup_timeout={budget:g} s ({attempt} attempt(s) over {elapsed:.1f} s; last: {reason})"
             )
-        delay = min(max(self.backoff, 0.05) * 2 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
+        delay = min(max(self.backoff, 0.05) * 2.0 ** (attempt - 1), MAX_STARTUP_BACKOFF, remaining)
         delay *= random.uniform(0.8, 1.0)
         logger.warning(
             "%s %s: %s; the service at %s is not up yet, asking again in %.2fs (%.0f s of %g s left)",
@@ -370,7 +372,7 @@ class Http:
             restarting = True
         else:
             return None
-        delay = max(min(self.backoff * 2**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
+        delay = max(min(self.backoff * 2.0**attempt, MAX_BACKOFF) * random.uniform(0.5, 1.0), floor)
         if attempt < self.max_retries:
             budget = f"retry {attempt + 1} of {self.max_retries}"
         elif restarting:

@@ -91,7 +91,7 @@ class _Prune:
 class _DeltaChannelHistory:
     _http: Http
     serde: SerializerProtocol
-    _config: Callable[[RunnableConfig | None], dict | None]
+    _config: Callable[[RunnableConfig | None], bodies.RunConfigBody | None]
 
     def _delta_history_call(
         self, config: RunnableConfig, channels: Sequence[str]

@@ -191,20 +191,20 @@ class RemoteReducingSaver(SaverCalls, BaseCheckpointSaver[str]):
         cls, http: Http, info: ServerInfo, *, serde: SerializerProtocol | None, body_format: str
     ) -> Self:
         """The instance of the class variant carrying exactly the service's capabilities (no I/O)."""
-        self = object.__new__(with_capabilities(cls, info.capabilities, MIXINS))
-        BaseCheckpointSaver.__init__(self, serde=serde if serde is not None else SafeJsonPlusSerializer())
-        self._http = http
-        self.reducer = info.reducer
-        self.backend = info.backend
-        self.messages_key = info.messages_key
-        self.server_version = info.version
-        self.max_list_limit = info.max_list_limit
-        self._stored_values = info.stored_values
+        saver = object.__new__(with_capabilities(cls, info.capabilities, MIXINS))
+        BaseCheckpointSaver.__init__(saver, serde=serde if serde is not None else SafeJsonPlusSerializer())
+        saver._http = http
+        saver.reducer = info.reducer
+        saver.backend = info.backend
+        saver.messages_key = info.messages_key
+        saver.server_version = info.version
+        saver.max_list_limit = info.max_list_limit
+        saver._stored_values = info.stored_values
         wanted = BODY_FORMAT_NAMES[body_format]
-        self.body_format = wanted if wanted in info.body_formats else JSON
-        self._msgpack = self.body_format == MSGPACK
-        self._noticed: set[tuple[str, str]] = set()
-        return self
+        saver.body_format = wanted if wanted in info.body_formats else JSON
+        saver._msgpack = saver.body_format == MSGPACK
+        saver._noticed = set()
+        return saver
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Everything is set up by ``__new__`` (see the class docstring for the arguments)."""

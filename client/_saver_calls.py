@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from langchain_core.runnables import RunnableConfig
@@ -39,7 +39,7 @@ _ABSENT = object()
 
 
 def _parse_put(body: Any) -> RunnableConfig:
-    return body["config"]
+    return cast(RunnableConfig, body["config"])
 
 
 class SaverCalls:
@@ -58,7 +58,7 @@ class SaverCalls:
     #: The threads (and namespaces) already told that the service's window does not apply to them.
     _noticed: set[tuple[str, str]]
 
-    def _config(self, config: RunnableConfig | None) -> dict | None:
+    def _config(self, config: RunnableConfig | None) -> bodies.RunConfigBody | None:
         return config_to_wire(config, namespace_key=self.reducer.namespace_key)
 
     def _parse_get(self, body: Any) -> CheckpointTuple | None:

@@ -100,7 +100,8 @@ def environment_proxy(url: httpx.URL) -> httpx.URL | None:
     """
     proxies = urllib.request.getproxies_environment()
     name, proxy = url.scheme, proxies.get(url.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass_environment(url.host, proxies):
+    # proxy_bypass_environment: the standard library's NO_PROXY rule, undocumented and left out of typeshed.
+    if not proxy or urllib.request.proxy_bypass_environment(url.host, proxies):  # type: ignore[attr-defined]
         return None
     if "://" not in proxy:  # "proxy:3128", as curl and httpx accept it
         proxy = f"http://{proxy}"

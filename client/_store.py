@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Self, Unpack
+from typing import Any, Self, Unpack, cast
 
 from langgraph.store.base import (
     BaseStore,
@@ -42,7 +42,8 @@ def _op_json(op: Op) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBod
     if isinstance(op, GetOp):
         return bodies.GetOpBody(op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl)
     if isinstance(op, PutOp):
-        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=op.value)
+        value = None if op.value is None else dict(op.value)
+        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=value)
         if op.index is not None:
             body["index"] = op.index if op.index is False else list(op.index)
         if op.ttl is not None:
@@ -213,14 +214,16 @@ class RemoteStore(BaseStore):
     def get(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
         """The item at ``namespace``/``key``, or ``None``."""
         _validate_namespace_labels(namespace)
-        return self.batch([GetOp(namespace, str(key), refresh_ttl)])[0]  # type: ignore[arg-type]
+        op = GetOp(namespace, str(key), refresh_ttl)  # type: ignore[arg-type]  # None: the service decides
+        return cast(Item | None, self.batch([op])[0])
 
     async def aget(
         self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
     ) -> Item | None:
         """The item at ``namespace``/``key``, or ``None``."""
         _validate_namespace_labels(namespace)
-        return (await self.abatch([GetOp(namespace, str(key), refresh_ttl)]))[0]  # type: ignore[arg-type]
+        op = GetOp(namespace, str(key), refresh_ttl)  # type: ignore[arg-type]  # None: the service decides
+        return cast(Item | None, (await self.abatch([op]))[0])
 
     def search(
         self,
@@ -236,7 +239,7 @@ class RemoteStore(BaseStore):
         """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
-        return self.batch([op])[0]
+        return cast(list[SearchItem], self.batch([op])[0])
 
     async def asearch(
         self,
@@ -252,7 +255,7 @@ class RemoteStore(BaseStore):
         """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
-        return (await self.abatch([op]))[0]
+        return cast(list[SearchItem], (await self.abatch([op]))[0])
 
     def close(self) -> None:
         self._http.close()

@@ -67,7 +67,7 @@ def test_threads_share_the_pool_and_never_a_connection(app_url):
 
 def test_requests_past_max_connections_wait_for_the_pool_timeout(app_url):
     http = _http(app_url, timeout=httpx.Timeout(5, pool=0.2))
-    # A pool of two, as Http builds its own of LIMITS.max_connections (100).
+    # A pool of two, as Http builds its own of MAX_CONNECTIONS (100).
     http._sync = ConnectionPool(
         httpx.URL(app_url), http.timeout, max_connections=2, max_idle=2, keepalive_expiry=5
     )
