@@ -48,7 +48,6 @@ class SaverCalls:
 
     serde: SerializerProtocol
     reducer: RemoteReducer
-    backend: str
     messages_key: str
     max_list_limit: int | None
     #: Which channel values the service's backend stores: a put sends only those.
