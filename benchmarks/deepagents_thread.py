@@ -53,10 +53,10 @@ class _Counting(httpx.BaseTransport):
 def _walking(saver: Any) -> Any:
     """The same saver without ``get_delta_channel_history``: LangGraph walks ``get_tuple`` instead."""
     from reducing_saver.client import RemoteReducingSaver
-    from reducing_saver.client._client import _MIXINS
+    from reducing_saver.client._optional import MIXINS
     from reducing_saver.wire.capabilities import with_capabilities
 
-    variant = with_capabilities(RemoteReducingSaver, saver.capabilities - {"delta_channel_history"}, _MIXINS)
+    variant = with_capabilities(RemoteReducingSaver, saver.capabilities - {"delta_channel_history"}, MIXINS)
     clone = object.__new__(variant)
     clone.__dict__.update(saver.__dict__)
     return clone

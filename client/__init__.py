@@ -10,7 +10,6 @@ This package needs only httpx, orjson and langgraph-checkpoint: it imports neith
 database driver.
 """
 
-from reducing_saver.client._client import RemoteReducer, RemoteReducingSaver, __version__
 from reducing_saver.client._errors import (
     AuthenticationError,
     BadRequestError,
@@ -24,9 +23,12 @@ from reducing_saver.client._errors import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
+from reducing_saver.client._saver import RemoteReducingSaver
 from reducing_saver.client._serde import SafeJsonPlusSerializer
+from reducing_saver.client._server_info import RemoteReducer
 from reducing_saver.client._store import RemoteStore
 from reducing_saver.wire.nul import decode_memory_value
+from reducing_saver.wire.version import __version__
 
 __all__ = [
     "AuthenticationError",

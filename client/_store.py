@@ -5,7 +5,7 @@ them into the tenant's namespaces and runs them as one ``batch`` of its backend'
 SqliteStore, InMemoryStore), so results, deduplication and ordering are that store's. Every convenience
 method of ``BaseStore`` (``get``, ``put``, ``delete``, ``search``, ``list_namespaces`` and their async
 twins) goes through them. The transport, retries, errors and API key are those of
-``RemoteReducingSaver`` (``_client._Http``).
+``RemoteReducingSaver`` (``_http.Http``).
 
 Construction sends no request, but it is not free of blocking work: for an ``https://`` URL the sync
 client builds an SSL context (it reads the CA bundle), and the first async call imports aiohttp (which
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Self, Unpack
+from typing import Any, Self, Unpack, cast
 
 from langgraph.store.base import (
     BaseStore,
@@ -32,8 +32,9 @@ from langgraph.store.base import (
     _validate_namespace_labels,
 )
 
-from reducing_saver.client._client import ConnectionOptions, _Call, off_the_loop, open_http
+from reducing_saver.client._calls import Call
 from reducing_saver.client._errors import BadRequestError
+from reducing_saver.client._http import ConnectionOptions, off_the_loop, open_http
 from reducing_saver.wire import STORE_BATCH_PATH, bodies, json_dumps, unwritable
 
 
@@ -41,7 +42,8 @@ def _op_json(op: Op) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBod
     if isinstance(op, GetOp):
         return bodies.GetOpBody(op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl)
     if isinstance(op, PutOp):
-        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=op.value)
+        value = None if op.value is None else dict(op.value)
+        body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=value)
         if op.index is not None:
             body["index"] = op.index if op.index is False else list(op.index)
         if op.ttl is not None:
@@ -113,7 +115,7 @@ def _batch_body(ops: list[Op]) -> bytes:
     return json_dumps(bodies.StoreBatchBody(ops=[_op_json(op) for op in ops]))
 
 
-def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
+def _batch_call(ops: list[Op]) -> Call[list[Result]]:
     def parse(body: Any) -> list[Result]:
         results = body["results"]
         if len(results) != len(ops):
@@ -122,7 +124,7 @@ def _batch_call(ops: list[Op]) -> _Call[list[Result]]:
 
     content = _batch_body(ops)
     # A batch of reads is idempotent; so is one of puts (the same values again). Every batch may retry.
-    return _Call("POST", STORE_BATCH_PATH, content, True, parse)
+    return Call("POST", STORE_BATCH_PATH, content, True, parse)
 
 
 class RemoteStore(BaseStore):
@@ -174,7 +176,7 @@ class RemoteStore(BaseStore):
     supports_ttl = True
 
     def __init__(self, url: str, **options: Unpack[ConnectionOptions]) -> None:
-        self._http = open_http(url, "RemoteStore", options)
+        self._http = open_http(url, type(self).__name__, options)
 
     @classmethod
     async def aopen(cls, url: str, **options: Unpack[ConnectionOptions]) -> Self:
@@ -212,14 +214,16 @@ class RemoteStore(BaseStore):
     def get(self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None) -> Item | None:
         """The item at ``namespace``/``key``, or ``None``."""
         _validate_namespace_labels(namespace)
-        return self.batch([GetOp(namespace, str(key), refresh_ttl)])[0]  # type: ignore[arg-type]
+        op = GetOp(namespace, str(key), refresh_ttl)  # type: ignore[arg-type]  # None: the service decides
+        return cast(Item | None, self.batch([op])[0])
 
     async def aget(
         self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
     ) -> Item | None:
         """The item at ``namespace``/``key``, or ``None``."""
         _validate_namespace_labels(namespace)
-        return (await self.abatch([GetOp(namespace, str(key), refresh_ttl)]))[0]  # type: ignore[arg-type]
+        op = GetOp(namespace, str(key), refresh_ttl)  # type: ignore[arg-type]  # None: the service decides
+        return cast(Item | None, (await self.abatch([op]))[0])
 
     def search(
         self,
@@ -235,7 +239,7 @@ class RemoteStore(BaseStore):
         """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
-        return self.batch([op])[0]
+        return cast(list[SearchItem], self.batch([op])[0])
 
     async def asearch(
         self,
@@ -251,7 +255,7 @@ class RemoteStore(BaseStore):
         """Items under ``namespace_prefix``, filtered by value, ranked by ``query`` (the service embeds)."""
         _validate_namespace_labels(namespace_prefix)
         op = SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]
-        return (await self.abatch([op]))[0]
+        return cast(list[SearchItem], (await self.abatch([op]))[0])
 
     def close(self) -> None:
         self._http.close()

@@ -1,7 +1,7 @@
 """Transports: what sends one request to the service and brings its answer back, and nothing else.
 
 A transport is one method, as in httpx (``_transports/base.py``): ``exchange(request) -> Answer`` (async:
-``await exchange(request)``), plus ``close``/``aclose``. The client above it (``_client._Http``) decides
+``await exchange(request)``), plus ``close``/``aclose``. The client above it (``_http.Http``) decides
 everything else: URLs, headers, retries, which errors a user sees. Three stacks implement it:
 
 * ``_stdlib_http.ConnectionPool``: sync, the standard library's ``http.client`` over kept-alive connections

@@ -26,7 +26,8 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from reducing_saver.client._client import API_KEY_ENV, RemoteReducingSaver
+from reducing_saver.client._saver import RemoteReducingSaver
+from reducing_saver.client._setup import API_KEY_ENV
 from reducing_saver.client._store import RemoteStore
 
 #: The service's base URL, e.g. ``http://reducing-saver:8080`` (``langgraph.json``'s ``env`` can set it).

@@ -1,8 +1,5 @@
-"""The installed version of reducing-saver (``0.0.0`` when running from a source tree not installed)."""
+"""The installed version of reducing-saver (``reducing_saver.wire.version``, which the client reads too)."""
 
-from importlib.metadata import PackageNotFoundError, version
+from reducing_saver.wire.version import __version__
 
-try:
-    __version__ = version("reducing-saver")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
+__all__ = ["__version__"]

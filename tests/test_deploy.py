@@ -44,7 +44,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from reducing_saver.client._client import API_KEY_ENV
+from reducing_saver.client._setup import API_KEY_ENV
 from reducing_saver.service.cli import build_parser
 from reducing_saver.service.configuration.settings import Settings
 from tests.support.server import ROOT, free_port, wait_ready

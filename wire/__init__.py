@@ -60,6 +60,7 @@ import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
+from reducing_saver.wire.bodies import RunConfigBody
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities, with_capabilities
 
 API_PREFIX = "/v1"
@@ -385,7 +386,7 @@ def channel_value_from_wire(value: Any, field: str) -> Any:
 # -- configs --------------------------------------------------------------------------------------
 
 
-def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memory_namespace") -> dict | None:
+def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memory_namespace") -> RunConfigBody | None:
     """The part of a run config the service needs, in JSON.
 
     ``configurable`` keeps ``thread_id``, ``checkpoint_ns``, ``checkpoint_id``, the memory namespace,
@@ -408,7 +409,7 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
             configurable[key] = value
         elif (typed := int_to_wire(value)) is not None:
             configurable[key] = typed
-    wire: dict[str, Any] = {"configurable": configurable}
+    wire = RunConfigBody(configurable=configurable)
     metadata = {
         key: value if is_inline(value) else int_to_wire(value)
         for key, value in (config.get("metadata") or {}).items()

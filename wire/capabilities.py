@@ -8,6 +8,7 @@ claim capabilities its backend lacks, so wrappers build one subclass per capabil
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
@@ -19,10 +20,12 @@ OPTIONAL_CAPABILITIES: dict[str, tuple[str, str]] = {
     "delta_channel_history": ("get_delta_channel_history", "aget_delta_channel_history"),
 }
 
+T = TypeVar("T")
+
 _VARIANTS: dict[tuple[type, frozenset[str]], type] = {}
 
 
-def saver_capabilities(saver: BaseCheckpointSaver | type[BaseCheckpointSaver]) -> frozenset[str]:
+def saver_capabilities(saver: BaseCheckpointSaver[Any] | type[BaseCheckpointSaver[Any]]) -> frozenset[str]:
     """The optional capabilities a saver implements: those whose sync or async method it overrides."""
     saver_type = saver if isinstance(saver, type) else type(saver)
     return frozenset(
@@ -32,7 +35,7 @@ def saver_capabilities(saver: BaseCheckpointSaver | type[BaseCheckpointSaver]) -
     )
 
 
-def with_capabilities(base: type, capabilities: frozenset[str], mixins: Mapping[str, type]) -> type:
+def with_capabilities(base: type[T], capabilities: frozenset[str], mixins: Mapping[str, type]) -> type[T]:
     """The subclass of ``base`` that adds ``mixins[name]`` for each capability (cached per set).
 
     The subclass keeps ``base``'s name and module, and a ``capabilities`` attribute naming the set.

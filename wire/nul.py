@@ -15,7 +15,8 @@ whatever the store.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 #: The key marking a value whose strings are escaped.
 NUL_ESCAPED = "nul_escaped"
@@ -34,7 +35,7 @@ def holds_nul(value: Any) -> bool:
     return False
 
 
-def _map_strings(value: Any, text: Any) -> Any:
+def _map_strings(value: Any, text: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return text(value)
     if isinstance(value, dict):
@@ -81,7 +82,8 @@ def decode_memory_value(value: dict[str, Any]) -> dict[str, Any]:
     """
     if value.get(NUL_ESCAPED) is not True:
         return value
-    return _map_strings({key: item for key, item in value.items() if key != NUL_ESCAPED}, _unescape)
+    unmarked = {key: item for key, item in value.items() if key != NUL_ESCAPED}
+    return cast(dict[str, Any], _map_strings(unmarked, _unescape))  # a dict maps to a dict
 
 
 __all__ = ["NUL_ESCAPED", "decode_memory_value", "encode_memory_value", "holds_nul"]

@@ -41,6 +41,7 @@ from reducing_saver.client import (
     ReducingSaverError,
     RemoteReducer,
     RemoteReducingSaver,
+    RemoteStore,
     RequestTimeoutError,
     ServerUnavailableError,
 )
@@ -362,9 +363,19 @@ def test_constructor_raises_when_capabilities_fail() -> None:
         make_saver(refuse)
 
 
-def test_non_http_url_is_refused() -> None:
+class _MySaver(RemoteReducingSaver):
+    pass
+
+
+class _MyStore(RemoteStore):
+    pass
+
+
+@pytest.mark.parametrize("cls", [RemoteReducingSaver, RemoteStore, _MySaver, _MyStore])
+def test_non_http_url_is_refused_naming_the_class_constructed(cls: type) -> None:
     with pytest.raises(ValueError, match="http:// or https://") as info:
-        RemoteReducingSaver("postgresql://user:hunter2@db/app")
+        cls("postgresql://user:hunter2@db/app")
+    assert str(info.value).startswith(f"{cls.__name__} needs the service's http:// or https:// URL")
     assert "hunter2" not in str(info.value)
 
 
@@ -429,7 +440,7 @@ def test_a_504_without_the_services_code_is_a_proxys_and_retried() -> None:
 
 def test_retries_stop_at_max_retries_with_growing_delays(monkeypatch: pytest.MonkeyPatch) -> None:
     delays: list[float] = []
-    monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
+    monkeypatch.setattr("reducing_saver.client._http.time.sleep", delays.append)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=0)
     service.override = failing_with(503)
@@ -460,7 +471,7 @@ def test_503_is_retried_for_the_time_budget_past_max_retries(monkeypatch: pytest
     # A database restart answers 503 for seconds: three retries a few tenths of a second apart would
     # give up long before it is back.
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
     service.override = failing_with(503)
@@ -491,7 +502,7 @@ def test_a_restarting_service_is_retried_for_the_time_budget(
 ) -> None:
     # A restart refuses connections, and resets those it had, for seconds: as long as a 503.
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=3, backoff=0.1, retry_unavailable_for=20.0)
     service.override = raising(exc)
@@ -503,7 +514,7 @@ def test_a_restarting_service_is_retried_for_the_time_budget(
 
 def test_the_time_budget_applies_to_503_only(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr("reducing_saver.client._client.time", clock)
+    monkeypatch.setattr("reducing_saver.client._http.time", clock)
     service = FakeService()
     saver = make_saver(service, max_retries=2, retry_unavailable_for=60.0)
     service.override = failing_with(502)
@@ -519,8 +530,8 @@ async def test_retry_after_sets_a_floor_on_the_delay(api: str, monkeypatch: pyte
     async def asleep(delay: float) -> None:
         delays.append(delay)
 
-    monkeypatch.setattr("reducing_saver.client._client.time.sleep", delays.append)
-    monkeypatch.setattr("reducing_saver.client._client.asyncio.sleep", asleep)
+    monkeypatch.setattr("reducing_saver.client._http.time.sleep", delays.append)
+    monkeypatch.setattr("reducing_saver.client._http.asyncio.sleep", asleep)
     service = FakeService()
     saver = make_saver(service, max_retries=3)
     service.override = sequence(
@@ -730,6 +741,11 @@ def test_public_surface_is_pinned() -> None:
         ]
     )
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", reducing_saver.client.__version__)
+    # Read once, in wire, for both sides.
+    from reducing_saver.service.version import __version__ as service_version
+    from reducing_saver.wire.version import __version__ as wire_version
+
+    assert reducing_saver.client.__version__ is wire_version is service_version
     for error in (BadRequestError, AuthenticationError, PayloadTooLargeError, RequestTimeoutError):
         assert issubclass(error, ReducingSaverError)
 
@@ -816,7 +832,7 @@ WHEN = datetime(2025, 5, 17, 12, 0, tzinfo=UTC)
 def test_put_sends_only_what_the_backend_stores(backend: str) -> None:
     service = FakeService(backend=backend)
     saver = make_saver(service)
-    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None}
+    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None, "items": ["a"]}
     checkpoint = make_checkpoint("c1", values, {ch: "1" for ch in values})
     saver.put(config(), checkpoint, {"source": "loop", "step": 1}, {"messages": "1", "count": "1"})
     sent = service.bodies("/checkpoints/put")[0]
@@ -832,6 +848,35 @@ def test_put_sends_only_what_the_backend_stores(backend: str) -> None:
     assert "channel_values" not in sent["checkpoint"]
     assert sent["checkpoint"]["channel_versions"] == checkpoint["channel_versions"]
     assert sent["metadata"] == {"source": "loop", "step": 1}
+
+
+EVERY = {"messages", "count", "name", "ratio", "flag", "items"}
+
+
+@pytest.mark.parametrize(
+    ("backend", "stored_values", "expected"),
+    [
+        # What the service says wins over its backend's name (a new backend, a saver that changed).
+        ("postgres", "all", EVERY),
+        ("sqlite", "changed", {"messages", "count"}),
+        ("sqlite", "changed_and_inline", {"messages", "count", "name", "ratio", "flag"}),
+        ("another", "changed", {"messages", "count"}),
+        # A rule this client does not know: every value travels (the service stores what it needs).
+        ("memory", "a-newer-rule", EVERY),
+        # No rule (a service before it said one) and a backend this client does not know: every value too.
+        ("another", None, EVERY),
+    ],
+)
+def test_put_sends_what_the_service_says_it_stores(backend: str, stored_values: str | None, expected: set) -> None:
+    service = FakeService(backend=backend)
+    if stored_values is not None:
+        service.info["stored_values"] = stored_values
+    service.override = lambda request: httpx.Response(200, json={"config": config()})
+    saver = make_saver(service)
+    values = {"messages": MESSAGES_1, "count": 3, "name": "x", "ratio": 0.5, "flag": None, "items": ["a"]}
+    checkpoint = make_checkpoint("c1", values, {ch: "1" for ch in values})
+    saver.put(config(), checkpoint, {}, {"messages": "1", "count": "1"})
+    assert set(service.bodies("/checkpoints/put")[0]["values"]) == expected
 
 
 def test_inline_and_typed_values_on_the_wire() -> None:
@@ -1170,7 +1215,7 @@ def test_a_request_http_cannot_carry_is_no_outage_and_never_quoted() -> None:
     # mapping keeps it out of messages and out of the outage class anyway.
     saver = make_saver(FakeService())
     exc = transport_errors.from_httpx(httpx.LocalProtocolError("Illegal header value b'Bearer s3cret\\n'"))
-    error = saver._http._transport_error(reducing_saver.client._client._capabilities_call(), exc)
+    error = saver._http._transport_error(reducing_saver.client._server_info.capabilities_call(), exc)
     assert type(error) is ReducingSaverError
     assert "s3cret" not in str(error) and "not valid HTTP" in str(error)
 

@@ -100,9 +100,9 @@ def test_a_silent_server_times_out(api):
         listener.listen()
         port = listener.getsockname()[1]
         saver = object.__new__(RemoteReducingSaver)
-        from reducing_saver.client._client import _Http
+        from reducing_saver.client._http import Http
 
-        saver._http = _Http(
+        saver._http = Http(
             f"http://127.0.0.1:{port}", api_key=None, timeout=0.3, max_retries=3, backoff=0.01,
             headers=None, transport=None, async_transport=None,
         )

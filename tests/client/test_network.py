@@ -23,7 +23,8 @@ from reducing_saver.client import (
     RemoteStore,
     ServerUnavailableError,
 )
-from reducing_saver.client._client import _Call, _Http
+from reducing_saver.client._calls import Call
+from reducing_saver.client._http import Http
 from tests.conftest import build_chat_graph, human
 from tests.support.http_app import run_app
 from tests.support.http_proxy import forward_proxy, reverse_proxy
@@ -338,12 +339,12 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel(tmp_path, api, monkeyp
         check=True, capture_output=True,
     )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by both transports
-    call = _Call("POST", "/echo", orjson.dumps({"token": "tunnelled"}), True, lambda body: body)
+    call = Call("POST", "/echo", orjson.dumps({"token": "tunnelled"}), True, lambda body: body)
     with run_app(tmp_path, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
         with forward_proxy() as proxy:
             monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://user:secret@"))
             monkeypatch.setenv("NO_PROXY", "")
-            http = _Http(url, api_key=None, timeout=5, max_retries=0, backoff=0, headers=None, transport=None,
+            http = Http(url, api_key=None, timeout=5, max_retries=0, backoff=0, headers=None, transport=None,
                          async_transport=None)
             if api == "sync":
                 answer = http.send(call)

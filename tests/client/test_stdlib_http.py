@@ -1,4 +1,4 @@
-"""The sync client's http.client pool (client/_stdlib_http.py), through ``_Http``, against real servers.
+"""The sync client's http.client pool (client/_stdlib_http.py), through ``Http``, against real servers.
 
 uvicorn serves a bare app (tests/support/http_app.py) that names the client port of each request's
 connection, so a test sees which requests shared a connection.
@@ -20,7 +20,8 @@ import orjson
 import pytest
 
 from reducing_saver.client import RequestTimeoutError, ServerUnavailableError
-from reducing_saver.client._client import _Call, _Http
+from reducing_saver.client._calls import Call
+from reducing_saver.client._http import Http
 from reducing_saver.client._stdlib_http import ConnectionPool
 from reducing_saver.client import _transport as transport_errors
 from tests.support.http_app import run_app
@@ -29,14 +30,14 @@ from tests.support.server import free_port
 pytestmark = pytest.mark.e2e
 
 
-def _http(url: str, **options) -> _Http:
+def _http(url: str, **options) -> Http:
     settings = {"timeout": 5, "max_retries": 0, "backoff": 0.01, "retry_unavailable_for": 0, "headers": None}
     settings |= options
-    return _Http(url, api_key=None, transport=None, async_transport=None, **settings)
+    return Http(url, api_key=None, transport=None, async_transport=None, **settings)
 
 
-def _call(path: str = "/echo", token: object = None) -> _Call[dict]:
-    return _Call("POST", path, orjson.dumps({"token": token}), True, lambda body: body)
+def _call(path: str = "/echo", token: object = None) -> Call[dict]:
+    return Call("POST", path, orjson.dumps({"token": token}), True, lambda body: body)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_threads_share_the_pool_and_never_a_connection(app_url):
 
 def test_requests_past_max_connections_wait_for_the_pool_timeout(app_url):
     http = _http(app_url, timeout=httpx.Timeout(5, pool=0.2))
-    # A pool of two, as _Http builds its own of LIMITS.max_connections (100).
+    # A pool of two, as Http builds its own of MAX_CONNECTIONS (100).
     http._sync = ConnectionPool(
         httpx.URL(app_url), http.timeout, max_connections=2, max_idle=2, keepalive_expiry=5
     )
@@ -76,7 +77,7 @@ def test_requests_past_max_connections_wait_for_the_pool_timeout(app_url):
     http.close()
 
 
-def _outcome(http: _Http, call: _Call) -> str:
+def _outcome(http: Http, call: Call) -> str:
     try:
         http._exchange(call)
     except transport_errors.TransportError as exc:
@@ -101,7 +102,7 @@ def test_a_connection_the_server_closed_while_idle_does_not_fail_a_call(tmp_path
         http = _http(url)  # max_retries=0: a stale connection would fail the call
         first = http.send(_call())["port"]
         time.sleep(1.5)  # uvicorn closes the idle connection after 1 s
-        with caplog.at_level(logging.WARNING, logger="reducing_saver.client._client"):
+        with caplog.at_level(logging.WARNING, logger="reducing_saver.client._http"):
             second = http.send(_call())["port"]
         assert second != first and not caplog.records  # a new connection, not a retry
         http.close()
@@ -147,7 +148,7 @@ def test_a_reused_connection_closed_under_a_request_is_retried_when_the_call_may
         retrying.send(_call())  # the reused connection fails; the retry goes out on a fresh one
         assert len(set(answered)) == 3
 
-        not_idempotent = _Call("POST", "/copy", b"{}", False, lambda body: body)
+        not_idempotent = Call("POST", "/copy", b"{}", False, lambda body: body)
         with pytest.raises(ServerUnavailableError, match="RemoteProtocolError"):
             retrying.send(not_idempotent)  # may have run: not sent again
         retrying.close()
@@ -228,7 +229,7 @@ def test_https_verifies_the_certificate_as_httpx_does(self_signed, monkeypatch):
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     errors = {}
     for name, transport in (("stdlib", None), ("httpx", httpx.HTTPTransport())):
-        http = _Http(url, api_key=None, headers=None, transport=transport, async_transport=None,
+        http = Http(url, api_key=None, headers=None, transport=transport, async_transport=None,
                      timeout=5, max_retries=0, backoff=0.01)
         with pytest.raises(ServerUnavailableError, match="CERTIFICATE_VERIFY_FAILED") as info:
             http.send(_call())

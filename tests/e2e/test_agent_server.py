@@ -38,7 +38,7 @@ from reducing_saver.client import (
     RemoteReducingSaver,
     RemoteStore,
     ServerUnavailableError,
-    _client,
+    _http,
     agent_server,
 )
 from tests.support.server import ROOT, free_port, run_service
@@ -154,13 +154,13 @@ async def test_store_aopen_builds_off_the_loop_and_sends_nothing(monkeypatch) ->
     # The constructor sends no request but builds an SSL context (it reads the CA bundle): blockbuster does
     # not see that C-level read, so the test records where the transport is built.
     built_in: list[int] = []
-    real_init = _client._Http.__init__
+    real_init = _http.Http.__init__
 
     def recording_init(self, *args, **kwargs) -> None:
         built_in.append(threading.get_ident())
         real_init(self, *args, **kwargs)
 
-    monkeypatch.setattr(_client._Http, "__init__", recording_init)
+    monkeypatch.setattr(_http.Http, "__init__", recording_init)
     seen: list[str] = []
 
     async def answer(request: httpx.Request) -> httpx.Response:
