@@ -122,6 +122,12 @@ class LimitsBody(TypedDict):
     max_list_limit: int
 
 
+#: Which channel values a backend's ``put`` stores, so which ones a client must send: ``"all"`` (every channel's
+#: value, in every checkpoint: SQLite), ``"changed"`` (only the channels in ``new_versions``: memory),
+#: ``"changed_and_inline"`` (those, and primitive values, kept inline in every checkpoint row: PostgreSQL).
+StoredValues = Literal["all", "changed", "changed_and_inline"]
+
+
 class CapabilitiesAnswer(TypedDict):
     #: Names among ``capabilities.OPTIONAL_CAPABILITIES``.
     capabilities: list[str]
@@ -131,6 +137,8 @@ class CapabilitiesAnswer(TypedDict):
     version: str
     body_formats: list[str]
     limits: LimitsBody
+    #: Absent from a service older than it: the client then goes by ``backend``.
+    stored_values: NotRequired[StoredValues]
 
 
 class ErrorBody(TypedDict):

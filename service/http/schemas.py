@@ -281,6 +281,11 @@ class CapabilitiesResponse(BaseModel):
         "writes/put); their answers come in the request's type."
     )
     limits: LimitsOut
+    stored_values: Literal["all", "changed", "changed_and_inline"] = Field(
+        description="Which channel values the backend stores, so which ones a put must carry: all (every "
+        "channel's value in every checkpoint: sqlite), changed (only the channels in new_versions: memory), "
+        "changed_and_inline (those, plus primitive values, kept inline in every checkpoint row: postgres)."
+    )
 
 
 class ErrorResponse(BaseModel):

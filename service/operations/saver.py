@@ -429,8 +429,9 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
 def capabilities(service: Service) -> dict[str, Any]:
     """The backend's optional capabilities and the reducer's configuration."""
     config = service.reducer.config
+    savers = service.open_savers()
     return bodies.CapabilitiesAnswer(
-        capabilities=sorted(service.open_savers().capabilities),
+        capabilities=sorted(savers.capabilities),
         backend=service.backend_kind,  # type: ignore[typeddict-item]
         messages_key=service.settings.messages_key,
         reducer=bodies.ReducerBody(
@@ -446,6 +447,7 @@ def capabilities(service: Service) -> dict[str, Any]:
         version=__version__,
         body_formats=list(BODY_FORMATS),
         limits=bodies.LimitsBody(max_list_limit=service.settings.max_list_limit),
+        stored_values=savers.stored_values,
     )
 
 
