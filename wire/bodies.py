@@ -1,4 +1,4 @@
-"""The request and answer bodies of the protocol, as TypedDicts both sides import (no dependency beyond typing).
+"""The request and answer bodies of the protocol, as TypedDicts both sides import (standard library only).
 
 The client builds its requests with them; the service validates requests against them and documents them
 in OpenAPI (``service/http/schemas.py`` adds its checks, caps and defaults to these fields, and reads the
@@ -190,9 +190,10 @@ class LimitsBody(TypedDict):
     """The most checkpoints one checkpoints/list answer holds (its limit's maximum and default)."""
 
 
-#: Which channel values a backend's ``put`` stores, so which ones a client must send: ``"all"`` (every channel's
-#: value, in every checkpoint: SQLite), ``"changed"`` (only the channels in ``new_versions``: memory),
-#: ``"changed_and_inline"`` (those, and primitive values, kept inline in every checkpoint row: PostgreSQL).
+#: Which channel values a backend's ``put`` stores, so which ones a client must send: ``"all"`` (every
+#: channel's value, in every checkpoint: SQLite), ``"changed"`` (only the channels in ``new_versions``:
+#: memory), ``"changed_and_inline"`` (those, and primitive values, kept inline in every checkpoint row:
+#: PostgreSQL).
 StoredValues = Literal["all", "changed", "changed_and_inline"]
 
 

@@ -104,7 +104,10 @@ TERM_RULES: dict[Any, Any] = {
 
 #: What the service adds to a field of a wire body: checks, caps (read per request) and defaults.
 FIELD_RULES: dict[tuple[type, str], tuple[Any, ...]] = {
-    (bodies.RunConfigBody, "configurable"): (_default({}), AfterValidator(_refusing(security.check_configurable))),
+    (bodies.RunConfigBody, "configurable"): (
+        _default({}),
+        AfterValidator(_refusing(security.check_configurable)),
+    ),
     (bodies.RunConfigBody, "metadata"): (_default({}),),
     (bodies.ListCheckpointsBody, "config"): (_default(None),),
     (bodies.ListCheckpointsBody, "filter"): (

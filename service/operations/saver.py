@@ -315,7 +315,8 @@ def put_writes(service: Service, saver: ReducingSaver, body: bodies.PutWritesBod
     if not config["configurable"].get("checkpoint_id"):
         raise BadRequest("config.configurable.checkpoint_id is required for writes")
     writes = [
-        (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body["writes"])
+        (channel, _from_wire(value, f"writes[{index}]"))
+        for index, (channel, value) in enumerate(body["writes"])
     ]
     _check_extensions(
         service, ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes))
