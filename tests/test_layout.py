@@ -135,21 +135,6 @@ def _keys(body: type) -> set[str]:
     return set(body.__required_keys__ | body.__optional_keys__)
 
 
-def test_the_service_models_have_the_fields_of_the_wire_bodies() -> None:
-    """http/schemas.py's models validate and write exactly the bodies wire/bodies.py declares."""
-    from reducing_saver.service.http import schemas
-    from reducing_saver.wire import bodies
-
-    models = schemas.WIRE_BODIES
-    differing = {
-        model.__name__: sorted(set(model.model_fields) ^ _keys(body))
-        for model, body in models.items()
-        if set(model.model_fields) != _keys(body)
-    }
-    assert differing == {}
-    assert set(bodies.BODIES) == set(models.values())  # every wire body has its model
-
-
 def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[str]:
     """Dict displays whose keys are all string literals naming fields of one wire body."""
     import ast

@@ -3,8 +3,8 @@
 A LangGraph turn makes one ``get_tuple``, about three ``put`` and two ``put_writes`` calls, one after
 another, so every microsecond the service spends on them shows in the agent's turn time. ``HotPath`` is
 the innermost of the service's ASGI middleware and answers exactly those three routes: it reads the
-body, validates it with the same pydantic models the OpenAPI document describes (straight from JSON
-bytes, or from the plain values of an ``application/msgpack`` body: see ``msgpack_body``), runs the
+body, validates it as the wire body the OpenAPI document describes (``schemas.validated``: straight from
+JSON bytes, or from the plain values of an ``application/msgpack`` body, see ``msgpack_body``), runs the
 operation of ``service/operations/saver.py`` in a worker thread with a saver (``Service.call``: the event loop never
 waits on the database), and encodes the answer in the request's format. Errors go through the one table
 of ``service/http/errors.py``. Every other request, and these routes' documentation, goes on to FastAPI.
@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import ormsgpack
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reducing_saver.service import security
@@ -31,14 +31,14 @@ from reducing_saver.wire import GET_PATH, JSON, MSGPACK, PUT_PATH, WRITES_PATH, 
 
 logger = logging.getLogger("reducing_saver.service")
 
-#: (request model, operation(service, saver, body) -> payload or None, success status)
-Route = tuple[type[BaseModel], Callable[[Any, Any, Any], Any], int]
+#: (request body, operation(service, saver, body) -> payload or None, success status)
+Route = tuple[Any, Callable[[Any, Any, Any], Any], int]
 
 #: The per-step routes and their operations.
 ROUTES: dict[str, Route] = {
-    GET_PATH: (schemas.GetCheckpointRequest, ops.get_checkpoint, 200),
-    PUT_PATH: (schemas.PutCheckpointRequest, ops.put_checkpoint, 200),
-    WRITES_PATH: (schemas.PutWritesRequest, ops.put_writes, 204),
+    GET_PATH: (schemas.GetCheckpointBody, ops.get_checkpoint, 200),
+    PUT_PATH: (schemas.PutCheckpointBody, ops.put_checkpoint, 200),
+    WRITES_PATH: (schemas.PutWritesBody, ops.put_writes, 204),
 }
 
 _JSON, _MSGPACK = JSON.encode(), MSGPACK.encode()

@@ -12,7 +12,7 @@ the reason the 422 names:
 * a NaN or infinite float (JSON has none, and PostgreSQL's JSONB cannot store them).
 
 Truncated input, trailing bytes, invalid UTF-8 and nesting deeper than ``max_nesting_depth`` are
-refused too. The result then goes through the same pydantic models as a JSON body.
+refused too. The result then goes through the same checks as a JSON body (``schemas.validated``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,24 @@
-"""Request and response bodies of the HTTP API (they document the wire format in OpenAPI).
+"""The wire's bodies as the service checks them, and the models of the answers only the service writes.
 
-Channel and write values are ``WireValue``s: an inline JSON primitive, or ``{"type", "data"}`` with
-``data`` the client serde's bytes (base64 in JSON; a bin in the msgpack bodies the per-step routes also
-take). The service stores them verbatim; an integer beyond 64 bits travels as the typed value
-``reducing-saver/int`` (see ``reducing_saver.wire``).
+:func:`validated` turns a body of ``wire/bodies.py`` into the type FastAPI and the hot path validate: the
+same name and fields, strict leaf types (``1`` is no string, ``false`` no offset), unknown keys refused,
+and the service's own checks, caps and defaults (:data:`FIELD_RULES`, :data:`TERM_RULES`) added to the
+wire's fields; the docstrings under the wire's fields become their OpenAPI descriptions. Channel and write
+values are ``WireValue``s (see ``reducing_saver.wire``).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
+import types
+import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, Union
 
+import typing_extensions
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -18,38 +26,15 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictBytes,
     StrictFloat,
     StrictInt,
     StrictStr,
-    field_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
 from reducing_saver.service.security.limits import _limits
 from reducing_saver.wire import bodies
-
-Primitive = StrictStr | StrictInt | StrictFloat | StrictBool | None
-Version = StrictStr | StrictInt | StrictFloat
-
-
-class TypedValue(BaseModel):
-    """A value in its serde's form."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: StrictStr = Field(
-        description="The serde type, e.g. 'msgpack'. 'reducing-saver/int' carries an integer beyond 64 bits "
-        "(its data: the decimal digits, ASCII, with an optional '-'); other types starting with "
-        "'reducing-saver/' are the service's own and refused."
-    )
-    data: StrictStr | StrictBytes = Field(
-        description="The serde bytes: base64 text in a JSON body, a bin in an application/msgpack body."
-    )
-
-
-WireValue = Primitive | TypedValue
-
 
 # -- caps (service/security/limits.py): the numbers are settings, read per request; the OpenAPI document shows them
 
@@ -66,230 +51,278 @@ def _refusing(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
     return run
 
 
-def _capped(field: str, what: str, setting: str) -> Any:
-    """Annotated metadata: at most ``setting`` items, checked before the items are validated."""
+def _capped(field: str, what: str, setting: str, *, inner: str | None = None) -> tuple[Any, ...]:
+    """Annotated metadata: at most ``setting`` items, checked before the items are validated; with
+    ``inner`` (the items' field name), each item's own items too (a dict of dicts)."""
     keyword = "maxItems" if what != "channels" else "maxProperties"
     limits = _limits  # the request's caps (``security.current_limits``), read without a call of its own
 
     def check(value: Any) -> Any:
         # Runs on every per-step request, several times: the common case (within the cap) in one frame.
-        if isinstance(value, (list, dict)) and len(value) > getattr(limits.get(), setting):
+        cap = getattr(limits.get(), setting)
+        if isinstance(value, (list, dict)) and len(value) > cap:
             return _refusing(security.check_count, field, what, setting)(value)  # raises, naming the cap
+        if inner is not None and isinstance(value, dict):
+            for item in value.values():
+                if isinstance(item, (list, dict)) and len(item) > cap:
+                    return _refusing(security.check_count, inner, what, setting)(item)
         return value
 
-    return (
-        BeforeValidator(check),
-        Field(json_schema_extra=security.documented(**{keyword: setting})),
-    )
+    document = security.documented(**{keyword: setting})
+
+    def schema_extra(schema: dict[str, Any]) -> None:
+        document(schema)
+        if inner is not None and isinstance(schema.get("additionalProperties"), dict):
+            document(schema["additionalProperties"])
+
+    return BeforeValidator(check), Field(json_schema_extra=schema_extra)
 
 
-ThreadId = Annotated[
-    StrictStr,
-    Field(
-        min_length=1,
-        pattern=security.THREAD_ID_SCHEMA_PATTERN,
-        json_schema_extra=security.documented(maxLength="max_thread_id_length"),
-        description="A thread id: no control characters, NUL, '/' or '\\', not '.' or '..', at most "
-        "max_thread_id_length characters.",
+def _default(value: Any) -> Any:
+    """The value an absent field takes (and the OpenAPI document shows)."""
+    if isinstance(value, (list, dict)):  # a new one each time, shown as the empty one
+        return Field(default_factory=type(value), json_schema_extra={"default": value})
+    return Field(default=value)
+
+
+_CHANNELS = ("channels", "max_channels")
+
+#: What the service checks of a term of the protocol (``bodies.Term``), wherever it appears.
+TERM_RULES: dict[Any, Any] = {
+    bodies.ThreadId: Annotated[
+        StrictStr,
+        Field(
+            min_length=1,
+            pattern=security.THREAD_ID_SCHEMA_PATTERN,
+            json_schema_extra=security.documented(maxLength="max_thread_id_length"),
+            description="A thread id: no control characters, NUL, '/' or '\\', not '.' or '..', at most "
+            "max_thread_id_length characters.",
+        ),
+        AfterValidator(_refusing(security.check_thread_id)),
+    ],
+}
+
+#: What the service adds to a field of a wire body: checks, caps (read per request) and defaults.
+FIELD_RULES: dict[tuple[type, str], tuple[Any, ...]] = {
+    (bodies.RunConfigBody, "configurable"): (
+        _default({}),
+        AfterValidator(_refusing(security.check_configurable)),
     ),
-    AfterValidator(_refusing(security.check_thread_id)),
-]
+    (bodies.RunConfigBody, "metadata"): (_default({}),),
+    (bodies.ListCheckpointsBody, "config"): (_default(None),),
+    (bodies.ListCheckpointsBody, "filter"): (
+        _default(None),
+        AfterValidator(_refusing(security.check_filter_keys, "filter")),
+    ),
+    (bodies.ListCheckpointsBody, "before"): (_default(None),),
+    (bodies.ListCheckpointsBody, "limit"): (
+        _default(None),
+        Field(ge=0, json_schema_extra=security.documented(maximum="max_list_limit")),
+        AfterValidator(_refusing(security.check_limit)),
+    ),
+    (bodies.CheckpointFieldsBody, "id"): (Field(pattern=security.UUID_SCHEMA_PATTERN),),
+    (bodies.CheckpointFieldsBody, "channel_versions"): _capped("checkpoint.channel_versions", *_CHANNELS),
+    (bodies.CheckpointFieldsBody, "versions_seen"): _capped(
+        "checkpoint.versions_seen", *_CHANNELS, inner="checkpoint.versions_seen[node]"
+    ),
+    (bodies.CheckpointFieldsBody, "updated_channels"): (_default(None),),
+    (bodies.PutCheckpointBody, "values"): _capped("values", *_CHANNELS),
+    (bodies.PutCheckpointBody, "metadata"): (_default({}),),
+    (bodies.PutCheckpointBody, "new_versions"): _capped("new_versions", *_CHANNELS),
+    (bodies.PutWritesBody, "writes"): _capped("writes", "writes", "max_writes_per_call"),
+    (bodies.PutWritesBody, "task_path"): (_default(""),),
+    (bodies.PruneBody, "thread_ids"): _capped("thread_ids", "thread ids", "max_ids_per_call"),
+    (bodies.PruneBody, "strategy"): (_default("keep_latest"),),
+    (bodies.DeleteRunsBody, "run_ids"): _capped("run_ids", "run ids", "max_ids_per_call"),
+    (bodies.DeltaHistoryBody, "channels"): _capped("channels", "channel names", "max_channels"),
+    # The store's bodies: Agent Server's defaults.
+    (bodies.PutItemBody, "index"): (_default(None),),
+    (bodies.PutItemBody, "ttl"): (_default(None),),
+    (bodies.StoreItemBody, "score"): (_default(None),),
+    (bodies.GetOpBody, "refresh_ttl"): (_default(None),),
+    (bodies.PutOpBody, "index"): (_default(None),),
+    (bodies.PutOpBody, "ttl"): (_default(None),),
+    (bodies.ListNamespacesOpBody, "match_conditions"): (_default(None),),
+    (bodies.ListNamespacesOpBody, "max_depth"): (_default(None),),
+    (bodies.ListNamespacesOpBody, "limit"): (_default(100),),
+    (bodies.ListNamespacesOpBody, "offset"): (_default(0),),
+    (bodies.ListNamespacesBody, "prefix"): (_default(None),),
+    (bodies.ListNamespacesBody, "suffix"): (_default(None),),
+    (bodies.ListNamespacesBody, "max_depth"): (_default(None),),
+    (bodies.ListNamespacesBody, "limit"): (_default(100),),
+    (bodies.ListNamespacesBody, "offset"): (_default(0),),
+    **{
+        (search, field): (_default(value),)
+        for search in (bodies.SearchItemsBody, bodies.SearchOpBody)
+        for field, value in (
+            ("namespace_prefix", []),
+            ("filter", None),
+            ("limit", 10),
+            ("offset", 0),
+            ("query", None),
+            ("refresh_ttl", None),
+        )
+    },
+}
+
+#: Bodies that keep keys they do not declare (a checkpoint carries whatever LangGraph adds to it).
+OPEN_BODIES = frozenset({bodies.CheckpointFieldsBody})
+#: The answers' bodies: the service writes them, and a newer service may add keys (never refused, never
+#: kept when FastAPI writes an answer). Every request body refuses keys it does not declare.
+ANSWER_BODIES = frozenset(
+    {
+        bodies.CheckpointConfigBody,
+        bodies.CheckpointTupleBody,
+        bodies.DeltaChannelHistoryBody,
+        bodies.ReducerBody,
+        bodies.LimitsBody,
+        bodies.ErrorBody,
+        bodies.StoreItemBody,
+        *(body for body in bodies.BODIES if body.__name__.endswith("Answer")),
+    }
+)
+
+_STRICT: dict[Any, Any] = {str: StrictStr, int: StrictInt, float: StrictFloat, bool: StrictBool}
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@functools.cache
+def validated(body: type) -> Any:
+    """``body`` (a TypedDict of ``wire/bodies.py``) as the service validates and documents it."""
+    hints = typing.get_type_hints(body, include_extras=True)
+    descriptions = _field_docstrings(body)
+    fields: dict[str, Any] = {}
+    for name, hint in hints.items():
+        # Read off the hint: with postponed annotations, Python 3.11's __required_keys__ misses NotRequired.
+        required = body.__total__
+        if typing.get_origin(hint) in (NotRequired, typing.Required):
+            required = typing.get_origin(hint) is typing.Required
+            hint = typing.get_args(hint)[0]
+        metadata = list(FIELD_RULES.get((body, name), ()))
+        if name in descriptions:
+            metadata.append(Field(description=descriptions[name]))
+        checked = _service_type(hint)
+        if metadata:
+            checked = Annotated[checked, *metadata]
+        fields[name] = checked if required else NotRequired[checked]
+    result: Any = typing_extensions.TypedDict(body.__name__, fields)  # type: ignore[operator]
+    result.__doc__ = body.__doc__
+    extra = "allow" if body in OPEN_BODIES else "ignore" if body in ANSWER_BODIES else "forbid"
+    result.__pydantic_config__ = ConfigDict(extra=extra)
+    return result
 
 
-class RunConfig(Strict):
-    """The part of a LangGraph run config the service uses."""
+def _service_type(hint: Any) -> Any:
+    """A field's type with strict leaves, wire bodies as :func:`validated` and terms with their rules."""
+    try:
+        if hint in TERM_RULES:
+            return TERM_RULES[hint]
+    except TypeError:  # unhashable: no term
+        pass
+    if typing.is_typeddict(hint):
+        return validated(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        kept = tuple(item for item in hint.__metadata__ if not isinstance(item, bodies.Term))
+        inner = _service_type(args[0])
+        return Annotated[inner, *kept] if kept else inner
+    if origin in (Union, types.UnionType):
+        union = Union[tuple(_service_type(arg) for arg in args)]  # noqa: UP007
+        tag = _discriminator(args)
+        return Annotated[union, Field(discriminator=tag)] if tag else union
+    if origin in (list, dict, tuple):
+        return origin[tuple(_service_type(arg) for arg in args)]
+    return _STRICT.get(hint, hint)
 
-    configurable: dict[str, Primitive | list[StrictStr] | TypedValue] = Field(
-        default_factory=dict,
-        description="thread_id, checkpoint_ns, checkpoint_id, the memory namespace (a list of strings) and "
-        "primitive values that are merged into checkpoint metadata; an integer beyond 64 bits as a typed "
-        "value of type 'reducing-saver/int'.",
+
+def _discriminator(members: tuple[Any, ...]) -> str | None:
+    """The key whose literal tells the members of a union of bodies apart (``op``), if there is one."""
+    if not all(typing.is_typeddict(member) for member in members):
+        return None
+    hints = [typing.get_type_hints(member) for member in members]
+    for key in hints[0]:
+        if all(typing.get_origin(h.get(key)) is Literal for h in hints):
+            return key
+    return None
+
+
+def _field_docstrings(body: type) -> dict[str, str]:
+    """The string literal under each field of ``body``'s class statement, on one line."""
+    try:
+        source = textwrap.dedent(inspect.getsource(body))
+    except (OSError, TypeError):
+        return {}
+    (statement,) = ast.parse(source).body
+    assert isinstance(statement, ast.ClassDef)
+    found = {}
+    for node, after in zip(statement.body, statement.body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            found[node.target.id] = " ".join(after.value.value.split())
+    return found
+
+
+# The bodies the routes name, under the wire's names: a type checker sees the wire's TypedDicts, FastAPI and
+# the hot path the validated ones (the same fields).
+if TYPE_CHECKING:
+    from reducing_saver.wire.bodies import (
+        CapabilitiesAnswer,
+        CopyThreadBody,
+        DeleteItemBody,
+        DeleteRunsBody,
+        DeleteThreadBody,
+        DeltaHistoryAnswer,
+        DeltaHistoryBody,
+        ErrorBody,
+        GetCheckpointAnswer,
+        GetCheckpointBody,
+        ListCheckpointsAnswer,
+        ListCheckpointsBody,
+        ListNamespacesAnswer,
+        ListNamespacesBody,
+        PruneBody,
+        PutCheckpointAnswer,
+        PutCheckpointBody,
+        PutItemBody,
+        PutWritesBody,
+        SearchItemsAnswer,
+        SearchItemsBody,
+        StoreBatchAnswer,
+        StoreBatchBody,
+        StoreItemBody,
     )
-    metadata: dict[str, Primitive | TypedValue] = Field(
-        default_factory=dict,
-        description="Run metadata merged into checkpoint metadata; an integer beyond 64 bits as a typed value "
-        "of type 'reducing-saver/int'.",
-    )
-
-    @field_validator("configurable")
-    @classmethod
-    def _check_ids(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _refusing(security.check_configurable)(value)
-
-
-class CheckpointFields(BaseModel):
-    """A LangGraph checkpoint without its channel values."""
-
-    model_config = ConfigDict(extra="allow")
-    v: StrictInt
-    id: StrictStr = Field(pattern=security.UUID_SCHEMA_PATTERN, description="A UUID (LangGraph's uuid6).")
-    ts: StrictStr
-    channel_versions: Annotated[dict[str, Version], *_capped("checkpoint.channel_versions", "channels", "max_channels")]
-    versions_seen: Annotated[
-        dict[str, Annotated[dict[str, Version], *_capped("checkpoint.versions_seen[node]", "channels", "max_channels")]],
-        *_capped("checkpoint.versions_seen", "channels", "max_channels"),
-    ]
-    updated_channels: list[StrictStr] | None = None
-
-
-class GetCheckpointRequest(Strict):
-    config: RunConfig
+else:
+    CapabilitiesAnswer = validated(bodies.CapabilitiesAnswer)
+    CopyThreadBody = validated(bodies.CopyThreadBody)
+    DeleteItemBody = validated(bodies.DeleteItemBody)
+    DeleteRunsBody = validated(bodies.DeleteRunsBody)
+    DeleteThreadBody = validated(bodies.DeleteThreadBody)
+    DeltaHistoryAnswer = validated(bodies.DeltaHistoryAnswer)
+    DeltaHistoryBody = validated(bodies.DeltaHistoryBody)
+    ErrorBody = validated(bodies.ErrorBody)
+    GetCheckpointAnswer = validated(bodies.GetCheckpointAnswer)
+    GetCheckpointBody = validated(bodies.GetCheckpointBody)
+    ListCheckpointsAnswer = validated(bodies.ListCheckpointsAnswer)
+    ListCheckpointsBody = validated(bodies.ListCheckpointsBody)
+    ListNamespacesAnswer = validated(bodies.ListNamespacesAnswer)
+    ListNamespacesBody = validated(bodies.ListNamespacesBody)
+    PruneBody = validated(bodies.PruneBody)
+    PutCheckpointAnswer = validated(bodies.PutCheckpointAnswer)
+    PutCheckpointBody = validated(bodies.PutCheckpointBody)
+    PutItemBody = validated(bodies.PutItemBody)
+    PutWritesBody = validated(bodies.PutWritesBody)
+    SearchItemsAnswer = validated(bodies.SearchItemsAnswer)
+    SearchItemsBody = validated(bodies.SearchItemsBody)
+    StoreBatchAnswer = validated(bodies.StoreBatchAnswer)
+    StoreBatchBody = validated(bodies.StoreBatchBody)
+    StoreItemBody = validated(bodies.StoreItemBody)
 
 
-class ListCheckpointsRequest(Strict):
-    config: RunConfig | None = Field(
-        None,
-        description="Thread to list; with checkpoint_ns only that namespace, without it every namespace "
-        "(subgraphs included, as the stock savers do); null lists all threads.",
-    )
-    filter: Annotated[
-        dict[str, Any] | None, AfterValidator(_refusing(security.check_filter_keys, "filter"))
-    ] = Field(
-        None,
-        description="Metadata containment filter (types kept). Keys: 1 to 256 ASCII letters, digits, "
-        "'_', '.' and '-', on every backend.",
-    )
-    before: RunConfig | None = Field(
-        None,
-        description="Only checkpoints older than this checkpoint_id. Across threads (config null), a before "
-        "naming a thread too (the last checkpoint of the previous page) is a cursor: the list goes on right "
-        "after it, newest id first, then thread id and namespace descending, so copies sharing an id are "
-        "never skipped.",
-    )
-    limit: (
-        Annotated[
-            StrictInt,
-            Field(ge=0, json_schema_extra=security.documented(maximum="max_list_limit")),
-            AfterValidator(_refusing(security.check_limit)),
-        ]
-        | None
-    ) = Field(
-        None,
-        description="At most this many checkpoints (at most max_list_limit); null means max_list_limit. "
-        "More pages: the next request's before is the last checkpoint's config.",
-    )
-
-
-class PutCheckpointRequest(Strict):
-    config: RunConfig
-    checkpoint: CheckpointFields
-    values: Annotated[dict[str, WireValue], *_capped("values", "channels", "max_channels")] = Field(
-        description="Channel values, by channel name."
-    )
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    new_versions: Annotated[dict[str, Version], *_capped("new_versions", "channels", "max_channels")] = Field(
-        description="Channels written by this checkpoint."
-    )
-
-
-class PutWritesRequest(Strict):
-    config: RunConfig
-    writes: Annotated[
-        list[tuple[StrictStr, WireValue]], *_capped("writes", "writes", "max_writes_per_call")
-    ] = Field(description="(channel, value) pairs.")
-    task_id: StrictStr
-    task_path: StrictStr = ""
-
-
-class DeleteThreadRequest(Strict):
-    thread_id: ThreadId
-
-
-class CopyThreadRequest(Strict):
-    source_thread_id: ThreadId
-    target_thread_id: ThreadId
-
-
-class PruneRequest(Strict):
-    thread_ids: Annotated[list[ThreadId], *_capped("thread_ids", "thread ids", "max_ids_per_call")]
-    strategy: Literal["keep_latest", "delete"] = "keep_latest"
-
-
-class DeleteRunsRequest(Strict):
-    run_ids: Annotated[list[StrictStr], *_capped("run_ids", "run ids", "max_ids_per_call")]
-
-
-class DeltaHistoryRequest(Strict):
-    config: RunConfig
-    channels: Annotated[list[StrictStr], *_capped("channels", "channel names", "max_channels")]
-
-
-class CheckpointConfig(BaseModel):
-    configurable: dict[str, Any]
-
-
-class CheckpointTupleOut(BaseModel):
-    config: CheckpointConfig
-    checkpoint: dict[str, Any] = Field(description="The checkpoint without channel_values.")
-    values: dict[str, WireValue]
-    metadata: dict[str, Any]
-    parent_config: CheckpointConfig | None
-    pending_writes: list[tuple[str, str, WireValue]] = Field(description="(task_id, channel, value) triples.")
-
-
-class GetCheckpointResponse(BaseModel):
-    checkpoint: CheckpointTupleOut | None = Field(description="null when there is no such checkpoint.")
-
-
-class ListCheckpointsResponse(BaseModel):
-    checkpoints: list[CheckpointTupleOut]
-
-
-class PutCheckpointResponse(BaseModel):
-    config: CheckpointConfig
-
-
-class DeltaChannelHistoryOut(BaseModel):
-    writes: list[tuple[str, str, WireValue]]
-    seed: WireValue = Field(None, description="Absent when the walk found no stored value.")
-
-
-class DeltaHistoryResponse(BaseModel):
-    channels: dict[str, DeltaChannelHistoryOut]
-
-
-class ReducerOut(BaseModel):
-    max_messages: int | None
-    min_messages: int | None
-    max_tokens: int | None
-    target_tokens: int | None
-    preserve_first: bool
-    cascade_tool_messages: bool
-    start_on: Literal["human"] | None
-    namespace_key: str
-
-
-class LimitsOut(BaseModel):
-    max_list_limit: int = Field(
-        description="The most checkpoints one checkpoints/list answer holds (its limit's maximum and "
-        "default)."
-    )
-
-
-class CapabilitiesResponse(BaseModel):
-    capabilities: list[str] = Field(description="Optional saver capabilities the backend has.")
-    backend: Literal["postgres", "sqlite", "memory"]
-    messages_key: str
-    reducer: ReducerOut
-    version: str
-    body_formats: list[str] = Field(
-        description="Content types of the per-step routes' bodies (checkpoints/get, checkpoints/put, "
-        "writes/put); their answers come in the request's type."
-    )
-    limits: LimitsOut
-
-
-class ErrorResponse(BaseModel):
-    detail: str | list[dict[str, Any]]
-    code: str | None = Field(
-        None,
-        description="Present where a client acts on the kind of error: database_timeout on a 504 (the database "
-        "cancelled a statement that ran past its statement_timeout or lock_timeout; not retried blindly).",
-    )
+# -- the answers only the service writes --------------------------------------------------------------
 
 
 class SummaryStatus(BaseModel):
@@ -419,156 +452,3 @@ class StorageSummaryResponse(BaseModel):
     largest: list[ThreadStorageResponse] = Field(
         description="The largest threads by total_bytes, at most `top`."
     )
-
-
-# -- the store's routes (routes/store.py): LangGraph Agent Server's bodies, and the batch route's ---------
-
-Labels = list[str]
-
-
-class _StoreBody(BaseModel):
-    # Strict: `false` is no offset and `0` no boolean (as the OpenAPI document says).
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class PutItemRequest(_StoreBody):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = Field(None, description="Minutes; null: the store's default TTL (if any).")
-
-
-class DeleteItemRequest(_StoreBody):
-    namespace: Labels
-    key: str
-
-
-class SearchItemsRequest(_StoreBody):
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = None
-
-
-class ListNamespacesRequest(_StoreBody):
-    prefix: Labels | None = None
-    suffix: Labels | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class StoreItem(BaseModel):
-    namespace: Labels
-    key: str
-    value: dict[str, Any]
-    created_at: str
-    updated_at: str
-    score: float | None = None
-
-
-class SearchItemsResponse(BaseModel):
-    items: list[StoreItem]
-
-
-class ListNamespacesResponse(BaseModel):
-    namespaces: list[Labels]
-
-
-class GetOpBody(_StoreBody):
-    op: Literal["get"]
-    namespace: Labels
-    key: str
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class PutOpBody(_StoreBody):
-    op: Literal["put"]
-    namespace: Labels
-    key: str
-    value: dict[str, Any] | None = Field(..., description="null deletes the item.")
-    index: Literal[False] | list[str] | None = None
-    ttl: float | None = None
-
-
-class SearchOpBody(_StoreBody):
-    op: Literal["search"]
-    namespace_prefix: Labels = []
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query: str | None = None
-    refresh_ttl: bool | None = Field(None, description="null: the store's refresh_on_read.")
-
-
-class MatchConditionBody(_StoreBody):
-    match_type: Literal["prefix", "suffix"]
-    path: Labels
-
-
-class ListNamespacesOpBody(_StoreBody):
-    op: Literal["list_namespaces"]
-    match_conditions: list[MatchConditionBody] | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-
-class BatchRequest(_StoreBody):
-    ops: list[
-        Annotated[GetOpBody | PutOpBody | SearchOpBody | ListNamespacesOpBody, Field(discriminator="op")]
-    ]
-
-
-class BatchResponse(BaseModel):
-    results: list[Any] = Field(
-        description="Per operation: an item or null (get), null (put), items (search), namespaces."
-    )
-
-
-#: The wire's body each store model validates or writes: the same fields (``tests/test_layout.py`` checks).
-STORE_WIRE_BODIES: dict[type[BaseModel], type] = {
-    PutItemRequest: bodies.PutItemBody,
-    DeleteItemRequest: bodies.DeleteItemBody,
-    SearchItemsRequest: bodies.SearchItemsBody,
-    ListNamespacesRequest: bodies.ListNamespacesBody,
-    StoreItem: bodies.StoreItemBody,
-    SearchItemsResponse: bodies.SearchItemsAnswer,
-    ListNamespacesResponse: bodies.ListNamespacesAnswer,
-    GetOpBody: bodies.GetOpBody,
-    PutOpBody: bodies.PutOpBody,
-    SearchOpBody: bodies.SearchOpBody,
-    MatchConditionBody: bodies.MatchConditionBody,
-    ListNamespacesOpBody: bodies.ListNamespacesOpBody,
-    BatchRequest: bodies.StoreBatchBody,
-    BatchResponse: bodies.StoreBatchAnswer,
-}
-
-#: The wire's body each model validates or writes: the same fields (``tests/test_layout.py`` checks).
-WIRE_BODIES: dict[type[BaseModel], type] = {
-    RunConfig: bodies.RunConfigBody,
-    GetCheckpointRequest: bodies.GetCheckpointBody,
-    ListCheckpointsRequest: bodies.ListCheckpointsBody,
-    PutCheckpointRequest: bodies.PutCheckpointBody,
-    PutWritesRequest: bodies.PutWritesBody,
-    DeleteThreadRequest: bodies.DeleteThreadBody,
-    CopyThreadRequest: bodies.CopyThreadBody,
-    PruneRequest: bodies.PruneBody,
-    DeleteRunsRequest: bodies.DeleteRunsBody,
-    DeltaHistoryRequest: bodies.DeltaHistoryBody,
-    CheckpointConfig: bodies.CheckpointConfigBody,
-    CheckpointTupleOut: bodies.CheckpointTupleBody,
-    GetCheckpointResponse: bodies.GetCheckpointAnswer,
-    ListCheckpointsResponse: bodies.ListCheckpointsAnswer,
-    PutCheckpointResponse: bodies.PutCheckpointAnswer,
-    DeltaChannelHistoryOut: bodies.DeltaChannelHistoryBody,
-    DeltaHistoryResponse: bodies.DeltaHistoryAnswer,
-    ReducerOut: bodies.ReducerBody,
-    LimitsOut: bodies.LimitsBody,
-    CapabilitiesResponse: bodies.CapabilitiesAnswer,
-    ErrorResponse: bodies.ErrorBody,
-    **STORE_WIRE_BODIES,
-}

@@ -19,7 +19,6 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 
 from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
 from reducing_saver.service import security
-from reducing_saver.service.http import schemas
 from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
 from reducing_saver.service.storage.lifecycle import (
@@ -91,24 +90,25 @@ def _from_wire(value: Any, field: str, *, inline_ints: bool = False) -> Any:
             structure when read back), or a serde type no stock reader reads (stored, it would break
             every read of the thread, and every list).
     """
-    if not isinstance(value, schemas.TypedValue):
+    if not isinstance(value, dict):  # validated: a primitive, or a bodies.TypedValueBody
         return value
-    if is_reserved_type(value.type):
+    type_, data = value["type"], value["data"]
+    if is_reserved_type(type_):
         raise BadRequest(
-            f"{field}.type: {value.type!r} is reserved for the service's own storage; "
+            f"{field}.type: {type_!r} is reserved for the service's own storage; "
             f"serde types starting with {RESERVED_TYPE_PREFIX!r} other than {INT_TYPE!r} are refused"
         )
-    if value.type != INT_TYPE and not is_stock_type(value.type):
+    if type_ != INT_TYPE and not is_stock_type(type_):
         raise BadRequest(
-            f"{field}.type: {value.type!r} is not a serde type a stock reader reads, so every reader of "
+            f"{field}.type: {type_!r} is not a serde type a stock reader reads, so every reader of "
             f"the thread would fail on it; use one of {sorted(STOCK_TYPES)} (or <type>+<cipher>, as "
             "LangGraph's EncryptedSerializer writes)"
         )
     try:
-        if isinstance(value.data, bytes):  # a msgpack body's bin
-            blob = Blob(value.type, value.data)
+        if isinstance(data, bytes):  # a msgpack body's bin
+            blob = Blob(type_, data)
         else:
-            blob = Blob(value.type, base64_from_wire(value.data, f"{field}.data"))
+            blob = Blob(type_, base64_from_wire(data, f"{field}.data"))
         if blob.type == INT_TYPE:
             number = int_from_wire(blob, field)
             return number if inline_ints else blob
@@ -145,14 +145,14 @@ def _tuple_out(item: CheckpointTuple, stored_as_wire: bool = False) -> bodies.Ch
         metadata=_wire_metadata(item.metadata, stored_as_wire),
         parent_config=item.parent_config,  # type: ignore[typeddict-item]
         pending_writes=[
-            [task_id, channel, _wire_value(value, f"pending_writes[{index}]")]
+            (task_id, channel, _wire_value(value, f"pending_writes[{index}]"))
             for index, (task_id, channel, value) in enumerate(item.pending_writes or ())
         ],
     )
 
 
 def _run_config(
-    config: schemas.RunConfig, *, need_thread: bool = True, default_ns: str | None = ""
+    config: bodies.RunConfigBody, *, need_thread: bool = True, default_ns: str | None = ""
 ) -> RunnableConfig:
     """A request's run config for the saver.
 
@@ -160,7 +160,7 @@ def _run_config(
     checkpoint; ``None`` for lists, where a config without a namespace means every namespace of the
     thread, as it does to the stock savers.
     """
-    configurable = _typed_ints(config.configurable, "config.configurable")
+    configurable = _typed_ints(config["configurable"], "config.configurable")
     thread_id = configurable.get("thread_id")
     if need_thread and (thread_id is None or thread_id == ""):
         raise BadRequest("config.configurable.thread_id is required")
@@ -173,8 +173,8 @@ def _run_config(
     elif not isinstance(checkpoint_ns, str):
         raise BadRequest("config.configurable.checkpoint_ns must be a string")
     run_config = RunnableConfig(configurable=configurable)
-    if config.metadata:
-        run_config["metadata"] = _typed_ints(config.metadata, "config.metadata")
+    if config["metadata"]:
+        run_config["metadata"] = _typed_ints(config["metadata"], "config.metadata")
     return run_config
 
 
@@ -182,10 +182,10 @@ def _typed_ints(values: Mapping[str, Any], field: str) -> dict[str, Any]:
     """A run config's values with each typed value (only ``INT_TYPE`` is allowed there) turned into its int."""
     result = dict(values)
     for key, value in values.items():
-        if isinstance(value, schemas.TypedValue):
+        if isinstance(value, dict):  # validated: a bodies.TypedValueBody
             where = f"{field}.{key}"
             try:
-                blob = blob_from_wire(value.model_dump(), where)
+                blob = blob_from_wire(value, where)
                 if blob.type != INT_TYPE:
                     raise WireError(f"{where}.type", f"a run config value may be typed only as {INT_TYPE!r}")
                 result[key] = int_from_wire(blob, where)
@@ -229,9 +229,9 @@ def _scope(service: Service) -> security.TenantScope:
 # -- the per-step operations ----------------------------------------------------------------------
 
 
-def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetCheckpointRequest) -> dict[str, Any]:
+def get_checkpoint(service: Service, saver: ReducingSaver, body: bodies.GetCheckpointBody) -> dict[str, Any]:
     scope = _scope(service)
-    config = scope.config_in(_run_config(body.config), service.settings.namespace_key)
+    config = scope.config_in(_run_config(body["config"]), service.settings.namespace_key)
     item = saver.get_tuple(config)
     if item is not None and not config["configurable"].get("checkpoint_id"):
         # A run starts from the latest checkpoint: DeltaChannels whose snapshot would leave the kept
@@ -249,9 +249,9 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: schemas.GetChec
     )
 
 
-def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutCheckpointRequest) -> dict[str, Any]:
+def put_checkpoint(service: Service, saver: ReducingSaver, body: bodies.PutCheckpointBody) -> dict[str, Any]:
     scope = _scope(service)
-    config = run_config = _run_config(body.config)
+    config = run_config = _run_config(body["config"])
     settings = service.settings
     try:
         keep_checkpoints_of(config, None)
@@ -261,9 +261,9 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
     inline_ints = not _stores_wire_metadata(saver)
     values = {
         channel: _from_wire(value, f"values.{channel}", inline_ints=inline_ints)
-        for channel, value in body.values.items()
+        for channel, value in body["values"].items()
     }
-    writes_messages = messages_key in body.new_versions
+    writes_messages = messages_key in body["new_versions"]
     if writes_messages:
         # Decided now, not when the extractor meets it: a namespace the store refuses would never deliver.
         try:
@@ -289,40 +289,41 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: schemas.PutChec
             service.sweeper.touch(config)
         except InvalidTTLError as exc:
             raise BadRequest(str(exc)) from None
-    checkpoint = body.checkpoint.model_dump()
+    checkpoint: Any = dict(body["checkpoint"])
     checkpoint["channel_values"] = values
     try:
-        metadata = ints_from_wire(body.metadata, "metadata")
+        metadata = ints_from_wire(body["metadata"], "metadata")
     except WireError as exc:
         raise BadRequest(str(exc)) from None
     # The run config's values, merged as the saver would merge them, so its big ints take the path below.
     metadata = get_checkpoint_metadata(run_config, metadata)
-    if not inline_ints and metadata is not body.metadata:
+    if not inline_ints and metadata is not body["metadata"]:
         # PostgresSaver's JSONB holds any int; SqliteSaver's JSON and the msgpack of the memory backend
         # cannot, so they store the wire form (typed ints, escaped look-alikes) as JSON objects, which
         # travel back as they are and the client decodes.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     try:
         with service.recording_with_checkpoint():
-            next_config = saver.put(config, checkpoint, metadata, body.new_versions)
+            next_config = saver.put(config, checkpoint, metadata, body["new_versions"])
     except SummaryForgeryError as exc:
         raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
     return bodies.PutCheckpointAnswer(config=scope.config_out(next_config))
 
 
-def put_writes(service: Service, saver: ReducingSaver, body: schemas.PutWritesRequest) -> None:
-    config = _scope(service).config_in(_run_config(body.config), service.settings.namespace_key)
+def put_writes(service: Service, saver: ReducingSaver, body: bodies.PutWritesBody) -> None:
+    config = _scope(service).config_in(_run_config(body["config"]), service.settings.namespace_key)
     if not config["configurable"].get("checkpoint_id"):
         raise BadRequest("config.configurable.checkpoint_id is required for writes")
     writes = [
-        (channel, _from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)
+        (channel, _from_wire(value, f"writes[{index}]"))
+        for index, (channel, value) in enumerate(body["writes"])
     ]
     _check_extensions(
         service, ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes))
     )
     if service.running_summaries is not None:
         _check_summary_writes(service, config, writes)
-    saver.put_writes(config, writes, body.task_id, body.task_path)
+    saver.put_writes(config, writes, body["task_id"], body["task_path"])
 
 
 def _check_summary_writes(service: Service, config: RunnableConfig, writes: list[tuple[str, Any]]) -> None:
@@ -348,19 +349,19 @@ def _check_summary_writes(service: Service, config: RunnableConfig, writes: list
 
 
 def list_checkpoints(
-    service: Service, saver: ReducingSaver, body: schemas.ListCheckpointsRequest
+    service: Service, saver: ReducingSaver, body: bodies.ListCheckpointsBody
 ) -> dict[str, Any]:
     scope = _scope(service)
     # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
-    config = _run_config(body.config, default_ns=None) if body.config else None
-    before = _run_config(body.before, need_thread=False, default_ns=None) if body.before else None
+    config = _run_config(body["config"], default_ns=None) if body["config"] else None
+    before = _run_config(body["before"], need_thread=False, default_ns=None) if body["before"] else None
     if config is not None:
         config = scope.config_in(config, service.settings.namespace_key)
     # No limit means one page of max_list_limit, never everything: a client wanting more pages on with
     # ``before`` (RemoteReducingSaver does; /v1/capabilities tells it the page size).
-    limit = service.settings.max_list_limit if body.limit is None else body.limit
+    limit = service.settings.max_list_limit if body["limit"] is None else body["limit"]
     found = security.list_checkpoints(
-        saver, scope, config, filter=body.filter, before=before, limit=limit
+        saver, scope, config, filter=body["filter"], before=before, limit=limit
     )
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
@@ -369,51 +370,52 @@ def list_checkpoints(
     return bodies.ListCheckpointsAnswer(checkpoints=items)
 
 
-def delete_thread(service: Service, saver: ReducingSaver, body: schemas.DeleteThreadRequest) -> None:
-    thread_id = _scope(service).thread(body.thread_id)
+def delete_thread(service: Service, saver: ReducingSaver, body: bodies.DeleteThreadBody) -> None:
+    thread_id = _scope(service).thread(body["thread_id"])
     if service.settings.extract_on_delete and service.sweeper is not None:
         service.sweeper.delete_extracting(thread_id)  # its window goes to long-term memory first
         return
     saver.delete_thread(thread_id)
 
 
-def copy_thread(service: Service, saver: ReducingSaver, body: schemas.CopyThreadRequest) -> None:
-    if body.source_thread_id == body.target_thread_id:  # was a ValueError from the saver: a 500
-        raise BadRequest(f"target_thread_id: the same thread as source_thread_id ({body.source_thread_id!r})")
+def copy_thread(service: Service, saver: ReducingSaver, body: bodies.CopyThreadBody) -> None:
+    source_id, target_id = body["source_thread_id"], body["target_thread_id"]
+    if source_id == target_id:  # was a ValueError from the saver: a 500
+        raise BadRequest(f"target_thread_id: the same thread as source_thread_id ({source_id!r})")
     scope = _scope(service)
-    source, target = scope.thread(body.source_thread_id), scope.thread(body.target_thread_id)
+    source, target = scope.thread(source_id), scope.thread(target_id)
     if service.sweeper is not None:  # the copy is the target's write: its TTL age starts now
         service.sweeper.copied(source, target)
     try:
         saver.copy_thread(source, target)
     except ThreadNotEmptyError:
-        raise Conflict(str(ThreadNotEmptyError(body.target_thread_id))) from None
+        raise Conflict(str(ThreadNotEmptyError(target_id))) from None
 
 
-def prune(service: Service, saver: ReducingSaver, body: schemas.PruneRequest) -> None:
+def prune(service: Service, saver: ReducingSaver, body: bodies.PruneBody) -> None:
     scope = _scope(service)
     try:
-        saver.prune(scope.threads(body.thread_ids), strategy=body.strategy)
+        saver.prune(scope.threads(body["thread_ids"]), strategy=body["strategy"])
     except NotImplementedError as exc:
         raise Conflict(scope.text(str(exc)) or "not supported by this backend") from None
 
 
-def delete_for_runs(service: Service, saver: ReducingSaver, body: schemas.DeleteRunsRequest) -> None:
+def delete_for_runs(service: Service, saver: ReducingSaver, body: bodies.DeleteRunsBody) -> None:
     scope = _scope(service)
     if scope.tenant is None:
-        saver.delete_for_runs(body.run_ids)
+        saver.delete_for_runs(body["run_ids"])
     else:  # only this tenant's threads (the service's savers take a thread-id prefix)
-        saver.inner.delete_for_runs(body.run_ids, thread_id_prefix=scope.prefix)
+        saver.inner.delete_for_runs(body["run_ids"], thread_id_prefix=scope.prefix)
 
 
-def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHistoryRequest) -> dict[str, Any]:
-    config = _scope(service).config_in(_run_config(body.config), service.settings.namespace_key)
-    history = saver.get_delta_channel_history(config=config, channels=body.channels)
+def delta_history(service: Service, saver: ReducingSaver, body: bodies.DeltaHistoryBody) -> dict[str, Any]:
+    config = _scope(service).config_in(_run_config(body["config"]), service.settings.namespace_key)
+    history = saver.get_delta_channel_history(config=config, channels=body["channels"])
     channels = {}
     for channel, entry in history.items():
         out = bodies.DeltaChannelHistoryBody(
             writes=[
-                [task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]")]
+                (task_id, ch, _wire_value(value, f"channels.{channel}.writes[{index}]"))
                 for index, (task_id, ch, value) in enumerate(entry["writes"])
             ]
         )
@@ -429,8 +431,9 @@ def delta_history(service: Service, saver: ReducingSaver, body: schemas.DeltaHis
 def capabilities(service: Service) -> dict[str, Any]:
     """The backend's optional capabilities and the reducer's configuration."""
     config = service.reducer.config
+    savers = service.open_savers()
     return bodies.CapabilitiesAnswer(
-        capabilities=sorted(service.open_savers().capabilities),
+        capabilities=sorted(savers.capabilities),
         backend=service.backend_kind,  # type: ignore[typeddict-item]
         messages_key=service.settings.messages_key,
         reducer=bodies.ReducerBody(
@@ -446,6 +449,7 @@ def capabilities(service: Service) -> dict[str, Any]:
         version=__version__,
         body_formats=list(BODY_FORMATS),
         limits=bodies.LimitsBody(max_list_limit=service.settings.max_list_limit),
+        stored_values=savers.stored_values,
     )
 
 

@@ -13,7 +13,7 @@
   ``("tenants", tenant, *namespace)``; the fallback ``("memories", thread_id)`` uses the agent's own thread
   id. :class:`TenantScope` maps ids in and out of the ops; another tenant's thread looks exactly like a
   missing one. Without keys (single-tenant mode) nothing is mapped: stored ids are the agent's own.
-* **Caps.** :class:`Limits` (settings ``max_*``) are read by the request models' validators
+* **Caps.** :class:`Limits` (settings ``max_*``) are read by the request bodies' validators
   (``service/http/schemas.py``) through a contextvar the middleware sets, so the FastAPI routes and the hot
   path enforce the same numbers, and the OpenAPI document shows them. :class:`BodyGuard` refuses JSON
   bodies that are not UTF-8, nest deeper than ``max_nesting_depth`` or repeat a key in an object (orjson

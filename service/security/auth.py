@@ -178,7 +178,7 @@ def document_auth(
         }
         unauthorized = {
             "description": "No valid API key.",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
         }
         components["securitySchemes"]["metricsKey"] = {
             "type": "http",
@@ -192,7 +192,7 @@ def document_auth(
             "name": "x-api-key",
             "description": "The metrics scraper's key in the x-api-key header.",
         }
-        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
         ambiguous = {**error, "description": "More than one credential: two keys, or a bearer key and an x-api-key that differ."}
         for path, operations in schema.get("paths", {}).items():
             if path in public:

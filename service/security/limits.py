@@ -1,6 +1,6 @@
-"""Input caps: the numbers (settings), the checks the request models run, and the request's caps.
+"""Input caps: the numbers (settings), the checks the request bodies run, and the request's caps.
 
-The caps are read by the request models' validators (``service/http/schemas.py``) through a contextvar the
+The caps are read by the request bodies' validators (``service/http/schemas.py``) through a contextvar the
 auth middleware sets, so the per-step hot path and the FastAPI routes enforce the same numbers, and the
 OpenAPI document shows them.
 """

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
 
 from reducing_saver.reducer import ReducingSaver
+from reducing_saver.wire.bodies import StoredValues
 
 T = TypeVar("T")
 
@@ -231,6 +232,15 @@ class SaversBusy(Exception):
     """No saver became free within the wait: the database is slow or hangs (a 503)."""
 
 
+def stored_values(saver: BaseCheckpointSaver) -> StoredValues:
+    """Which channel values ``saver.put`` stores, by the backend's markers: every value unless it
+    ``stores_written_channels_only`` (then those of ``new_versions``, and primitive values too where it
+    ``inlines_primitive_values``)."""
+    if not getattr(saver, "stores_written_channels_only", False):
+        return "all"
+    return "changed_and_inline" if getattr(saver, "inlines_primitive_values", False) else "changed"
+
+
 class SaverPool:
     """The service's reducing savers, lent one per call and run in worker threads.
 
@@ -258,6 +268,7 @@ class SaverPool:
             self._idle.put(saver)
         self.timeout = timeout
         self.capabilities = savers[0].capabilities
+        self.stored_values = stored_values(savers[0].inner)
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"saver-{index}", daemon=True) for index in range(len(savers))
@@ -367,4 +378,5 @@ __all__ = [
     "transient",
     "transient_test",
     "sqlite_path",
+    "stored_values",
 ]

@@ -244,6 +244,8 @@ def test_a_failing_list_releases_the_saver_even_while_its_error_is_kept(fresh_pg
     # frame) alive; the saver's lock must not depend on when that goes away.
     from fastapi.testclient import TestClient
 
+    from pydantic import TypeAdapter
+
     from reducing_saver.service.http import schemas
     from reducing_saver.service.operations import saver as ops
     from reducing_saver.service.http.app import create_app
@@ -261,7 +263,9 @@ def test_a_failing_list_releases_the_saver_even_while_its_error_is_kept(fresh_pg
                 "WHERE checkpoint_id = (SELECT min(checkpoint_id) FROM checkpoints)"
             )
         service = app.state.service
-        body = schemas.ListCheckpointsRequest(config={"configurable": {"thread_id": "bad"}})
+        body = TypeAdapter(schemas.ListCheckpointsBody).validate_python(
+            {"config": {"configurable": {"thread_id": "bad"}}}
+        )
         kept = []
         with service.savers.borrow() as pooled:
             try:

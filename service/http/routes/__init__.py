@@ -39,15 +39,15 @@ ServiceDep = Annotated[Service, Depends(_service)]
 
 #: The error answers every route documents.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"model": schemas.ErrorResponse, "description": "Body larger than max_body_bytes."},
-    422: {"model": schemas.ErrorResponse, "description": "A field is missing, of the wrong type, or refused."},
+    413: {"model": schemas.ErrorBody, "description": "Body larger than max_body_bytes."},
+    422: {"model": schemas.ErrorBody, "description": "A field is missing, of the wrong type, or refused."},
     503: {
-        "model": schemas.ErrorResponse,
+        "model": schemas.ErrorBody,
         "description": "The database is unavailable: unreachable, accepting no writes (a standby, a "
         "failover), or no saver or connection within db_timeout_seconds.",
     },
     504: {
-        "model": schemas.ErrorResponse,
+        "model": schemas.ErrorBody,
         "description": "The database cancelled a statement that ran past a limit set on it (statement_timeout, "
         "lock_timeout); the body's code is database_timeout.",
     },

@@ -15,7 +15,7 @@ from reducing_saver.wire import CAPABILITIES_PATH, DELTA_HISTORY_PATH, GET_PATH,
 router = APIRouter(tags=["saver"])
 
 
-@router.get(CAPABILITIES_PATH, response_model=schemas.CapabilitiesResponse)
+@router.get(CAPABILITIES_PATH, response_model=schemas.CapabilitiesAnswer)
 async def capabilities(service: ServiceDep) -> Any:
     """The backend's optional capabilities and the reducer's configuration."""
     return ops.capabilities(service)
@@ -27,23 +27,23 @@ async def capabilities(service: ServiceDep) -> Any:
 
 @router.post(
     GET_PATH,
-    response_model=schemas.GetCheckpointResponse,
+    response_model=schemas.GetCheckpointAnswer,
     responses=ERRORS,
     summary="Get a checkpoint tuple (latest, or by checkpoint_id) of a thread and namespace.",
-    openapi_extra=msgpack_too("GetCheckpointRequest", "GetCheckpointResponse"),
+    openapi_extra=msgpack_too("GetCheckpointBody", "GetCheckpointAnswer"),
 )
-async def get_checkpoint(body: schemas.GetCheckpointRequest, service: ServiceDep) -> Any:
+async def get_checkpoint(body: schemas.GetCheckpointBody, service: ServiceDep) -> Any:
     return ORJSONResponse(await service.call(ops.get_checkpoint, body))
 
 
 @router.post(
     PUT_PATH,
-    response_model=schemas.PutCheckpointResponse,
+    response_model=schemas.PutCheckpointAnswer,
     responses=ERRORS,
     summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
-    openapi_extra=msgpack_too("PutCheckpointRequest", "PutCheckpointResponse"),
+    openapi_extra=msgpack_too("PutCheckpointBody", "PutCheckpointAnswer"),
 )
-async def put_checkpoint(body: schemas.PutCheckpointRequest, service: ServiceDep) -> Any:
+async def put_checkpoint(body: schemas.PutCheckpointBody, service: ServiceDep) -> Any:
     return ORJSONResponse(await service.call(ops.put_checkpoint, body))
 
 
@@ -52,28 +52,28 @@ async def put_checkpoint(body: schemas.PutCheckpointRequest, service: ServiceDep
     status_code=204,
     responses=ERRORS,
     summary="Store a task's pending writes (idempotent per task_id and index).",
-    openapi_extra=msgpack_too("PutWritesRequest"),
+    openapi_extra=msgpack_too("PutWritesBody"),
 )
-async def put_writes(body: schemas.PutWritesRequest, service: ServiceDep) -> Response:
+async def put_writes(body: schemas.PutWritesBody, service: ServiceDep) -> Response:
     await service.call(ops.put_writes, body)
     return Response(status_code=204)
 
 
 @router.post(
     LIST_PATH,
-    response_model=schemas.ListCheckpointsResponse,
+    response_model=schemas.ListCheckpointsAnswer,
     responses=ERRORS,
     summary="List checkpoints, newest first, filtered by thread, metadata, before and limit.",
 )
-async def list_checkpoints(body: schemas.ListCheckpointsRequest, service: ServiceDep) -> Any:
+async def list_checkpoints(body: schemas.ListCheckpointsBody, service: ServiceDep) -> Any:
     return ORJSONResponse(await service.call(ops.list_checkpoints, body))
 
 
 @router.post(
     DELTA_HISTORY_PATH,
-    response_model=schemas.DeltaHistoryResponse,
+    response_model=schemas.DeltaHistoryAnswer,
     responses=ERRORS,
     summary="Per-channel writes and seed along a checkpoint's ancestors.",
 )
-async def delta_history(body: schemas.DeltaHistoryRequest, service: ServiceDep) -> Any:
+async def delta_history(body: schemas.DeltaHistoryBody, service: ServiceDep) -> Any:
     return ORJSONResponse(await service.call(ops.delta_history, body))

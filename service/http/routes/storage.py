@@ -15,10 +15,10 @@ from reducing_saver.wire import STORAGE_PATH, THREAD_STORAGE_PATH
 
 router = APIRouter(tags=["storage"])
 
-_NOT_FOUND = {404: {"model": schemas.ErrorResponse, "description": "The caller has no thread of that id."}}
+_NOT_FOUND = {404: {"model": schemas.ErrorBody, "description": "The caller has no thread of that id."}}
 _BAD_ID = {
     422: {
-        "model": schemas.ErrorResponse,
+        "model": schemas.ErrorBody,
         "description": "The thread id breaks the rule of every route: control characters (NUL included), "
         "'/' or '\\', '.' or '..', more than max_thread_id_length characters.",
     }

@@ -18,15 +18,15 @@ from reducing_saver.service.operations import store as store_ops
 from reducing_saver.service.http.errors import BadRequest
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
 from reducing_saver.service.http.schemas import (
-    BatchRequest,
-    BatchResponse,
-    DeleteItemRequest,
-    ListNamespacesRequest,
-    ListNamespacesResponse,
-    PutItemRequest,
-    SearchItemsRequest,
-    SearchItemsResponse,
-    StoreItem,
+    DeleteItemBody,
+    ListNamespacesAnswer,
+    ListNamespacesBody,
+    PutItemBody,
+    SearchItemsAnswer,
+    SearchItemsBody,
+    StoreBatchAnswer,
+    StoreBatchBody,
+    StoreItemBody,
 )
 from reducing_saver.service.state import Service
 from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH, bodies
@@ -49,8 +49,8 @@ async def _run(service: Service, ops: list[Any], field: str) -> list[Any]:
 
 
 @router.put(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Store or replace an item.")
-async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
-    op = PutOp(tuple(body.namespace), body.key, body.value, body.index, body.ttl)
+async def put_item(body: PutItemBody, service: ServiceDep) -> Response:
+    op = PutOp(tuple(body["namespace"]), body["key"], body["value"], body["index"], body["ttl"])
     await _run(service, [op], "body")
     return Response(status_code=204)
 
@@ -58,7 +58,7 @@ async def put_item(body: PutItemRequest, service: ServiceDep) -> Response:
 @router.get(
     STORE_ITEMS_PATH,
     response_model=None,
-    responses={**ERRORS, 200: {"model": StoreItem | None, "description": "The item, or null."}},
+    responses={**ERRORS, 200: {"model": StoreItemBody | None, "description": "The item, or null."}},
     summary="Read an item (null if none).",
 )
 async def get_item(
@@ -75,8 +75,8 @@ async def get_item(
 
 
 @router.delete(STORE_ITEMS_PATH, status_code=204, responses=ERRORS, summary="Delete an item.")
-async def delete_item(body: DeleteItemRequest, service: ServiceDep) -> Response:
-    await _run(service, [PutOp(tuple(body.namespace), body.key, None)], "body")
+async def delete_item(body: DeleteItemBody, service: ServiceDep) -> Response:
+    await _run(service, [PutOp(tuple(body["namespace"]), body["key"], None)], "body")
     return Response(status_code=204)
 
 
@@ -90,13 +90,18 @@ async def other_methods() -> Response:
 
 @router.post(
     STORE_SEARCH_PATH,
-    response_model=SearchItemsResponse,
+    response_model=SearchItemsAnswer,
     responses=ERRORS,
     summary="Items under a namespace prefix: filtered by value, or ranked by a semantic query.",
 )
-async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
+async def search_items(body: SearchItemsBody, service: ServiceDep) -> Any:
     op = SearchOp(
-        tuple(body.namespace_prefix), body.filter, body.limit, body.offset, body.query, body.refresh_ttl
+        tuple(body["namespace_prefix"]),
+        body["filter"],
+        body["limit"],
+        body["offset"],
+        body["query"],
+        body["refresh_ttl"],
     )
     (items,) = await _run(service, [op], "body")
     return bodies.SearchItemsAnswer(items=items)
@@ -104,27 +109,27 @@ async def search_items(body: SearchItemsRequest, service: ServiceDep) -> Any:
 
 @router.post(
     STORE_NAMESPACES_PATH,
-    response_model=ListNamespacesResponse,
+    response_model=ListNamespacesAnswer,
     responses=ERRORS,
     summary="Namespaces holding items, by prefix and suffix ('*' matches any label), cut at max_depth.",
 )
-async def list_namespaces(body: ListNamespacesRequest, service: ServiceDep) -> Any:
+async def list_namespaces(body: ListNamespacesBody, service: ServiceDep) -> Any:
     conditions = []
-    if body.prefix:
-        conditions.append(MatchCondition("prefix", tuple(body.prefix)))
-    if body.suffix:
-        conditions.append(MatchCondition("suffix", tuple(body.suffix)))
-    op = ListNamespacesOp(tuple(conditions), body.max_depth, body.limit, body.offset)
+    if body["prefix"]:
+        conditions.append(MatchCondition("prefix", tuple(body["prefix"])))
+    if body["suffix"]:
+        conditions.append(MatchCondition("suffix", tuple(body["suffix"])))
+    op = ListNamespacesOp(tuple(conditions), body["max_depth"], body["limit"], body["offset"])
     (namespaces,) = await _run(service, [op], "body")
     return bodies.ListNamespacesAnswer(namespaces=namespaces)
 
 
 @router.post(
     STORE_BATCH_PATH,
-    response_model=BatchResponse,
+    response_model=StoreBatchAnswer,
     responses=ERRORS,
     summary="Run BaseStore.batch: get, put (value null deletes), search and list_namespaces operations.",
 )
-async def batch(body: BatchRequest, service: ServiceDep) -> Any:
-    ops = [store_ops.op_from_json(entry.model_dump()) for entry in body.ops]
+async def batch(body: StoreBatchBody, service: ServiceDep) -> Any:
+    ops = [store_ops.op_from_json(entry) for entry in body["ops"]]
     return bodies.StoreBatchAnswer(results=await _run(service, ops, "ops"))

@@ -17,13 +17,13 @@ router = APIRouter(tags=["threads"])
 
 
 @router.post(THREAD_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete every checkpoint and write of a thread.")
-async def delete_thread(body: schemas.DeleteThreadRequest, service: ServiceDep) -> Response:
+async def delete_thread(body: schemas.DeleteThreadBody, service: ServiceDep) -> Response:
     await service.call(ops.delete_thread, body)
     return Response(status_code=204)
 
 
 @router.post(THREAD_COPY_PATH, status_code=204, responses=ERRORS, summary="Copy a thread's checkpoints and writes to another thread id.")
-async def copy_thread(body: schemas.CopyThreadRequest, service: ServiceDep) -> Response:
+async def copy_thread(body: schemas.CopyThreadBody, service: ServiceDep) -> Response:
     await service.call(ops.copy_thread, body)
     return Response(status_code=204)
 
@@ -34,13 +34,13 @@ async def copy_thread(body: schemas.CopyThreadRequest, service: ServiceDep) -> R
     responses=ERRORS,
     summary="Prune threads: keep_latest keeps each namespace's head; delete removes all.",
 )
-async def prune(body: schemas.PruneRequest, service: ServiceDep) -> Response:
+async def prune(body: schemas.PruneBody, service: ServiceDep) -> Response:
     await service.call(ops.prune, body)
     return Response(status_code=204)
 
 
 @router.post(RUNS_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs.")
-async def delete_for_runs(body: schemas.DeleteRunsRequest, service: ServiceDep) -> Response:
+async def delete_for_runs(body: schemas.DeleteRunsBody, service: ServiceDep) -> Response:
     await service.call(ops.delete_for_runs, body)
     return Response(status_code=204)
 

@@ -9,6 +9,7 @@ import ormsgpack
 import pytest
 from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.service.http.app import create_app
@@ -228,3 +229,38 @@ def test_the_api_description_needs_a_key_without_docs_public():
         for path in DOCS_PAGES:
             assert http.get(path).status_code == 401, path
             assert http.get(path, headers={"Authorization": f"Bearer {key}"}).status_code == 200, path
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_stored_values_says_which_values_a_put_stores(kind, request, tmp_path):
+    """``/v1/capabilities`` → ``stored_values`` is what the backend keeps of a put's channels outside
+    ``new_versions``: a client that sends only those loses nothing."""
+    database = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path / 'stored.sqlite'}",
+        "postgres": request.getfixturevalue("fresh_pg") if kind == "postgres" else "",
+    }[kind]
+    with TestClient(create_app(Settings(database=database, sweep=False, extract=False))) as http:
+        advertised = http.get("/v1/capabilities").json()["stored_values"]
+        checkpoint = empty_checkpoint()
+        checkpoint.pop("channel_values")
+        checkpoint["channel_versions"] = {"changed": "2", "blob": "1", "primitive": "1"}
+        body = {
+            "config": _config("t-stored"),
+            "checkpoint": checkpoint,
+            "values": {
+                "changed": blob_to_wire(*SERDE.dumps_typed(["new"])),
+                "blob": blob_to_wire(*SERDE.dumps_typed({"written": "before"})),
+                "primitive": 7,
+            },
+            "metadata": {},
+            "new_versions": {"changed": "2"},
+        }
+        assert http.post("/v1/checkpoints/put", json=body).status_code == 200
+        kept = set(_get(http, "t-stored")["values"])
+    assert {
+        "all": {"changed", "blob", "primitive"},
+        "changed": {"changed"},
+        "changed_and_inline": {"changed", "primitive"},
+    }[advertised] == kept
+    assert advertised == {"memory": "changed", "sqlite": "all", "postgres": "changed_and_inline"}[kind]

@@ -669,3 +669,32 @@ def test_count_caps_are_the_settings_of_the_app_serving_the_request():
         assert "4 channels is more than the limit of 3 (setting max_channels)" in refused.text
     with TestClient(create_app(Settings(database="memory://", max_channels=5))) as client:
         assert client.post("/v1/checkpoints/put", json=put(4)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("versions_seen", "field"),
+    [
+        ({f"node{index}": {} for index in range(4)}, "checkpoint.versions_seen"),
+        ({"node": {f"c{index}": "1" for index in range(4)}}, "checkpoint.versions_seen[node]"),
+    ],
+)
+def test_versions_seen_is_capped_at_both_levels_naming_which(versions_seen, field):
+    """``versions_seen`` maps nodes to channel versions: the node count and each node's channels are capped
+    by max_channels, checked before the versions are read, and the refusal names which of the two."""
+    checkpoint = empty_checkpoint()
+    checkpoint.pop("channel_values")
+    body = {
+        "config": {"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+        "checkpoint": {**checkpoint, "versions_seen": versions_seen},
+        "values": {},
+        "new_versions": {},
+    }
+    with TestClient(create_app(Settings(database="memory://", max_channels=3))) as client:
+        refused = client.post("/v1/checkpoints/put", json=body)
+        assert refused.status_code == 422, refused.text
+        assert f"{field}: 4 channels is more than the limit of 3 (setting max_channels)" in refused.text
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["CheckpointFieldsBody"]
+        assert schema["properties"]["versions_seen"]["maxProperties"] == 3
+        assert schema["properties"]["versions_seen"]["additionalProperties"]["maxProperties"] == 3
+        body["checkpoint"]["versions_seen"] = {"node": {"c0": "1", "c1": "1", "c2": "1"}}
+        assert client.post("/v1/checkpoints/put", json=body).status_code == 200
