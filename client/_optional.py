@@ -5,7 +5,7 @@ backend has them (``wire.capabilities.with_capabilities``): LangGraph detects a 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory
@@ -71,7 +71,10 @@ class _Prune:
 
     @staticmethod
     def _prune_call(thread_ids: Sequence[str], strategy: str) -> Call[None]:
-        body = bodies.PruneBody(thread_ids=[str(thread_id) for thread_id in thread_ids], strategy=strategy)
+        # Sent as given: the service names any other strategy in its 422.
+        body = bodies.PruneBody(
+            thread_ids=[str(thread_id) for thread_id in thread_ids], strategy=cast(bodies.PruneStrategy, strategy)
+        )
         return post(THREAD_PRUNE_PATH, body, no_content)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -91,7 +94,7 @@ class _Prune:
 class _DeltaChannelHistory:
     _http: Http
     serde: SerializerProtocol
-    _config: Callable[[RunnableConfig | None], bodies.RunConfigBody | None]
+    _config: Callable[[RunnableConfig], bodies.RunConfigBody]
 
     def _delta_history_call(
         self, config: RunnableConfig, channels: Sequence[str]

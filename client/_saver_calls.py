@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, cast, overload
 from urllib.parse import quote
 
 from langchain_core.runnables import RunnableConfig
@@ -15,7 +15,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.client._calls import Call, as_given, no_content, post
-from reducing_saver.client._server_info import RemoteReducer, StoredValues
+from reducing_saver.client._server_info import RemoteReducer
+from reducing_saver.wire.bodies import StoredValues
 from reducing_saver.client._values import decode_tuple, encode_value, encode_write, values_to_send
 from reducing_saver.wire import (
     GET_PATH,
@@ -57,6 +58,10 @@ class SaverCalls:
     #: The threads (and namespaces) already told that the service's window does not apply to them.
     _noticed: set[tuple[str, str]]
 
+    @overload
+    def _config(self, config: RunnableConfig) -> bodies.RunConfigBody: ...
+    @overload
+    def _config(self, config: None) -> None: ...
     def _config(self, config: RunnableConfig | None) -> bodies.RunConfigBody | None:
         return config_to_wire(config, namespace_key=self.reducer.namespace_key)
 
@@ -168,7 +173,7 @@ class SaverCalls:
         body = bodies.PutWritesBody(
             config=self._config(config),
             writes=[
-                [channel, encode_write(self.serde, value)]
+                (channel, encode_write(self.serde, value))
                 for channel, value in writes
             ],
             task_id=task_id,

@@ -13,6 +13,7 @@ from typing import Any, Literal, cast, get_args
 
 from reducing_saver.client._calls import Call
 from reducing_saver.wire import CAPABILITIES_PATH, JSON
+from reducing_saver.wire.bodies import StoredValues
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,6 @@ logger = logging.getLogger(__name__)
 #: value in every checkpoint (SqliteSaver); ``"changed"``, only the channels in ``new_versions``
 #: (InMemorySaver); ``"changed_and_inline"``, those and every primitive value, which PostgresSaver keeps
 #: inline in each checkpoint row. A put sends only what will be stored.
-StoredValues = Literal["all", "changed", "changed_and_inline"]
 #: What a service that does not say (0.1.0) stores, by its backend's name.
 STORED_VALUES_BY_BACKEND: dict[str, StoredValues] = {
     "sqlite": "all",

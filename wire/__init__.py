@@ -54,13 +54,13 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast, overload
 
 import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
 
-from reducing_saver.wire.bodies import RunConfigBody
+from reducing_saver.wire.bodies import CheckpointFieldsBody, RunConfigBody
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities, with_capabilities
 
 API_PREFIX = "/v1"
@@ -386,6 +386,10 @@ def channel_value_from_wire(value: Any, field: str) -> Any:
 # -- configs --------------------------------------------------------------------------------------
 
 
+@overload
+def config_to_wire(config: RunnableConfig, *, namespace_key: str = ...) -> RunConfigBody: ...
+@overload
+def config_to_wire(config: None, *, namespace_key: str = ...) -> None: ...
 def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memory_namespace") -> RunConfigBody | None:
     """The part of a run config the service needs, in JSON.
 
@@ -410,7 +414,8 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
         elif (typed := int_to_wire(value)) is not None:
             configurable[key] = typed
     wire = RunConfigBody(configurable=configurable)
-    metadata = {
+    # Big ints as Blobs, which the body's encoder writes in their typed form (TypedValueBody).
+    metadata: dict[str, Any] = {
         key: value if is_inline(value) else int_to_wire(value)
         for key, value in (config.get("metadata") or {}).items()
         if (is_inline(value) or int_to_wire(value) is not None)
@@ -431,9 +436,9 @@ def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str | N
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-def checkpoint_fields(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+def checkpoint_fields(checkpoint: Mapping[str, Any]) -> CheckpointFieldsBody:
     """A checkpoint without its channel values (what travels under ``"checkpoint"``)."""
-    return {key: value for key, value in checkpoint.items() if key != "channel_values"}
+    return cast(CheckpointFieldsBody, {key: value for key, value in checkpoint.items() if key != "channel_values"})
 
 
 __all__ = [

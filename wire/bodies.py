@@ -120,9 +120,12 @@ class CopyThreadBody(TypedDict):
     target_thread_id: ThreadId
 
 
+PruneStrategy = Literal["keep_latest", "delete"]
+
+
 class PruneBody(TypedDict):
     thread_ids: list[ThreadId]
-    strategy: NotRequired[Literal["keep_latest", "delete"]]
+    strategy: NotRequired[PruneStrategy]
 
 
 class DeleteRunsBody(TypedDict):
