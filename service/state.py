@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from reducing_saver.reducer import MessageReducer, ReducingSaver, Removals
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import Sealer, encrypting, sealer_for
-from reducing_saver.service.http.errors import Unavailable
+from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.recorder import Memory
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
