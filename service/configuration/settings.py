@@ -33,6 +33,13 @@ from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
 
+#: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read
+#: themselves. Never a secret: no flag takes a key.
+FLAGS_ENV = "REDUCING_SAVER_SERVE_FLAGS"
+#: The private folder holding the key ring's file of a ``--workers`` run, in the workers' environment (a
+#: worker whose supervisor is gone removes it: ``processes``).
+KEYS_FOLDER_ENV = "REDUCING_SAVER_KEYS_FOLDER"
+
 
 class ServerSettings(BaseModel):
     """Where the service listens, how many processes it runs, and how it logs."""

@@ -26,8 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service import security
-from reducing_saver.service.cli import FLAGS_ENV
-from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.configuration.settings import FLAGS_ENV, Settings
 from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
 from reducing_saver.service.http.hotpath import ROUTES, HotPath
 from reducing_saver.service.http.observability import ObservabilityMiddleware, configure_logging
