@@ -29,7 +29,7 @@ from reducing_saver.service.configuration.settings import FLAGS_ENV, Settings
 from reducing_saver.service.http import auth, guard
 from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
 from reducing_saver.service.http.hotpath import ROUTES, HotPath
-from reducing_saver.service.http.observability import ObservabilityMiddleware, configure_logging
+from reducing_saver.service.http.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.http.routes import (
     ORJSONResponse,
     checkpoints,
@@ -151,7 +151,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
             ``model_dump()`` dicts and the namespace.
     """
     settings = settings or Settings()
-    service = Service(settings, on_prune)
+    service = Service(settings, on_prune, metrics=ServiceMetrics)
 
     @asynccontextmanager
     async def lifespan(app: ServiceApp) -> AsyncIterator[None]:

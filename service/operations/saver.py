@@ -29,7 +29,7 @@ from reducing_saver.service.storage.lifecycle import (
     with_snapshots_due,
 )
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
-from reducing_saver.service.ttl.ledger import InvalidTTLError
+from reducing_saver.service.storage.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import bodies
 from reducing_saver.wire import (

@@ -24,7 +24,7 @@ from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
 from psycopg.rows import dict_row
 
-from reducing_saver.service.extraction.outbox import checkpoint_records
+from reducing_saver.service.storage.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
     CHECKPOINT_ID_KEY,
