@@ -254,10 +254,9 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
     from pydantic import TypeAdapter
 
     from reducing_saver.reducer import ReducingSaver
-    from reducing_saver.service import security
     from reducing_saver.service.encryption.saver import EncryptingSaver
     from reducing_saver.service.extraction.recorder import Memory
-    from reducing_saver.service.http import hotpath, msgpack_body, observability
+    from reducing_saver.service.http import auth, guard, hotpath, msgpack_body, observability
     from reducing_saver.service.messages_codec import SafeMessagesCodec
     from reducing_saver.service.operations import saver as ops
     from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
@@ -266,8 +265,8 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
     return {
         "observability": [(observability.ObservabilityMiddleware, "__call__"),
                           *[(observability.MeasuringCodec, name) for name in ("decode_ahead", "decode", "encode")]],
-        "security middleware": [(security.AuthMiddleware, "__call__"), (security.BodySizeLimit, "__call__"),
-                                (security.BodyGuard, "__call__")],
+        "security middleware": [(auth.AuthMiddleware, "__call__"), (guard.BodySizeLimit, "__call__"),
+                                (guard.BodyGuard, "__call__")],
         "hot path": [(hotpath.HotPath, "__call__")],
         "msgpack decode": [(msgpack_body, "decode")],
         "validation": [(TypeAdapter, "validate_python"), (TypeAdapter, "validate_json")],

@@ -21,177 +21,27 @@ from typing import Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
 
-from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.configuration.flags import (
+    ALL_FLAGS,
+    ENCRYPT_SWEEP_FLAGS,
+    EXTRACTION_FLAGS,
+    MIGRATE_FLAGS,
+    REPORT_FLAGS,
+    SERVE_FLAGS,
+    SWEEP_FLAGS,
+    WORKER_FLAGS,
+)
+from reducing_saver.service.configuration.settings import FLAGS_ENV, KEYS_FOLDER_ENV, Settings
+from reducing_saver.service.exits import leave_threads_stuck_on_the_database
 from reducing_saver.service.security.environ import blank_initial_value
 from reducing_saver.service.storage import StorageError
 
 ENV_PREFIX = "REDUCING_SAVER_"
 #: The key ring's variable: JSON, or the path of a file holding it.
 ENCRYPTION_KEYS_ENV = ENV_PREFIX + "ENCRYPTION_KEYS"
-#: The private folder holding the key ring's file of a ``--workers`` run, in the workers' environment (a
-#: worker whose supervisor is gone removes it: ``processes``).
-KEYS_FOLDER_ENV = ENV_PREFIX + "KEYS_FOLDER"
 #: Where a ``--workers`` run keeps that folder: ``reducing-saver-<supervisor pid>-<random>``.
 _KEYS_FOLDER_PREFIX = "reducing-saver-"
 
-#: CLI flag -> settings field, for every flag of ``serve``.
-SERVE_FLAGS: dict[str, str] = {
-    "--database": "database",
-    "--host": "host",
-    "--port": "port",
-    "--workers": "workers",
-    "--pool-size": "pool_size",
-    "--max-messages": "max_messages",
-    "--min-messages": "min_messages",
-    "--max-tokens": "max_tokens",
-    "--target-tokens": "target_tokens",
-    "--allow-message-class": "allowed_message_classes",
-    "--allow-state-type": "allowed_state_types",
-    "--on-prune": "on_prune",
-    "--max-body-bytes": "max_body_bytes",
-    # No flag for api_keys: a key on a command line is visible to every user of the host (ps).
-    "--api-keys-file": "api_keys_file",
-    "--insecure": "insecure",
-    "--docs-public": "docs_public",
-    # No flag for metrics_key either: --metrics-key-file takes hashed keys.
-    "--metrics-key-file": "metrics_key_file",
-    "--metrics-public": "metrics_public",
-    # No flag for encryption_keys either: REDUCING_SAVER_ENCRYPTION_KEYS holds the ring or its file's path.
-    "--encryption": "encryption",
-    "--log-level": "log_level",
-    "--log-format": "log_format",
-    "--shutdown-grace-seconds": "shutdown_grace_seconds",
-    "--keep-alive-seconds": "keep_alive_seconds",
-    "--db-timeout-seconds": "db_timeout_seconds",
-    "--postgres-prepared-statements": "postgres_prepared_statements",
-    "--storage-refresh-seconds": "storage_refresh_seconds",
-    "--migrate": "migrate",
-    "--extract": "extract",
-    "--extractor": "extractor",
-    "--extraction-batch-size": "extraction_batch_size",
-    "--extraction-max-attempts": "extraction_max_attempts",
-    "--extraction-lease-seconds": "extraction_lease_seconds",
-    "--extraction-linger-seconds": "extraction_linger_seconds",
-    "--outbox-retention": "outbox_retention",
-    "--ttl-strategy": "ttl_strategy",
-    "--default-ttl": "default_ttl",
-    "--sweep-interval": "sweep_interval",
-    "--sweep": "sweep",
-    "--extract-on-delete": "extract_on_delete",
-    "--remember-removed": "remember_removed",
-    "--keep-checkpoints": "keep_checkpoints",
-    "--store-index": "store_index",
-    "--store-ttl": "store_ttl",
-    "--summarizer": "summarizer",
-    "--summary-max-input-tokens": "summary_max_input_tokens",
-    "--summary-max-tokens": "summary_max_tokens",
-    "--summary-hard-limit": "summary_hard_limit",
-    "--summarize-tenants": "summarize_tenants",
-    "--summary-lease-seconds": "summary_lease_seconds",
-    "--summary-concurrency": "summary_concurrency",
-}
-#: The settings with no flag, and why: each is an environment variable (or a ``.env`` line) only.
-_TUNING = (
-    "a tuning knob whose default suits nearly every deployment; kept off the command line so that --help "
-    "shows what deployments change"
-)
-_AGREED = (
-    "must agree with the agents' graphs (their state and config keys): a deployment's setting, not a "
-    "one-off run's"
-)
-ENV_ONLY: dict[str, str] = {
-    "api_keys": "a key on a command line is visible to every user of the host (ps); --api-keys-file takes "
-    "hashed keys",
-    "metrics_key": "a key on a command line is visible to every user of the host (ps); --metrics-key-file takes "
-    "hashed keys",
-    "encryption_keys": "a key on a command line is visible to every user of the host (ps); the variable may "
-    "name a file (a mounted secret) instead",
-    "preserve_first": _AGREED,
-    "start_on_human": _AGREED,
-    "messages_key": _AGREED,
-    "namespace_key": _AGREED,
-    "max_writes_per_call": _TUNING,
-    "max_ids_per_call": _TUNING,
-    "max_list_limit": _TUNING,
-    "latest_cache_threads": _TUNING,
-    "max_nesting_depth": _TUNING,
-    "max_thread_id_length": _TUNING,
-    "max_channels": _TUNING,
-    "max_messages_per_put": _TUNING,
-    "extraction_base_backoff": _TUNING,
-    "extraction_max_backoff": _TUNING,
-    "extraction_idle_seconds": _TUNING,
-    "sweep_batch_size": _TUNING,
-    "postgres_check_idle_seconds": _TUNING,
-    "postgres_keepalives_idle_seconds": _TUNING,
-    "postgres_keepalives_interval_seconds": _TUNING,
-    "postgres_keepalives_count": _TUNING,
-    "postgres_tcp_user_timeout_seconds": _TUNING,
-}
-#: The flags of ``worker``: where the outbox is, how to deliver, how to log.
-WORKER_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag]
-    for flag in (
-        "--database",
-        "--postgres-prepared-statements",
-        "--extractor",
-        "--extraction-batch-size",
-        "--extraction-max-attempts",
-        "--extraction-lease-seconds",
-        "--store-index",
-        "--store-ttl",
-        "--migrate",
-        "--summarizer",
-        "--summary-max-input-tokens",
-        "--summary-max-tokens",
-        "--summary-lease-seconds",
-        "--summary-concurrency",
-        "--encryption",
-        "--log-level",
-        "--log-format",
-    )
-}
-#: The flags of ``migrate``: the database, and the store's settings (vector search adds tables).
-MIGRATE_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--postgres-prepared-statements", "--store-index", "--db-timeout-seconds", "--log-level")
-}
-EXTRACTION_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements")
-}
-#: The flags of ``sweep`` (one TTL sweep, for cron); ``--dry-run`` is its own.
-SWEEP_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag]
-    for flag in (
-        "--database",
-        "--postgres-prepared-statements",
-        "--ttl-strategy",
-        "--default-ttl",
-        "--outbox-retention",
-        "--allow-message-class",
-        "--encryption",
-        "--log-level",
-        "--log-format",
-    )
-}
-#: The flags of ``report`` besides its own (``--top``, ``--png``).
-REPORT_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file")
-}
-#: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
-ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
-    flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file", "--log-level", "--log-format")
-}
-ALL_FLAGS = {
-    **SERVE_FLAGS,
-    **WORKER_FLAGS,
-    **MIGRATE_FLAGS,
-    **EXTRACTION_FLAGS,
-    **SWEEP_FLAGS,
-    **REPORT_FLAGS,
-    **ENCRYPT_SWEEP_FLAGS,
-}
 #: Passes of ``encrypt-sweep`` at most, while rows are left (changed concurrently meanwhile).
 ENCRYPT_SWEEP_PASSES = 5
 
@@ -380,11 +230,6 @@ def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
             target.add_argument(flag, dest=field, metavar=_metavar(field), help=_help(field))
 
 
-#: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read
-#: themselves. Never a secret: no flag takes a key.
-FLAGS_ENV = "REDUCING_SAVER_SERVE_FLAGS"
-
-
 def flag_overrides(args: argparse.Namespace) -> dict[str, object]:
     """The settings given as flags on the command line."""
     return {field: getattr(args, field) for field in ALL_FLAGS.values() if getattr(args, field, None) is not None}
@@ -437,57 +282,6 @@ def _describe(error: ValidationError) -> str:
 def _exit_after_shutdown(signum: int, frame: object) -> None:
     # uvicorn re-raises SIGTERM once it has shut down gracefully; exit 0 instead of dying by the signal.
     raise SystemExit(0)
-
-
-#: How long an idle worker thread may take to end at exit before it counts as stuck on the database.
-THREAD_END_SECONDS = 1.0
-
-
-def _stuck_threads() -> list[threading.Thread]:
-    """Threads that would keep the process alive at exit, after a moment for idle pool threads (told to
-    stop with the service) to end."""
-    me = threading.current_thread()
-    alive = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
-    deadline = time.monotonic() + THREAD_END_SECONDS
-    for thread in alive:
-        thread.join(max(deadline - time.monotonic(), 0.0))
-    return [t for t in alive if t.is_alive()]
-
-
-def _exit_without(stuck: list[threading.Thread], code: int) -> None:
-    logger.warning("%d thread(s) still wait on the database; exiting without them", len(stuck))
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _leave_threads_stuck_on_the_database() -> None:
-    """Exit now if threads still wait on a database that stopped answering.
-
-    The service has shut down (the grace is over, the backend closed or left behind), but a saver call
-    cancelled with its request still waits in its worker thread, and Python joins executor threads at
-    exit: the process would live on for as long as the database keeps silent. Their work is moot; exit
-    with the code the process was about to exit with.
-    """
-    stuck = _stuck_threads()
-    if not stuck:
-        return
-    error = sys.exc_info()[1]
-    if error is None:
-        code = 0
-    elif isinstance(error, SystemExit):
-        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
-    else:
-        code = 1
-    _exit_without(stuck, code)
-
-
-def exit_now_if_threads_stuck(code: int) -> None:
-    """Exit with ``code`` at once (logged) when threads still wait on the database; else return."""
-    stuck = _stuck_threads()
-    if stuck:
-        _exit_without(stuck, code)
 
 
 class CommandError(Exception):
@@ -657,7 +451,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
             if app.refusal is None:
                 raise
         finally:
-            _leave_threads_stuck_on_the_database()
+            leave_threads_stuck_on_the_database()
         if not server.started:
             # A database found unfit at the app's start (after the check above passed) is one line too.
             raise CommandError(app.refusal or "the service did not start (the log above says why)")
@@ -786,7 +580,7 @@ def worker(settings: Settings) -> None:
 
     if finish_within(deadline, "handing back rows and closing the database", close):
         logger.info("worker %s stopped", deliverer.worker_id)
-    _leave_threads_stuck_on_the_database()
+    leave_threads_stuck_on_the_database()
 
 
 def migrate(settings: Settings) -> None:

@@ -5,15 +5,16 @@ differ from its defaults, and one is added:
 
 * A worker ends like ``serve`` with one worker: after uvicorn's graceful shutdown it exits with code 0,
   and threads still waiting on a database that stopped answering are reported and left behind
-  (:func:`~reducing_saver.service.cli.exit_now_if_threads_stuck`) instead of joined, which could
+  (:func:`~reducing_saver.service.exits.exit_now_if_threads_stuck`) instead of joined, which could
   take as long as the database keeps silent.
 * The supervisor waits for its workers at most ``shutdown_grace_seconds + db_timeout_seconds`` plus a
   margin, then kills the ones left: a worker's shutdown is bounded like the one-worker service's.
 * The workers' metrics are added up at every scrape (prometheus_client's multiprocess mode), in a folder
   made for the run and removed after it.
 * A worker whose supervisor is gone (``kill -9``, a crash: nothing forwarded a signal) stops as on SIGTERM
-  and removes the run's key folder (``cli.KEYS_FOLDER_ENV``): it notices at once, through the pipe
-  multiprocessing keeps open to its parent, and exits within the same bound as the supervisor would give it.
+  and removes the run's key folder (``configuration.settings.KEYS_FOLDER_ENV``): it notices at once,
+  through the pipe multiprocessing keeps open to its parent, and exits within the same bound as the
+  supervisor would give it.
 
 Imported only by ``serve`` with several workers (it imports uvicorn).
 """
@@ -35,7 +36,8 @@ import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.supervisors import Multiprocess
 
-from reducing_saver.service.cli import KEYS_FOLDER_ENV, THREAD_END_SECONDS, exit_now_if_threads_stuck
+from reducing_saver.service.configuration.settings import KEYS_FOLDER_ENV
+from reducing_saver.service.exits import THREAD_END_SECONDS, exit_now_if_threads_stuck
 from reducing_saver.service.http.observability import MULTIPROCESS_ENV
 
 logger = logging.getLogger("reducing_saver.service")

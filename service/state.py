@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 from reducing_saver.reducer import MessageReducer, ReducingSaver, Removals
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.encryption import Sealer, encrypting, keyless, sealer_for
-from reducing_saver.service.http.errors import Unavailable
+from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.recorder import Memory
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
-from reducing_saver.service.http.observability import ServiceMetrics
 from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
 from reducing_saver.service.storage.latest import LatestCache
@@ -99,9 +98,18 @@ class Service:
         settings: The service settings.
         extra_hooks: More ``on_prune`` hooks (embedding, tests), called with the pruned messages as
             ``model_dump()`` dicts and the namespace.
+        metrics: Makes the app's metrics from the messages codec (``ServiceMetrics`` of
+            ``http/observability.py``, whose middleware records every request in them; the app passes it,
+            so this layer imports nothing of the HTTP edge).
     """
 
-    def __init__(self, settings: Settings, extra_hooks: list[Callable[..., Any]] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        extra_hooks: list[Callable[..., Any]] | None = None,
+        *,
+        metrics: Callable[[SafeMessagesCodec], Any],
+    ) -> None:
         self.settings = settings
         #: API key digests and tenants; None in single-tenant mode (no key configured).
         self.api_keys = settings.api_key_set
@@ -110,7 +118,7 @@ class Service:
         self.codec = SafeMessagesCodec(settings.allowed_message_classes)
         #: What extensions in stored values may name (every channel and pending write).
         self.extension_policy = ExtensionPolicy(settings.allowed_state_types, self.codec.allowed)
-        self.metrics = ServiceMetrics(self.codec)
+        self.metrics = metrics(self.codec)
         hooks = [*_message_hooks(settings.on_prune), *(extra_hooks or []), self.metrics.count_delivered]
         self.reducer = MessageReducer(settings.reducer_config(on_prune=hooks))
         self.backend: Backend | None = None

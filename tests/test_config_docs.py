@@ -13,7 +13,8 @@ import yaml
 from pydantic import Field
 
 from reducing_saver.service.configuration import docs as config_docs
-from reducing_saver.service.cli import ENV_ONLY, SERVE_FLAGS, build_parser
+from reducing_saver.service.cli import build_parser
+from reducing_saver.service.configuration.flags import ENV_ONLY, SERVE_FLAGS
 from reducing_saver.service.configuration.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,10 +28,10 @@ def test_every_setting_has_a_flag_or_a_reason_for_having_none():
     fields = set(Settings.model_fields)
     flagged = set(SERVE_FLAGS.values())
     assert fields - flagged - set(ENV_ONLY) == set(), (
-        "give these a flag in cli.SERVE_FLAGS, or a reason in cli.ENV_ONLY"
+        "give these a flag in flags.SERVE_FLAGS, or a reason in flags.ENV_ONLY"
     )
     assert flagged & set(ENV_ONLY) == set(), "a setting with a flag is not environment-only"
-    assert set(ENV_ONLY) <= fields, f"cli.ENV_ONLY names what is no setting: {sorted(set(ENV_ONLY) - fields)}"
+    assert set(ENV_ONLY) <= fields, f"flags.ENV_ONLY names what is no setting: {sorted(set(ENV_ONLY) - fields)}"
     assert all(reason.strip() for reason in ENV_ONLY.values())
     # And every flag is one `serve` really takes.
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]

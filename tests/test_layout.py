@@ -7,6 +7,7 @@ the code breaks so that a linter that checks nothing fails here too.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,60 @@ def test_lint_imports_sees_a_broken_contract(tmp_path: Path) -> None:
     result = lint_imports("--config", str(config))
     assert result.returncode != 0
     assert "BROKEN" in result.stdout
+
+
+def _layers_contract() -> dict:
+    (contract,) = [c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    return contract
+
+
+def test_the_layers_contract_sees_an_import_upwards(tmp_path: Path) -> None:
+    """The control of the layers: a scratch copy of the service where storage imports the HTTP edge and
+    security imports encryption (its independent sibling) breaks the contract as pyproject.toml writes
+    it, naming both imports; the copy as it is keeps it."""
+    contract = _layers_contract()
+
+    def scratch(name: str, wrong: dict[str, str]) -> Path:
+        root = tmp_path / name
+        for source in (ROOT / "service").rglob("*.py"):
+            target = root / "scratch_service" / source.relative_to(ROOT / "service")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            text = source.read_text().replace("reducing_saver.service", "scratch_service")
+            target.write_text(text + wrong.get(str(source.relative_to(ROOT / "service")), ""))
+        ignored = "\n    ".join(i.replace("reducing_saver.service", "scratch_service") for i in contract["ignore_imports"])
+        layers = "\n    ".join(contract["layers"])
+        (root / "layers.ini").write_text(
+            "[importlinter]\n"
+            "root_packages =\n    scratch_service\n\n"
+            "[importlinter:contract:layers]\n"
+            f"name = {contract['name']}\n"
+            "type = layers\n"
+            "containers =\n    scratch_service\n"
+            f"exhaustive = {str(contract['exhaustive']).lower()}\n"
+            f"layers =\n    {layers}\n"
+            f"ignore_imports =\n    {ignored}\n"
+        )
+        return root
+
+    def run(root: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(LINT_IMPORTS), "--no-cache", "layers.ini"],
+            cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+
+    kept = run(scratch("as-is", {}))
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "Contracts: 1 kept, 0 broken." in kept.stdout
+    broken = run(scratch("wrong", {
+        "storage/paging.py": "\nfrom scratch_service.http import errors as _upwards  # noqa\n",
+        "security/keys.py": "\nfrom scratch_service.encryption import keys as _sideways  # noqa\n",
+    }))
+    assert broken.returncode != 0
+    assert "BROKEN" in broken.stdout
+    output = " ".join(broken.stdout.split())
+    assert "scratch_service.storage.paging -> scratch_service.http.errors" in output, broken.stdout
+    assert "scratch_service.security.keys -> scratch_service.encryption.keys" in output, broken.stdout
 
 
 @pytest.mark.parametrize("package", ["reducing_saver.reducer", "reducing_saver.wire", "reducing_saver.client"])

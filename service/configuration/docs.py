@@ -2,7 +2,7 @@
 
 One source for each setting: its field in
 :class:`~reducing_saver.service.configuration.settings.Settings` (name, default, description, allowed
-values) and its flag (``cli.SERVE_FLAGS``, or ``cli.ENV_ONLY`` with the reason it has none). From them
+values) and its flag (``flags.SERVE_FLAGS``, or ``flags.ENV_ONLY`` with the reason it has none). From them
 this module renders
 
 * the reference of ``docs/configuration.md`` (a table per group of settings, the flags of each command,
@@ -35,7 +35,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
 
-from reducing_saver.service.cli import ENV_ONLY, EXTRACTION_FLAGS, SERVE_FLAGS, SWEEP_FLAGS, WORKER_FLAGS
+from reducing_saver.service.configuration.flags import ENV_ONLY, EXTRACTION_FLAGS, SERVE_FLAGS, SWEEP_FLAGS, WORKER_FLAGS
 from reducing_saver.service.configuration.settings import Settings
 
 COMMAND = "python -m reducing_saver.service.configuration.docs"

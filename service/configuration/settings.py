@@ -27,11 +27,18 @@ from reducing_saver.service.security.keys import ApiKeys, load_api_keys, load_me
 if TYPE_CHECKING:
     from reducing_saver.service.encryption import KeyRing
 from reducing_saver.service.security.limits import Limits as LimitSettings
-from reducing_saver.service.storage import backend_kind, redact_url, sqlite_path
+from reducing_saver.service.storage import PostgresSettings, backend_kind, redact_url, sqlite_path
 from reducing_saver.service.storage.lifecycle import MAX_KEEP_CHECKPOINTS
 from reducing_saver.service.ttl.durations import parse_duration
 
 DEFAULT_DATABASE = "sqlite:///reducing-saver.sqlite"
+
+#: The flags given to ``serve``, for its worker processes (JSON); the environment and ``.env`` they read
+#: themselves. Never a secret: no flag takes a key.
+FLAGS_ENV = "REDUCING_SAVER_SERVE_FLAGS"
+#: The private folder holding the key ring's file of a ``--workers`` run, in the workers' environment (a
+#: worker whose supervisor is gone removes it: ``processes``).
+KEYS_FOLDER_ENV = "REDUCING_SAVER_KEYS_FOLDER"
 
 
 class ServerSettings(BaseModel):
@@ -106,45 +113,6 @@ class ServerSettings(BaseModel):
         description="How often a background thread measures every thread's storage for the "
         "reducing_saver_storage_* metrics (one pass over the checkpoint, outbox and store tables; /metrics "
         "answers from the last pass); 0 turns the measuring and those metrics off.",
-    )
-
-
-class PostgresSettings(BaseModel):
-    """How every PostgreSQL connection the service opens behaves (docs/operations.md, managed PostgreSQL).
-
-    Every one: the pool, the start-up checks and set-up locks, a sweep's own connections, the commands.
-    """
-
-    postgres_prepared_statements: bool = Field(
-        True,
-        description="Prepare each statement on the server at its first use and reuse it by name (psycopg's "
-        "prepare_threshold=0, as PostgresSaver.from_conn_string does). Turn it off behind a pooler in "
-        "transaction mode that does not keep prepared statements per client: PgBouncer before 1.21 (Debian "
-        "12 ships 1.18), or 1.21 and later with max_prepared_statements = 0. Left on there, the service "
-        "refuses to start, naming this setting.",
-    )
-    postgres_check_idle_seconds: float = Field(
-        1.0,
-        ge=0,
-        description="A pooled connection idle for longer than this is checked with one round trip before it "
-        "is lent; one a load balancer, proxy or restart has cut is replaced, and no caller sees it. 0 checks "
-        "every connection lent.",
-    )
-    postgres_keepalives_idle_seconds: int = Field(
-        10, ge=1, description="TCP keepalive: seconds a connection is idle before the first probe."
-    )
-    postgres_keepalives_interval_seconds: int = Field(
-        5, ge=1, description="TCP keepalive: seconds between probes that get no answer."
-    )
-    postgres_keepalives_count: int = Field(
-        3, ge=1, description="TCP keepalive: probes without an answer before the connection counts as lost."
-    )
-    postgres_tcp_user_timeout_seconds: float = Field(
-        15.0,
-        ge=0,
-        description="How long sent bytes may stay unacknowledged before the kernel drops the connection (a "
-        "statement sent into a partition fails then, not after about 15 minutes of retransmissions); 0 "
-        "leaves the kernel's default.",
     )
 
 

@@ -6,14 +6,7 @@ See docs/encryption.md for the modes, the key ring's format, rotation, and what 
 import functools
 from typing import Any
 
-from reducing_saver.service.encryption.envelope import (
-    Cipher,
-    EncryptedValueRefused,
-    IntegrityError,
-    PlainTextRefused,
-    StoredDataError,
-    UnknownKeyError,
-)
+from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, UnknownKeyError
 from reducing_saver.service.encryption.keyless import KeylessSaver, keyless
 from reducing_saver.service.encryption.keys import KeyRing, KeyRingError, load_keyring, parse_keyring
 from reducing_saver.service.encryption.saver import (
@@ -23,6 +16,7 @@ from reducing_saver.service.encryption.saver import (
     Sealer,
     encrypting,
 )
+from reducing_saver.service.storage import EncryptedValueRefused, StoredDataError
 
 
 

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from reducing_saver.service.encryption.keys import KeyRing
+from reducing_saver.service.storage import StoredDataError
 
 FORMAT_VERSION = 1
 NONCE_BYTES = 12
@@ -62,10 +63,6 @@ def _forget_nonces() -> None:  # a forked child must not use the nonces its pare
 os.register_at_fork(after_in_child=_forget_nonces)
 
 
-class StoredDataError(Exception):
-    """A stored value cannot be read as the encryption mode demands; the message names where it lives."""
-
-
 class IntegrityError(StoredDataError):
     """A ciphertext failed authentication: changed, truncated, or moved from another place or tenant."""
 
@@ -76,18 +73,6 @@ class UnknownKeyError(StoredDataError):
 
 class PlainTextRefused(StoredDataError):
     """``--encryption required`` met a value stored in plain text."""
-
-
-class EncryptedValueRefused(StoredDataError):
-    """A process running ``--encryption off`` met a value another process sealed (a rollout between
-    modes): it has no key ring to open it, and never hands the envelope on as if it were the value (a 500
-    naming it; a replica with the key ring can serve it)."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__(
-            f"{where} is encrypted at rest, and this process runs with --encryption off (no key ring): it "
-            "cannot read it; a process with --encryption migrate or required and the key ring can"
-        )
 
 
 def key_id_of(envelope: bytes) -> str | None:

@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from reducing_saver.service.encryption.envelope import EncryptedValueRefused
+from reducing_saver.service.storage import EncryptedValueRefused
 from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 

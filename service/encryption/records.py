@@ -29,14 +29,10 @@ from typing import Any
 from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
 from langgraph.store.memory import _compare_values
 
-from reducing_saver.service.encryption.envelope import (
-    EncryptedValueRefused,
-    IntegrityError,
-    StoredDataError,
-    key_id_of,
-)
+from reducing_saver.service.encryption.envelope import IntegrityError, key_id_of
 from reducing_saver.service.encryption.saver import ENVELOPE_TYPE, Sealer
-from reducing_saver.service.extraction.outbox import OutboxEntry
+from reducing_saver.service.storage import EncryptedValueRefused, StoredDataError
+from reducing_saver.service.storage.outbox import OutboxEntry
 
 logger = logging.getLogger("reducing_saver.service")
 

@@ -15,12 +15,10 @@ import base64
 import binascii
 
 from reducing_saver.service.encryption.envelope import IntegrityError, key_id_of
-from reducing_saver.service.encryption.saver import METADATA_PREFIX, Sealer
+from reducing_saver.service.encryption.saver import Sealer
 
-#: The prefix of a sealed summary text.
-SEALED_PREFIX = METADATA_PREFIX
-#: The prefix of a sealed batch.
-SEALED_BATCH_PREFIX = METADATA_PREFIX.encode()
+# The book (storage/summaries.py) tells sealed values by these prefixes: ENVELOPE_TYPE's, with a colon.
+from reducing_saver.service.storage.summaries import SEALED_BATCH_PREFIX, SEALED_PREFIX
 
 
 def _context(column: str, thread_id: str, ns: str, step_id: str) -> list[str]:
@@ -92,3 +90,23 @@ def open_batch(sealer: Sealer, stored: bytes, thread_id: str, ns: str, step_id: 
         return sealer.plain(stored, where)
     context = _context("batch", thread_id, ns, step_id)
     return sealer.cipher.open(stored[len(SEALED_BATCH_PREFIX) :], sealer.tenant(thread_id), context, where)
+
+
+class SummarySealer:
+    """What a SQL book of summaries (``storage/summaries.py``: its ``sealer``) seals and opens each step's
+    ``text`` and ``batch`` with, under ``--encryption``: the functions above, bound to one ``Sealer``."""
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+
+    def seal_text(self, text: str, thread_id: str, ns: str, step_id: str) -> str:
+        return seal_text(self.sealer, text, thread_id, ns, step_id)
+
+    def open_text(self, stored: str | None, thread_id: str, ns: str, step_id: str) -> str | None:
+        return open_text(self.sealer, stored, thread_id, ns, step_id)
+
+    def seal_batch(self, data: bytes, thread_id: str, ns: str, step_id: str) -> bytes:
+        return seal_batch(self.sealer, data, thread_id, ns, step_id)
+
+    def open_batch(self, stored: bytes, thread_id: str, ns: str, step_id: str) -> bytes:
+        return open_batch(self.sealer, stored, thread_id, ns, step_id)

@@ -29,7 +29,6 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from reducing_saver.service.encryption.envelope import StoredDataError
 from reducing_saver.service.encryption.records import open_record, record_key_id, seal_record
 from reducing_saver.service.encryption.saver import PLAIN_METADATA_KEYS, Sealer, sealed_key_id
 from reducing_saver.service.encryption.summaries import (
@@ -40,6 +39,7 @@ from reducing_saver.service.encryption.summaries import (
     seal_text,
     text_key_id,
 )
+from reducing_saver.service.storage import StoredDataError
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.wire import Blob
 

@@ -36,9 +36,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
-from reducing_saver.service.background import FailureLog
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.extraction.extractors import Extractor, PermanentExtractionError
-from reducing_saver.service.extraction.outbox import EntryKey, Outbox, OutboxEntry
+from reducing_saver.service.storage.outbox import EntryKey, Outbox, OutboxEntry
 
 # -- delivery --------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from langchain_core.messages import BaseMessage, message_to_dict, messages_from_
 from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 
 from reducing_saver.reducer import validate_namespace
-from reducing_saver.service.extraction.outbox import OutboxEntry
+from reducing_saver.service.storage.outbox import OutboxEntry
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
 from reducing_saver.wire.nul import encode_memory_value

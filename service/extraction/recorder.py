@@ -31,7 +31,7 @@ from reducing_saver.service.encryption.records import (
 )
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
-from reducing_saver.service.extraction.outbox import (
+from reducing_saver.service.storage.outbox import (
     CheckpointRecords,
     OutboxEntry,
     checkpoint_records,

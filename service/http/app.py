@@ -2,7 +2,7 @@
 
 ``create_app(settings)`` builds an app whose lifespan opens the backend once (``state.Service``). A
 request passes, outermost first: request id, access log and metrics (``observability``); the API key,
-tenant and caps (``security.auth``); the body size limit and the JSON body guard (``security.guard``);
+tenant and caps (``auth``); the body size limit and the JSON body guard (``guard``);
 the per-step routes (``hotpath``, the front of the app). Everything else reaches FastAPI's own stack and
 the routes of ``routes/``. Both the hot path and the routes call the operations of
 ``operations/saver.py``, which reach the database only in worker threads, and map errors through ``errors``.
@@ -25,12 +25,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service import security
-from reducing_saver.service.cli import FLAGS_ENV
-from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.configuration.settings import FLAGS_ENV, Settings
+from reducing_saver.service.http import auth, guard
 from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
 from reducing_saver.service.http.hotpath import ROUTES, HotPath
-from reducing_saver.service.http.observability import ObservabilityMiddleware, configure_logging
+from reducing_saver.service.http.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
 from reducing_saver.service.http.routes import (
     ORJSONResponse,
     checkpoints,
@@ -152,7 +151,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
             ``model_dump()`` dicts and the namespace.
     """
     settings = settings or Settings()
-    service = Service(settings, on_prune)
+    service = Service(settings, on_prune, metrics=ServiceMetrics)
 
     @asynccontextmanager
     async def lifespan(app: ServiceApp) -> AsyncIterator[None]:
@@ -185,7 +184,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
     app.state.service = service
     docs = frozenset(DOCS_PATHS) | frozenset(f"{DOCS_ASSETS_URL}/{name}" for name in DOCS_ASSETS)
     public = (
-        security.PUBLIC_PATHS
+        auth.PUBLIC_PATHS
         | ({METRICS_PATH} if settings.metrics_public else set())
         | (docs if settings.docs_public else set())
     )
@@ -205,20 +204,20 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         (ObservabilityMiddleware, {"metrics": service.metrics, "paths": paths}),
         # A request without a valid key is refused before its body is read.
         (
-            security.AuthMiddleware,
+            auth.AuthMiddleware,
             {
                 "keys": service.api_keys,
                 "limits": limits,
                 "public": frozenset(public),
                 "metrics_keys": settings.metrics_key_set,
-                "serves": security.route_matcher([route for router in routers for route in router.routes]),
+                "serves": auth.route_matcher([route for router in routers for route in router.routes]),
             },
         ),
-        (security.BodySizeLimit, {"limit": settings.max_body_bytes}),
+        (guard.BodySizeLimit, {"limit": settings.max_body_bytes}),
         # JSON bodies that are not UTF-8, nest too deep or repeat a key get 422; msgpack bodies go to the
         # per-step routes only (which check them as they decode), elsewhere 415.
         (
-            security.BodyGuard,
+            guard.BodyGuard,
             {"limits": limits, "msgpack_paths": frozenset(ROUTES), "big_int_paths": store.BIG_INT_PATHS},
         ),
         # The per-step routes, without FastAPI's routing (their FastAPI twins document them).
@@ -230,7 +229,7 @@ def create_app(settings: Settings | None = None, *, on_prune: list[Callable[...,
         app.include_router(router)
     _add_docs(app)
     if service.api_keys is not None or settings.metrics_key_set is not None:
-        security.document_auth(
+        auth.document_auth(
             app, public, tenants=service.api_keys is not None, metrics=settings.metrics_key_set is not None
         )
     return app

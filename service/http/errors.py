@@ -1,10 +1,11 @@
-"""The service's errors and the one table that maps them, and what the layers below raise, to statuses.
+"""The one table that maps the service's errors, and what the layers below raise, to statuses.
 
-Operations raise domain errors (:class:`ServiceError` subclasses) or let the errors of the layers they
-call propagate (a refused messages value, a database refusing a value or not answering, a busy saver
-pool: each backend turns its driver's errors into the storage errors ``ValueRefused`` and
-``DatabaseUnavailable`` where they leave it, ``storage/<backend>/errors.py``). :func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the
-FastAPI exception handler both use it, and :func:`send_error` is the one raw-ASGI JSON error writer.
+Operations raise domain errors (:class:`ServiceError` subclasses, ``service/errors.py``) or let the
+errors of the layers they call propagate (a refused messages value, a database refusing a value or not
+answering, a busy saver pool: each backend turns its driver's errors into the storage errors
+``ValueRefused`` and ``DatabaseUnavailable`` where they leave it, ``storage/<backend>/errors.py``).
+:func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the FastAPI
+exception handler both use it, and :func:`send_error` is the one raw-ASGI JSON error writer.
 
 =========================================  ======  ===============================================
 what                                       status  detail
@@ -41,6 +42,15 @@ import orjson
 from starlette.types import Send
 
 from reducing_saver.service.encryption import StoredDataError
+from reducing_saver.service.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    ServiceError,
+    Unauthorized,
+    Unavailable,
+    Untransportable,
+)
 from reducing_saver.service.messages_codec import UnsafeMessagesError
 from reducing_saver.service.storage import DatabaseTimeout, DatabaseUnavailable, SaversBusy, ValueRefused
 from reducing_saver.service.storage.lifecycle import CheckpointPrunedError, ThreadNotEmptyError
@@ -48,51 +58,15 @@ from reducing_saver.wire import ERROR_CODES, WireError
 from reducing_saver.wire.bodies import ErrorBody
 
 
-class ServiceError(Exception):
-    """An error an operation raises on purpose: ``status`` and ``detail`` are the answer."""
-
-    status = 500
-
-    def __init__(self, detail: Any) -> None:
-        super().__init__(detail if isinstance(detail, str) else repr(detail))
-        self.detail = detail
-
-
-class BadRequest(ServiceError):
-    """The request's content is refused (a field, a value, a cap)."""
-
-    status = 422
-
-
-class Unauthorized(ServiceError):
-    """No valid API key."""
-
-    status = 401
-
-
-class NotFound(ServiceError):
-    """What the request names does not exist (or belongs to another tenant, which looks the same)."""
-
-    status = 404
-
-
-class Conflict(ServiceError):
-    """The request conflicts with what is stored."""
-
-    status = 409
-
-
-class Untransportable(ServiceError):
-    """A stored value the wire cannot carry: this call fails, naming the field; nothing else is affected."""
-
-    status = 500
-
-
-class Unavailable(ServiceError):
-    """The service or its database cannot serve now; the same call may succeed later."""
-
-    status = 503
-
+#: The status of each of the service's own errors (``service/errors.py``); any other is a 500.
+STATUSES: dict[type[ServiceError], int] = {
+    BadRequest: 422,
+    Unauthorized: 401,
+    NotFound: 404,
+    Conflict: 409,
+    Untransportable: 500,
+    Unavailable: 503,
+}
 
 #: Headers a status carries besides the content type.
 _HEADERS: dict[int, list[tuple[bytes, bytes]]] = {401: [(b"www-authenticate", b'Bearer realm="reducing-saver"')]}
@@ -101,7 +75,8 @@ _HEADERS: dict[int, list[tuple[bytes, bytes]]] = {401: [(b"www-authenticate", b'
 def error_answer(exc: BaseException) -> tuple[int, Any] | None:
     """``(status, detail)`` for an error, or ``None`` for an unexpected one (a 500, to be logged)."""
     if isinstance(exc, ServiceError):
-        return exc.status, exc.detail
+        status = next((STATUSES[kind] for kind in type(exc).__mro__ if kind in STATUSES), 500)
+        return status, exc.detail
     if isinstance(exc, (UnsafeMessagesError, WireError)):
         return 422, str(exc)
     if isinstance(exc, ValueRefused):

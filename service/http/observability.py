@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service import background
+from reducing_saver.service.storage import background
 from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.version import __version__

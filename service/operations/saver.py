@@ -3,7 +3,7 @@
 Saver operations are called as ``op(service, saver, body)`` in a worker thread with a saver of their
 own (``Service.call``); the others as ``op(service, body)`` (``Service.blocking`` when they touch the
 database). Each maps the request's ids into the tenant's (``security.TenantScope``), calls the saver,
-and returns the answer's payload, or raises a domain error of ``service/http/errors.py``. The per-step hot
+and returns the answer's payload, or raises a domain error of ``service/errors.py``. The per-step hot
 path and the FastAPI routes call the same functions, so no route carries logic of its own.
 """
 
@@ -19,7 +19,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 
 from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
 from reducing_saver.service import security
-from reducing_saver.service.http.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
+from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
 from reducing_saver.service.storage.lifecycle import (
     ThreadNotEmptyError,
@@ -28,7 +28,7 @@ from reducing_saver.service.storage.lifecycle import (
     with_snapshots_due,
 )
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
-from reducing_saver.service.ttl.ledger import InvalidTTLError
+from reducing_saver.service.storage.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import bodies
 from reducing_saver.wire import (

@@ -36,7 +36,7 @@ from reducing_saver.reducer import validate_namespace
 from reducing_saver.service import security
 from reducing_saver.service.encryption import sealer_for
 from reducing_saver.service.encryption.records import sealed_store
-from reducing_saver.service.http.errors import BadRequest, Unavailable
+from reducing_saver.service.errors import BadRequest, Unavailable
 from reducing_saver.service.storage import backend_module
 from reducing_saver.wire import bodies, json_dumps
 

@@ -17,7 +17,7 @@ from itertools import islice
 from typing import Any
 
 from reducing_saver.reducer import namespace_for
-from reducing_saver.service.http.errors import Unauthorized
+from reducing_saver.service.errors import Unauthorized
 from reducing_saver.service.storage.lifecycle import CHECKPOINT_ID_KEY, THREAD_PREFIX_KEY
 
 #: The 401 detail: which headers carry a key.

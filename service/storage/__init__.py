@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
+from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import ReducingSaver
 from reducing_saver.wire.bodies import StoredValues
@@ -50,6 +51,46 @@ def backend_kind(url: str) -> str:
     return BACKEND_SCHEMES[scheme]
 
 
+class PostgresSettings(BaseModel):
+    """How every PostgreSQL connection the service opens behaves (docs/operations.md, managed PostgreSQL).
+
+    Every one: the pool, the start-up checks and set-up locks, a sweep's own connections, the commands. A
+    group of the service's settings (``configuration/settings.py``), read by ``postgres/connections.py``.
+    """
+
+    postgres_prepared_statements: bool = Field(
+        True,
+        description="Prepare each statement on the server at its first use and reuse it by name (psycopg's "
+        "prepare_threshold=0, as PostgresSaver.from_conn_string does). Turn it off behind a pooler in "
+        "transaction mode that does not keep prepared statements per client: PgBouncer before 1.21 (Debian "
+        "12 ships 1.18), or 1.21 and later with max_prepared_statements = 0. Left on there, the service "
+        "refuses to start, naming this setting.",
+    )
+    postgres_check_idle_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="A pooled connection idle for longer than this is checked with one round trip before it "
+        "is lent; one a load balancer, proxy or restart has cut is replaced, and no caller sees it. 0 checks "
+        "every connection lent.",
+    )
+    postgres_keepalives_idle_seconds: int = Field(
+        10, ge=1, description="TCP keepalive: seconds a connection is idle before the first probe."
+    )
+    postgres_keepalives_interval_seconds: int = Field(
+        5, ge=1, description="TCP keepalive: seconds between probes that get no answer."
+    )
+    postgres_keepalives_count: int = Field(
+        3, ge=1, description="TCP keepalive: probes without an answer before the connection counts as lost."
+    )
+    postgres_tcp_user_timeout_seconds: float = Field(
+        15.0,
+        ge=0,
+        description="How long sent bytes may stay unacknowledged before the kernel drops the connection (a "
+        "statement sent into a partition fails then, not after about 15 minutes of retransmissions); 0 "
+        "leaves the kernel's default.",
+    )
+
+
 class StorageError(Exception):
     """The database a URL names cannot be opened or is unfit for the service (unreachable, missing, an
     encoding other than UTF-8). The message is one line for an operator, naming the database (without
@@ -72,6 +113,25 @@ class DatabaseTimeout(Exception):
 class ValueRefused(Exception):
     """The database refused a value of the request (PostgreSQL's text and JSONB cannot hold U+0000, say):
     the same call fails again (a 422); the message names what was refused."""
+
+
+class StoredDataError(Exception):
+    """A stored value cannot be read as the encryption mode demands; the message names where it lives.
+
+    ``encryption/envelope.py`` raises its subclasses (an integrity failure, an unknown key, plain text
+    under ``required``); the storage raises :class:`EncryptedValueRefused`."""
+
+
+class EncryptedValueRefused(StoredDataError):
+    """A process running ``--encryption off`` met a value another process sealed (a rollout between
+    modes): it has no key ring to open it, and never hands the envelope on as if it were the value (a 500
+    naming it; a replica with the key ring can serve it)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"{where} is encrypted at rest, and this process runs with --encryption off (no key ring): it "
+            "cannot read it; a process with --encryption migrate or required and the key ring can"
+        )
 
 
 #: Each backend's test of whether a driver error is the database's passing trouble rather than a fault
@@ -163,16 +223,16 @@ class Backend(Protocol):
         ignore it."""
 
     def outbox(self) -> Any:
-        """The extraction outbox (``extraction.outbox.Outbox``), set up."""
+        """The extraction outbox (``storage.outbox.Outbox``), set up."""
 
     def summaries(self) -> Any:
-        """The book of running summaries (``summaries.book``), set up."""
+        """The book of running summaries (``storage/summaries.py``), set up."""
 
     def store(self) -> BaseStore:
         """The long-term memory store, set up (closed with the backend)."""
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> Any:
-        """The TTL ledger (``ttl.ledger``), set up."""
+        """The TTL ledger (``storage.ledger``), set up."""
 
     def storage(self, selection: Any, *, messages_key: str) -> list[Any]:
         """What each thread of ``selection`` (``usage.Selection``) holds, largest first: bytes in

@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from reducing_saver.service.background import FailureLog
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 logger = logging.getLogger("reducing_saver.service")

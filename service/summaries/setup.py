@@ -8,7 +8,8 @@ from typing import Any
 from reducing_saver.reducer import MessageReducer, Summaries, batch_fingerprint
 from reducing_saver.service.encryption import sealer_for
 from reducing_saver.service.encryption.records import sealed_store
-from reducing_saver.service.extraction.outbox import message_fingerprint
+from reducing_saver.service.encryption.summaries import SummarySealer
+from reducing_saver.service.storage.outbox import message_fingerprint
 from reducing_saver.service.summaries.metrics import SummaryMetrics
 from reducing_saver.service.summaries.summarizer import SummaryWorker, load_summarizer, tenant_of
 
@@ -41,7 +42,7 @@ class RunningSummaries:
         #: Under --encryption, what seals the book's summaries and batches and the store's copy.
         self.sealer = sealer_for(settings, tenant_mode=tenant_mode)
         if self.sealer is not None and hasattr(self.book, "sealer"):  # memory:// keeps nothing at rest
-            self.book.sealer = self.sealer
+            self.book.sealer = SummarySealer(self.sealer)
         self.backend = backend
         self.metrics = SummaryMetrics(registry, self.book) if registry is not None else None
         tenants = set(settings.summarize_tenants) if settings.summarize_tenants else None

@@ -41,13 +41,13 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
-from reducing_saver.service.background import FailureLog
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
 from reducing_saver.service.extraction.deliverer import default_worker_id
 from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
-from reducing_saver.service.summaries.book import ClaimedStep
+from reducing_saver.service.storage.summaries import ClaimedStep
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class SummaryWorker:
     """Claims steps, summarizes them, stores the result once; retries, then parks dead letters.
 
     Args:
-        book: The book (``service/summaries/book.py``).
+        book: The book (``service/storage/summaries.py``).
         summarizer: ``await summarizer(previous, messages) -> Summary``.
         store: Where each new summary is also written (``None``: nowhere).
         tenant_mode: Stored thread ids are ``tenant:thread``.

@@ -97,16 +97,16 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
-from reducing_saver.service.background import FailureLog
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, encrypting, sealer_for
 from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.encryption.records import seal_entries
 from reducing_saver.service.extraction.deliverer import default_worker_id
-from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
+from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.security.tenancy import TenantScope, stored_thread_to_agent
 from reducing_saver.service.ttl.durations import parse_duration
-from reducing_saver.service.ttl.ledger import (
+from reducing_saver.service.storage.ledger import (
     LOG_DAYS,
     TOUCH_CACHE_SIZE,
     TOUCH_EVERY,

@@ -14,7 +14,8 @@ import httpx
 import psycopg
 import pytest
 
-from reducing_saver.service.cli import SERVE_FLAGS, build_parser
+from reducing_saver.service.cli import build_parser
+from reducing_saver.service.configuration.flags import SERVE_FLAGS
 from tests.support.server import CLI, run_service, wait_ready
 
 

@@ -250,7 +250,7 @@ def test_a_failing_list_releases_the_saver_even_while_its_error_is_kept(fresh_pg
     from reducing_saver.service.operations import saver as ops
     from reducing_saver.service.http.app import create_app
     from reducing_saver.service.configuration.settings import Settings
-    from reducing_saver.service.http.errors import Untransportable
+    from reducing_saver.service.errors import Untransportable
 
     app = create_app(Settings(database=fresh_pg, pool_size=1, sweep=False, extract=False))
     with TestClient(app) as http:

@@ -47,7 +47,8 @@ def test_the_migrations_of_a_start_are_one_line() -> None:
 
 
 def test_serve_help_is_grouped_as_the_settings_are() -> None:
-    from reducing_saver.service.cli import HELP_GROUPS, SERVE_FLAGS, build_parser, settings_group
+    from reducing_saver.service.cli import HELP_GROUPS, build_parser, settings_group
+    from reducing_saver.service.configuration.flags import SERVE_FLAGS
 
     # Every group of settings has a heading (a new group must get one).
     declaring = {settings_group(field).__name__ for field in Settings.model_fields}

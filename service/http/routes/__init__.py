@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from reducing_saver.service.errors import Untransportable
 from reducing_saver.service.http import schemas
-from reducing_saver.service.http.errors import Untransportable
 from reducing_saver.service.state import Service
 from reducing_saver.wire import MSGPACK, json_dumps
 

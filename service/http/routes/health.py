@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from reducing_saver.service.http.errors import Unavailable
+from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
 from reducing_saver.service.storage import DatabaseUnavailable
 from reducing_saver.wire import HEALTH_PATH, METRICS_PATH, READY_PATH

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
+from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.operations import store as store_ops
-from reducing_saver.service.http.errors import BadRequest
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
 from reducing_saver.service.http.schemas import (
     DeleteItemBody,

@@ -13,7 +13,7 @@ from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.inmemory.store import PagingInMemoryStore
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
-from reducing_saver.service.summaries.book import MemoryBook
+from reducing_saver.service.storage.inmemory.summaries import MemoryBook
 
 
 class MemoryBackend:
@@ -52,7 +52,7 @@ class MemoryBackend:
         return self._outbox
 
     def summaries(self) -> MemoryBook:
-        """The book of running summaries (``service/summaries/book.py``), one per backend."""
+        """The book of running summaries (``storage/summaries.py``), one per backend."""
         if self._summaries is None:
             saver = self.saver
             self._summaries = MemoryBook(lambda thread_id, ns: bool(saver.storage.get(thread_id, {}).get(ns)))

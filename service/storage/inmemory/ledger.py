@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reducing_saver.reducer import thread_namespace
-from reducing_saver.service.ttl.ledger import (
+from reducing_saver.service.storage.ledger import (
     Outcome,
     Policy,
     Recorder,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Self
 
-from reducing_saver.service.extraction.outbox import (
+from reducing_saver.service.storage.outbox import (
     SEALED_KEY,
     EntryKey,
     OutboxEntry,
@@ -51,7 +51,7 @@ class MemoryOutbox:
 
     #: A put's entries are recorded before its checkpoint, on their own.
     records_with_checkpoint = False
-    #: See ``extraction.outbox.Outbox`` (one process: it sealed its rows itself, or none).
+    #: See ``storage.outbox.Outbox`` (one process: it sealed its rows itself, or none).
     claims_sealed = False
 
     def __init__(self) -> None:

@@ -39,7 +39,7 @@ from reducing_saver.service.storage.postgres.store import PagingPostgresStore
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
-from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 
 
 class PostgresBackend:
@@ -146,7 +146,7 @@ class PostgresBackend:
         return changes
 
     def summaries(self) -> PostgresSummaryBook:
-        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        """The book of running summaries (``storage/summaries.py``); its table is a migration."""
         self._own_schema()
         return PostgresSummaryBook(self.pool)
 

@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -41,7 +41,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
-from reducing_saver.service.storage import StorageError, redact_url
+from reducing_saver.service.storage import PostgresSettings, StorageError, redact_url
 from reducing_saver.service.storage.postgres.errors import (
     PREPARED_STATEMENT_ERRORS,
     PREPARED_STATEMENTS_ADVICE,
@@ -49,9 +49,6 @@ from reducing_saver.service.storage.postgres.errors import (
     first_line,
     read_only_refusal,
 )
-
-if TYPE_CHECKING:
-    from reducing_saver.service.configuration.settings import PostgresSettings
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +81,7 @@ READ_ONLY_SQL = "SELECT pg_is_in_recovery() OR current_setting('transaction_read
 
 def postgres_settings(options: PostgresSettings | None) -> PostgresSettings:
     """``options``, or the settings' defaults."""
-    if options is not None:
-        return options
-    from reducing_saver.service.configuration.settings import PostgresSettings
-
-    return PostgresSettings()
+    return options if options is not None else PostgresSettings()
 
 
 def connection_kwargs(url: str, options: PostgresSettings | None = None, *, timeout: float = 5.0) -> dict[str, Any]:

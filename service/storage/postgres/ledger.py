@@ -19,8 +19,8 @@ from reducing_saver.service.storage.postgres.connections import connect
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
-from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
-from reducing_saver.service.ttl.ledger import (
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.ledger import (
     LOG_TABLE,
     TABLE,
     Outcome,

@@ -12,7 +12,7 @@ from typing import Any, Self
 from psycopg.rows import dict_row
 from psycopg.types.json import Json
 
-from reducing_saver.service.extraction.outbox import (
+from reducing_saver.service.storage.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
     SEALED_START,
@@ -89,7 +89,7 @@ class PostgresOutbox:
 
     #: The savers of the PostgreSQL backend insert a put's entries in its pipeline (``insert_entries``).
     records_with_checkpoint = True
-    #: See ``extraction.outbox.Outbox``.
+    #: See ``storage.outbox.Outbox``.
     claims_sealed = False
 
     def __init__(self, pool: Any) -> None:

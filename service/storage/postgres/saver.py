@@ -24,7 +24,7 @@ from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
 from psycopg.rows import dict_row
 
-from reducing_saver.service.extraction.outbox import checkpoint_records
+from reducing_saver.service.storage.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
     EXT_DELTA_SNAPSHOT,
     CHECKPOINT_ID_KEY,
@@ -331,7 +331,7 @@ class PostgresLifecycleSaver(PostgresSaver):
     #: first in the put's own pipeline); ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take
     #: the record along. ``None``: nothing.
     pruned_table: str | None = None
-    #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
+    #: The service's table of running-summary steps (``service/storage/summaries.py``), when the database has
     #: it: ``delete_for_runs`` and ``prune`` then delete the steps of the namespaces they leave without a
     #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
     summaries_table: str | None = None

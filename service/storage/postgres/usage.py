@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reducing_saver.service.extraction.outbox import TABLE as OUTBOX_TABLE
+from reducing_saver.service.storage.outbox import TABLE as OUTBOX_TABLE
 from reducing_saver.service.storage.usage import (
     Head,
     Selection,

@@ -27,7 +27,7 @@ from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
 from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
-from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -123,7 +123,7 @@ class SqliteBackend:
         return outbox
 
     def summaries(self) -> SqliteSummaryBook:
-        """The book of running summaries (``service/summaries/book.py``); its table is a migration."""
+        """The book of running summaries (``storage/summaries.py``); its table is a migration."""
         self._own_schema()
         book = SqliteSummaryBook(self.path)
         self._closers.append(book.close)

@@ -15,8 +15,8 @@ import orjson
 from reducing_saver.reducer import thread_namespace
 from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.sqlite import migrations
-from reducing_saver.service.summaries.book import TABLE as SUMMARIES_TABLE
-from reducing_saver.service.ttl.ledger import (
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.ledger import (
     LOG_TABLE,
     TABLE,
     Outcome,

@@ -62,7 +62,7 @@ MIGRATIONS: list[str] = [
     )""",
     "CREATE INDEX IF NOT EXISTS reducing_saver_sweep_log_at ON reducing_saver_sweep_log (swept_at)",
     # 13-15 (PostgreSQL) / 9-11 (SQLite): running summaries, the steps of every thread's summary
-    # (service/summaries/book.py). Times are epoch seconds; batches and keys JSON bytes (NUL-safe).
+    # (storage/summaries.py). Times are epoch seconds; batches and keys JSON bytes (NUL-safe).
     """CREATE TABLE IF NOT EXISTS reducing_saver_summaries (
         thread_id TEXT NOT NULL,
         checkpoint_ns TEXT NOT NULL,
@@ -91,7 +91,7 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_base "
     "ON reducing_saver_summaries (thread_id, checkpoint_ns, base_step)",
     "CREATE INDEX IF NOT EXISTS reducing_saver_summaries_ready ON reducing_saver_summaries (status, available_at)",
-    # 16 (PostgreSQL) / 12 (SQLite): what each outbox message says (extraction/outbox.py), so a newer
+    # 16 (PostgreSQL) / 12 (SQLite): what each outbox message says (storage/outbox.py), so a newer
     # version of a message (an edit with the same id) replaces the one recorded; NULL for older rows.
     "ALTER TABLE reducing_saver_outbox ADD COLUMN fingerprint TEXT",
     # 13 (SQLite) / 17 (PostgreSQL): what --keep-checkpoints deleted, per thread and namespace: the newest

@@ -12,7 +12,7 @@ from typing import Any, Self
 
 import orjson
 
-from reducing_saver.service.extraction.outbox import (
+from reducing_saver.service.storage.outbox import (
     COLUMNS,
     DELIVERED_DROPS,
     SEALED_START,
@@ -42,7 +42,7 @@ class SqliteOutbox:
 
     #: A put's entries are recorded before its checkpoint, on their own.
     records_with_checkpoint = False
-    #: See ``extraction.outbox.Outbox``.
+    #: See ``storage.outbox.Outbox``.
     claims_sealed = False
 
     def __init__(self, path: str) -> None:

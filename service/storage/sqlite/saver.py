@@ -72,7 +72,7 @@ class SqliteLifecycleSaver(SqliteSaver):
     #: the file has it: prunes record there, reads and puts of a deleted checkpoint are refused, and
     #: ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take the record along. ``None``: nothing.
     pruned_table: str | None = None
-    #: The service's table of running-summary steps (``service/summaries/book.py``), when the database has
+    #: The service's table of running-summary steps (``storage/summaries.py``), when the database has
     #: it: ``delete_for_runs`` and ``prune`` then delete, in their transaction, the steps of the namespaces
     #: they leave without a checkpoint. ``None``: nothing.
     summaries_table: str | None = None

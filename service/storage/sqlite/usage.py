@@ -13,7 +13,7 @@ from collections import defaultdict
 from contextlib import closing
 from typing import Any
 
-from reducing_saver.service.extraction.outbox import TABLE as OUTBOX_TABLE
+from reducing_saver.service.storage.outbox import TABLE as OUTBOX_TABLE
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite.connections import connect
 from reducing_saver.service.storage.usage import (

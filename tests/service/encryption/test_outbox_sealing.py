@@ -9,7 +9,7 @@ from psycopg.types.json import Json
 
 from reducing_saver.service.encryption import Cipher, Sealer, load_keyring
 from reducing_saver.service.encryption.records import EncryptingOutbox
-from reducing_saver.service.extraction.outbox import make_entries
+from reducing_saver.service.storage.outbox import make_entries
 from tests.support.encryption import new_key, ring_json
 from tests.support.storage import OwnPoolOutbox
 

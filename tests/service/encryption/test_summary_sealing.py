@@ -16,6 +16,7 @@ from reducing_saver.service.encryption import (
     Sealer,
     load_keyring,
 )
+from reducing_saver.service.encryption.summaries import SummarySealer
 from reducing_saver.service.storage import open_backend
 from tests.support.encryption import new_key, ring_json
 
@@ -39,8 +40,8 @@ def ring():
     return load_keyring(ring_json("k1", k1=new_key()))
 
 
-def _sealer(ring, mode: str = "required") -> Sealer:
-    return Sealer(Cipher(ring), mode, tenant_mode=True)
+def _sealer(ring, mode: str = "required") -> SummarySealer:
+    return SummarySealer(Sealer(Cipher(ring), mode, tenant_mode=True))
 
 
 def _query(backend, sql: str, params: tuple = ()) -> list[tuple]:
@@ -179,3 +180,13 @@ def test_copy_thread_seals_again_for_the_target(backend, ring):
     claimed = [book.claim("w", 30), book.claim("w", 30)]
     assert {c.request.thread_id for c in claimed} == {THREAD, "acme:copy-2"}
     assert all(c.previous == f"m1 {SENTINEL}\nm2 {SENTINEL}" for c in claimed)
+
+
+def test_the_book_tells_sealed_values_by_the_envelope_s_prefix():
+    """The storage layer cannot import encryption: its prefixes are spelled there and must stay the
+    envelope's, or a plain book would hand sealed summaries on as text."""
+    from reducing_saver.service.encryption.saver import METADATA_PREFIX
+    from reducing_saver.service.storage import summaries
+
+    assert summaries.SEALED_PREFIX == METADATA_PREFIX
+    assert summaries.SEALED_BATCH_PREFIX == METADATA_PREFIX.encode()

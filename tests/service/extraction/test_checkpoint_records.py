@@ -14,7 +14,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.extraction.outbox import TABLE
+from reducing_saver.service.storage.outbox import TABLE
 from reducing_saver.wire import blob_to_wire
 from tests.support.bodies import messages_put_body
 

@@ -25,7 +25,7 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.reducer import message_key, validate_namespace
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, entry_message, load_extractor
-from reducing_saver.service.extraction.outbox import make_entries
+from reducing_saver.service.storage.outbox import make_entries
 from reducing_saver.service.messages_codec import EncodedMessage, SafeMessagesCodec
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox

@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from reducing_saver.reducer import message_key
 from reducing_saver.service.extraction.deliverer import Deliverer, _LeaseRenewer
-from reducing_saver.service.extraction.outbox import OutboxEntry, make_entries
+from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import EncodedMessage
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox as PoolOutbox

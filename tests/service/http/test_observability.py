@@ -244,7 +244,7 @@ def test_the_release_shows_in_the_metrics_the_capabilities_and_the_command_line(
 def test_a_background_failure_of_the_database_is_one_warning_then_counted(client, log_lines):
     """An outage fails every round of a background task: the first is one WARNING line without a traceback,
     the rest are counted only, until a round goes through again."""
-    from reducing_saver.service.background import FailureLog
+    from reducing_saver.service.storage.background import FailureLog
     from reducing_saver.service.storage import DatabaseUnavailable
 
     failures = FailureLog("delivery", logging.getLogger("reducing_saver.test"))

@@ -8,7 +8,7 @@ import pytest
 from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
 from reducing_saver.client import RemoteStore
-from reducing_saver.service.http.errors import BadRequest
+from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.security import TenantScope
 from reducing_saver.service.operations.store import StoreScope, check_op, with_ttl_defaults
 

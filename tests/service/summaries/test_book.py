@@ -85,7 +85,7 @@ def test_a_batch_that_cannot_be_read_is_a_dead_letter_and_the_next_step_is_claim
     book.request(broken)
     book.request(fine)
     with book._tx() as cur:
-        cur.execute(book._sql("UPDATE reducing_saver_summaries SET batch = ? WHERE thread_id = 'broken'"), (b"\x00not json",))
+        cur.execute(f"UPDATE reducing_saver_summaries SET batch = {book.sql.mark} WHERE thread_id = 'broken'", (b"\x00not json",))
     claimed = book.claim("w", 60)
     assert claimed is not None and claimed.request.thread_id == "fine"
     (dead,) = book.dead_letters()
@@ -243,7 +243,7 @@ def test_delete_for_runs_forgets_the_steps_of_the_namespaces_it_empties_at_once(
 
 @pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
 def test_a_ttl_sweep_forgets_the_steps_of_what_it_deletes_at_once(backend, strategy):
-    from reducing_saver.service.ttl.ledger import Policy
+    from reducing_saver.service.storage.ledger import Policy
 
     book = backend.summaries()
     saver = backend.savers(1)[0]

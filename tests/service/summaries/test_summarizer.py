@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from reducing_saver.reducer import StepRequest, step_id
-from reducing_saver.service.summaries.book import MemoryBook
+from reducing_saver.service.storage.inmemory.summaries import MemoryBook
 from reducing_saver.service.summaries.summarizer import (
     CallableSummarizer,
     ModelSummarizer,

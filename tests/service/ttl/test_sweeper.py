@@ -22,7 +22,7 @@ from reducing_saver.client import BadRequestError, RemoteReducingSaver
 from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.ttl.durations import format_duration, parse_duration
-from reducing_saver.service.ttl.ledger import uuid6_time
+from reducing_saver.service.storage.ledger import uuid6_time
 from reducing_saver.service.ttl.sweeper import Sweeper
 from tests.support.agents import build_agent, user_line
 

@@ -1,6 +1,6 @@
 """The TTL ledger: what a backend provides to the sweeper, and the pieces every backend's ledger shares.
 
-The design (why a ledger table, how sweeps and writes stay safe together) is in :mod:`.sweeper`.
+The design (why a ledger table, how sweeps and writes stay safe together) is in ``ttl/sweeper.py``.
 """
 
 
@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from reducing_saver.service.extraction.outbox import OutboxEntry
+from reducing_saver.service.storage.outbox import OutboxEntry
 
 #: The ``configurable`` key of a put that sets its thread's own TTL.
 TTL_KEY = "checkpoint_ttl"
