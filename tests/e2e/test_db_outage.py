@@ -26,7 +26,8 @@ from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.storage.postgres.connections import ServicePool, connection_kwargs, open_pool
-from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import CLI, ROOT, run_service
 

@@ -31,7 +31,7 @@ from langgraph.store.postgres import PostgresStore
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import AuthenticationError, BadRequestError, RemoteReducingSaver, RemoteStore
-from tests.conftest import pg_url
+from tests.support.postgres import pg_url
 from tests.support.server import ServiceProcess, run_service
 
 

@@ -26,7 +26,7 @@ from langchain_core.messages import (
 from langchain_core.messages.utils import count_tokens_approximately
 
 from reducing_saver.reducer import MessageReducer, ReducerConfig
-from tests.conftest import msg_kind
+from tests.support.windows import msg_kind
 
 # -- compact message builders -------------------------------------------------------------------------
 

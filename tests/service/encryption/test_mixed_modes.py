@@ -145,7 +145,7 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
 
     from reducing_saver.client import RemoteReducingSaver
     from reducing_saver.service.http.app import create_app
-    from tests.conftest import build_chat_graph, human
+    from tests.support.chat import build_chat_graph, human
 
     common = dict(
         database=database, max_messages=6, min_messages=4, ttl_strategy="delete", default_ttl="1s",
