@@ -436,7 +436,7 @@ class SummaryWorker:
                     return
                 held = self._held
                 self._held_changed.wait_for(
-                    lambda: self._held is not held or self._keeper_stopping, timeout=every
+                    lambda held=held: self._held is not held or self._keeper_stopping, timeout=every
                 )
                 if self._held is not held or self._keeper_stopping:
                     continue

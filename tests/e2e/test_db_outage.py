@@ -159,8 +159,8 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
                 assert not agent.errors, f"{agent.prefix} agent failed: {agent.errors!r}\n{output[-4000:]}"
             # The agents made progress before, and carried on after (every turn retried through the cut).
             assert all(before >= 2 for before in turns_before), turns_before
-            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before)), [
-                (agent.turns, before) for agent, before in zip(agents, turns_before)
+            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before, strict=True)), [
+                (agent.turns, before) for agent, before in zip(agents, turns_before, strict=True)
             ]
 
             during = [a for a in answers if cut_at <= a.at < restored_at]

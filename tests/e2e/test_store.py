@@ -127,7 +127,10 @@ def _fill(store: RemoteStore, root: str) -> None:
 
 def test_search_by_prefix_and_filters(store: RemoteStore, root: str) -> None:
     _fill(store, root)
-    keys = lambda items: sorted(i.key for i in items)
+
+    def keys(items: list) -> list[str]:
+        return sorted(i.key for i in items)
+
     assert keys(store.search((root,))) == ["1", "2", "3", "4"]
     assert keys(store.search((root, "a"))) == ["1", "2", "3"]
     assert keys(store.search((root, "a", "deep"))) == ["3"]
@@ -162,7 +165,10 @@ def test_list_namespaces(store: RemoteStore, root: str) -> None:
         (root, "docs", "alice"),
     ]:
         store.put(ns, "k", {"v": 1})
-    listed = lambda **kw: sorted(store.list_namespaces(**kw))
+
+    def listed(**kw) -> list[tuple[str, ...]]:
+        return sorted(store.list_namespaces(**kw))
+
     assert listed(prefix=(root,)) == sorted(
         [
             (root, "docs", "alice"),

@@ -153,7 +153,7 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
     )
     keyed_app = create_app(Settings(**common, encryption="migrate", encryption_keys=RING))
     off_app = create_app(Settings(**common))
-    with TestClient(keyed_app) as keyed_http, TestClient(off_app) as off_http:
+    with TestClient(keyed_app) as keyed_http, TestClient(off_app):
         with RemoteReducingSaver("http://testserver", transport=keyed_http._transport, max_retries=0) as saver:
             graph = build_chat_graph(saver, prefix="w", length=30)
             for n in range(3):
