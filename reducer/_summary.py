@@ -503,6 +503,7 @@ class Summaries:
                 tip_info = extra
             plan.removed += rest[:cut]
             plan.uncovered = cut
+            assert tip_info is not None  # cut > 0: the waiting step or the one just requested covers it
             rest = rest[cut:]
             state = replace(state, lagging=tuple(lagging), lagging_messages=tip_info.covered - state.covered)
             changed = True

@@ -296,10 +296,11 @@ class MessageReducer:
         if head is None:
             head = self.head_length(messages)
         tokens = None
+        over_tokens = False
         if config.max_tokens is not None:
             tokens = [self._count_tokens([m]) for m in messages]
+            over_tokens = sum(tokens) > config.max_tokens
         over_count = config.max_messages is not None and len(messages) > config.max_messages
-        over_tokens = tokens is not None and sum(tokens) > config.max_tokens
         if not (over_count or over_tokens):
             return 0
 
@@ -314,11 +315,12 @@ class MessageReducer:
             for index in range(len(messages) - 1, head - 1, -1):
                 running += tokens[index]
                 suffix_sums[index] = running
+        token_target = config.token_target  # set whenever max_tokens is, so whenever tokens are counted
         for cut in cuts:
             kept_count = head + len(messages) - cut
             if config.count_target is not None and kept_count > config.count_target:
                 continue
-            if tokens is not None and head_tokens + suffix_sums[cut] > config.token_target:
+            if token_target is not None and tokens is not None and head_tokens + suffix_sums[cut] > token_target:
                 continue
             return cut - head
         return cuts[-1] - head

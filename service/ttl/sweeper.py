@@ -277,7 +277,7 @@ class Sweeper:
             self._metrics.retention.set(outbox_retention)
         self._touched: OrderedDict[str, tuple[float, float | None, tuple[str, ...] | None]] = OrderedDict()
         self._touched_lock = threading.Lock()
-        self._figures = {
+        self._figures: dict[str, Any] = {
             "last_sweep_at": None,
             "last_sweep_seconds": None,
             "sweeps": 0,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -310,8 +311,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
             or any(key[0] == thread_id for key in self.blobs)
         )
 
-    def _delta_threads(self, thread_ids: list[str]) -> set[str]:
-        found = set()
+    def _delta_threads(self, thread_ids: builtins.list[str]) -> set[str]:
+        found: set[str] = set()
         for thread_id in thread_ids:
             for checkpoints in self.storage.get(thread_id, {}).values():
                 if any(has_delta_metadata(self.serde.loads_typed(m)) for _, m, _ in checkpoints.values()):
