@@ -101,7 +101,9 @@ def test_put_get_update_delete(store: RemoteStore, root: str) -> None:
     assert updated.updated_at >= item.updated_at
     store.delete(ns, "a")
     assert store.get(ns, "a") is None
-    store.delete(ns, "never-there")  # deleting a missing item is no error
+    store.delete(ns, "never-there")  # deleting a missing item is no error, and creates nothing
+    assert store.get(ns, "never-there") is None
+    assert [item.key for item in store.search(ns)] == []
 
 
 async def test_async_convenience_methods(store: RemoteStore, root: str) -> None:
