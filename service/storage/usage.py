@@ -160,7 +160,7 @@ class ThreadStorage:
 
 def plain_messages(head: Head, cut: int) -> int:
     """``H * (n + 1) / 2`` with ``H = w + c * w / k`` (see the module docstring)."""
-    history = head.window_bytes
+    history: float = head.window_bytes
     if cut and head.window_messages:
         history += cut * head.window_bytes / head.window_messages
     copies = head.copies if head.copies is not None else (head.window_messages or 0) + cut

@@ -395,9 +395,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
         for key in self.writes:
             if key[0] == thread_id and (ns is None or key[1] == ns):
                 changes.writes[key] = None
-        for key in self.blobs:
-            if key[0] == thread_id and (ns is None or key[1] == ns):
-                changes.blobs[key] = None
+        for blob_key in self.blobs:
+            if blob_key[0] == thread_id and (ns is None or blob_key[1] == ns):
+                changes.blobs[blob_key] = None
 
     def _apply(self, changes: _Changes) -> None:
         """Apply planned changes: plain dictionary updates that cannot fail half way."""
@@ -413,11 +413,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
                 self.writes[key] = writes
             else:
                 self.writes.pop(key, None)
-        for key, blob in changes.blobs.items():
+        for blob_key, blob in changes.blobs.items():
             if blob is not None:
-                self.blobs[key] = blob
+                self.blobs[blob_key] = blob
             else:
-                self.blobs.pop(key, None)
+                self.blobs.pop(blob_key, None)
         if self.summary_book is not None:
             gone = [
                 (thread_id, ns)

@@ -178,7 +178,7 @@ class SqliteLifecycleSaver(SqliteSaver):
         seeds: dict[str, tuple[Any, Any]] = {}
         with self.cursor(transaction=False) as cur:
             cur.execute(DELTA_STAGE1_SQL, (thread_id, ns, target, thread_id, ns))
-            walking, seen = set(channels), set()
+            walking, seen = set(channels), set[str]()
             for checkpoint_id, type_, blob in cur:
                 if checkpoint_id == target and not seen:  # the target itself: its writes come after it
                     seen.add(checkpoint_id)
