@@ -1,23 +1,9 @@
 """The message reducer: which messages of a conversation stay in a stored checkpoint.
 
-Pure code: no HTTP, no database. A reducer works on LangChain message objects and on their
-``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects; both
-forms get the same cut), and never invents, copies or truncates a message: the pruned messages are one
-contiguous run of the input, right after the window's head, so the input is always
-``kept[:head] + pruned + kept[head:]``. The head is never cut: the leading system messages
-(``preserve_first``), then a summary message of earlier conversation right after them (one marked
-``additional_kwargs["lc_source"] == "summarization"``, as LangChain's ``SummarizationMiddleware`` and the
-service's running summaries mark theirs).
-
-The window it keeps is one a chat-model API accepts:
-
-* the leading system messages stay (``preserve_first``), and so does a summary message right after them;
-* the first kept message after the head is a human message (``start_on="human"``; a summary message is
-  part of the head, never the human turn a window starts on);
-* an AI message that calls tools and the tool messages answering it are kept or pruned together
-  (``cascade_tool_messages``), so no tool result outlives its call and no call loses its results.
-
-Messages that leave the window go to the ``on_prune`` hooks, which feed long-term memory.
+Pure code: no HTTP, no database. It works on LangChain message objects and their ``model_dump()`` dicts
+alike, never invents, copies or truncates a message, and keeps a window a chat-model API accepts; the
+messages that leave it go to the ``on_prune`` hooks. docs/reducer.md ("What the reducer keeps") states
+the rules.
 """
 
 from __future__ import annotations

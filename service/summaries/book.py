@@ -1,28 +1,10 @@
 """The book of running summaries: the steps of every thread's summary, in ``reducing_saver_summaries``.
 
-A step (``reducer.StepRequest``) is a batch of cut messages to summarize on top of its base step. The put
-path reads the book (``steps``, ``children``) and asks it for steps (``request``: idempotent); the
-summarizer claims steps whose base is done (per thread and namespace in order), and stores each one's
-summary by compare-and-set: ``complete`` succeeds only on a step still pending, so a model call run twice
-(two replicas, a lease that ran out, kill -9 mid-call) advances the summary once.
-
-A row's life: ``pending`` (claimable when its base is done, its ``available_at`` has come and no live lease
-holds it; the holder ``renew``s its lease while its model call runs) -> ``done`` (``text``, ``model``,
-``prompt_hash``, token counts) or, after ``max_attempts`` failures, ``dead`` (``last_error``;
-``retry_dead`` sends it back). A thread's steps go with it: ``delete_thread`` and ``copy_thread`` here;
-``delete_for_runs``, ``prune`` and TTL sweeps delete the steps of the namespaces they empty themselves
-(the savers' ``summaries_table``, the ledgers; in their transaction on PostgreSQL and SQLite); and
-``forget_orphans`` catches whatever else lost its checkpoints (a thread deleted by a stock saver, say).
-
-:class:`SqlSummaryBook` holds the SQL both databases run; ``storage/postgres/summaries.py`` and
-``storage/sqlite/summaries.py`` give it connections and dialect; the table itself is a migration of each
-backend (``storage/<backend>/migrations.py``). :class:`MemoryBook` keeps the same contract in one process.
-
-Under ``--encryption`` a SQL book's :attr:`SqlSummaryBook.sealer` seals each step's ``text`` and ``batch``
-on the way in and opens them on the way out (``service/encryption/summaries.py``); ``copy_thread`` seals
-them again for the target thread. A book without a sealer (``--encryption off``) sharing its database with
-sealing processes during a rollout never claims a step whose batch or base summary is sealed (it waits for
-a process with the key ring), and refuses to show a sealed summary (``EncryptedValueRefused``).
+The put path reads the book and asks it for steps (``request``: idempotent); the summarizer claims steps
+whose base is done and completes each by compare-and-set. :class:`SqlSummaryBook` holds the SQL both
+databases run (``storage/<backend>/summaries.py`` give it connections and dialect); :class:`MemoryBook`
+keeps the same contract in one process. docs/summaries.md ("Durable, exactly once") describes a step's
+life, and docs/encryption.md what is sealed.
 """
 
 from __future__ import annotations
