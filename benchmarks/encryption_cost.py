@@ -79,11 +79,12 @@ def main() -> None:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         agents = {}
         for mode in MODES:
-            database = {
-                "postgres": lambda: stack.enter_context(scratch_database()),
-                "sqlite": lambda: f"sqlite:///{folder / mode}.db",
-                "memory": lambda: "memory://",
-            }[args.backend]()
+            if args.backend == "postgres":
+                database = stack.enter_context(scratch_database())
+            elif args.backend == "sqlite":
+                database = f"sqlite:///{folder / mode}.db"
+            else:
+                database = "memory://"
             env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())} if mode != "off" else {}
             service = stack.enter_context(
                 run_service(

@@ -74,7 +74,7 @@ async def _open_app(database: str) -> Any:
     from reducing_saver.service.http.observability import configure_logging
 
     settings = _settings(database)
-    configure_logging(settings, stream=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the process
+    configure_logging(settings, stream=open(os.devnull, "w"))  # noqa: ASYNC230, SIM115 - lives as long as the process
     app = create_app(settings)
     await asyncio.get_running_loop().run_in_executor(None, app.state.service.open)
     return app

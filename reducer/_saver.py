@@ -166,6 +166,7 @@ def apply_reducer(
             thread_id=str(configurable["thread_id"]),
             checkpoint_ns=str(configurable.get("checkpoint_ns") or ""),
         )
+    kept: list[Any] | None
     if plan is None:
         kept, pruned = reducer.split(messages)
     else:
@@ -184,7 +185,12 @@ def apply_reducer(
 
 def _unique(messages: list[Any]) -> list[Any]:
     seen: set[int] = set()
-    return [m for m in messages if not (id(m) in seen or seen.add(id(m)))]
+    unique = []
+    for message in messages:
+        if id(message) not in seen:
+            seen.add(id(message))
+            unique.append(message)
+    return unique
 
 
 class ReducingSaver(BaseCheckpointSaver):
@@ -323,6 +329,7 @@ class ReducingSaver(BaseCheckpointSaver):
         content: dict[str, Any] | None = None
         after_keys = None
         values = checkpoint["channel_values"]
+        after: list[Any] | None
         if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
             step = self._delta_step(parent_config) if parent else None
             if step is None:
@@ -380,7 +387,7 @@ class ReducingSaver(BaseCheckpointSaver):
         writes = [self.codec.decode_write(value) or [] for _, channel, value in item.pending_writes or () if channel == key]
         if not any(is_removal(m) for write in writes for m in write):
             return None
-        history = self.inner.get_delta_channel_history(config=parent_config, channels=[key]).get(key) or {}
+        history: Mapping[str, Any] = self.inner.get_delta_channel_history(config=parent_config, channels=[key]).get(key) or {}
         state = (self.codec.decode_seed(history["seed"]) or []) if "seed" in history else []
         before = fold(state, (self.codec.decode_write(value) or [] for _, _, value in history.get("writes", ())))
         return before, fold(before, writes)
@@ -464,6 +471,7 @@ class ReducingSaver(BaseCheckpointSaver):
 
 class _CopyThread:
     inner: BaseCheckpointSaver
+    _summary_book_call: Callable[..., None]  # ReducingSaver's
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self.inner.copy_thread(source_thread_id, target_thread_id)

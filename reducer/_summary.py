@@ -1,34 +1,9 @@
 """Running summaries in the window: cut messages leave it only once a summary covers them.
 
 Pure code, like the rest of the reducer: the summaries themselves live in a :class:`SummaryBook` (the
-service's table, or a dict), which this module only reads and asks for new work.
-
-A thread's summary is a chain of *steps*. A step summarizes one *batch* of cut messages on top of the
-step before it (its *base*), and is named by both and by what the batch says: ``step_id(base, keys,
-fingerprint)``. So a fork that cuts the same messages from the same summary finds the step already done,
-one that diverges gets steps of its own, and a message edited in place (``update_state`` with its id)
-while its batch waits makes a new step: the summary of the old text never replaces the new one.
-
-Every window of a summarized thread holds, right after its leading system messages, one summary
-message: a ``HumanMessage`` with a fixed id per thread and checkpoint namespace
-(:func:`summary_message_id`), marked ``additional_kwargs["lc_source"] = "summarization"`` and carrying
-the step it shows (:data:`MARK_KEY`). Each checkpoint's window carries its own summary, so time travel
-resumes with the summary that covered that checkpoint's own cut.
-
-On each put that writes the messages channel, :meth:`Summaries.plan`:
-
-1. checks the summary message the client sent back (one, in its place, a step the book holds with the
-   same text; anything else is a :class:`SummaryForgeryError`);
-2. advances over steps done since: a done step whose batch is exactly the messages right after the
-   head, at a valid cut, replaces them with its summary, in one rewrite;
-3. above the reducer's trigger, asks the book for a step covering the reducer's cut (unless one for
-   those messages is already waiting); the batch stays in the window meanwhile;
-4. only above the hard limit does the window cut without a summary: the cut's steps are then *lagging*
-   (folded into the summary once done), and the cut is reported. Lagging steps form a chain in the book
-   (each on top of the one before); the summary message names only its two ends and how many messages
-   they hold, so it keeps its size however far behind the summarizer is.
-
-So below the hard limit every message ever written is in the window or covered by its summary.
+service's table, or a dict), which this module only reads and asks for new work. :meth:`Summaries.plan`
+decides, on each put that writes the messages channel, what the window keeps; docs/summaries.md ("What a
+summary is", "No context gap") describes the summary message, the chain of steps and the hard limit.
 """
 
 from __future__ import annotations
@@ -503,6 +478,7 @@ class Summaries:
                 tip_info = extra
             plan.removed += rest[:cut]
             plan.uncovered = cut
+            assert tip_info is not None  # cut > 0: the waiting step or the one just requested covers it
             rest = rest[cut:]
             state = replace(state, lagging=tuple(lagging), lagging_messages=tip_info.covered - state.covered)
             changed = True

@@ -1,23 +1,9 @@
 """The message reducer: which messages of a conversation stay in a stored checkpoint.
 
-Pure code: no HTTP, no database. A reducer works on LangChain message objects and on their
-``model_dump()`` dicts alike (the service reduces decoded dicts without building message objects; both
-forms get the same cut), and never invents, copies or truncates a message: the pruned messages are one
-contiguous run of the input, right after the window's head, so the input is always
-``kept[:head] + pruned + kept[head:]``. The head is never cut: the leading system messages
-(``preserve_first``), then a summary message of earlier conversation right after them (one marked
-``additional_kwargs["lc_source"] == "summarization"``, as LangChain's ``SummarizationMiddleware`` and the
-service's running summaries mark theirs).
-
-The window it keeps is one a chat-model API accepts:
-
-* the leading system messages stay (``preserve_first``), and so does a summary message right after them;
-* the first kept message after the head is a human message (``start_on="human"``; a summary message is
-  part of the head, never the human turn a window starts on);
-* an AI message that calls tools and the tool messages answering it are kept or pruned together
-  (``cascade_tool_messages``), so no tool result outlives its call and no call loses its results.
-
-Messages that leave the window go to the ``on_prune`` hooks, which feed long-term memory.
+Pure code: no HTTP, no database. It works on LangChain message objects and their ``model_dump()`` dicts
+alike, never invents, copies or truncates a message, and keeps a window a chat-model API accepts; the
+messages that leave it go to the ``on_prune`` hooks. docs/reducer.md ("What the reducer keeps") states
+the rules.
 """
 
 from __future__ import annotations
@@ -296,10 +282,11 @@ class MessageReducer:
         if head is None:
             head = self.head_length(messages)
         tokens = None
+        over_tokens = False
         if config.max_tokens is not None:
             tokens = [self._count_tokens([m]) for m in messages]
+            over_tokens = sum(tokens) > config.max_tokens
         over_count = config.max_messages is not None and len(messages) > config.max_messages
-        over_tokens = tokens is not None and sum(tokens) > config.max_tokens
         if not (over_count or over_tokens):
             return 0
 
@@ -314,11 +301,12 @@ class MessageReducer:
             for index in range(len(messages) - 1, head - 1, -1):
                 running += tokens[index]
                 suffix_sums[index] = running
+        token_target = config.token_target  # set whenever max_tokens is, so whenever tokens are counted
         for cut in cuts:
             kept_count = head + len(messages) - cut
             if config.count_target is not None and kept_count > config.count_target:
                 continue
-            if tokens is not None and head_tokens + suffix_sums[cut] > config.token_target:
+            if token_target is not None and tokens is not None and head_tokens + suffix_sums[cut] > token_target:
                 continue
             return cut - head
         return cuts[-1] - head

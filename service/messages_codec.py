@@ -1,25 +1,11 @@
 """Read a client's serialized messages channel without importing or calling anything it names.
 
-The client sends each channel value as its serde's output (``Blob(type, data)``). With LangGraph's default
-``JsonPlusSerializer`` a messages list is ``ormsgpack`` bytes of an array whose elements are msgpack
-extensions with code 5 (pydantic v2), each carrying ``(module, class name, model_dump() dict, method)``.
-LangGraph's own decoder imports ``module`` and calls ``class name`` for codes 0–5, so decoding untrusted
-bytes with it runs whatever the bytes name. ``SafeMessagesCodec`` decodes with its own ``ext_hook``:
-
-* code 5 naming an allowed class becomes an ``EncodedMessage`` (the ``model_dump()`` dict plus the raw,
-  untouched extension payload, which is what gets written back);
-* inside a message (its ``additional_kwargs`` or ``response_metadata``, say), the standard types
-  LangGraph's strict msgpack mode decodes (``SAFE_VALUE_TYPES``: datetime, date, time, timedelta,
-  timezone, UUID, Decimal, set, frozenset, deque, the ipaddress classes, pathlib paths) become those
-  values, built from this module's own table with the exact extension code and arguments JsonPlus
-  writes for them; the message's raw payload is still what gets written back, so it stays byte-identical;
-* every other extension, and code 5 naming any other class, anywhere in the value (nested message
-  fields included) raises ``UnsafeMessagesError``;
-* a DeltaChannel snapshot (code 7 as the whole value) and values it cannot read come back as ``None``:
-  stored as the client sent them, not reduced.
-
-Re-wrapping the kept payloads gives bytes identical to what the client's serializer makes of that sublist,
-because msgpack always uses the smallest header for a length.
+``SafeMessagesCodec`` decodes the msgpack of a messages list with its own ``ext_hook``: code 5 naming an
+allowed message class becomes an ``EncodedMessage`` (its ``model_dump()`` dict and the untouched payload,
+which is what gets written back, byte-identical); inside a message, only the standard types of
+``SAFE_VALUE_TYPES``, built from this module's own table; anything else raises ``UnsafeMessagesError``.
+A DeltaChannel snapshot, or a value it cannot read, comes back as ``None`` (stored unreduced).
+docs/http-api.md describes what is accepted.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Shared fixtures: a PostgreSQL database of this test run's own, a PostgreSQL with pgvector, and small
-chat graphs."""
+"""Shared fixtures and hooks: a PostgreSQL database of this test run's own, a PostgreSQL with pgvector, the
+test lanes. Helpers the tests import live in tests/support/."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-PG_HOST = os.environ.get("REDUCING_SAVER_TEST_PGHOST", "127.0.0.1")
-PG_PORT = os.environ.get("REDUCING_SAVER_TEST_PGPORT", "5432")
-PG_USER = os.environ.get("REDUCING_SAVER_TEST_PGUSER", "postgres")
+from tests.support.postgres import pg_url
+from tests.support.windows import api_window_problems
 
 
 #: The test lanes, by where a test lives: ``tests/e2e/`` starts real processes (the service under uvicorn,
@@ -34,10 +33,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker, prefixes in LANES.items():
             if where.startswith(prefixes):
                 item.add_marker(marker)
-
-
-def pg_url(database: str) -> str:
-    return f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}"
 
 
 @pytest.fixture(autouse=True)
@@ -132,136 +127,10 @@ def pgvector_db(pgvector_server: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-# -- a chat-API validity check shared by the reducer, saver and storage tests -----------------------
-
-_CHUNK_KINDS = {
-    "AIMessageChunk": "ai",
-    "HumanMessageChunk": "human",
-    "SystemMessageChunk": "system",
-    "ToolMessageChunk": "tool",
-}
-
-
-def _msg_get(message, name):
-    return message.get(name) if isinstance(message, dict) else getattr(message, name, None)
-
-
-def msg_kind(message) -> str:
-    """``"system"``, ``"human"``, ``"ai"``, ``"tool"``, ... for message objects and ``model_dump()`` dicts."""
-    kind = _msg_get(message, "type") or ""
-    return _CHUNK_KINDS.get(kind, kind)
-
-
-def api_window_problems(window, *, start_on="human") -> list[str]:
-    """Why ``window`` is not a message list a chat-model API accepts; empty when it is one.
-
-    Written independently of the reducer, from the rules an API enforces:
-
-    * with ``start_on="human"`` the first message after an optional leading system message is human;
-    * every tool message answers a tool call of an earlier AI message in the window;
-    * every tool call of an AI message is answered by a later tool message, except the calls of the
-      newest message when it is an AI message whose tools have not run yet.
-    """
-    problems: list[str] = []
-    head = 1 if window and msg_kind(window[0]) == "system" else 0
-    if start_on == "human" and len(window) > head and msg_kind(window[head]) != "human":
-        problems.append(f"window starts on {msg_kind(window[head])!r} at index {head}, not on a human message")
-    open_calls: dict[str, int] = {}
-    answered: set[str] = set()
-    for index, message in enumerate(window):
-        kind = msg_kind(message)
-        if kind == "ai":
-            for call in _msg_get(message, "tool_calls") or ():
-                open_calls[call["id"]] = index
-        elif kind == "tool":
-            call_id = _msg_get(message, "tool_call_id")
-            if call_id not in open_calls:
-                problems.append(f"tool message at index {index} answers {call_id!r}, a call not in the window")
-            answered.add(call_id)
-    last = len(window) - 1
-    for call_id, index in open_calls.items():
-        if call_id not in answered and index != last:
-            problems.append(f"tool call {call_id!r} of the AI message at index {index} has no result")
-    return problems
-
-
 @pytest.fixture(scope="session")
 def window_problems():
     """:func:`api_window_problems`, for tests that check stored windows."""
     return api_window_problems
-
-
-# -- a real LangGraph chat graph answered by a langchain_core fake chat model -----------------------
-
-
-def padded(text: str, length: int = 400) -> str:
-    """``text`` padded to exactly ``length`` characters, so message sizes do not drift between turns."""
-    return text.ljust(length, ".")[:length]
-
-
-def human(turn: int, prefix: str = "g", length: int = 400):
-    from langchain_core.messages import HumanMessage
-
-    return HumanMessage(padded(f"question {turn}", length), id=f"{prefix}-h-{turn:04d}")
-
-
-def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with_tools: bool = False, state_schema=None):
-    """A compiled ``StateGraph(MessagesState)`` whose chat node answers with ``GenericFakeChatModel``.
-
-    Without tools each turn adds one AI answer of ``length`` characters. With tools, on two turns out of
-    three the model first calls one or two tools (answered by a prebuilt ``ToolNode``), then answers.
-    Ids are deterministic and fixed-width (``f"{prefix}-ai-{turn:04d}"``), so sizes do not drift.
-    """
-    import itertools
-
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-    from langchain_core.messages import AIMessage
-    from langchain_core.tools import tool
-    from langgraph.graph import END, START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
-
-    def answers():
-        for turn in itertools.count():
-            if with_tools and turn % 3 != 2:
-                calls = [
-                    {"id": f"{prefix}-call-{turn:04d}-{k}", "name": "lookup", "args": {"q": f"turn {turn:04d} part {k}"}}
-                    for k in range(1 + turn % 2)
-                ]
-                yield AIMessage("", id=f"{prefix}-ai-{turn:04d}-call", tool_calls=calls)
-            yield AIMessage(padded(f"answer {turn}", length), id=f"{prefix}-ai-{turn:04d}")
-
-    model = GenericFakeChatModel(messages=answers())
-
-    @tool
-    def lookup(q: str) -> str:
-        """Look something up."""
-        return padded(f"result for {q}", length)
-
-    def chat(state):
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(state_schema or MessagesState)
-    builder.add_node("chat", chat)
-    builder.add_edge(START, "chat")
-    if with_tools:
-        builder.add_node("tools", ToolNode([lookup]))
-        builder.add_conditional_edges("chat", tools_condition)
-        builder.add_edge("tools", "chat")
-    else:
-        builder.add_edge("chat", END)
-    return builder.compile(checkpointer=checkpointer)
-
-
-def build_subgraph_chat(checkpointer, **chat):
-    """A parent graph whose one node is :func:`build_chat_graph` (``chat`` its arguments) as a subgraph
-    sharing ``messages``, the usual multi-agent shape: each turn the subgraph checkpoints the parent's
-    window in a namespace of its own (``inner:<task id>``) and hands the messages back."""
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    parent = StateGraph(MessagesState)
-    parent.add_node("inner", build_chat_graph(None, **chat))
-    parent.add_edge(START, "inner")
-    return parent.compile(checkpointer=checkpointer)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -204,6 +204,7 @@ FOREIGN_FLAGS = {
     "--gil": "py-spy",
     "--runtime-mode": "granian",
     "--app-dir": "uvicorn",
+    "--fix": "ruff check",
 }
 #: The project's programs besides `reducing-saver`, whose flags the pages name: their sources declare them.
 OWN_PROGRAMS = ("benchmarks/*.py", "service/configuration/docs.py", "scripts/test")

@@ -1,49 +1,9 @@
 """reducing_saver.wire: the protocol RemoteReducingSaver and the service both speak.
 
-Every path (a ``*_PATH`` constant: neither side writes one of its own, ``tests/test_layout.py`` checks),
-content types, value encoding and the optional capabilities (:mod:`.capabilities`). It imports
-neither the client nor the service (a contract test pins this): both sides import it.
-
-Bodies are JSON (encoded with orjson) or, on the per-step routes (``/v1/checkpoints/get``,
-``/v1/checkpoints/put``, ``/v1/writes/put``), msgpack (``application/msgpack``) of the same structure.
-Channel values and pending-write values travel as the client's serde output, so the service never
-needs to understand them:
-
-* a channel value that is ``None``, ``bool``, an ``int`` within 64 bits, a finite ``float`` or a
-  ``str`` travels inline (PostgresSaver keeps exactly those inline in its checkpoint row);
-* every other value travels as ``{"type": <serde type>, "data": <the serde bytes>}``: in JSON the bytes
-  are base64, in msgpack they are a ``bin`` of their own (no base64 to encode, decode or validate);
-* an ``int`` beyond 64 bits, which neither JSON (orjson) nor msgpack can write, travels as the typed
-  value ``{"type": "reducing-saver/int", "data": <its decimal digits, ASCII>}``. PostgresSaver keeps
-  ints inline in its JSONB, and JSONB keeps numbers exact, so a state float such as ``1e20`` reads back
-  as the int 100000000000000000000: with this form it reaches the client as that int, as a stock
-  PostgresSaver returns it. Both sides turn it into an ``int`` without any serde.
-
-A client's serde type must be one a stock reader reads: LangGraph's ``JsonPlusSerializer`` reads
-``null``, ``bytes``, ``bytearray``, ``json`` and ``msgpack`` (:data:`STOCK_TYPES`), and its
-``EncryptedSerializer`` writes ``<one of those>+<cipher>``. Anything else (``pickle`` included: a stock
-reader refuses it unless told to unpickle) would break every reader of the thread, so the service
-refuses it (:func:`is_stock_type`).
-
-Serde types starting with ``reducing-saver/`` are reserved: ``reducing-saver/int`` is the form above,
-the others name the service's own storage formats, and the service refuses them from a client.
-
-The store routes (``/store/...``) carry store values as plain JSON, numbers beyond 64 bits included:
-PostgreSQL's JSONB keeps any number exactly (a float such as ``1e20`` reads back as the int
-100000000000000000000), and a stock ``PostgresStore`` hands that int back. :func:`json_dumps` writes such
-ints as exact JSON numbers (orjson cannot), and :func:`json_loads` reads them back as ints (orjson would
-read them as floats). JSON has no NaN or infinity: they are never written as anything else.
-
-Checkpoint metadata is plain JSON, but an int beyond 64 bits anywhere in it travels in the same typed
-form (``{"type": "reducing-saver/int", "data": ...}`` as an object of its own), turned back into the int
-on arrival. So that a user's object of that shape never changes meaning, every metadata object whose keys
-are exactly ``type`` and ``data`` with a ``type`` starting with ``reducing-saver/`` travels escaped, as
-``{"type": "reducing-saver/literal", "data": <the object>}``: its own keys are taken as they are (its
-values are encoded the same way). A typed int from a client of the previous release, which escaped
-nothing, still reads as its int. Such an int among a run config's ``configurable`` and ``metadata``
-values travels typed too. Pending-write values always travel typed. A checkpoint travels as its JSON fields without
-``channel_values`` (under ``"checkpoint"``) plus the encoded channel values (under ``"values"``).
-
+Every path (a ``*_PATH`` constant), content type, the encoding of values, ints beyond 64 bits and
+metadata, and the optional capabilities (:mod:`.capabilities`). It imports neither the client nor the
+service: both sides import it. docs/http-api.md describes the encoding; docs/values.md the serde types
+and the escaped metadata.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ class KeylessSaver(BaseCheckpointSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        with closing(self.inner.list(config, filter=filter, before=before, limit=limit)) as found:
+        listed = self.inner.list(config, filter=filter, before=before, limit=limit)
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             for item in found:
                 yield refuse_sealed(item)
 
@@ -124,7 +125,8 @@ class _CopyThread:
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """The backend's copy, once every checkpoint of the source is known to hold nothing sealed."""
-        with closing(self.inner.list({"configurable": {"thread_id": source_thread_id}})) as found:
+        listed = self.inner.list({"configurable": {"thread_id": source_thread_id}})
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             for item in found:
                 refuse_sealed(item)
         return self.inner.copy_thread(source_thread_id, target_thread_id)

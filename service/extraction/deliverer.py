@@ -1,25 +1,10 @@
 """Delivery of pruned messages from the outbox to long-term memory (a LangGraph ``BaseStore``).
 
-A :class:`Deliverer` claims batches of outbox rows, groups them by memory namespace, hands each group to
-an extractor and marks the rows done. While the extractor runs, a renewal thread keeps the claim's lease
-alive, so a slow extractor does not let another worker take (and deliver again) the same rows; rows held
-by a crashed process come back once their lease runs out. A failed group is retried message by message
-(so one bad message does not hold back its neighbours); a failed message waits with exponential backoff
-and jitter, and after ``max_attempts`` becomes a dead letter. An extractor raising
-:class:`PermanentExtractionError` (a namespace the store refuses, a value the database cannot hold) parks
-the message at once. A dead letter's ``last_error`` says which: ``permanent failure, retrying cannot
-help: ...`` or ``retryable failure, gave up after N attempt(s): ...``.
-
-The extractor is any callable ``extractor(entries, namespace)`` (its result may be awaitable):
-
-* :class:`StoreExtractor` (the default) writes each message into a ``BaseStore`` under the namespace,
-  keyed by message id, as langchain_core's ``message_to_dict`` form plus ``thread_id`` and ``pruned_at``.
-  Writing the same key again overwrites, so a redelivery leaves one item per message.
-* :func:`load_extractor` wraps a ``module:callable`` of the user's, called as
-  ``callable(messages, namespace, store)`` (sync or async).
-
-A row without a message is a deletion (a message the agent deleted on purpose): the deliverer calls the
-extractor's ``forget(entries, namespace)`` instead, which removes each key from the store.
+A :class:`Deliverer` claims batches of outbox rows under a lease it renews, groups them by memory
+namespace, hands each group to an extractor (:class:`StoreExtractor` by default, or a user's
+``module:callable`` through :func:`load_extractor`) and marks the rows done; failures are retried with
+backoff and end as dead letters. docs/memory.md ("How nothing is lost", "A custom extractor") describes
+delivery, retries and the extractor's contract.
 """
 
 from __future__ import annotations

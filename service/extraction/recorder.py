@@ -165,8 +165,9 @@ class Memory:
 
     def start(self) -> None:
         """Deliver in a background thread of this process."""
-        self.deliverer_for().start()
-        logger.info("extraction delivery started (%s)", self.deliverer.worker_id)
+        deliverer = self.deliverer_for()
+        deliverer.start()
+        logger.info("extraction delivery started (%s)", deliverer.worker_id)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop delivering (rows in hand are handed back), then close the store and the outbox."""

@@ -1,36 +1,11 @@
-"""The one table that maps the service's errors, and what the layers below raise, to statuses.
+"""The one table that maps the service's errors (``service/errors.py``), and what the layers below raise,
+to statuses.
 
-Operations raise domain errors (:class:`ServiceError` subclasses, ``service/errors.py``) or let the
-errors of the layers they call propagate (a refused messages value, a database refusing a value or not
-answering, a busy saver pool: each backend turns its driver's errors into the storage errors
-``ValueRefused`` and ``DatabaseUnavailable`` where they leave it, ``storage/<backend>/errors.py``).
-:func:`error_answer` turns any of them into ``(status, detail)``; the per-step hot path and the FastAPI
-exception handler both use it, and :func:`send_error` is the one raw-ASGI JSON error writer.
-
-=========================================  ======  ===============================================
-what                                       status  detail
-=========================================  ======  ===============================================
-:class:`BadRequest`, a refused message      422     names the field and the value or the setting
-value, a value PostgreSQL refuses
-:class:`Unauthorized`                       401     (with ``WWW-Authenticate: Bearer``)
-:class:`Conflict`, ``ThreadNotEmptyError``,  409     what the backend refused
-``NotImplementedError``
-``CheckpointPrunedError``: a checkpoint     410     names the checkpoint and ``--keep-checkpoints``
-the keep-checkpoints policy deleted
-:class:`Unavailable`, no connection or      503     names the database as the cause
-saver in time, the database unreachable
-or accepting no writes (a standby)
-``DatabaseTimeout``: a statement the        504     names the limit; ``code: database_timeout``
-database cancelled (statement_timeout,              (a client does not retry it blindly)
-lock_timeout)
-:class:`Untransportable`: a stored value    500     names the field and why it cannot travel
-with no wire form
-``StoredDataError``: a stored value that    500     names the thread (and channel, write or key)
-fails its integrity check, is plain text
-under ``required``, names a missing key, or
-is sealed and met under ``--encryption off``
-anything else                               500     "internal server error" (logged)
-=========================================  ======  ===============================================
+Operations raise domain errors (:class:`ServiceError` subclasses) or let the storage errors of the layers
+they call propagate (each backend turns its driver's errors into ``ValueRefused`` and
+``DatabaseUnavailable``, ``storage/<backend>/errors.py``). :func:`error_answer` turns any of them into
+``(status, detail)`` for the hot path and the FastAPI handler alike; :func:`send_error` is the one raw-ASGI
+JSON error writer. docs/http-api.md ("Which error gives which status") lists the table.
 """
 
 from __future__ import annotations

@@ -563,15 +563,15 @@ def channel_uses(thread: ThreadStorage, settings: Any) -> dict[str, dict[str, st
         else:
             uses[key] = {"kind": "whole", "service": f"stored whole (no window is configured); {removed}"}
     for channel in thread.delta_channels:
-        what = ["rebuilt from its writes, so stored as written" + (f": the window ({window}) does not apply" if channel == key and window else "")]
+        parts = ["rebuilt from its writes, so stored as written" + (f": the window ({window}) does not apply" if channel == key and window else "")]
         if channel == key:
-            what.append(removed)
+            parts.append(removed)
         if keep:
-            what.append(
+            parts.append(
                 f"keep_checkpoints={keep} keeps the checkpoints back to its snapshot, and LangGraph writes one "
                 f"when a run starts whose last snapshot is {keep} or more steps back"
             )
-        uses[channel] = {"kind": "delta", "service": "; ".join(what)}
+        uses[channel] = {"kind": "delta", "service": "; ".join(parts)}
     return uses
 
 

@@ -58,7 +58,7 @@ def _shape(value: Any) -> tuple[int, int, bool]:
         return 0, 0, type(value) is float and abs(value) >= _BIG
     depth = keys = 0
     huge = False
-    stack = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, 1)]
     push, pop = stack.append, stack.pop
     while stack:
         item, level = pop()

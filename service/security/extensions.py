@@ -1,56 +1,10 @@
 """Refuse stored values whose msgpack extensions name code, in every channel and pending write.
 
-The service stores a client's channel values and pending writes verbatim, and every reader decodes them
-with LangGraph's ``JsonPlusSerializer``, which imports the module an extension (codes 0–5) names and calls
-the attribute with the payload's arguments. A value naming ``subprocess.Popen`` therefore runs on whoever
-reads it: another agent of the tenant, or an operator's stock ``PostgresSaver``. The service cannot make
-those readers safe, so it keeps such values out of the database: :func:`check_extensions` reads each
-``msgpack`` value's extensions the way LangGraph's decoder meets them, without importing or calling
-anything, and refuses the value (a 422 naming the field, the code and the target) unless every target is
-acceptable under an :class:`ExtensionPolicy`.
-
-What a target may be (the policy's ``allowed`` entries, setting ``allowed_state_types``):
-
-* always: LangGraph's own safe types (``SAFE_MSGPACK_TYPES``; for code 3, a method call, only
-  ``SAFE_MSGPACK_METHODS`` and the ``fromisoformat`` JsonPlus writes for datetime subclasses, of a class
-  accepted here) and the message classes the service accepts in the messages channel;
-* ``module:Class`` or ``module`` (that module and its submodules) entries: exactly those;
-* ``*`` (the default): also any class-shaped name (a first letter in upper case, as pydantic models,
-  dataclasses, Enums and namedtuples are named) in a module outside Python's standard library, when that
-  module defines the class itself (:func:`defined_classes`). A graph's own state types live in its own
-  modules, so they need no configuration; every standard-library target outside the safe types
-  (``os.system``, ``subprocess.Popen``, ``builtins.eval``, ``importlib.import_module``,
-  ``pickle.loads``…) and every function-shaped name anywhere (``yaml.unsafe_load``…) is refused, and so
-  is a standard-library class under the name of a module that re-exports it
-  (``pip._internal.utils.wheel.ZipFile``, ``sqlite_vec.Connection``, ``psycopg_pool``'s ``Thread``…).
-
-How a module is read: the service finds its source the way the import system would (every finder of
-``sys.meta_path``, one package level at a time, so no parent package's ``__init__`` runs), parses it
-with ``ast`` and never executes it. A name is a class the module defines when every binding of it at
-the module's top level is a ``class`` statement or a call of a class factory (``namedtuple``,
-``NamedTuple``, ``make_dataclass``, ``Enum``…); a name bound by an import, a function or any other
-assignment is refused, and so is any name of a module whose source cannot be read (compiled code). A
-module the service does not have at all (a graph's own module, installed with the agents only) cannot
-be read: its class-shaped names are accepted, which is the default mode's limit, since a stock reader
-that has such a module imports and calls whatever it names. Only a list without ``*`` closes it.
-
-Without importing, the service cannot tell a third-party class whose constructor acts on its arguments
-from a data class, nor a module whose import has effects from a harmless one: only a list without ``*``
-closes that too. ``RemoteReducingSaver``'s default serializer checks what it finds in the reading process
-instead (``reducing_saver.client.SafeJsonPlusSerializer``).
-
-Nested extensions (inside a model's fields, a numpy payload or a DeltaChannel snapshot, code 7, whose
-content every reader decodes with the same hook) are read too, with an explicit work list rather than
-recursion, so a deep value cannot exhaust the C stack; nesting beyond :data:`MAX_EXTENSION_DEPTH` is
-refused. Extension codes LangGraph does not know (below 0, above 7) are left alone: its decoder turns them
-into ``None`` without reading them.
-
-What is stored must also be readable: every value is decoded as LangGraph's decoder decodes it (ormsgpack,
-non-string keys allowed), and so is the payload of every extension LangGraph opens. Bytes it cannot decode
-(an extension or a map as a map key, a string that is not UTF-8, nesting ormsgpack refuses, truncated
-bytes) are refused with :class:`UnreadableValueError`: stored, such a value breaks every read of its thread,
-through the service's client and a stock saver alike (an undecodable payload inside a model's fields
-silently reads as ``None`` instead).
+:func:`check_value` reads a ``msgpack`` value's extensions the way LangGraph's decoder meets them, nested
+ones included, without importing or calling anything, and refuses the value unless every target is
+acceptable under an :class:`ExtensionPolicy` (setting ``allowed_state_types``), and unless LangGraph's
+decoder can read it. docs/security.md ("Code in stored values", "What the default ``--allow-state-type *``
+accepts, and its limit") describes what is accepted, how a module is read, and the limits.
 """
 
 from __future__ import annotations

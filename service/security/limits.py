@@ -52,7 +52,8 @@ class Limits(BaseModel):
     )
 
 
-_limits: ContextVar[Limits] = ContextVar("reducing_saver_limits", default=Limits())
+# Nothing assigns to a Limits' fields: the shared default is read-only.
+_limits: ContextVar[Limits] = ContextVar("reducing_saver_limits", default=Limits())  # noqa: B039
 
 
 def current_limits() -> Limits:

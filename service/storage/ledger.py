@@ -72,7 +72,7 @@ class SweepReport:
     threads: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "dry_run": self.dry_run,
             "strategy": self.strategy,
             "default_ttl_seconds": self.default_ttl_seconds,

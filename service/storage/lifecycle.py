@@ -1,50 +1,9 @@
 """Thread-lifecycle pieces the three backends' savers share: argument checks, DeltaChannel markers,
 the copy conflict, the keep-checkpoints rule.
 
-Semantics of ``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoints``, the same on every backend (each backend's
-``saver.py`` implements them against its own tables):
-
-* ``copy_thread(source, target)`` copies every checkpoint, blob and pending write of ``source`` to
-  ``target``, ids, parents and metadata unchanged. ``target`` must hold nothing: otherwise
-  :class:`ThreadNotEmptyError` and nothing is copied, since merging two histories under one id would
-  silently mix them. A ``source`` with nothing stored copies nothing.
-* ``delete_for_runs(run_ids)`` deletes, across all threads, the checkpoints whose metadata ``run_id`` is
-  one of ``run_ids`` (a string, compared exactly), their pending writes, and the blobs they referenced
-  that no remaining checkpoint of the same thread and namespace references. A remaining checkpoint whose
-  parent was deleted is left with no parent.
-* ``prune(thread_ids, strategy="keep_latest")`` keeps each namespace's latest checkpoint (the one
-  ``get_tuple`` loads) with its pending writes and the blobs it references, and leaves it with no
-  parent; a subgraph call's namespace (a ``:`` in it) goes entirely when the root checkpoint its call
-  started from is saved and pruned. Threads that use a DeltaChannel are refused with
-  ``NotImplementedError``, and then nothing is pruned. ``strategy="delete"`` removes everything of the
-  threads. These are PostgresSaver 3.2's rules (it also keeps a pre-v4 head's parent for the pending
-  sends it reads from there; the other savers never read those). The SQLite and in-memory savers prune
-  the whole batch in one transaction, PostgresSaver one thread per transaction.
-
-* ``keep_checkpoints`` (an attribute of each saver, and a put's ``config["configurable"]
-  ["keep_checkpoints"]``): after each put, the put's thread and namespace keep their newest K checkpoints
-  and every branch head (a checkpoint no other one names as parent), with exactly the pending writes and
-  blobs those reference; the rest is deleted and a kept checkpoint whose parent goes is left with none
-  (``checkpoints_to_drop``). When the root namespace's prune deletes the root checkpoint a subgraph
-  call started from (its newest checkpoint's ``parents[""]``), the call's namespace goes entirely, as
-  ``prune`` deletes it. On a thread that uses a DeltaChannel, a kept checkpoint also keeps the ancestors
-  its channels are rebuilt from, back to each one's snapshot (``delta_needs``, told by the metadata
-  counters, which stay plain under encryption).
-
-What the keep-checkpoints policy deleted stays known: per thread and namespace, the newest checkpoint id
-it deleted (``pruned_through``: the table :data:`PRUNED_TABLE` on PostgreSQL and SQLite, a dict in
-memory). A checkpoint a call names that is not stored, and whose id is not newer than that, was deleted
-(ids grow with time; compared as bytes, ``COLLATE "C"`` on PostgreSQL): ``get_tuple`` and ``list`` of it
-raise :class:`CheckpointPrunedError` instead of answering "no such checkpoint", and so does a ``put``
-naming it as parent, which would otherwise store a new head for the thread, built on nothing. ``prune``,
-``delete_for_runs`` and the TTL sweeps record nothing; ``delete_thread`` and ``prune("delete")`` forget the
-thread's record, ``copy_thread`` copies it.
-
-A DeltaChannel leaves ``counters_since_delta_snapshot`` (LangGraph.js: ``delta_writes_versioned``) in
-checkpoint metadata, except on checkpoints that snapshot every delta channel; a snapshot is a value that
-serializes to msgpack extension 7 as a whole. The service stores client blobs verbatim
-(:class:`~reducing_saver.service.storage.serde.VerbatimSerde`), so snapshots are recognized from their bytes,
-not only as ``_DeltaSnapshot`` objects.
+``copy_thread``, ``delete_for_runs``, ``prune`` and ``keep_checkpoints`` mean the same on every backend
+(each backend's ``saver.py`` implements them against its own tables); docs/storage.md ("Copy, delete by
+run, prune: the same on every backend", "Keep the last K checkpoints") states their rules.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ created (tables, no version table) migrates like an empty one.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reducing_saver.service.storage import StorageError
@@ -47,7 +48,7 @@ def summary(statement: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def latest(migrations: list[str]) -> int:
+def latest(migrations: Sequence[str]) -> int:
     """The version a database has once every statement of ``migrations`` is applied."""
     return len(migrations) - 1
 

@@ -1,39 +1,8 @@
 """The extraction outbox: messages that left the window, kept durably until long-term memory has them.
 
-The invariant the outbox upholds, with the put path recording *before* the checkpoint is stored (on
-PostgreSQL: in the checkpoint's own transaction, see :class:`CheckpointRecords`): every
-message that ever entered a thread's stored checkpoints is in the latest stored checkpoint, or is a row
-here waiting for extraction, or is a row here already extracted. So a pruned message can be lost by
-neither a crash nor a failing extractor, and the constraint on ``(namespace, key)`` keeps it once although
-LangGraph hands every put of a turn the same unreduced list and those puts may land on different replicas.
-
-A row goes through three states:
-
-* ``pending``: waiting for a worker. A worker *claims* a batch: the rows get its id (``claimed_by``) and a
-  lease (``lease_until``) that it renews while its extractor runs. A pending row whose lease has expired
-  (its worker crashed) is claimable again; a row that failed waits until its ``retry_at``.
-* ``done``: the extractor took it. The row stays with its key, so a late put of the same turn records
-  nothing, but without its message (JSON ``null``) or what only delivery needed (``DELIVERED_DROPS``):
-  the store holds the content, once.
-
-A row also keeps its message's *fingerprint* (:func:`message_fingerprint`: a digest of what the message
-says). A message recorded again under the same key with another fingerprint was edited since (LangGraph's
-``update_state`` with its id, while its batch waited for a summary): that newer version replaces the row
-and goes back to ``pending``, so long-term memory ends with the edit (the default extractor overwrites its
-item). A row recorded before fingerprints existed (``NULL``) is left as it is.
-* ``dead``: it failed ``max_attempts`` times (or failed for good). Kept, listed by :meth:`dead_letters`,
-  sent back to ``pending`` by :meth:`retry_dead`.
-
-A row with no message (``message`` JSON ``null`` while pending) is a deletion (``forget``: a message the
-agent deleted on purpose): delivering it removes the key from the store, and once done it keeps a later
-record of the key out, as every delivered row does.
-
-Nothing is ever dropped: there is no capacity bound and no back-pressure discard.
-
-Each backend implements :class:`Outbox` (``storage/<backend>/outbox.py``): PostgreSQL with ``FOR UPDATE
-SKIP LOCKED`` claims, safe across replicas; SQLite in the service's file with ``BEGIN IMMEDIATE``
-transactions; memory in one process, for ``memory://``. This module holds what they share: the entry,
-how entries are made from pruned messages, the protocol.
+Each backend implements :class:`Outbox` (``storage/<backend>/outbox.py``); this module holds what they
+share: the entry, how entries are made from pruned messages (keys, fingerprints), the protocol.
+docs/memory.md ("How nothing is lost") gives the invariant, a row's states and how delivery runs.
 """
 
 from __future__ import annotations

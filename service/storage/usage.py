@@ -1,35 +1,9 @@
 """Storage you can see: what a thread holds now, per kind, and what a plain saver would hold for it.
 
-Each backend measures its own rows (``storage/<backend>/usage.py``: PostgreSQL with ``pg_column_size``
-of every row, SQLite with ``length()`` of every column, memory with ``len`` of the serialized values) and
-hands back one :class:`ThreadStorage` per thread; this module holds what they share: the figures, which
-threads a measurement covers (:class:`Selection`), how a thread's tenant is read from its stored id, and
-the plain estimate.
-
-The plain estimate
-------------------
-Plain ``add_messages`` stores the whole message history at every copy it writes: PostgreSQL and memory
-write the messages channel once per new version of it (a node's step that adds messages), SQLite writes
-the whole state in every checkpoint. With ``H`` the bytes of the history at the head, ``n`` the copies
-written and the history growing about linearly, copy ``i`` holds about ``H * i / n``, so the copies
-together hold
-
-    plain messages = H * (n + 1) / 2
-
-per checkpoint namespace, where
-
-* ``H`` = ``w + c * w / k``: the head window's ``w`` bytes holding ``k`` messages, plus the ``c``
-  messages cut from the thread, counted at that average size; ``c`` is the larger of the thread's outbox
-  rows and its store items (the root namespace only; a subgraph's namespace counts ``c = 0``);
-* ``n`` = ``k + c``, the messages the namespace has had, on PostgreSQL and memory (one new version per
-  message: a chat turn's human and AI messages come in steps of their own), and the checkpoints the
-  namespace has had on SQLite (head step + 2: steps start at -1). Both count checkpoints that were
-  deleted since: the figures come from the head, the outbox and the store.
-
-``plain_estimate`` = the plain messages + every other byte the checkpoint tables hold now (checkpoint
-rows and writes without the messages values), scaled by the checkpoints the thread has had (head step +
-2, summed over its namespaces) over the checkpoints it keeps. A window whose message count cannot be
-read (another serde, an encrypted value) counts ``c = 0``.
+Each backend measures its own rows (``storage/<backend>/usage.py``) and hands back one
+:class:`ThreadStorage` per thread; this module holds what they share: the figures, which threads a
+measurement covers (:class:`Selection`), how a thread's tenant is read from its stored id, and the plain
+estimate, whose formula docs/storage.md ("The plain estimate") derives.
 """
 
 from __future__ import annotations
@@ -186,7 +160,7 @@ class ThreadStorage:
 
 def plain_messages(head: Head, cut: int) -> int:
     """``H * (n + 1) / 2`` with ``H = w + c * w / k`` (see the module docstring)."""
-    history = head.window_bytes
+    history: float = head.window_bytes
     if cut and head.window_messages:
         history += cut * head.window_bytes / head.window_messages
     copies = head.copies if head.copies is not None else (head.window_messages or 0) + cut

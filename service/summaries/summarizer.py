@@ -435,9 +435,13 @@ class SummaryWorker:
                 if self._keeper_stopping:
                     return
                 held = self._held
-                self._held_changed.wait_for(
-                    lambda: self._held is not held or self._keeper_stopping, timeout=every
-                )
+                if held is None:  # not reached: the loop above waits until one is held or told to stop
+                    continue
+
+                def released(held: _Held = held) -> bool:
+                    return self._held is not held or self._keeper_stopping
+
+                self._held_changed.wait_for(released, timeout=every)
                 if self._held is not held or self._keeper_stopping:
                     continue
             try:

@@ -1,86 +1,9 @@
 """TTL sweeps: threads idle for longer than their time to live are pruned to their head, or deleted.
 
-A thread's age counts from its last write. When it is older than its TTL — its own, set by a put's
-``config["configurable"]["checkpoint_ttl"]``, else the ``default_ttl`` setting — a sweep applies the
-``ttl_strategy``: ``keep_latest`` prunes it to its head checkpoint (with that checkpoint's writes and
-blobs) through the saver's ``prune(..., strategy="keep_latest")``; ``delete`` removes it, after recording
-the messages still in its window in the extraction outbox, so they reach long-term memory like any
-pruned message. Sweeps run in a background thread of each service process (``--sweep``, every
-``--sweep-interval``) and as ``reducing-saver sweep [--dry-run]`` for cron.
-
-Design: a per-thread ledger, ``reducing_saver_threads``
------------------------------------------------------------
-One row per thread: ``thread_id``, ``last_write_at``, ``ttl_seconds`` (the thread's own, or NULL for the
-default), ``expires_at`` (``last_write_at + ttl_seconds``), ``namespace`` (the memory namespace its puts
-name, or NULL for ``("memories", thread_id)``) and ``swept_at`` (set by a ``keep_latest`` sweep, cleared by
-the next write). A table in the service's database on PostgreSQL and SQLite, a dictionary on memory.
-Why a table rather than reading the checkpoints:
-
-* **The memory namespace must survive until sweep time**, and the checkpoints do not keep it: it is a
-  list, and savers merge only primitive ``configurable`` values into checkpoint metadata. (The TTL, a
-  primitive, does land in the metadata too; the ledger keeps it where a sweep can find it by index.)
-* **Finding expired threads is an index range scan**, not a scan of every checkpoint: the partial
-  indexes on ``expires_at`` and ``last_write_at`` hold only threads not yet swept, so threads pruned
-  long ago cost a sweep nothing. (PostgreSQL 15 has no skip scan: ``max(checkpoint_id) GROUP BY
-  thread_id`` reads the whole primary-key index.)
-* **The ledger row is the lock** that makes sweeps safe, below.
-* **Clocks**: ``last_write_at`` is the database's clock (PostgreSQL ``now()``; the service host's clock on
-  SQLite and memory). Checkpoint ids (uuid6) and ``ts`` carry the clock of whichever agent wrote them.
-
-The cost on the put path is bounded: a put *touches* the row (one upsert) before it stores the
-checkpoint, but a process skips the touch when it touched the same thread less than
-``min(1 h, ttl / 10)`` ago with the same TTL and namespace (a skipped touch costs ~5 µs, a written one
-one upsert, ~0.5–1 ms here). A busy thread costs one upsert an hour per process; a thread therefore expires
-between ``ttl`` and ``ttl + min(1 h, ttl / 10)`` after its last write. The skip is safe: a row touched less
-than ``ttl / 10`` ago cannot be expired. (A thread's TTL is expected to stay put: a process that cached
-a longer one than another replica set since skips touches for a tenth of the longer one.)
-
-Threads written before the ledger existed (or by a stock saver on the same database) are *discovered*
-by each process's first sweep and by ``reducing-saver sweep``: a row per thread without one, with the
-last-write time of its newest checkpoint — the timestamp inside its uuid6 id (``max(checkpoint_id)`` is
-an index-only read), or the checkpoint's ``ts`` when the id is not a uuid6.
-
-Several sweepers at once, and writes during a sweep
-------------------------------------------------------
-Each thread is handled in a transaction that first locks its ledger row and re-checks, on that row,
-that the thread is still expired (and, for ``keep_latest``, not already swept). On PostgreSQL the lock
-is ``SELECT ... FOR UPDATE SKIP LOCKED``: two replicas never handle one thread, and a thread another
-replica is sweeping is skipped. A put touches the row before it writes, so:
-
-* a put whose touch committed first makes the thread young again: the re-check skips it, the thread is
-  not touched;
-* a put that arrives while its thread is being swept waits on the row lock and writes after the sweep
-  (the thread is then pruned, or gone, as if the put had come a moment later).
-
-``delete`` on PostgreSQL is one transaction with the check: the window's messages go into the outbox
-table, the thread's rows are deleted, its running-summary steps and the ledger row with them, all or
-nothing. ``keep_latest`` runs
-PostgresSaver's ``prune`` (its own REPEATABLE READ transaction, on a second connection) while the row is
-held, and deletes right after it the summary steps of the subgraph calls it dropped. SQLite sweeps hold
-the database's write lock (``BEGIN IMMEDIATE``) over the check and the change (summary steps included);
-``delete`` records the window in the outbox (a connection of its own) just before. Memory sweeps run
-under the saver's lock.
-
-Each sweep also deletes the extraction outbox's delivered rows older than ``outbox_retention`` (default
-7 days). A row's key is what keeps a message extracted once while LangGraph keeps handing it to puts;
-once purged, the same message pruned again (a thread resumed from an old checkpoint, say) is recorded
-and extracted again, and the default extractor, writing under the message's key, overwrites its item.
-
-Every handled thread leaves a row in ``reducing_saver_sweep_log`` (thread, action, bytes, when, by
-whom), kept 30 days: ``/v1/sweeps/status`` adds it up across replicas and cron runs.
-
-Bytes reclaimed: PostgreSQL counts ``pg_column_size`` of the thread's rows in the three checkpoint
-tables, SQLite the length of its checkpoint, metadata and write blobs, memory the length of its
-serialized bytes; a sweep reports the size before minus the size after. A dry run reports the whole
-thread for ``delete``, and for ``keep_latest`` all but each namespace's head checkpoint, its writes and
-the blobs it references.
-
-Explicit ``delete_thread`` calls do not extract, unless the ``extract_on_delete`` setting says so.
-
-Limits: only the root namespace's messages channel is extracted before a delete; a messages channel the
-service cannot read (another serde, a DeltaChannel) is deleted unextracted, as the put path stores it
-unreduced. A turn that loaded a thread before a ``delete`` sweep and writes after it starts the thread
-anew from those writes.
+The sweeper finds expired threads in the per-thread ledger (``reducing_saver_threads``), locks and
+re-checks each one, applies the ``ttl_strategy`` and logs what it freed. It runs in a background thread
+of each service process and as ``reducing-saver sweep [--dry-run]``. docs/operations.md ("How a sweep
+works") has the design: the ledger, several sweepers at once, the bytes it counts and its limits.
 """
 
 from __future__ import annotations
@@ -277,7 +200,7 @@ class Sweeper:
             self._metrics.retention.set(outbox_retention)
         self._touched: OrderedDict[str, tuple[float, float | None, tuple[str, ...] | None]] = OrderedDict()
         self._touched_lock = threading.Lock()
-        self._figures = {
+        self._figures: dict[str, Any] = {
             "last_sweep_at": None,
             "last_sweep_seconds": None,
             "sweeps": 0,

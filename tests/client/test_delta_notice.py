@@ -14,7 +14,7 @@ from langgraph.graph.message import _messages_delta_reducer
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 
 
 class _Delta(TypedDict):

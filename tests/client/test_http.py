@@ -20,7 +20,7 @@ from reducing_saver.client import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.server import free_port, run_service
 
 pytestmark = pytest.mark.e2e

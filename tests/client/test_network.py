@@ -25,7 +25,7 @@ from reducing_saver.client import (
 )
 from reducing_saver.client._calls import Call
 from reducing_saver.client._http import Http
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.http_app import run_app
 from tests.support.http_proxy import forward_proxy, reverse_proxy
 from tests.support.server import free_port, run_service

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PG_HOST, PG_PORT, PG_USER
+from tests.support.postgres import PG_HOST, PG_PORT, PG_USER
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

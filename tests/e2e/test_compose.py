@@ -14,6 +14,7 @@ The figures a run measures (image size, times, turns, memories) are printed in p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -123,7 +124,7 @@ class Worker:
 
     def first_cut(self) -> float | None:
         """Log time of the first turn whose stored window is smaller than the turn before's."""
-        for (_, before, _, _), (_, after, _, at) in zip(self.turns, self.turns[1:]):
+        for (_, before, _, _), (_, after, _, at) in itertools.pairwise(self.turns):
             if after < before:
                 return at
         return None

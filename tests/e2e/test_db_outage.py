@@ -26,7 +26,8 @@ from langgraph.store.postgres import PostgresStore
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.storage.postgres.connections import ServicePool, connection_kwargs, open_pool
-from tests.conftest import PG_HOST, PG_PORT, build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import CLI, ROOT, run_service
 
@@ -158,8 +159,8 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
                 assert not agent.errors, f"{agent.prefix} agent failed: {agent.errors!r}\n{output[-4000:]}"
             # The agents made progress before, and carried on after (every turn retried through the cut).
             assert all(before >= 2 for before in turns_before), turns_before
-            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before)), [
-                (agent.turns, before) for agent, before in zip(agents, turns_before)
+            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before, strict=True)), [
+                (agent.turns, before) for agent, before in zip(agents, turns_before, strict=True)
             ]
 
             during = [a for a in answers if cut_at <= a.at < restored_at]

@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage
 
 from reducing_saver.client import RemoteReducingSaver, RemoteStore, ServerUnavailableError
 from reducing_saver.reducer import SUMMARY_PREFIX, summary_message_id
-from tests.conftest import build_chat_graph
+from tests.support.chat import build_chat_graph
 from tests.support.encryption import new_key, ring_json
 from tests.support.server import run_service
 

@@ -24,7 +24,7 @@ import ormsgpack
 import psycopg
 import pytest
 
-from tests.conftest import pg_url
+from tests.support.postgres import pg_url
 from tests.hostile import corpus
 from tests.hostile.corpus import CASES, SNAPSHOT_CASE, Case, Context
 from tests.support.server import ROOT, ServiceProcess, run_service
@@ -176,7 +176,7 @@ def test_a_snapshot_is_stored_as_sent(service: ServiceProcess, context: Context,
 
 def test_an_ordinary_conversation_works_after_the_corpus(service: ServiceProcess, corpus_db: str, context: Context):
     from reducing_saver.client import RemoteReducingSaver
-    from tests.conftest import build_chat_graph, human
+    from tests.support.chat import build_chat_graph, human
 
     with RemoteReducingSaver(service.url, api_key=KEY) as saver:
         graph = build_chat_graph(saver, prefix="after")

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from tests.conftest import PG_HOST, PG_PORT
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service

@@ -30,7 +30,7 @@ from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
 from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.wire import blob_to_wire
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.bodies import messages_put_body
 from tests.support.encryption import new_key, ring_json
 from tests.support.server import run_service

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import PG_HOST, PG_PORT
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service
 
@@ -128,7 +129,7 @@ def test_each_scrape_of_two_workers_adds_up_both(tmp_path: Path) -> None:
     assert gets == [requests] * 6, gets
     # Counters never go backwards from one scrape to the next, whichever worker answers.
     series = [*before, *after]
-    for earlier, later in zip(series, series[1:]):
+    for earlier, later in itertools.pairwise(series):
         assert all(later.get(route, 0) >= value for route, value in earlier.items()), (earlier, later)
     scraped = [counts.get("/metrics", 0) for counts in series]
     assert scraped == sorted(scraped) and scraped[-1] >= len(series) - 1, scraped

@@ -10,10 +10,12 @@ here the real command, started from a user's folder with nothing on ``PYTHONPATH
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.server import CLI, free_port, run_ready
@@ -67,8 +69,16 @@ def test_every_module_setting_names_a_module_of_the_working_folder(user_folder: 
         "--summarizer", "my_module:summarize", "--extractor", "my_module:extract",
         "--on-prune", "my_module:hook", "--store-index", _index("my_module:embed"),
     ]
-    with run_ready(command, f"http://127.0.0.1:{port}", user_folder / "serve.log", env=_env(), cwd=user_folder):
-        pass
+    base = f"http://127.0.0.1:{port}"
+    with run_ready(command, base, user_folder / "serve.log", env=_env(), cwd=user_folder):
+        put = httpx.put(f"{base}/store/items", json={"namespace": ["notes"], "key": "k", "value": {"text": "tea"}})
+        assert put.status_code == 204, put.text
+        search = {"namespace_prefix": ["notes"], "query": "tea"}
+        found = httpx.post(f"{base}/store/items/search", json=search).json()["items"]
+    # my_module:embed embedded the item (its value as JSON text, 15 characters) and the query ("tea"): the
+    # score is the cosine of [15, 1, 0, 0] and [3, 1, 0, 0].
+    cosine = (15 * 3 + 1) / (math.hypot(15, 1) * math.hypot(3, 1))
+    assert [(item["key"], item["score"]) for item in found] == [("k", pytest.approx(cosine))]
 
 
 @pytest.mark.parametrize(

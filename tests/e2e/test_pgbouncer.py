@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from reducing_saver.service.storage.postgres.connections import setup_lock
-from tests.conftest import PG_HOST, PG_PORT
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.pgbouncer import pgbouncer
 from tests.support.quotes import quoted_line

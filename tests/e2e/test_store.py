@@ -31,7 +31,7 @@ from langgraph.store.postgres import PostgresStore
 from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import AuthenticationError, BadRequestError, RemoteReducingSaver, RemoteStore
-from tests.conftest import pg_url
+from tests.support.postgres import pg_url
 from tests.support.server import ServiceProcess, run_service
 
 
@@ -101,7 +101,9 @@ def test_put_get_update_delete(store: RemoteStore, root: str) -> None:
     assert updated.updated_at >= item.updated_at
     store.delete(ns, "a")
     assert store.get(ns, "a") is None
-    store.delete(ns, "never-there")  # deleting a missing item is no error
+    store.delete(ns, "never-there")  # deleting a missing item is no error, and creates nothing
+    assert store.get(ns, "never-there") is None
+    assert [item.key for item in store.search(ns)] == []
 
 
 async def test_async_convenience_methods(store: RemoteStore, root: str) -> None:
@@ -127,7 +129,10 @@ def _fill(store: RemoteStore, root: str) -> None:
 
 def test_search_by_prefix_and_filters(store: RemoteStore, root: str) -> None:
     _fill(store, root)
-    keys = lambda items: sorted(i.key for i in items)
+
+    def keys(items: list) -> list[str]:
+        return sorted(i.key for i in items)
+
     assert keys(store.search((root,))) == ["1", "2", "3", "4"]
     assert keys(store.search((root, "a"))) == ["1", "2", "3"]
     assert keys(store.search((root, "a", "deep"))) == ["3"]
@@ -162,7 +167,10 @@ def test_list_namespaces(store: RemoteStore, root: str) -> None:
         (root, "docs", "alice"),
     ]:
         store.put(ns, "k", {"v": 1})
-    listed = lambda **kw: sorted(store.list_namespaces(**kw))
+
+    def listed(**kw) -> list[tuple[str, ...]]:
+        return sorted(store.list_namespaces(**kw))
+
     assert listed(prefix=(root,)) == sorted(
         [
             (root, "docs", "alice"),

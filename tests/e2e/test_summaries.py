@@ -22,7 +22,8 @@ from langchain_openai import ChatOpenAI
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MARK_KEY, SUMMARY_PREFIX, summary_message_id
-from tests.conftest import api_window_problems, build_chat_graph, build_subgraph_chat
+from tests.support.chat import build_chat_graph, build_subgraph_chat
+from tests.support.windows import api_window_problems
 from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e

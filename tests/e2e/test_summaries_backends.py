@@ -12,7 +12,8 @@ from langchain_core.messages import HumanMessage
 
 from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.reducer import MARK_KEY, summary_message_id
-from tests.conftest import api_window_problems, build_chat_graph
+from tests.support.chat import build_chat_graph
+from tests.support.windows import api_window_problems
 from tests.support.server import run_service
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.service.storage.postgres import migrations as pg_migrations
 from reducing_saver.service.storage.sqlite import migrations as sqlite_migrations
 from reducing_saver.service.version import __version__
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.previous_release import VERSION, version_key, build, run_previous_service
 from tests.support.server import run_service

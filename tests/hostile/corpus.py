@@ -457,7 +457,7 @@ def _cases() -> list[Case]:
                 cases.append(_state_case(code, target, place, msgpack=True))
     cases += [_state_value_case(*spec) for spec in STATE_VALUE_CASES]
     # An extension as a map key: ormsgpack, so every reader, refuses the whole value (it used to be stored).
-    for place, field in (("other-channel", "values.notes"), ("pending-write", "writes[0] (channel 'notes')")):
+    for place, named in (("other-channel", "values.notes"), ("pending-write", "writes[0] (channel 'notes')")):
         cases.append(
             Case(
                 f"ext0-os.system-as-a-map-key-{place}",
@@ -469,7 +469,7 @@ def _cases() -> list[Case]:
                         thread_id=f"ext-key-{place}",
                     )
                 ),
-                names=(field, "not msgpack a reader can decode"),
+                names=(named, "not msgpack a reader can decode"),
             )
         )
     # -- standard-library callables under a third-party module's name ------------------------------------

@@ -20,7 +20,7 @@ from langgraph.graph.message import _messages_delta_reducer
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver, apply_reducer, memory_namespace
 from reducing_saver.reducer import _saver as saver_module
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 
 
 def ids(messages) -> list[str]:

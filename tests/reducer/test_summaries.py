@@ -27,7 +27,8 @@ from reducing_saver.reducer import (
     message_key,
     summary_message_id,
 )
-from tests.conftest import api_window_problems, build_chat_graph, build_subgraph_chat
+from tests.support.chat import build_chat_graph, build_subgraph_chat
+from tests.support.windows import api_window_problems
 
 
 def fact_summarizer(previous: str | None, messages: list[Any]) -> str:

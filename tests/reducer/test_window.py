@@ -26,7 +26,7 @@ from langchain_core.messages import (
 from langchain_core.messages.utils import count_tokens_approximately
 
 from reducing_saver.reducer import MessageReducer, ReducerConfig
-from tests.conftest import msg_kind
+from tests.support.windows import msg_kind
 
 # -- compact message builders -------------------------------------------------------------------------
 
@@ -291,8 +291,10 @@ def test_token_counter_is_applied_one_message_at_a_time() -> None:
         return content_length_counter(batch)
 
     messages = [H("h1", "x" * 10), A("a1", text="x" * 10), H("h2", "x" * 10)]
-    MessageReducer(max_messages=None, max_tokens=15, token_counter=counter).reduce(messages)
+    kept, pruned = MessageReducer(max_messages=None, max_tokens=15, token_counter=counter).reduce(messages)
     assert calls and set(calls) == {1}
+    # 10 tokens a message: only the last human turn fits in 15.
+    assert ([m.id for m in kept], [m.id for m in pruned]) == (["h2"], ["h1", "a1"])
 
 
 def test_kept_and_pruned_split_the_input_in_order() -> None:

@@ -22,7 +22,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from reducing_saver.client import RemoteReducingSaver
-from tests.conftest import padded
+from tests.support.chat import padded
 
 #: Characters of each message: a window of 6 is a few KB.
 LENGTH = 120

@@ -149,7 +149,7 @@ def _identify() -> dict:
 def _chat(url: str, threads: list[str], turns: int) -> dict:
     """``turns`` chat turns on each thread; the message ids of each thread's state afterwards."""
     from reducing_saver.client import RemoteReducingSaver
-    from tests.conftest import build_chat_graph, human
+    from tests.support.chat import build_chat_graph, human
 
     seen = {}
     with RemoteReducingSaver(url) as saver:

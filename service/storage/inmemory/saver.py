@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -310,8 +311,8 @@ class InMemoryLifecycleSaver(InMemorySaver):
             or any(key[0] == thread_id for key in self.blobs)
         )
 
-    def _delta_threads(self, thread_ids: list[str]) -> set[str]:
-        found = set()
+    def _delta_threads(self, thread_ids: builtins.list[str]) -> set[str]:
+        found: set[str] = set()
         for thread_id in thread_ids:
             for checkpoints in self.storage.get(thread_id, {}).values():
                 if any(has_delta_metadata(self.serde.loads_typed(m)) for _, m, _ in checkpoints.values()):
@@ -394,9 +395,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
         for key in self.writes:
             if key[0] == thread_id and (ns is None or key[1] == ns):
                 changes.writes[key] = None
-        for key in self.blobs:
-            if key[0] == thread_id and (ns is None or key[1] == ns):
-                changes.blobs[key] = None
+        for blob_key in self.blobs:
+            if blob_key[0] == thread_id and (ns is None or blob_key[1] == ns):
+                changes.blobs[blob_key] = None
 
     def _apply(self, changes: _Changes) -> None:
         """Apply planned changes: plain dictionary updates that cannot fail half way."""
@@ -412,11 +413,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
                 self.writes[key] = writes
             else:
                 self.writes.pop(key, None)
-        for key, blob in changes.blobs.items():
+        for blob_key, blob in changes.blobs.items():
             if blob is not None:
-                self.blobs[key] = blob
+                self.blobs[blob_key] = blob
             else:
-                self.blobs.pop(key, None)
+                self.blobs.pop(blob_key, None)
         if self.summary_book is not None:
             gone = [
                 (thread_id, ns)

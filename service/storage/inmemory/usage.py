@@ -68,13 +68,13 @@ def measure(
                     checkpoints_had=checkpoints_had(saver.serde.loads_typed(metadata).get("step")),
                 )
         for (thread_id, _, channel, _), value in saver.blobs.items():
-            if (thread := threads.get(thread_id)) is not None:
-                thread.blob_bytes += len(value[1])
+            if (holder := threads.get(thread_id)) is not None:
+                holder.blob_bytes += len(value[1])
                 if channel == messages_key:
-                    thread.messages_bytes += len(value[1])
+                    holder.messages_bytes += len(value[1])
         for (thread_id, _, _), writes in saver.writes.items():
-            if (thread := threads.get(thread_id)) is not None:
-                thread.write_bytes += sum(len(write[2][1]) for write in writes.values())
+            if (holder := threads.get(thread_id)) is not None:
+                holder.write_bytes += sum(len(write[2][1]) for write in writes.values())
     wanted = selection.thread_tenant()
     agent = selection.agent_thread()
 

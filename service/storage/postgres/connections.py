@@ -1,26 +1,11 @@
 """PostgreSQL connections: the one pool of a process, single connections, set-up locks (what the
 database's errors mean to a caller is ``errors.py``).
 
-Every part of a service process (saver calls, recording pruned messages, delivery, the store, TTL
-touches) borrows from the one pool :func:`open_pool` makes, so a process never holds more than
-``pool_size`` connections. Borrowing waits at most ``timeout`` seconds: past that the pool raises
-``PoolTimeout``, which ``errors.wrap_exceptions`` reads as "the database is unavailable" (a 503), instead of
-psycopg_pool's default of 30 s.
-
-Every connection the service opens, pooled or not, is opened by :func:`connection_kwargs` from the
-``postgres_*`` settings (``Settings.postgres``): prepared statements on or off (off behind a pooler in
-transaction mode), TCP keepalives, a bound on connecting, and ``target_session_attrs=read-write`` unless the
-URL names its own, so a URL listing a primary and its standbys reaches the one that takes writes. Nothing
-relies on a session outliving a transaction: set-up locks are transaction-level advisory locks
-(:func:`setup_lock`), so a pooler may hand each transaction to another server connection.
-
-When the database goes away, every connection in use fails (``OperationalError``, a 503) and the pool
-replaces it in the background. psycopg_pool waits 1, 2, 4, 8... seconds between reconnection attempts,
-so after an outage of seconds the service would answer 503 for as long again once the database is
-back; :class:`ServicePool` keeps trying every :data:`RECONNECT_MAX_DELAY` seconds at most instead. It also
-checks a connection that sat idle before lending it (one a load balancer cut is replaced unseen), and
-drops its connections when the server turns out to accept no writes (a failover: they reconnect to the
-new primary).
+Every part of a process borrows from the one pool :func:`open_pool` makes (at most ``pool_size``
+connections, a bounded wait, then a 503); every connection is opened by :func:`connection_kwargs` from the
+``postgres_*`` settings; :class:`ServicePool` reconnects quickly after an outage, checks idle connections
+and drops them after a failover. docs/operations.md ("Connection budget", "Running on managed PostgreSQL")
+says why.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ latest-checkpoint cache once proven (``postgres/latest.py``); the SQL as constan
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -645,7 +646,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         self,
         *,
         channels: Sequence[str],
-        chain_by_ch: Mapping[str, list[str]],
+        chain_by_ch: Mapping[str, builtins.list[str]],
         seed_ver_by_ch: Mapping[str, str | None],
         seed_inline_by_ch: Mapping[str, Any],
         stage2_rows: Sequence[Any],
@@ -679,7 +680,7 @@ class PostgresLifecycleSaver(PostgresSaver):
 
     def _search_where(
         self, config: RunnableConfig | None, filter: Any, before: RunnableConfig | None = None
-    ) -> tuple[str, list[Any]]:
+    ) -> tuple[str, builtins.list[Any]]:
         """PostgresSaver's, plus ``thread_id LIKE prefix%`` when ``config`` names a thread-id prefix
         (``THREAD_PREFIX_KEY``: the service lists one tenant's threads in the query, before the LIMIT), and
         ``checkpoint_id = id`` across threads when it names a checkpoint id (``CHECKPOINT_ID_KEY``)."""

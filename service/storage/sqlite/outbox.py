@@ -214,6 +214,7 @@ class SqliteOutbox:
         """See :meth:`PostgresOutbox.fail`."""
         check_fail_args(retry_at, dead)
         now = time.time()
+        params: tuple[Any, ...]
         if dead:
             sets, params = (
                 "status = 'dead', last_error = ?, failed_at = ?, claimed_by = NULL, lease_until = NULL",

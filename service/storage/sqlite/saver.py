@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 from collections import defaultdict
@@ -177,7 +178,7 @@ class SqliteLifecycleSaver(SqliteSaver):
         seeds: dict[str, tuple[Any, Any]] = {}
         with self.cursor(transaction=False) as cur:
             cur.execute(DELTA_STAGE1_SQL, (thread_id, ns, target, thread_id, ns))
-            walking, seen = set(channels), set()
+            walking, seen = set(channels), set[str]()
             for checkpoint_id, type_, blob in cur:
                 if checkpoint_id == target and not seen:  # the target itself: its writes come after it
                     seen.add(checkpoint_id)
@@ -345,7 +346,7 @@ class SqliteLifecycleSaver(SqliteSaver):
             (json.dumps(list(thread_ids)),),
         )
 
-    def _delta_threads(self, cur: sqlite3.Cursor, thread_ids: list[str]) -> set[str]:
+    def _delta_threads(self, cur: sqlite3.Cursor, thread_ids: builtins.list[str]) -> set[str]:
         found = {
             r[0] for r in cur.execute(_SQ_DELTA_METADATA_THREADS_SQL, (json.dumps(thread_ids),)).fetchall()
         }

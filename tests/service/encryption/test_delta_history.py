@@ -23,7 +23,7 @@ from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
 from reducing_saver.wire import DELTA_HISTORY_PATH, GET_PATH
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 
 TURNS = 12

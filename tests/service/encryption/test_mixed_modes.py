@@ -26,7 +26,7 @@ from reducing_saver.service.http.app import create_app
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.summaries.summarizer import CallableSummarizer, SummaryWorker
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 
 RING = ring_json("k1", k1=new_key())
@@ -151,7 +151,7 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
 
     from reducing_saver.client import RemoteReducingSaver
     from reducing_saver.service.http.app import create_app
-    from tests.conftest import build_chat_graph, human
+    from tests.support.chat import build_chat_graph, human
 
     common = dict(
         database=database, max_messages=6, min_messages=4, ttl_strategy="delete", default_ttl="1s",
@@ -159,7 +159,7 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
     )
     keyed_app = create_app(Settings(**common, encryption="migrate", encryption_keys=RING))
     off_app = create_app(Settings(**common))
-    with TestClient(keyed_app) as keyed_http, TestClient(off_app) as off_http:
+    with TestClient(keyed_app) as keyed_http, TestClient(off_app):
         with RemoteReducingSaver("http://testserver", transport=keyed_http._transport, max_retries=0) as saver:
             graph = build_chat_graph(saver, prefix="w", length=30)
             for n in range(3):

@@ -472,7 +472,9 @@ def test_validate_namespace_names_the_bad_label(namespace, named):
 @pytest.mark.parametrize("namespace", [("memories", "user-42"), ("a:b", "c"), ("x",), ["list", "ok"]])
 def test_validate_namespace_accepts_what_stores_accept(namespace):
     validate_namespace(namespace)
-    InMemoryStore().put(tuple(namespace), "k", {"v": 1})
+    store = InMemoryStore()
+    store.put(tuple(namespace), "k", {"v": 1})
+    assert store.get(tuple(namespace), "k").value == {"v": 1}
 
 
 # -- custom extractors -----------------------------------------------------------------------------

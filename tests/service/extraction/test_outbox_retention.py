@@ -21,7 +21,7 @@ from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor
 from reducing_saver.service.storage.outbox import make_entries
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.server import CLI, ROOT, run_service
 
 THREAD = "retention-thread"

@@ -202,7 +202,7 @@ def test_paging_across_copied_threads_is_complete_for_each_tenant(
         api_keys=",".join(f"{tenant}={key}" for tenant, key in keys.items()),
     )
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
-        for tenant, key in keys.items():
+        for key in keys.values():
             client.headers["Authorization"] = f"Bearer {key}"
             _put_checkpoints(client, "original", 3)
             for copy in ("copy-a", "copy-b"):

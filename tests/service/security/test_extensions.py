@@ -12,6 +12,7 @@ import decimal
 import enum
 import sys
 import uuid
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -120,19 +121,26 @@ def a_plan() -> Plan:
     ],
 )
 def test_what_jsonplus_writes_for_state_types_is_accepted(value: Any):
-    check_value(packed(value), "values.notes", DEFAULT)
+    data = packed(value)
+    check_value(data, "values.notes", DEFAULT)
+    # What is let through is the value itself: a stock reader gets it back.
+    assert SERDE.loads_typed(("msgpack", data)) == value
 
 
 def test_numpy_arrays_are_accepted():
     np = pytest.importorskip("numpy")
-    check_value(packed({"a": np.arange(6).reshape(2, 3)}), "values.notes", DEFAULT)
+    array = np.arange(6).reshape(2, 3)
+    data = packed({"a": array})
+    check_value(data, "values.notes", DEFAULT)
+    assert np.array_equal(SERDE.loads_typed(("msgpack", data))["a"], array)
 
 
 def test_a_datetime_subclass_from_another_package_is_accepted():
     # JsonPlus writes (module, Class, isoformat, "fromisoformat") for datetime subclasses (pendulum's, say).
-    check_value(
-        ormsgpack.packb(ext(3, "pendulum", "DateTime", "2026-01-01T00:00:00", "fromisoformat")), "f", DEFAULT
-    )
+    data = ormsgpack.packb(ext(3, "pendulum", "DateTime", "2026-01-01T00:00:00", "fromisoformat"))
+    check_value(data, "f", DEFAULT)
+    # Accepted by the default "*" entry, not by a rule for every method call: a list without it refuses.
+    assert "pendulum.DateTime" in str(refusal(data, ExtensionPolicy(["other"])))
 
 
 # -- gadgets are refused, wherever they sit ---------------------------------------------------------
@@ -307,8 +315,10 @@ def test_extensions_before_a_decoding_error_are_still_checked():
 def test_codes_langgraph_does_not_know_are_left_alone():
     # LangGraph's hook returns None for them without reading the payload.
     gadget_payload = ormsgpack.packb(("os", "system", "x"))
-    check_value(ormsgpack.packb([ormsgpack.Ext(42, gadget_payload)]), "f", DEFAULT)
-    check_value(b"\x92\xd4\xfd\x00\xc0", "f", DEFAULT)  # fixext 1 with code -3, then nil
+    for data in (ormsgpack.packb([ormsgpack.Ext(42, gadget_payload)]), b"\x92\xd4\xfd\x00\xc0"):  # code 42; -3
+        check_value(data, "f", DEFAULT)
+        # ... because a stock reader reads each as None, never opening the payload.
+        assert all(item is None for item in SERDE.loads_typed(("msgpack", data)))
 
 
 # -- bytes no reader can decode ---------------------------------------------------------------------
@@ -374,8 +384,10 @@ def test_an_extension_payload_no_reader_can_decode_is_refused(data: bytes):
 
 @pytest.mark.parametrize("data", READABLE.values(), ids=READABLE.keys())
 def test_what_a_stock_reader_decodes_is_accepted(data: bytes):
-    SERDE.loads_typed(("msgpack", data))
+    read = SERDE.loads_typed(("msgpack", data))
     check_value(data, "values.notes", DEFAULT)
+    # The reader got the value: each is a one-entry map or array, and reads as one.
+    assert len(read) == 1, read
 
 
 # -- the policy and its setting -------------------------------------------------------------------
@@ -398,14 +410,16 @@ def test_an_allowlist_without_star_accepts_only_what_it_lists():
 def test_star_and_entries_combine():
     # A standard-library Enum is refused by "*" alone (the service cannot tell it from a function).
     refusal(ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)))
-    check_value(
-        ormsgpack.packb(ext(0, "http", "HTTPStatus", 200)), "f", ExtensionPolicy(["*", "http:HTTPStatus"])
-    )
+    data = ormsgpack.packb(ext(0, "http", "HTTPStatus", 200))
+    check_value(data, "f", ExtensionPolicy(["*", "http:HTTPStatus"]))
+    assert SERDE.loads_typed(("msgpack", data)) is HTTPStatus.OK
 
 
 def test_configured_message_classes_are_accepted():
-    policy = ExtensionPolicy([], message_classes=[("mymessages", "Note")])
-    check_value(ormsgpack.packb(ext(5, "mymessages", "Note", {}, "model_validate_json")), "f", policy)
+    data = ormsgpack.packb(ext(5, "mymessages", "Note", {}, "model_validate_json"))
+    check_value(data, "f", ExtensionPolicy([], message_classes=[("mymessages", "Note")]))
+    # The configured class is what lets it through: without it, the same value is refused.
+    assert "mymessages" in str(refusal(data, ExtensionPolicy([])))
 
 
 @pytest.mark.parametrize("entry", ["os.", "a b", "mod:", ":Cls", "mod:Cls.attr", "mod:not valid"])

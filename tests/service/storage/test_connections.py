@@ -14,7 +14,7 @@ from reducing_saver.service.storage import open_backend
 from reducing_saver.service.storage.postgres import connections
 from reducing_saver.service.storage.postgres.connections import connection_kwargs, open_pool
 from reducing_saver.service.storage.ledger import Policy
-from tests.conftest import PG_HOST, PG_PORT
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 
 OPTIONS = PostgresSettings(

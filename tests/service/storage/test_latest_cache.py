@@ -25,7 +25,7 @@ from reducing_saver.service.state import Service
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.storage.latest import MAX_ENTRY_BYTES, MAX_NAMESPACES, LatestCache
 from reducing_saver.wire import Blob
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 
 _counter = itertools.count(1)

@@ -26,7 +26,7 @@ from langgraph.checkpoint.base.id import uuid6
 from reducing_saver.client import CheckpointPrunedError, NotFoundError, RemoteReducingSaver
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 
 KINDS = ("postgres", "sqlite", "memory")
 KEEP, TURNS = 3, 4

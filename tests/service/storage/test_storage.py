@@ -11,7 +11,8 @@ from langchain_core.messages import SystemMessage
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
-from tests.conftest import build_chat_graph, human, msg_kind
+from tests.support.chat import build_chat_graph, human
+from tests.support.windows import msg_kind
 
 MAX_MESSAGES, MIN_MESSAGES = 6, 4
 

@@ -223,7 +223,7 @@ def test_delete_for_runs_forgets_the_steps_of_the_namespaces_it_empties_at_once(
     book = backend.summaries()
     saver = backend.savers(1)[0]
     gone, kept, other = step(None, ["a"], thread="gone"), step(None, ["b"], thread="kept"), step(None, ["c"])
-    for thread, request in (("gone", gone), ("kept", kept), ("t", other)):
+    for request in (gone, kept, other):
         book.request(request)
     _checkpoint(saver, "gone", "run-1")
     _checkpoint(saver, "kept", "run-1")

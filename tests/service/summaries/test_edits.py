@@ -13,7 +13,7 @@ from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.reducer import summary_message_id
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
-from tests.conftest import build_chat_graph, human
+from tests.support.chat import build_chat_graph, human
 from tests.support import summarizers
 from tests.support.encryption import new_key, ring_json
 
