@@ -31,6 +31,8 @@ def test_a_truncated_header_has_no_length(data: bytes) -> None:
     assert array_length(data) is None
 
 
-@pytest.mark.parametrize("data", [None, b"", ormsgpack.packb({"a": 1}), ormsgpack.packb("text"), b"\xc0", b"\x8f"])
+@pytest.mark.parametrize(
+    "data", [None, b"", ormsgpack.packb({"a": 1}), ormsgpack.packb("text"), b"\xc0", b"\x8f"]
+)
 def test_what_is_not_an_array_has_no_length(data: bytes | None) -> None:
     assert array_length(data) is None
