@@ -157,7 +157,6 @@ class Service:
             removals = Removals(settings.remember_removed, forget=self._forget)
 
             def wrap(inner: Any) -> ReducingSaver:
-                inner.keep_checkpoints = settings.keep_checkpoints
                 if sealer is not None:
                     inner = encrypting(inner, sealer)
                 return ReducingSaver(
@@ -171,7 +170,11 @@ class Service:
                 )
 
             savers = SaverPool(
-                [wrap(inner) for inner in backend.savers(settings.pool_size, latest_cache=self.latest_cache)],
+                [wrap(inner) for inner in backend.savers(
+                        settings.pool_size,
+                        latest_cache=self.latest_cache,
+                        keep_checkpoints=settings.keep_checkpoints,
+                    )],
                 timeout=settings.db_timeout_seconds,
                 wrap_exceptions=backend.wrap_exceptions,
             )
