@@ -264,7 +264,7 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
 
     return {
         "observability": [(observability.ObservabilityMiddleware, "__call__"),
-                          *[(observability.MeasuringCodec, name) for name in ("decode_ahead", "decode", "encode")]],
+                          *[(observability.MeasuringCodec, name) for name in ("decode", "encode")]],
         "security middleware": [(auth.AuthMiddleware, "__call__"), (guard.BodySizeLimit, "__call__"),
                                 (guard.BodyGuard, "__call__")],
         "hot path": [(hotpath.HotPath, "__call__")],

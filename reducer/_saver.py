@@ -289,11 +289,11 @@ class ReducingSaver(BaseCheckpointSaver):
         return clone
 
     def _reduce(
-        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
+        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions, decoded: Any = None
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
-        decoded = self._removed(config, checkpoint, new_versions)
+        decoded = self._removed(config, checkpoint, new_versions, decoded)
         return apply_reducer(
             self.reducer,
             checkpoint,
@@ -306,19 +306,22 @@ class ReducingSaver(BaseCheckpointSaver):
         )
 
     def _removed(
-        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions
-    ) -> list[Any] | None:
+        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions, decoded: Any = None
+    ) -> Any:
         """Record (and hand to the hooks) the messages the agent trimmed from its state in the step this put
         ends, and forget the ones it deleted (:mod:`reducing_saver.reducer._removals`).
 
         The state before the step: for a messages list stored whole, this process's note of the parent's
         list, else the parent's stored window (messages older than it left through the window's cut, and
         are in memory already); for a DeltaChannel, the parent's pending writes are read (one read), and
-        the state rebuilt from the channel's history only when they hold a removal. Returns the put's messages when it decoded them (for the reducer).
+        the state rebuilt from the channel's history only when they hold a removal.
+
+        ``decoded``: the put's messages as the caller decoded them (see ``put``). Returns the put's decoded
+        messages when they are known (the caller's, or decoded here), for the reducer.
         """
         removals, key = self.removals, self.messages_key
         if removals is None:
-            return None
+            return decoded
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns") or "")
         parent = configurable.get("checkpoint_id")
@@ -333,13 +336,14 @@ class ReducingSaver(BaseCheckpointSaver):
         if key not in values or self.codec.is_snapshot(values[key]):  # a DeltaChannel
             step = self._delta_step(parent_config) if parent else None
             if step is None:
-                return None
-            decoded = None
+                return decoded
             before_messages, after = step
             before = removal_keys(before_messages, namespace)
             content = dict(zip((k for k, _ in before), before_messages, strict=True))
         else:
-            after = decoded = self.codec.decode(values[key])
+            if decoded is None:
+                decoded = self.codec.decode(values[key])
+            after = None if decoded is UNREADABLE else decoded
             if after is None:
                 return UNREADABLE
             held = removals.last(thread_id, ns, parent) if parent else None
@@ -413,8 +417,16 @@ class ReducingSaver(BaseCheckpointSaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        decoded: Any = None,
     ) -> RunnableConfig:
-        return self.inner.put(config, self._reduce(config, checkpoint, new_versions), metadata, new_versions)
+        """Store ``checkpoint`` with its messages channel reduced (when ``new_versions`` writes it).
+
+        ``decoded``: ``codec.decode`` of the messages channel's value, when the caller has decoded it
+        already (a list, or :data:`UNREADABLE` for ``None``): the value is then not decoded again.
+        """
+        reduced = self._reduce(config, checkpoint, new_versions, decoded)
+        return self.inner.put(config, reduced, metadata, new_versions)
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""

@@ -40,6 +40,7 @@ from langchain_core.messages import (
     ToolMessageChunk,
 )
 
+from reducing_saver.service.msgpack_headers import array_length
 from reducing_saver.wire import Blob
 
 #: Serializes the messages the service writes itself (never reads anything).
@@ -394,7 +395,7 @@ class SafeMessagesCodec:
         """
         if (
             isinstance(original, Blob)
-            and _array_len(original.data) == len(kept)
+            and array_length(original.data) == len(kept)
             and not any(type(m) is WrittenMessage for m in kept)
         ):
             return original
@@ -634,17 +635,3 @@ def _top_ext_code(data: bytes) -> int | None:
         return None
     code = data[offset]
     return code - 256 if code > 127 else code
-
-
-def _array_len(data: bytes) -> int | None:
-    """The length of a top-level msgpack array, read from its header."""
-    if not data:
-        return None
-    first = data[0]
-    if 0x90 <= first <= 0x9F:
-        return first & 0x0F
-    if first == 0xDC and len(data) >= 3:
-        return int.from_bytes(data[1:3], "big")
-    if first == 0xDD and len(data) >= 5:
-        return int.from_bytes(data[1:5], "big")
-    return None

@@ -165,7 +165,6 @@ class Service:
             removals = Removals(settings.remember_removed, forget=self._forget)
 
             def wrap(inner: Any) -> ReducingSaver:
-                inner.keep_checkpoints = settings.keep_checkpoints
                 # Without a key ring, a value another process sealed is refused, never passed on.
                 inner = encrypting(inner, sealer) if sealer is not None else keyless(inner)
                 return ReducingSaver(
@@ -179,7 +178,11 @@ class Service:
                 )
 
             savers = SaverPool(
-                [wrap(inner) for inner in backend.savers(settings.pool_size, latest_cache=self.latest_cache)],
+                [wrap(inner) for inner in backend.savers(
+                        settings.pool_size,
+                        latest_cache=self.latest_cache,
+                        keep_checkpoints=settings.keep_checkpoints,
+                    )],
                 timeout=settings.db_timeout_seconds,
                 wrap_exceptions=backend.wrap_exceptions,
             )

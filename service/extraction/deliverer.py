@@ -9,41 +9,30 @@ delivery, retries and the extractor's contract.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-import os
 import random
-import socket
 import threading
-import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
 from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.extraction.extractors import Extractor, PermanentExtractionError
+from reducing_saver.service.leased_worker import LeasedWorker, LeaseRenewer
 from reducing_saver.service.storage.outbox import EntryKey, Outbox, OutboxEntry
 
 # -- delivery --------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 
-#: The longest wait after failed delivery rounds (the database unreachable): back-off must not outlast an
-#: outage by minutes once the database is back.
-ERROR_WAIT_MAX = 30.0
-
 #: How a dead letter's ``last_error`` starts when no retry can fix it.
 PERMANENT_PREFIX = "permanent failure, retrying cannot help: "
 
 
-def default_worker_id() -> str:
-    """``host:pid:random``: unique per Deliverer, readable in the outbox's ``claimed_by``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class Deliverer:
-    """Moves outbox rows to an extractor: claim, renew while extracting, complete or retry, park.
+class Deliverer(LeasedWorker):
+    """Moves outbox rows to an extractor: claim, renew while extracting, complete or retry, park
+    (the loop, backoff and hand-back: ``leased_worker.LeasedWorker``).
 
     Args:
         outbox: Where the pruned messages wait.
@@ -63,6 +52,12 @@ class Deliverer:
             store batch and one completion then cover the pruned messages of many puts instead of one.
         rng: Source of the jitter (seed it for reproducible tests).
     """
+
+    task = "delivery"
+    round_name = "delivery"
+    thread_prefix = "deliverer"
+    holds = "its rows; their leases"
+    logger = logger
 
     def __init__(
         self,
@@ -90,24 +85,21 @@ class Deliverer:
                 f"need 0 <= base_backoff <= max_backoff, got base_backoff={base_backoff}, "
                 f"max_backoff={max_backoff}"
             )
+        super().__init__(
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            max_attempts=max_attempts,
+            base_backoff=base_backoff,
+            max_backoff=max_backoff,
+            idle_sleep=idle_sleep,
+            linger=linger,
+            rng=rng,
+        )
         self.outbox = outbox
         self.extractor = extractor
-        self.worker_id = worker_id or default_worker_id()
         self.batch_size = batch_size
-        self.lease_seconds = lease_seconds
-        self.max_attempts = max_attempts
-        self.base_backoff = base_backoff
-        self.max_backoff = max_backoff
-        self.idle_sleep = idle_sleep
-        self.linger = linger
-        self.rng = rng or random.Random()
         #: Rows the last ``run_once`` claimed.
         self.last_claimed = 0
-        self._stop_event: threading.Event | None = None
-        self._wakeup = threading.Event()
-        self._failures = FailureLog("delivery", logger)
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"Deliverer({self.worker_id!r}, {self.extractor!r})"
@@ -124,25 +116,33 @@ class Deliverer:
         self.last_claimed = len(entries)
         if not entries:
             return 0
-        renewer = _LeaseRenewer(self.outbox, self.worker_id, self.lease_seconds, [e.ident for e in entries])
+        claim = _Claim(self.outbox, self.worker_id, self.lease_seconds, [e.ident for e in entries])
+        renewer = LeaseRenewer(
+            f"lease-renewer-{self.worker_id}", self.lease_seconds, claim.renew, claim.failed
+        )
         renewer.start()
         delivered = 0
         stopped = False
         try:
             for namespace, group in groupby(entries, key=lambda e: e.namespace):
-                if self._stop_event is not None and self._stop_event.is_set():
+                if self.stopping():
                     stopped = True
                     break
-                delivered += self._deliver_group(namespace, list(group), renewer)
+                delivered += self._deliver_group(namespace, list(group), claim)
         finally:
             renewer.stop()
         if stopped:
             # Shutting down: hand the untouched rows back at once instead of waiting out their lease.
-            self.outbox.release(self.worker_id, renewer.outstanding())
+            self.outbox.release(self.worker_id, claim.outstanding())
         return delivered
 
+    def run_round(self, *, after_failure: bool) -> bool:
+        """One :meth:`run_once`; whether it claimed a full batch (more may be waiting)."""
+        self.run_once()
+        return self.last_claimed >= self.batch_size
+
     def _deliver_group(
-        self, namespace: tuple[str, ...], group: list[OutboxEntry], renewer: _LeaseRenewer
+        self, namespace: tuple[str, ...], group: list[OutboxEntry], claim: _Claim
     ) -> int:
         crashed = [e for e in group if e.attempts > self.max_attempts]
         for entry in crashed:
@@ -150,40 +150,40 @@ class Deliverer:
                 f"claimed {entry.attempts} times without an outcome (a worker crashed or lost its lease "
                 "each time)"
             )
-            self._fail(entry, message, permanent=True, renewer=renewer)
+            self._fail(entry, message, permanent=True, claim=claim)
         group = [e for e in group if e.attempts <= self.max_attempts]
         deletions = [e for e in group if e.message is None]
         if deletions:  # messages the agent deleted on purpose: they leave the store
             group = [e for e in group if e.message is not None]
             error = self._forget(deletions, namespace)
             if error is None:
-                delivered = self._complete(deletions, renewer)
+                delivered = self._complete(deletions, claim)
             else:
                 delivered = 0
                 for entry in deletions:
-                    self._fail(entry, _describe(error), permanent=False, renewer=renewer)
-            return delivered + (self._deliver_group(namespace, group, renewer) if group else 0)
+                    self._fail(entry, _describe(error), permanent=False, claim=claim)
+            return delivered + (self._deliver_group(namespace, group, claim) if group else 0)
         if not group:
             return 0
         error = self._extract(group, namespace)
         if error is None:
-            return self._complete(group, renewer)
+            return self._complete(group, claim)
         if len(group) == 1:
             permanent = isinstance(error, PermanentExtractionError)
-            self._fail(group[0], _describe(error), permanent=permanent, renewer=renewer)
+            self._fail(group[0], _describe(error), permanent=permanent, claim=claim)
             return 0
         # One bad message must not hold back the others: retry the group one message at a time.
         delivered = 0
         for entry in group:
             single_error = self._extract([entry], namespace)
             if single_error is None:
-                delivered += self._complete([entry], renewer)
+                delivered += self._complete([entry], claim)
             else:
                 self._fail(
                     entry,
                     _describe(single_error),
                     permanent=isinstance(single_error, PermanentExtractionError),
-                    renewer=renewer,
+                    claim=claim,
                 )
         return delivered
 
@@ -191,7 +191,7 @@ class Deliverer:
         try:
             result = self.extractor(entries, namespace)
             if inspect.isawaitable(result):
-                self._event_loop().run_until_complete(result)
+                self.run_async(result)
         except Exception as exc:
             logger.warning(
                 "extractor %r failed on %d message(s) of namespace %r: %s",
@@ -216,10 +216,10 @@ class Deliverer:
             return exc
         return None
 
-    def _complete(self, entries: list[OutboxEntry], renewer: _LeaseRenewer) -> int:
+    def _complete(self, entries: list[OutboxEntry], claim: _Claim) -> int:
         keys = [e.ident for e in entries]
         # Stop renewing first: a renewal racing the completion would report a lost lease.
-        renewer.finished(keys)
+        claim.finished(keys)
         done = self.outbox.complete(self.worker_id, keys)
         if done < len(keys):
             logger.warning(
@@ -231,8 +231,8 @@ class Deliverer:
             )
         return done
 
-    def _fail(self, entry: OutboxEntry, error: str, *, permanent: bool, renewer: _LeaseRenewer) -> None:
-        renewer.finished([entry.ident])
+    def _fail(self, entry: OutboxEntry, error: str, *, permanent: bool, claim: _Claim) -> None:
+        claim.finished([entry.ident])
         if permanent or entry.attempts >= self.max_attempts:
             # A dead letter says which kind it is: re-driving a permanent failure fails the same way
             # (fix the extractor or the data first); a retryable one may go through later.
@@ -253,110 +253,30 @@ class Deliverer:
             retry_at = datetime.now(UTC) + timedelta(seconds=self.backoff(entry.attempts))
             self.outbox.fail(self.worker_id, entry.ident, error, retry_at=retry_at)
 
-    def backoff(self, attempts: int) -> float:
-        """Seconds to wait after the ``attempts``-th failed attempt: exponential, capped, 50–100 % jitter."""
-        delay = min(self.max_backoff, self.base_backoff * 2 ** max(attempts - 1, 0))
-        return delay / 2 + self.rng.uniform(0, delay / 2)
+    def error_wait(self, errors: int) -> float:
+        """The shared wait after failed rounds, never longer than ``max_backoff``."""
+        return min(self.max_backoff, super().error_wait(errors))
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        # One loop for the deliverer's life: async clients bound to a loop keep working across calls.
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop
-
-    # -- running -----------------------------------------------------------------------------------
-
-    def run_forever(self, stop_event: threading.Event) -> None:
-        """Deliver until ``stop_event`` is set, then hand back what this worker still holds.
-
-        Sleeps ``idle_sleep`` whenever a claim found less than a full batch; database errors are logged
-        and retried with backoff (at most :data:`ERROR_WAIT_MAX` seconds apart), never raised (an outage is
-        logged once, without a traceback: ``background.FailureLog``). A
-        :meth:`wake` cuts that wait short too: a put that just recorded rows shows the database is back.
-        """
-        self._stop_event = stop_event
-        errors = 0
-        try:
-            while not stop_event.is_set():
-                try:
-                    self.run_once()
-                    errors = 0
-                    self._failures.succeeded()
-                except Exception as exc:
-                    errors += 1
-                    self._failures.failed(exc, f"{self.worker_id}: delivery round failed; retrying")
-                    backoff = self.idle_sleep * 2 ** min(errors, 8)
-                    self._wakeup.wait(min(self.max_backoff, ERROR_WAIT_MAX, backoff))
-                    self._wakeup.clear()
-                    continue
-                if self.last_claimed < self.batch_size and not stop_event.is_set():
-                    woken = self._wakeup.wait(self.idle_sleep)
-                    self._wakeup.clear()
-                    if woken and self.linger:
-                        stop_event.wait(self.linger)
-        finally:
-            self.release()
-
-    def wake(self) -> None:
-        """Cut the current idle sleep short: rows were just recorded (same process) or it should stop."""
-        self._wakeup.set()
-
-    def start(self) -> threading.Thread:
-        """Run :meth:`run_forever` in a daemon thread; :meth:`stop` ends it."""
-        if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError(f"{self!r} is already running")
-        stop_event = threading.Event()
-        self._stop_event = stop_event
-        self._thread = threading.Thread(
-            target=self.run_forever, args=(stop_event,), name=f"deliverer-{self.worker_id}", daemon=True
-        )
-        self._thread.start()
-        return self._thread
-
-    def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop the thread :meth:`start` began: it finishes the namespace group in hand, hands back the
-        rest of its batch, and ends."""
-        if self._stop_event is not None:
-            self._stop_event.set()
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                logger.warning(
-                    "%s: still extracting after %.0f s; its leases will expire", self.worker_id, timeout or 0
-                )
-            self._thread = None
-
-    def release(self) -> int:
-        """Hand back every row this worker holds (lease cleared, claim not counted), and close the event
-        loop of async extractors.
+    def hand_back(self) -> int:
+        """Hand back every row this worker holds (lease cleared, claim not counted).
 
         Returns:
             How many rows were handed back.
         """
-        try:
-            return self.outbox.release(self.worker_id)
-        except Exception:
-            logger.exception("%s: could not hand back its rows; their leases will expire", self.worker_id)
-            return 0
-        finally:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.close()
+        return self.outbox.release(self.worker_id)
 
 
-class _LeaseRenewer(threading.Thread):
-    """Renews the lease of the rows in hand every third of the lease, until stopped."""
+class _Claim:
+    """The rows of one claimed batch still in hand, and the renewal of their lease (by a ``LeaseRenewer``)."""
 
     def __init__(
         self, outbox: Outbox, worker_id: str, lease_seconds: float, keys: Iterable[EntryKey]
     ) -> None:
-        super().__init__(name=f"lease-renewer-{worker_id}", daemon=True)
         self._outbox = outbox
         self._worker_id = worker_id
         self._lease = lease_seconds
         self._keys = set(keys)
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
         self._failures = FailureLog("lease_renewal", logger)
 
     def finished(self, keys: Iterable[EntryKey]) -> None:
@@ -367,28 +287,23 @@ class _LeaseRenewer(threading.Thread):
         with self._lock:
             return sorted(self._keys)
 
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join()
+    def renew(self) -> bool:
+        """Renew the lease of the rows still in hand (always goes on renewing)."""
+        keys = self.outstanding()
+        if not keys:
+            return True
+        renewed = self._outbox.renew(self._worker_id, keys, self._lease)
+        self._failures.succeeded()
+        # Rows finished meanwhile are not renewed either; only count those still in hand.
+        still = len(set(keys).intersection(self.outstanding()))
+        if renewed < still:
+            logger.warning(
+                "%s: lost the lease of %d row(s) to another worker", self._worker_id, still - renewed
+            )
+        return True
 
-    def run(self) -> None:
-        interval = max(self._lease / 3, 0.05)
-        while not self._stopped.wait(interval):
-            keys = self.outstanding()
-            if not keys:
-                continue
-            try:
-                renewed = self._outbox.renew(self._worker_id, keys, self._lease)
-            except Exception as exc:
-                self._failures.failed(exc, f"{self._worker_id}: lease renewal failed; retrying")
-                continue
-            self._failures.succeeded()
-            # Rows finished meanwhile are not renewed either; only count those still in hand.
-            still = len(set(keys).intersection(self.outstanding()))
-            if renewed < still:
-                logger.warning(
-                    "%s: lost the lease of %d row(s) to another worker", self._worker_id, still - renewed
-                )
+    def failed(self, exc: Exception) -> None:
+        self._failures.failed(exc, f"{self._worker_id}: lease renewal failed; retrying")
 
 
 def _describe(exc: BaseException | str) -> str:

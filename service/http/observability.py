@@ -90,11 +90,9 @@ def accept_request_id(value: str | None) -> str:
 class _PutMeasure:
     """What the codec saw of one request's messages channel; settled when the request succeeds."""
 
-    __slots__ = ("ahead", "decoded", "kept", "received", "seen", "stored")
+    __slots__ = ("decoded", "kept", "received", "seen", "stored")
 
     def __init__(self) -> None:
-        #: ``(value, messages)``: a messages value the request's operation decoded before the reducer asks.
-        self.ahead: tuple[Any, list[Any] | None] | None = None
         self.seen = False
         self.received = 0
         self.stored: int | None = None  # None: stored as received (not re-encoded)
@@ -110,8 +108,9 @@ _put_measure: ContextVar[_PutMeasure | None] = ContextVar("reducing_saver_put_me
 class MeasuringCodec:
     """A ``MessagesCodec`` that notes, for the request in progress, the bytes and messages of a put.
 
-    ``ReducingSaver`` calls ``decode`` on every messages channel a put writes, and ``encode`` only when
-    the reducer pruned something; a value that is not re-encoded is stored as received. The notes are
+    A put's messages channel is decoded once, by ``decode`` (by the put's operation, which hands the
+    messages to ``ReducingSaver.put``, or by the reducer), and ``encode`` runs only when the reducer pruned
+    something; a value that is not re-encoded is stored as received. The notes are
     settled into the counters by ``ObservabilityMiddleware`` once the request has succeeded, so a
     counter never counts a put that failed, and never moves backwards. Outside a request (no middleware)
     nothing is counted.
@@ -141,24 +140,10 @@ class MeasuringCodec:
     def is_snapshot(self, value: Any) -> bool:
         return self.inner.is_snapshot(value)
 
-    def decode_ahead(self, value: Any) -> list[Any] | None:
-        """``inner.decode(value)`` now, and the same answer to the request's next ``decode`` of this very
-        value (the reducer's): a put's operation decodes its messages channel as its extension check, so
-        the value is read once. Noted in the metrics only when the reducer asks."""
+    def decode(self, value: Any) -> list[Any] | None:
+        """``inner.decode(value)``, its bytes and messages noted as the put's."""
         messages = self.inner.decode(value)
         measure = _put_measure.get()
-        if measure is not None:
-            measure.ahead = (value, messages)
-        return messages
-
-    def decode(self, value: Any) -> list[Any] | None:
-        measure = _put_measure.get()
-        ahead = measure.ahead if measure is not None else None
-        if ahead is not None and ahead[0] is value:
-            measure.ahead = None  # type: ignore[union-attr]
-            messages = ahead[1]
-        else:
-            messages = self.inner.decode(value)
         if measure is not None and isinstance(value, Blob):
             measure.seen = True
             measure.received = len(value.data)

@@ -17,7 +17,13 @@ import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 
-from reducing_saver.reducer import ReducingSaver, SummaryForgeryError, namespace_for, validate_namespace
+from reducing_saver.reducer import (
+    UNREADABLE,
+    ReducingSaver,
+    SummaryForgeryError,
+    namespace_for,
+    validate_namespace,
+)
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
@@ -194,31 +200,37 @@ def _typed_ints(values: Mapping[str, Any], field: str) -> dict[str, Any]:
     return result
 
 
-def _check_extensions(service: Service, values: Any, messages: Any = None, decode: Any = None) -> None:
+def _check_extensions(service: Service, values: Any, messages: Any = None, decode: Any = None) -> Any:
     """Refuse values naming code before anything is stored: every reader's deserializer would run it.
 
     ``messages`` is the messages channel's field and value when the reducer will decode it: its codec is
     stricter there (message classes only) and its refusal says where and how to allow a class, so a
     refused messages value gets the codec's answer when the codec refuses it too. With ``decode`` (the
-    reducer's codec's ``decode_ahead``), that value is checked by decoding it: a value the codec reads as
-    a list of messages had every extension in it vetted by the codec, which accepts nothing the extension
-    policy refuses, and the reducer gets the decoded list (one pass instead of a scan and a decode).
-    Anything the codec does not read (a DeltaChannel snapshot, another shape) is scanned as before.
+    reducer's codec's ``decode``), that value is checked by decoding it: a value the codec reads as a list
+    of messages had every extension in it vetted by the codec, which accepts nothing the extension policy
+    refuses (one pass instead of a scan and a decode). Anything the codec does not read (a DeltaChannel
+    snapshot, another shape) is scanned as before.
+
+    Returns:
+        What ``decode`` answered for the messages value, for ``ReducingSaver.put(decoded=...)``: the
+        messages, :data:`UNREADABLE` for ``None``, or ``None`` when it was not decoded here.
     """
-    decoded = False
+    decoded: Any = None
     try:
         for field, value in values:
             if not isinstance(value, Blob) or value.type != "msgpack":
                 continue
             if decode is not None and messages is not None and field == messages[0]:
-                decoded = True
-                if decode(value) is not None:  # raises UnsafeMessagesError, a 422 of its own
+                decoded = decode(value)  # raises UnsafeMessagesError, a 422 of its own
+                if decoded is not None:
                     continue
+                decoded = UNREADABLE
             check_value(value.data, field, service.extension_policy)
     except UnsafeValueError as exc:
-        if messages is not None and exc.field == messages[0] and not decoded:
+        if messages is not None and exc.field == messages[0] and decoded is None:
             service.codec.decode(messages[1])  # raises UnsafeMessagesError, a 422 of its own
         raise BadRequest(str(exc)) from None
+    return decoded
 
 
 def _scope(service: Service) -> security.TenantScope:
@@ -277,11 +289,11 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: bodies.PutCheck
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
     messages = (f"values.{messages_key}", values.get(messages_key)) if writes_messages else None
-    _check_extensions(
+    decoded = _check_extensions(
         service,
         ((f"values.{channel}", value) for channel, value in values.items()),
         messages,
-        getattr(saver.codec, "decode_ahead", None) if writes_messages and not saver.passthrough else None,
+        saver.codec.decode if writes_messages and not saver.passthrough else None,
     )
     config = scope.config_in(config, settings.namespace_key, namespace=writes_messages)
     if service.sweeper is not None:  # before the write, so a TTL sweep of this thread skips it
@@ -304,7 +316,7 @@ def put_checkpoint(service: Service, saver: ReducingSaver, body: bodies.PutCheck
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     try:
         with service.recording_with_checkpoint():
-            next_config = saver.put(config, checkpoint, metadata, body["new_versions"])
+            next_config = saver.put(config, checkpoint, metadata, body["new_versions"], decoded=decoded)
     except SummaryForgeryError as exc:
         raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
     return bodies.PutCheckpointAnswer(config=scope.config_out(next_config))

@@ -15,6 +15,8 @@ from typing import Any
 import ormsgpack
 from pydantic import BaseModel, Field
 
+from reducing_saver.service.msgpack_headers import array_length
+
 #: Characters a thread id may not hold: C0/C1 control characters (NUL included), DEL, and the path
 #: separators, since thread ids end up in URL paths (``/threads/{thread_id}`` in LangGraph tooling),
 #: file names of exports and log lines.
@@ -162,7 +164,7 @@ def check_messages_value(type_: str, raw: bytes, field: str) -> None:
         return
     if raw[:1] and raw[0] in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9):
         return  # a top-level extension: the codec decides (snapshots are stored as sent)
-    count = _msgpack_array_len(raw)
+    count = array_length(raw)
     cap = current_limits().max_messages_per_put
     if count is not None and count > cap:
         raise over_cap(field, "messages", count, "max_messages_per_put")
@@ -173,17 +175,4 @@ def check_messages_value(type_: str, raw: bytes, field: str) -> None:
 
 
 def _skip_ext(code: int, data: bytes) -> None:
-    return None
-
-
-def _msgpack_array_len(data: bytes) -> int | None:
-    if not data:
-        return None
-    head = data[0]
-    if 0x90 <= head <= 0x9F:
-        return head & 0x0F
-    if head == 0xDC and len(data) >= 3:
-        return int.from_bytes(data[1:3], "big")
-    if head == 0xDD and len(data) >= 5:
-        return int.from_bytes(data[1:5], "big")
     return None

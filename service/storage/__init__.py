@@ -215,12 +215,15 @@ class Backend(Protocol):
         """Raise ``SchemaError`` if the service's tables are at a version newer than the code knows (a
         command that only reads them: an older database is fine)."""
 
-    def savers(self, count: int, latest_cache: Any = None) -> list[BaseCheckpointSaver]:
+    def savers(
+        self, count: int, latest_cache: Any = None, *, keep_checkpoints: int | None = None
+    ) -> list[BaseCheckpointSaver]:
         """Up to ``count`` savers with every lifecycle capability, storing client blobs verbatim.
 
         ``latest_cache`` (``storage.latest.LatestCache``): PostgreSQL's savers share it to answer reads
         of a thread's latest checkpoint from memory once proven; SQLite and memory read locally and
-        ignore it."""
+        ignore it. ``keep_checkpoints``: the savers keep only the newest that many checkpoints of each
+        thread and namespace (``lifecycle``; ``None``: all)."""
 
     def outbox(self) -> Any:
         """The extraction outbox (``storage.outbox.Outbox``), set up."""

@@ -204,22 +204,6 @@ def assemble(
     return sorted(threads.values(), key=lambda t: (-t.total_bytes, t.thread_id))
 
 
-def msgpack_array_length(data: bytes | memoryview | None) -> int | None:
-    """The length of the msgpack array ``data`` starts with, from its header alone (nothing decoded);
-    ``None`` when it does not start with one."""
-    if not data:
-        return None
-    data = bytes(data[:5])
-    first = data[0]
-    if 0x90 <= first <= 0x9F:
-        return first & 0x0F
-    if first == 0xDC and len(data) >= 3:
-        return int.from_bytes(data[1:3], "big")
-    if first == 0xDD and len(data) >= 5:
-        return int.from_bytes(data[1:5], "big")
-    return None
-
-
 def summarize(threads: list[ThreadStorage], top: int) -> dict[str, Any]:
     """Totals over ``threads`` and the ``top`` largest of them (``threads`` come largest first)."""
     totals = {
@@ -253,7 +237,6 @@ __all__ = [
     "assemble",
     "checkpoints_had",
     "finish",
-    "msgpack_array_length",
     "plain_messages",
     "split_thread",
     "stored_thread",

@@ -23,13 +23,11 @@ store under ``("threads", thread_id, "summary")``, key ``running``, in the tenan
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import logging
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,10 +39,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
-from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
-from reducing_saver.service.extraction.deliverer import default_worker_id
+from reducing_saver.service.leased_worker import LeasedWorker, LeaseRenewer
 from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
 from reducing_saver.service.storage.summaries import ClaimedStep
@@ -281,16 +278,9 @@ def summary_namespace(thread_id: str, tenant_mode: bool) -> tuple[str, ...]:
     return (TENANTS_LABEL, tenant, *namespace) if tenant is not None else namespace
 
 
-class _Held:
-    """The step a worker's call is working on, as its lease keeper sees it."""
-
-    def __init__(self, step: StepRequest) -> None:
-        self.step = step
-        self.active = True
-
-
-class SummaryWorker:
-    """Claims steps, summarizes them, stores the result once; retries, then parks dead letters.
+class SummaryWorker(LeasedWorker):
+    """Claims steps, summarizes them, stores the result once; retries, then parks dead letters (the loop,
+    backoff and hand-back: ``leased_worker.LeasedWorker``).
 
     Args:
         book: The book (``service/storage/summaries.py``).
@@ -311,6 +301,13 @@ class SummaryWorker:
             advances the summary once).
     """
 
+    task = "summaries"
+    round_name = "summary"
+    thread_prefix = "summarizer"
+    error_doublings = 6
+    holds = "its step; its lease"
+    logger = logger
+
     def __init__(
         self,
         book: Any,
@@ -329,30 +326,23 @@ class SummaryWorker:
         rng: random.Random | None = None,
         renew_leases: bool = True,
     ) -> None:
+        super().__init__(
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            max_attempts=max_attempts,
+            base_backoff=base_backoff,
+            max_backoff=max_backoff,
+            idle_sleep=idle_sleep,
+            rng=rng,
+        )
         self.book = book
         self.summarizer = summarizer
         self.store = store
         self.tenant_mode = tenant_mode
         self.metrics = metrics
-        self.worker_id = worker_id or default_worker_id()
-        self.lease_seconds = lease_seconds
-        self.max_attempts = max_attempts
-        self.base_backoff = base_backoff
-        self.max_backoff = max_backoff
-        self.idle_sleep = idle_sleep
         self.orphan_interval = orphan_interval
-        self.rng = rng or random.Random()
-        self._wakeup = threading.Event()
-        self._stop: threading.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._next_orphan_sweep = time.monotonic() + orphan_interval
         self.renew_leases = renew_leases
-        #: The step whose lease the keeper renews (None between calls), and the keeper thread.
-        self._held: _Held | None = None
-        self._held_changed = threading.Condition()
-        self._keeper: threading.Thread | None = None
-        self._keeper_stopping = False
 
     def __repr__(self) -> str:
         return f"SummaryWorker({self.worker_id!r})"
@@ -367,7 +357,7 @@ class SummaryWorker:
         started = time.monotonic()
         try:
             with self._renewing(step):
-                summary = self._loop_run(self.summarizer(claimed.previous, as_messages(step.batch)))
+                summary = self.run_async(self.summarizer(claimed.previous, as_messages(step.batch)))
             check_summary(summary.text)
         except Exception as exc:  # noqa: BLE001 - a model or callable failing is a retry, never a crash
             self._failed(claimed, exc, tenant)
@@ -407,73 +397,32 @@ class SummaryWorker:
         if not self.renew_leases or self.lease_seconds <= 0:
             yield
             return
-        held = _Held(step)
-        with self._held_changed:
-            if self._keeper is None or not self._keeper.is_alive():
-                self._keeper_stopping = False
-                self._keeper = threading.Thread(
-                    target=self._keep_leases, name=f"summary-lease-{self.worker_id}", daemon=True
-                )
-                self._keeper.start()
-            self._held = held
-            self._held_changed.notify_all()
+        renewer = LeaseRenewer(
+            f"summary-lease-{self.worker_id}",
+            self.lease_seconds,
+            lambda: self._renew(step),
+            lambda exc: logger.warning(
+                "%s: could not renew the lease of summary step %s", self.worker_id, step.step_id, exc_info=exc
+            ),
+        )
+        renewer.start()
         try:
             yield
         finally:
-            with self._held_changed:
-                held.active = False
-                self._held = None
-                self._held_changed.notify_all()
+            renewer.stop()
 
-    def _keep_leases(self) -> None:
-        """The keeper thread: every third of the lease, renew the held step's lease, until told to stop."""
-        every = self.lease_seconds / 3
-        while True:
-            with self._held_changed:
-                while self._held is None and not self._keeper_stopping:
-                    self._held_changed.wait()
-                if self._keeper_stopping:
-                    return
-                held = self._held
-                if held is None:  # not reached: the loop above waits until one is held or told to stop
-                    continue
-
-                def released(held: _Held = held) -> bool:
-                    return self._held is not held or self._keeper_stopping
-
-                self._held_changed.wait_for(released, timeout=every)
-                if self._held is not held or self._keeper_stopping:
-                    continue
-            try:
-                kept = self.book.renew(self.worker_id, held.step, self.lease_seconds)
-            except Exception:  # noqa: BLE001 - the next renewal tries again; the call goes on meanwhile
-                logger.warning(
-                    "%s: could not renew the lease of summary step %s",
-                    self.worker_id,
-                    held.step.step_id,
-                    exc_info=True,
-                )
-                continue
-            if not kept:
-                with self._held_changed:
-                    if held.active:  # not merely the call ending as the renewal ran
-                        logger.info(
-                            "%s: lost the lease of summary step %s of thread %r (claimed elsewhere, or no "
-                            "longer pending); the call in hand finishes, its result stored only if first",
-                            self.worker_id,
-                            held.step.step_id,
-                            held.step.thread_id,
-                        )
-                    if self._held is held:
-                        self._held = None
-
-    def _stop_keeper(self) -> None:
-        with self._held_changed:
-            self._keeper_stopping = True
-            self._held_changed.notify_all()
-            keeper, self._keeper = self._keeper, None
-        if keeper is not None and keeper is not threading.current_thread():
-            keeper.join(5)
+    def _renew(self, step: StepRequest) -> bool:
+        """Renew ``step``'s lease; a lease found lost stops the renewals and lets the call finish."""
+        if self.book.renew(self.worker_id, step, self.lease_seconds):
+            return True
+        logger.info(
+            "%s: lost the lease of summary step %s of thread %r (claimed elsewhere, or no longer pending); "
+            "the call in hand finishes, its result stored only if first",
+            self.worker_id,
+            step.step_id,
+            step.thread_id,
+        )
+        return False
 
     def _failed(self, claimed: ClaimedStep, exc: Exception, tenant: str | None) -> None:
         step = claimed.request
@@ -498,11 +447,6 @@ class SummaryWorker:
             error,
         )
         self.book.fail(self.worker_id, step, error, retry_at=time.time() + self.backoff(claimed.attempts))
-
-    def backoff(self, attempts: int) -> float:
-        """Seconds to wait after the ``attempts``-th failure: exponential, capped, 50-100 % jitter."""
-        delay = min(self.max_backoff, self.base_backoff * 2 ** max(attempts - 1, 0))
-        return delay / 2 + self.rng.uniform(0, delay / 2)
 
     def _publish(self, step: Any, summary: Summary) -> None:
         """The new summary into the store, unless a newer version is there already."""
@@ -530,76 +474,26 @@ class SummaryWorker:
         except Exception:  # noqa: BLE001 - the book holds the summary; the store copy is a convenience
             logger.exception("could not write the running summary of thread %r to the store", step.thread_id)
 
-    def _loop_run(self, awaitable: Any) -> Any:
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(awaitable)
-
     # -- running -----------------------------------------------------------------------------------
 
-    def run_forever(self, stop: threading.Event) -> None:
-        """Summarize until ``stop`` is set; database errors are logged and retried, never raised.
+    def run_round(self, *, after_failure: bool) -> bool:
+        """Summarize one step, and sweep the steps of threads that are gone when it is time; whether there
+        was a step.
 
-        After a failed round the worker hands back the step it held (once the database answers again), so
-        the step is claimed again at once rather than after its lease; the summary still advances once.
+        After a failed round the worker first hands back the step it held (once the database answers
+        again), so the step is claimed again at once rather than after its lease; the summary still
+        advances once.
         """
-        self._stop = stop
-        errors = 0
-        failures = FailureLog("summaries", logger)
-        try:
-            while not stop.is_set():
-                try:
-                    if errors:  # a round failed (the database went away): hand back what it held first
-                        self.book.release(self.worker_id)
-                    busy = self.run_once()
-                    if time.monotonic() >= self._next_orphan_sweep:
-                        self._next_orphan_sweep = time.monotonic() + self.orphan_interval
-                        forgotten = self.book.forget_orphans()
-                        if forgotten:
-                            logger.info("forgot %d summary step(s) of threads that are gone", forgotten)
-                    errors = 0
-                    failures.succeeded()
-                except Exception as exc:  # noqa: BLE001
-                    errors += 1
-                    failures.failed(exc, f"{self.worker_id}: summary round failed; retrying")
-                    self._wakeup.wait(min(30.0, self.idle_sleep * 2 ** min(errors, 6)))
-                    self._wakeup.clear()
-                    continue
-                if not busy:
-                    self._wakeup.wait(self.idle_sleep)
-                    self._wakeup.clear()
-        finally:
-            self.release()
-
-    def wake(self) -> None:
-        """Cut the idle sleep short: a put just asked for a step."""
-        self._wakeup.set()
-
-    def start(self) -> threading.Thread:
-        stop = threading.Event()
-        self._stop = stop
-        self._thread = threading.Thread(
-            target=self.run_forever, args=(stop,), name=f"summarizer-{self.worker_id}", daemon=True
-        )
-        self._thread.start()
-        return self._thread
-
-    def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop the thread :meth:`start` began, waiting at most ``timeout`` seconds for the call in hand."""
-        if self._stop is not None:
-            self._stop.set()
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self._thread = None
-
-    def release(self) -> None:
-        self._stop_keeper()
-        try:
+        if after_failure:
             self.book.release(self.worker_id)
-        except Exception:  # noqa: BLE001
-            logger.exception("%s: could not hand back its step; its lease will expire", self.worker_id)
-        finally:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.close()
+        busy = self.run_once()
+        if time.monotonic() >= self._next_orphan_sweep:
+            self._next_orphan_sweep = time.monotonic() + self.orphan_interval
+            forgotten = self.book.forget_orphans()
+            if forgotten:
+                logger.info("forgot %d summary step(s) of threads that are gone", forgotten)
+        return busy
+
+    def hand_back(self) -> None:
+        """Hand back the step this worker holds."""
+        self.book.release(self.worker_id)

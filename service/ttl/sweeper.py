@@ -24,7 +24,7 @@ from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, encrypting, sealer_for
 from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.encryption.records import seal_entries
-from reducing_saver.service.extraction.deliverer import default_worker_id
+from reducing_saver.service.leased_worker import default_worker_id
 from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.security.tenancy import TenantScope, stored_thread_to_agent

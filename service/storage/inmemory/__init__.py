@@ -44,8 +44,12 @@ class MemoryBackend:
     def refuse_newer_schema(self) -> None:
         """Nothing to check."""
 
-    def savers(self, count: int, latest_cache: Any = None) -> list[InMemoryLifecycleSaver]:
-        """The one saver; ``latest_cache`` is not used: every read is from memory already."""
+    def savers(
+        self, count: int, latest_cache: Any = None, *, keep_checkpoints: int | None = None
+    ) -> list[InMemoryLifecycleSaver]:
+        """The one saver, keeping ``keep_checkpoints``; ``latest_cache`` is not used: every read is from
+        memory already."""
+        self.saver.keep_checkpoints = keep_checkpoints
         return [self.saver]
 
     def outbox(self) -> MemoryOutbox:

@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
+from reducing_saver.service.msgpack_headers import array_length
 from reducing_saver.service.storage.usage import (
     Head,
     Selection,
     ThreadStorage,
     assemble,
     checkpoints_had,
-    msgpack_array_length,
     tenant_of_namespace,
 )
 
@@ -64,7 +64,7 @@ def measure(
                 window = saver.blobs.get((thread_id, ns, messages_key, version), ("empty", b""))[1]
                 thread.heads[ns] = Head(
                     window_bytes=len(window),
-                    window_messages=msgpack_array_length(window),
+                    window_messages=array_length(window),
                     checkpoints_had=checkpoints_had(saver.serde.loads_typed(metadata).get("step")),
                 )
         for (thread_id, _, channel, _), value in saver.blobs.items():

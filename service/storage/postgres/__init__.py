@@ -114,7 +114,9 @@ class PostgresBackend:
                 check_version(migrations.version(conn), migrations.LATEST, migrations.where(conn))
         self._schema_checked = True
 
-    def savers(self, count: int, latest_cache: LatestCache | None = None) -> list[PostgresLifecycleSaver]:
+    def savers(
+        self, count: int, latest_cache: LatestCache | None = None, *, keep_checkpoints: int | None = None
+    ) -> list[PostgresLifecycleSaver]:
         savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
         for saver in savers:
             # The service's tables are there (setup): a thread's summary steps go with it, and what
@@ -122,6 +124,7 @@ class PostgresBackend:
             saver.summaries_table = SUMMARIES_TABLE
             saver.pruned_table = PRUNED_TABLE
             saver.latest_cache = latest_cache
+            saver.keep_checkpoints = keep_checkpoints
         return savers
 
     def outbox(self) -> PostgresOutbox:

@@ -1,6 +1,6 @@
 """PostgresSaver with ``copy_thread`` and ``delete_for_runs``, ``prune`` that also refuses DeltaChannel
 snapshots stored verbatim, and reads of a thread's latest checkpoint answered from the process's
-latest-checkpoint cache once proven (``postgres/latest.py``); the SQL as constants.
+latest-checkpoint cache once proven (``postgres/latest.py``); its SQL lives in ``postgres/sql.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from psycopg.rows import dict_row
 
 from reducing_saver.service.storage.outbox import checkpoint_records
 from reducing_saver.service.storage.lifecycle import (
-    EXT_DELTA_SNAPSHOT,
     CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
     CheckpointPrunedError,
@@ -45,134 +44,32 @@ from reducing_saver.service.storage.lifecycle import (
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.postgres import latest
 from reducing_saver.service.storage.postgres.outbox import insert_entries
-
-# Two-key advisory locks live apart from one-key ones (the service's set-up lock is one key).
-_COPY_LOCK_CLASS = 0x72736374  # "rsct"
-_COPY_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
-
-# Puts that keep the last K checkpoints of a thread take this lock before they prune it, so two replicas
-# never prune one thread at once, and each prune sees what the one before it left.
-_KEEP_LOCK_CLASS = 0x72736B6B  # "rskk"
-_KEEP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
-
-# One statement: what keeping the last K checkpoints of one namespace drops (lifecycle.checkpoints_to_drop:
-# the newest K, the branch heads and the ancestors their DeltaChannels are rebuilt from stay), with their
-# writes, the blobs no kept checkpoint references, the kept children's parent link, and (for the root
-# namespace) the subgraph calls that started from a deleted root checkpoint.
-_PG_KEEP_LAST_SQL = """
-WITH RECURSIVE cps AS (
-    SELECT checkpoint_id, parent_checkpoint_id, checkpoint -> 'channel_versions' AS versions,
-           CASE WHEN metadata ? 'delta_writes_versioned' THEN ARRAY['*']
-                WHEN jsonb_typeof(metadata -> 'counters_since_delta_snapshot') = 'object'
-                THEN ARRAY(SELECT jsonb_object_keys(metadata -> 'counters_since_delta_snapshot'))
-                ELSE ARRAY[]::text[] END AS needs
-    FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
-), newest AS (
-    SELECT checkpoint_id FROM cps ORDER BY checkpoint_id DESC LIMIT %(keep)s
-), kept (checkpoint_id, missing) AS (
-    SELECT checkpoint_id, needs FROM cps
-    WHERE checkpoint_id IN (SELECT checkpoint_id FROM newest)
-       OR checkpoint_id NOT IN (SELECT parent_checkpoint_id FROM cps WHERE parent_checkpoint_id IS NOT NULL)
-    UNION
-    -- A kept checkpoint missing a DeltaChannel's value keeps its parent, itself read back: so on, back to
-    -- one holding every channel.
-    SELECT parent.checkpoint_id, parent.needs
-    FROM kept
-    JOIN cps AS child ON child.checkpoint_id = kept.checkpoint_id
-    JOIN cps AS parent ON parent.checkpoint_id = child.parent_checkpoint_id
-    WHERE cardinality(kept.missing) > 0
-), doomed AS (
-    SELECT checkpoint_id, versions FROM cps WHERE checkpoint_id NOT IN (SELECT checkpoint_id FROM kept)
-), freed AS (
-    SELECT v.key AS channel, v.value AS version
-    FROM doomed CROSS JOIN LATERAL jsonb_each_text(doomed.versions) AS v
-    EXCEPT
-    SELECT v.key, v.value
-    FROM cps CROSS JOIN LATERAL jsonb_each_text(cps.versions) AS v
-    WHERE cps.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed)
-), blobs AS (
-    DELETE FROM checkpoint_blobs AS b USING freed
-    WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = %(ns)s
-      AND b.channel = freed.channel AND b.version = freed.version
-    RETURNING 1
-), writes AS (
-    DELETE FROM checkpoint_writes AS w USING doomed
-    WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = %(ns)s AND w.checkpoint_id = doomed.checkpoint_id
-    RETURNING 1
-), gone AS (
-    DELETE FROM checkpoints AS c USING doomed
-    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = doomed.checkpoint_id
-    RETURNING 1
-), detached AS (
-    UPDATE checkpoints AS c SET parent_checkpoint_id = NULL
-    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = %(ns)s
-      AND c.parent_checkpoint_id IN (SELECT checkpoint_id FROM doomed)
-      AND c.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed)
-    RETURNING 1
-), calls AS (
-    -- Pruning the root namespace: subgraph calls whose newest checkpoint started from a deleted root one.
-    SELECT checkpoint_ns FROM (
-        SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, metadata -> 'parents' ->> '' AS root
-        FROM checkpoints
-        WHERE thread_id = %(thread)s AND %(ns)s = '' AND position(':' in checkpoint_ns) > 0
-        ORDER BY checkpoint_ns, checkpoint_id DESC
-    ) AS heads
-    WHERE root IN (SELECT checkpoint_id FROM doomed)
-), call_checkpoints AS (
-    DELETE FROM checkpoints AS c USING calls
-    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = calls.checkpoint_ns
-    RETURNING 1
-), call_blobs AS (
-    DELETE FROM checkpoint_blobs AS b USING calls
-    WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = calls.checkpoint_ns
-    RETURNING 1
-), call_writes AS (
-    DELETE FROM checkpoint_writes AS w USING calls
-    WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = calls.checkpoint_ns
-    RETURNING 1
+from reducing_saver.service.storage.postgres.sql import (
+    COPY_LOCK_CLASS,
+    COPY_LOCK_SQL,
+    COPY_THREAD_SQL,
+    DELETE_BLOBS_SQL,
+    DELETE_RUN_CHECKPOINTS_SQL,
+    DELETE_WRITES_SQL,
+    DETACH_CHILDREN_SQL,
+    FORGET_NAMESPACE_SUMMARIES_SQL,
+    FORGET_THREAD_SUMMARIES_SQL,
+    KEEP_LAST_RECORDING_SQL,
+    KEEP_LAST_SQL,
+    KEEP_LOCK_CLASS,
+    KEEP_LOCK_SQL,
+    PRUNED_PARENT_SQLSTATE,
+    PRUNED_THROUGH_SQL,
+    REFERENCED_BLOBS_SQL,
+    REFUSE_PRUNED_PARENT_SQL,
+    SNAPSHOT_BLOB_THREADS_SQL,
+    THREAD_IN_USE_SQL,
 )
-{recorded}SELECT (SELECT count(*) FROM gone) AS checkpoints, (SELECT count(*) FROM blobs) AS blobs,
-       (SELECT count(*) FROM writes) AS writes, (SELECT count(*) FROM detached) AS detached,
-       (SELECT count(*) FROM call_checkpoints) + (SELECT count(*) FROM call_blobs)
-       + (SELECT count(*) FROM call_writes) AS subgraph_call_rows
-"""
-_PG_KEEP_LAST_SQL, _PG_KEEP_LAST_RECORDING_SQL = (
-    _PG_KEEP_LAST_SQL.format(recorded=""),
-    # With the service's table of what the policy deleted (lifecycle.PRUNED_TABLE): the newest id deleted
-    # in the namespace, and in each subgraph call's namespace deleted with its root checkpoint.
-    _PG_KEEP_LAST_SQL.format(
-        recorded=""", recorded AS (
-    INSERT INTO {table} AS p (thread_id, checkpoint_ns, pruned_through)
-    SELECT %(thread)s, %(ns)s, max(checkpoint_id COLLATE "C") FROM doomed HAVING count(*) > 0
-    UNION ALL
-    SELECT %(thread)s, c.checkpoint_ns, max(c.checkpoint_id COLLATE "C") FROM checkpoints AS c
-    WHERE c.thread_id = %(thread)s AND c.checkpoint_ns IN (SELECT checkpoint_ns FROM calls)
-    GROUP BY c.checkpoint_ns
-    ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET pruned_through = CASE
-        WHEN EXCLUDED.pruned_through COLLATE "C" > p.pruned_through COLLATE "C" THEN EXCLUDED.pruned_through
-        ELSE p.pruned_through END
-    RETURNING 1
-)
-"""
-    ),
-)
-
-# What the keep-checkpoints policy deleted (the service's table, named by the saver's ``pruned_table``).
-_PG_PRUNED_THROUGH_SQL = """
-SELECT p.pruned_through FROM {table} AS p WHERE p.thread_id = %s AND p.checkpoint_ns = %s
-  AND NOT EXISTS (SELECT 1 FROM checkpoints c
-                  WHERE c.thread_id = p.thread_id AND c.checkpoint_ns = p.checkpoint_ns AND c.checkpoint_id = %s)
-"""
-# Run first in a put's pipeline: raises SQLSTATE RSP01 (detail: the newest deleted id) for a parent the
-# policy deleted, so the whole put rolls back (a migration defines it).
-_PG_REFUSE_PRUNED_PARENT_SQL = "SELECT reducing_saver_refuse_pruned_parent(%s, %s, %s)"
-_PRUNED_PARENT_SQLSTATE = "RSP01"
 
 #: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).
 _keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextvars.ContextVar(
     "keep_after_put", default=None
 )
-
 
 
 class _Probe:
@@ -201,102 +98,12 @@ _probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextV
 #: places of their values (``_build_delta_channels_writes_history``).
 _placing: contextvars.ContextVar[bool] = contextvars.ContextVar("placing", default=False)
 
-_PG_THREAD_IN_USE_SQL = """
-SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)
-    OR EXISTS (SELECT 1 FROM checkpoint_blobs WHERE thread_id = %s)
-    OR EXISTS (SELECT 1 FROM checkpoint_writes WHERE thread_id = %s) AS in_use
-"""
-
-# One statement, so the three tables are read on one snapshot of the source thread.
-_PG_COPY_THREAD_SQL = """
-WITH c AS (
-    INSERT INTO checkpoints
-        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
-    FROM checkpoints WHERE thread_id = %(source)s
-    RETURNING 1
-), b AS (
-    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-    SELECT %(target)s, checkpoint_ns, channel, version, type, blob
-    FROM checkpoint_blobs WHERE thread_id = %(source)s
-    RETURNING 1
-), w AS (
-    INSERT INTO checkpoint_writes
-        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
-    FROM checkpoint_writes WHERE thread_id = %(source)s
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM c) AS checkpoints,
-       (SELECT count(*) FROM b) AS blobs,
-       (SELECT count(*) FROM w) AS writes
-"""
-
-_PG_DELETE_RUN_CHECKPOINTS_SQL = """
-DELETE FROM checkpoints
-WHERE jsonb_typeof(metadata -> 'run_id') = 'string' AND metadata ->> 'run_id' = ANY(%s)
-  AND (%s::text IS NULL OR thread_id LIKE %s ESCAPE '\\')
-RETURNING thread_id, checkpoint_ns, checkpoint_id, checkpoint -> 'channel_versions' AS versions
-"""
-
-_PG_DELETE_WRITES_SQL = """
-DELETE FROM checkpoint_writes
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)
-"""
-
-_PG_DETACH_CHILDREN_SQL = """
-UPDATE checkpoints SET parent_checkpoint_id = NULL
-WHERE thread_id = %s AND checkpoint_ns = %s AND parent_checkpoint_id = ANY(%s)
-"""
-
-_PG_REFERENCED_BLOBS_SQL = """
-SELECT DISTINCT v.key AS channel, v.value AS version
-FROM checkpoints c
-CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
-WHERE c.thread_id = %s AND c.checkpoint_ns = %s
-"""
-
-_PG_DELETE_BLOBS_SQL = """
-DELETE FROM checkpoint_blobs
-WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = ANY(%s)
-"""
-
-# The running-summary steps (the service's table, named by the saver's ``summaries_table``) of namespaces
-# left without a checkpoint: of one namespace (delete_for_runs), of every namespace of threads (prune).
-_PG_FORGET_NAMESPACE_SUMMARIES_SQL = """
-DELETE FROM {table} AS s WHERE s.thread_id = %s AND s.checkpoint_ns = %s
-  AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns)
-"""
-_PG_FORGET_THREAD_SUMMARIES_SQL = """
-DELETE FROM {table} AS s WHERE s.thread_id = ANY(%s)
-  AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns)
-"""
-
 
 def forget_summaries(cur: Any, table: str | None, thread_ids: Sequence[str]) -> None:
     """Delete the running-summary steps of the namespaces of ``thread_ids`` that have no checkpoint left
     (``table`` ``None``: the database has no such table; nothing)."""
     if table is not None and thread_ids:
-        cur.execute(_PG_FORGET_THREAD_SUMMARIES_SQL.format(table=table), (list(thread_ids),), prepare=False)
-
-
-# PostgresSaver marks a `_DeltaSnapshot` with an inline `true`; a snapshot stored verbatim from a client
-# blob has no such marker, only its bytes: msgpack extension 7 as the whole value. CASE keeps the reads
-# inside the value.
-_PG_SNAPSHOT_BLOB_THREADS_SQL = f"""
-SELECT DISTINCT thread_id FROM checkpoint_blobs
-WHERE thread_id = ANY(%s) AND type = 'msgpack' AND CASE
-    WHEN length(blob) < 2 THEN false
-    WHEN get_byte(blob, 0) BETWEEN 212 AND 216 THEN get_byte(blob, 1) = {EXT_DELTA_SNAPSHOT}
-    WHEN length(blob) < 3 THEN false
-    WHEN get_byte(blob, 0) = 199 THEN get_byte(blob, 2) = {EXT_DELTA_SNAPSHOT}
-    WHEN length(blob) < 4 THEN false
-    WHEN get_byte(blob, 0) = 200 THEN get_byte(blob, 3) = {EXT_DELTA_SNAPSHOT}
-    WHEN length(blob) < 6 THEN false
-    WHEN get_byte(blob, 0) = 201 THEN get_byte(blob, 5) = {EXT_DELTA_SNAPSHOT}
-    ELSE false
-END
-"""
+        cur.execute(FORGET_THREAD_SUMMARIES_SQL.format(table=table), (list(thread_ids),), prepare=False)
 
 
 def _versions_by_group(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[list[str], set]]:
@@ -370,11 +177,11 @@ class PostgresLifecycleSaver(PostgresSaver):
         """
         source, target = check_copy_ids(source_thread_id, target_thread_id)
         with self._transaction() as cur:
-            cur.execute(_COPY_LOCK_SQL, (_COPY_LOCK_CLASS, target), prepare=False)
-            cur.execute(_PG_THREAD_IN_USE_SQL, (target, target, target), prepare=False)
+            cur.execute(COPY_LOCK_SQL, (COPY_LOCK_CLASS, target), prepare=False)
+            cur.execute(THREAD_IN_USE_SQL, (target, target, target), prepare=False)
             if cur.fetchone()["in_use"]:
                 raise ThreadNotEmptyError(target)
-            cur.execute(_PG_COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
+            cur.execute(COPY_THREAD_SQL, {"source": source, "target": target}, prepare=False)
             if self.pruned_table is not None:
                 cur.execute(
                     f"INSERT INTO {self.pruned_table} (thread_id, checkpoint_ns, pruned_through)"
@@ -406,21 +213,21 @@ class PostgresLifecycleSaver(PostgresSaver):
             return
         with self._transaction() as cur:
             like = None if thread_id_prefix is None else like_prefix(thread_id_prefix)
-            cur.execute(_PG_DELETE_RUN_CHECKPOINTS_SQL, (runs, like, like), prepare=False)
+            cur.execute(DELETE_RUN_CHECKPOINTS_SQL, (runs, like, like), prepare=False)
             groups = _versions_by_group(cur.fetchall())
             for (thread_id, ns), (ids, freed) in sorted(groups.items()):
-                cur.execute(_PG_DELETE_WRITES_SQL, (thread_id, ns, ids), prepare=False)
-                cur.execute(_PG_DETACH_CHILDREN_SQL, (thread_id, ns, ids), prepare=False)
-                cur.execute(_PG_REFERENCED_BLOBS_SQL, (thread_id, ns), prepare=False)
+                cur.execute(DELETE_WRITES_SQL, (thread_id, ns, ids), prepare=False)
+                cur.execute(DETACH_CHILDREN_SQL, (thread_id, ns, ids), prepare=False)
+                cur.execute(REFERENCED_BLOBS_SQL, (thread_id, ns), prepare=False)
                 referenced = {(r["channel"], r["version"]) for r in cur.fetchall()}
                 garbage: dict[str, list[str]] = defaultdict(list)
                 for channel, version in sorted(freed - referenced):
                     garbage[channel].append(version)
                 for channel, versions in garbage.items():
-                    cur.execute(_PG_DELETE_BLOBS_SQL, (thread_id, ns, channel, versions), prepare=False)
+                    cur.execute(DELETE_BLOBS_SQL, (thread_id, ns, channel, versions), prepare=False)
                 if self.summaries_table is not None:
                     cur.execute(
-                        _PG_FORGET_NAMESPACE_SUMMARIES_SQL.format(table=self.summaries_table),
+                        FORGET_NAMESPACE_SUMMARIES_SQL.format(table=self.summaries_table),
                         (thread_id, ns),
                         prepare=False,
                     )
@@ -447,7 +254,7 @@ class PostgresLifecycleSaver(PostgresSaver):
             with self._cursor() as cur:
                 cur.execute(PRUNE_DELTA_THREADS_SQL, (ids, ids), prepare=False)
                 delta = [r["thread_id"] for r in cur.fetchall()]
-                cur.execute(_PG_SNAPSHOT_BLOB_THREADS_SQL, (ids,), prepare=False)
+                cur.execute(SNAPSHOT_BLOB_THREADS_SQL, (ids,), prepare=False)
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
         try:
@@ -504,7 +311,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
         with self._cursor() as cur:
             cur.execute(
-                _PG_PRUNED_THROUGH_SQL.format(table=self.pruned_table), (thread_id, ns, checkpoint_id), prepare=False
+                PRUNED_THROUGH_SQL.format(table=self.pruned_table), (thread_id, ns, checkpoint_id), prepare=False
             )
             row = cur.fetchone()
         if row is not None and was_pruned(checkpoint_id, row["pruned_through"]):
@@ -610,7 +417,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         except BaseException as exc:
             if cache is not None:
                 cache.put(thread_id, ns, None)
-            if isinstance(exc, psycopg.Error) and exc.sqlstate == _PRUNED_PARENT_SQLSTATE:
+            if isinstance(exc, psycopg.Error) and exc.sqlstate == PRUNED_PARENT_SQLSTATE:
                 raise CheckpointPrunedError(parent, exc.diag.message_detail or "", as_parent=True) from None
             raise
         finally:
@@ -728,7 +535,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         check = _parent_check.get() if pipeline else None
         if check is not None:
             _parent_check.set(None)
-            cur.execute(_PG_REFUSE_PRUNED_PARENT_SQL, check)
+            cur.execute(REFUSE_PRUNED_PARENT_SQL, check)
         forgetting = _forget_pruned.get() if pipeline else None
         if forgetting is not None:
             _forget_pruned.set(None)
@@ -744,12 +551,12 @@ class PostgresLifecycleSaver(PostgresSaver):
             thread_id, ns, count = keep
             # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
             # takes several times as long as running it on a namespace of K + 1 checkpoints.
-            cur.execute(_KEEP_LOCK_SQL, (_KEEP_LOCK_CLASS, thread_id))
+            cur.execute(KEEP_LOCK_SQL, (KEEP_LOCK_CLASS, thread_id))
             if self.pruned_table is None:
-                cur.execute(_PG_KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
+                cur.execute(KEEP_LAST_SQL, {"thread": thread_id, "ns": ns, "keep": count})
             else:
                 cur.execute(
-                    _PG_KEEP_LAST_RECORDING_SQL.replace("{table}", self.pruned_table),
+                    KEEP_LAST_RECORDING_SQL.replace("{table}", self.pruned_table),
                     {"thread": thread_id, "ns": ns, "keep": count},
                 )
         if probe is not None and probe.sql is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reducing_saver.service.msgpack_headers import array_length
 from reducing_saver.service.storage.outbox import TABLE as OUTBOX_TABLE
 from reducing_saver.service.storage.usage import (
     Head,
@@ -14,7 +15,6 @@ from reducing_saver.service.storage.usage import (
     ThreadStorage,
     assemble,
     checkpoints_had,
-    msgpack_array_length,
 )
 
 _CHECKPOINTS = """
@@ -127,7 +127,7 @@ def measure(pool: Any, selection: Selection, *, messages_key: str) -> list[Threa
             if (thread := threads.get(row["thread_id"])) is not None:
                 thread.heads[row["checkpoint_ns"]] = Head(
                     window_bytes=row["window_bytes"] or 0,
-                    window_messages=msgpack_array_length(row["header"]),
+                    window_messages=array_length(row["header"]),
                     checkpoints_had=checkpoints_had(row["step"]),
                 )
         for row in conn.execute(_DELTA.format(where=where), params):

@@ -108,12 +108,16 @@ class SqliteBackend:
                 check_version(migrations.version(conn.cursor()), migrations.LATEST, self.path)
         self._schema_checked = True
 
-    def savers(self, count: int, latest_cache: Any = None) -> list[SqliteLifecycleSaver]:
-        """The one saver (SQLite serializes writers); ``latest_cache`` is not used: reads are local."""
+    def savers(
+        self, count: int, latest_cache: Any = None, *, keep_checkpoints: int | None = None
+    ) -> list[SqliteLifecycleSaver]:
+        """The one saver (SQLite serializes writers), keeping ``keep_checkpoints``; ``latest_cache`` is not
+        used: reads are local."""
         # The service's tables are there (setup): a thread's summary steps go with its checkpoints, and
         # what --keep-checkpoints deleted is recorded.
         self.saver.summaries_table = SUMMARIES_TABLE
         self.saver.pruned_table = PRUNED_TABLE
+        self.saver.keep_checkpoints = keep_checkpoints
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from contextlib import closing
 from typing import Any
 
+from reducing_saver.service.msgpack_headers import array_length
 from reducing_saver.service.storage.outbox import TABLE as OUTBOX_TABLE
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite.connections import connect
@@ -22,7 +23,6 @@ from reducing_saver.service.storage.usage import (
     ThreadStorage,
     assemble,
     checkpoints_had,
-    msgpack_array_length,
     tenant_of_namespace,
 )
 from reducing_saver.wire import Blob
@@ -145,7 +145,7 @@ def _head(row: dict[str, Any], messages_key: str) -> Head:
     had = checkpoints_had(row["step"])
     head = Head(copies=had if had is not None else 1, checkpoints_had=had)
     if isinstance(value, Blob):
-        head.window_bytes, head.window_messages = len(value.data), msgpack_array_length(value.data)
+        head.window_bytes, head.window_messages = len(value.data), array_length(value.data)
     return head
 
 

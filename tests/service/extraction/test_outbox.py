@@ -20,7 +20,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from reducing_saver.reducer import message_key
-from reducing_saver.service.extraction.deliverer import Deliverer, _LeaseRenewer
+from reducing_saver.service.extraction.deliverer import Deliverer
+from reducing_saver.service.leased_worker import LeaseRenewer
 from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import EncodedMessage
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
@@ -373,7 +374,7 @@ def test_a_slow_extractor_causes_no_duplicates_thanks_to_renewal(outbox):
 
 def test_without_renewal_the_same_slow_extractor_duplicates(fresh_pg, monkeypatch):
     """The control for the test above: it does detect a missing renewal."""
-    monkeypatch.setattr(_LeaseRenewer, "run", lambda self: None)
+    monkeypatch.setattr(LeaseRenewer, "run", lambda self: None)
     with PostgresOutbox(fresh_pg) as outbox:
         outbox.setup()
         outbox.record(entries(4))

@@ -147,6 +147,24 @@ def test_a_pruning_put_shows_in_the_metrics(client):
     assert _value(samples, "reducing_saver_messages_stored_bytes_total") == 2 * len(stored)
 
 
+def test_a_put_decodes_its_messages_once(client, monkeypatch):
+    """The put's operation decodes the messages channel (its extension check) and hands the messages to
+    the reducer, which does not read the value again; the metrics count the put all the same."""
+    decoded = []
+    decode = SafeMessagesCodec.decode
+    monkeypatch.setattr(
+        SafeMessagesCodec, "decode", lambda self, value: decoded.append(value) or decode(self, value)
+    )
+    received = SERDE.dumps_typed(_messages(4))[1]
+
+    body = _put_body(blob_to_wire("msgpack", received))
+    assert client.post("/v1/checkpoints/put", json=body).status_code == 200
+    assert [value.data for value in decoded] == [received]
+    samples = _metrics(client)
+    assert _value(samples, "reducing_saver_messages_received_bytes_total") == len(received)
+    assert _value(samples, "reducing_saver_messages_pruned_total") == 6
+
+
 def test_a_put_within_the_window_is_stored_as_received(client):
     received = SERDE.dumps_typed(_messages(1))[1]
     assert (

@@ -28,7 +28,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from reducing_saver.client import NotFoundError, RemoteReducingSaver
 from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.storage.usage import Head, msgpack_array_length, plain_messages
+from reducing_saver.service.storage.usage import Head, plain_messages
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}
 _LETTERS = random.Random(0)
@@ -400,15 +400,6 @@ def test_the_thread_route_checks_the_thread_id_as_every_route_does(database: str
 
 
 # -- the estimate's parts ----------------------------------------------------------------------------
-
-
-def test_msgpack_array_headers_are_read_without_decoding() -> None:
-    import ormsgpack
-
-    for n in (0, 3, 15, 16, 65535, 65536):
-        assert msgpack_array_length(ormsgpack.packb([0] * n)) == n
-    assert msgpack_array_length(ormsgpack.packb({"a": 1})) is None
-    assert msgpack_array_length(b"") is None
 
 
 def test_plain_messages_is_the_triangle_of_the_history() -> None:
