@@ -24,6 +24,7 @@ from typing import Any
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from reducing_saver.reducer import ReducingSaver
+from reducing_saver.service.encryption import KeylessSaver
 from reducing_saver.service.http import hotpath
 from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.storage.serde import VerbatimSerde
@@ -37,6 +38,8 @@ def stock_saver(saver: ReducingSaver) -> PostgresSaver:
     """The stock ``PostgresSaver`` twin of one of the service's savers: the same connection pool, verbatim
     serde."""
     inner = saver.inner
+    if isinstance(inner, KeylessSaver):  # --encryption off: the backend's saver is under it
+        inner = inner.inner
     if not isinstance(inner, PostgresSaver):
         raise SystemExit("the stock-saver service runs on PostgreSQL only (--database postgresql://...)")
     twin = _stock.get(id(inner))
@@ -46,23 +49,23 @@ def stock_saver(saver: ReducingSaver) -> PostgresSaver:
 
 
 def get_checkpoint(service: Any, saver: ReducingSaver, body: Any) -> dict[str, Any]:
-    item = stock_saver(saver).get_tuple(ops._run_config(body.config))
+    item = stock_saver(saver).get_tuple(ops._run_config(body["config"]))
     return bodies.GetCheckpointAnswer(checkpoint=ops._tuple_out(item) if item else None)
 
 
 def put_checkpoint(service: Any, saver: ReducingSaver, body: Any) -> dict[str, Any]:
-    checkpoint = body.checkpoint.model_dump()
+    checkpoint: dict[str, Any] = dict(body["checkpoint"])
     checkpoint["channel_values"] = {
-        channel: ops._from_wire(value, f"values.{channel}", inline_ints=True) for channel, value in body.values.items()
+        channel: ops._from_wire(value, f"values.{channel}", inline_ints=True) for channel, value in body["values"].items()
     }
-    metadata = ints_from_wire(body.metadata, "metadata")
-    config = stock_saver(saver).put(ops._run_config(body.config), checkpoint, metadata, body.new_versions)
+    metadata = ints_from_wire(body["metadata"], "metadata")
+    config = stock_saver(saver).put(ops._run_config(body["config"]), checkpoint, metadata, body["new_versions"])
     return bodies.PutCheckpointAnswer(config=config)
 
 
 def put_writes(service: Any, saver: ReducingSaver, body: Any) -> None:
-    writes = [(channel, ops._from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body.writes)]
-    stock_saver(saver).put_writes(ops._run_config(body.config), writes, body.task_id, body.task_path)
+    writes = [(channel, ops._from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body["writes"])]
+    stock_saver(saver).put_writes(ops._run_config(body["config"]), writes, body["task_id"], body["task_path"])
 
 
 @contextmanager
