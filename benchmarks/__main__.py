@@ -114,31 +114,61 @@ TARGET_NOTES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: few turns, 1, 2 and 8 (in 2 processes) agents, tiny loads")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: few turns, 1, 2 and 8 (in 2 processes) agents, tiny loads",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the results")
-    parser.add_argument("--postgres", default=DEFAULT_SERVER,
-                        help="PostgreSQL server URL without a database (default: %(default)s)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of: "
-                        + ", ".join(SECTIONS))
-    parser.add_argument("--agents", help="comma-separated agent levels for the throughput section: N (N "
-                        "processes of one agent each) or N/P (N agents in P processes), e.g. 1,8,32,128/4")
+    parser.add_argument(
+        "--postgres",
+        default=DEFAULT_SERVER,
+        help="PostgreSQL server URL without a database (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help="comma-separated subset of: " + ", ".join(SECTIONS)
+    )
+    parser.add_argument(
+        "--agents",
+        help="comma-separated agent levels for the throughput section: N (N "
+        "processes of one agent each) or N/P (N agents in P processes), e.g. 1,8,32,128/4",
+    )
     parser.add_argument("--duration", type=float, help="seconds per throughput phase")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="the service's worker processes in the throughput section (default: the machine's "
-                        "cores, %(default)s); the other sections use one")
-    parser.add_argument("--pool-size", type=int, default=2,
-                        help="the service's PostgreSQL connections per worker (default: %(default)s)")
-    parser.add_argument("--serve-args", default="",
-                        help="more `reducing-saver serve` flags for the throughput section's service, "
-                        "e.g. \"--no-extract --pool-size 4\"")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="the service's worker processes in the throughput section (default: the machine's "
+        "cores, %(default)s); the other sections use one",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=2,
+        help="the service's PostgreSQL connections per worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more `reducing-saver serve` flags for the throughput section's service, "
+        'e.g. "--no-extract --pool-size 4"',
+    )
     return parser.parse_args(argv)
 
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for package in ("reducing-saver", "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres",
-                    "psycopg", "uvicorn", "fastapi", "httpx", "aiohttp"):
+    for package in (
+        "reducing-saver",
+        "langgraph",
+        "langgraph-checkpoint",
+        "langgraph-checkpoint-postgres",
+        "psycopg",
+        "uvicorn",
+        "fastapi",
+        "httpx",
+        "aiohttp",
+    ):
         try:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -171,8 +201,12 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "real_turn" in results:
         for figures in results["real_turn"]["by_model_latency"]:
-            for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_inprocess_mean",
-                        "service_vs_plain_median"):
+            for key in (
+                "service_vs_inprocess_median",
+                "service_vs_inprocess_p95",
+                "service_vs_inprocess_mean",
+                "service_vs_plain_median",
+            ):
                 out[f"real_turn_{figures['model_ms']}ms_{key}"] = figures["ratios"][key]
     if "latency" in results:
         for mode in ("sync", "async"):
@@ -193,14 +227,18 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             level = single[-1]
             out["agents_level"] = level["agents"]
             for mode in ("inprocess", "plain"):
-                out[f"agents_service_vs_{mode}_turns_per_s"] = level["ratios"][f"service_vs_{mode}_turns_per_s"]
+                out[f"agents_service_vs_{mode}_turns_per_s"] = level["ratios"][
+                    f"service_vs_{mode}_turns_per_s"
+                ]
             for mode in ("service", "inprocess", "plain"):
                 out[f"agents_connections_{mode}"] = level[mode]["connections_max"]
-            out["agents_connections_service_vs_inprocess"] = level["ratios"]["service_vs_inprocess_connections_max"]
+            out["agents_connections_service_vs_inprocess"] = level["ratios"][
+                "service_vs_inprocess_connections_max"
+            ]
             if "stock_service_vs_inprocess_turns_per_s" in level["ratios"]:
-                out["floor_stock_service_vs_inprocess_turns_per_s"] = (
-                    level["ratios"]["stock_service_vs_inprocess_turns_per_s"]
-                )
+                out["floor_stock_service_vs_inprocess_turns_per_s"] = level["ratios"][
+                    "stock_service_vs_inprocess_turns_per_s"
+                ]
         many = [level for level in levels if level["agents_per_process"] > 1]
         if many:
             level = many[-1]
@@ -208,7 +246,9 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out["many_agents_service_errors"] = sum(level["service"]["errors"].values())
             out["many_agents_service_connections_max"] = level["service"]["connections_max"]
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
-                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
+                out[f"many_agents_{key}"] = {
+                    mode: level[mode][key] for mode in ("service", "inprocess", "plain")
+                }
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
         if "stock_service" in results["service_cost"]:
@@ -219,7 +259,9 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             for name, route in TURN_ROUTES.items():
                 own = results["service_cost"]["routes"][route]["own_cpu_us_per_request"]
                 out[f"service_own_cpu_us_{name}"] = own
-                out[f"floor_stock_service_own_cpu_us_{name}"] = floor["routes"][route]["own_cpu_us_per_request"]
+                out[f"floor_stock_service_own_cpu_us_{name}"] = floor["routes"][route][
+                    "own_cpu_us_per_request"
+                ]
     if "growth" in results:
         for key, value in results["growth"]["ratios"].items():
             out[f"growth_{key}"] = value
@@ -245,36 +287,49 @@ def growth_table(growth: dict[str, Any]) -> list[str]:
     lines = [head, "|---" * (len(samples) + 3) + "|"]
     for kind, label in growth["labels"].items():
         s = growth["series"][kind]
-        cells = [_mb(growth["bytes_at"][kind][str(t)]) if str(t) in growth["bytes_at"][kind] else "not run"
-                 for t in samples]
+        cells = [
+            _mb(growth["bytes_at"][kind][str(t)]) if str(t) in growth["bytes_at"][kind] else "not run"
+            for t in samples
+        ]
         context = f"{s['context_messages'][-1]} messages at turn {s['turn'][-1]:,}"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {context} | "
-                     f"{growth['turn_ms_median_last_tenth'][kind]} |")
+        lines.append(
+            f"| {label} | " + " | ".join(cells) + f" | {context} | "
+            f"{growth['turn_ms_median_last_tenth'][kind]} |"
+        )
     for kind in ("service", "keep"):
         m = growth["memory"][kind]
-        lines.append(f"| {growth['labels'][kind]}: long-term memory after delivery | store "
-                     f"{_mb(m['store_bytes'])} ({m['store_items']} items), outbox {_mb(m['outbox_bytes'])} |"
-                     + " |" * (len(samples) + 1))
+        lines.append(
+            f"| {growth['labels'][kind]}: long-term memory after delivery | store "
+            f"{_mb(m['store_bytes'])} ({m['store_items']} items), outbox {_mb(m['outbox_bytes'])} |"
+            + " |"
+            * (len(samples) + 1)
+        )
     return lines
 
 
 def print_growth(growth: dict[str, Any]) -> None:
     samples = growth["samples"]
-    print(f"\nGrowth: one chat thread to {samples[-1]:,} turns (plain add_messages to {samples[0]:,}), "
-          "pg_column_size of the thread's rows; turn time: median of the last tenth")
+    print(
+        f"\nGrowth: one chat thread to {samples[-1]:,} turns (plain add_messages to {samples[0]:,}), "
+        "pg_column_size of the thread's rows; turn time: median of the last tenth"
+    )
     for line in growth_table(growth):
         print(f"  {line}")
     r = growth["ratios"]
-    print(f"  keep {growth['keep_checkpoints']}: turn {samples[-1]:,} / turn {samples[0]:,} = "
-          f"{r['keep_last_vs_first_sample']:.2f}x (target <= 1.1); / DeltaChannel at turn {samples[-1]:,} = "
-          f"{r['keep_vs_delta_at_last']:.3f}x (target <= 0.2); outbox / store = {r['keep_outbox_vs_store']:.3f}x "
-          f"(target <= 0.05); turn time with / without keep = {r['keep_vs_service_turn_ms']:.2f}x")
+    print(
+        f"  keep {growth['keep_checkpoints']}: turn {samples[-1]:,} / turn {samples[0]:,} = "
+        f"{r['keep_last_vs_first_sample']:.2f}x (target <= 1.1); / DeltaChannel at turn {samples[-1]:,} = "
+        f"{r['keep_vs_delta_at_last']:.3f}x (target <= 0.2); outbox / store = {r['keep_outbox_vs_store']:.3f}x "
+        f"(target <= 0.05); turn time with / without keep = {r['keep_vs_service_turn_ms']:.2f}x"
+    )
 
 
 def print_summary(results: dict[str, Any]) -> None:
     print()
-    print(f"== reducing-saver benchmarks ({'quick' if results['meta']['quick'] else 'full'}) — "
-          f"{results['meta']['machine_line']}")
+    print(
+        f"== reducing-saver benchmarks ({'quick' if results['meta']['quick'] else 'full'}) — "
+        f"{results['meta']['machine_line']}"
+    )
     if "storage" in results:
         s = results["storage"]
         t = s["totals"]
@@ -291,71 +346,103 @@ def print_summary(results: dict[str, Any]) -> None:
             a, b = t["service"][key], t["plain"][key]
             print(f"  {label:28}{_kb(a):>14}{_kb(b):>14}{b / a:>14.1f}x")
         r = s["ratios"]
-        print(f"  service blob at turn {s['turns']} / at window fill: {r['service_blob_final_vs_window_fill']:.2f}x "
-              f"(plain: {r['plain_blob_final_vs_window_fill']:.2f}x)")
-        print(f"  service thread after prune / one window's checkpoint ({_kb(s['window_checkpoint_bytes'])}): "
-              f"{r['service_after_prune_vs_window_checkpoint']:.2f}x")
+        print(
+            f"  service blob at turn {s['turns']} / at window fill: {r['service_blob_final_vs_window_fill']:.2f}x "
+            f"(plain: {r['plain_blob_final_vs_window_fill']:.2f}x)"
+        )
+        print(
+            f"  service thread after prune / one window's checkpoint ({_kb(s['window_checkpoint_bytes'])}): "
+            f"{r['service_after_prune_vs_window_checkpoint']:.2f}x"
+        )
         m = s["long_term_memory"]
-        print(f"  long-term memory for the service thread: outbox {_kb(m['outbox_bytes'])}, "
-              f"store {_kb(m['store_bytes'])} ({m['store_items']} items)")
+        print(
+            f"  long-term memory for the service thread: outbox {_kb(m['outbox_bytes'])}, "
+            f"store {_kb(m['store_bytes'])} ({m['store_items']} items)"
+        )
     if "growth" in results:
         print_growth(results["growth"])
     if "real_turn" in results:
         rt = results["real_turn"]
-        print(f"\nReal turns: a tool-calling agent, the model waiting each call, a {rt['tool_ms']} ms tool every "
-              f"third turn, durability={rt['durability']} (LangGraph's default); {rt['rounds']} rounds x "
-              f"{rt['turns_per_thread']}-turn threads per checkpointer, interleaved")
+        print(
+            f"\nReal turns: a tool-calling agent, the model waiting each call, a {rt['tool_ms']} ms tool every "
+            f"third turn, durability={rt['durability']} (LangGraph's default); {rt['rounds']} rounds x "
+            f"{rt['turns_per_thread']}-turn threads per checkpointer, interleaved"
+        )
         from benchmarks.real_turn import table as real_turn_table
 
         for line in real_turn_table(rt):
             print(f"  {line}")
     if "latency" in results:
         lat = results["latency"]
-        print(f"\nLatency per turn: {lat['rounds']} rounds x {lat['turns_per_thread']}-turn threads per "
-              f"checkpointer, interleaved")
-        print("  remote: RemoteReducingSaver to the service; in-process: ReducingSaver + on_prune → "
-              "AsyncPostgresStore (sync: PostgresStore),")
+        print(
+            f"\nLatency per turn: {lat['rounds']} rounds x {lat['turns_per_thread']}-turn threads per "
+            f"checkpointer, interleaved"
+        )
+        print(
+            "  remote: RemoteReducingSaver to the service; in-process: ReducingSaver + on_prune → "
+            "AsyncPostgresStore (sync: PostgresStore),"
+        )
         print("  the same features in the agent; plain: AsyncPostgresSaver (sync: PostgresSaver), no reducer")
         print(f"  {'':7}{'remote':>18}{'in-process':>18}{'plain':>18}   remote/in-process    remote/plain")
         for mode in ("sync", "async"):
-            cells = "".join(f"{lat[mode][k]['median_ms']:>8.2f} / {lat[mode][k]['p95_ms']:>6.2f}"
-                            for k in ("remote", "inprocess", "plain"))
+            cells = "".join(
+                f"{lat[mode][k]['median_ms']:>8.2f} / {lat[mode][k]['p95_ms']:>6.2f}"
+                for k in ("remote", "inprocess", "plain")
+            )
             ratios = lat[mode]["ratios"]
-            print(f"  {mode:7}{cells}   {ratios['remote_vs_inprocess_median']:.2f}x, "
-                  f"{ratios['remote_vs_inprocess_p95']:.2f}x         {ratios['remote_vs_plain_median']:.2f}x, "
-                  f"{ratios['remote_vs_plain_p95']:.2f}x")
-        print("  (ms, median / p95; ratios median, p95); store items the in-process hook wrote: "
-              f"sync {lat['sync']['inprocess_store_items']}, async {lat['async']['inprocess_store_items']}")
+            print(
+                f"  {mode:7}{cells}   {ratios['remote_vs_inprocess_median']:.2f}x, "
+                f"{ratios['remote_vs_inprocess_p95']:.2f}x         {ratios['remote_vs_plain_median']:.2f}x, "
+                f"{ratios['remote_vs_plain_p95']:.2f}x"
+            )
+        print(
+            "  (ms, median / p95; ratios median, p95); store items the in-process hook wrote: "
+            f"sync {lat['sync']['inprocess_store_items']}, async {lat['async']['inprocess_store_items']}"
+        )
         for mode in ("sync", "async"):
             cpu = {k: lat[mode][k]["agent_cpu_ms_median"] for k in ("remote", "inprocess", "plain")}
-            print(f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process "
-                  f"{cpu['inprocess']:.2f} ms, plain {cpu['plain']:.2f} ms "
-                  f"({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)")
+            print(
+                f"  agent CPU per turn, {mode}: remote {cpu['remote']:.2f} ms, in-process "
+                f"{cpu['inprocess']:.2f} ms, plain {cpu['plain']:.2f} ms "
+                f"({lat[mode]['ratios']['remote_vs_inprocess_agent_cpu']:.2f}x)"
+            )
         floor = lat["floor"]
         ex, calls, wake = floor["exchange"], floor["calls_per_turn"], floor["idle_wake"]
-        print(f"  floor: a bare HTTP exchange (4 KB, aiohttp to a no-op app under uvicorn) takes {ex['median_us']:.0f} us "
-              f"(p95 {ex['p95_us']:.0f}), {ex['client_cpu_us']:.0f} us of client and {ex['server_cpu_us']:.0f} us of "
-              f"server CPU;")
-        print(f"    a turn makes {calls['total']:g} calls, {calls['sequential']:g} of them one after another "
-              f"(get_tuple, then the chain of puts), so no per-call service gets under "
-              f"{floor['floor_ratio_async']:.2f}x async here")
-        print(f"    PostgreSQL get_tuple: {wake['back_to_back_us']:.0f} us back to back, {wake['after_idle_us']:.0f} us "
-              f"after {wake['idle_gap_ms']:g} ms idle")
+        print(
+            f"  floor: a bare HTTP exchange (4 KB, aiohttp to a no-op app under uvicorn) takes {ex['median_us']:.0f} us "
+            f"(p95 {ex['p95_us']:.0f}), {ex['client_cpu_us']:.0f} us of client and {ex['server_cpu_us']:.0f} us of "
+            f"server CPU;"
+        )
+        print(
+            f"    a turn makes {calls['total']:g} calls, {calls['sequential']:g} of them one after another "
+            f"(get_tuple, then the chain of puts), so no per-call service gets under "
+            f"{floor['floor_ratio_async']:.2f}x async here"
+        )
+        print(
+            f"    PostgreSQL get_tuple: {wake['back_to_back_us']:.0f} us back to back, {wake['after_idle_us']:.0f} us "
+            f"after {wake['idle_gap_ms']:g} ms idle"
+        )
         if "stock_service" in lat["sync"]:
-            print("  stock-saver service (the service answering get_tuple, put and put_writes with the stock "
-                  "PostgresSaver call alone):")
+            print(
+                "  stock-saver service (the service answering get_tuple, put and put_writes with the stock "
+                "PostgresSaver call alone):"
+            )
             for mode in ("sync", "async"):
                 stock, ratios = lat[mode]["stock_service"], lat[mode]["ratios"]
-                print(f"    {mode}: {stock['median_ms']:.2f} / {stock['p95_ms']:.2f} ms, "
-                      f"{ratios['stock_service_vs_inprocess_median']:.2f}x / "
-                      f"{ratios['stock_service_vs_inprocess_p95']:.2f}x in-process: the floor under the "
-                      f"service's {ratios['remote_vs_inprocess_median']:.2f}x "
-                      f"(the service's own work: {ratios['remote_vs_stock_service_median']:.2f}x)")
+                print(
+                    f"    {mode}: {stock['median_ms']:.2f} / {stock['p95_ms']:.2f} ms, "
+                    f"{ratios['stock_service_vs_inprocess_median']:.2f}x / "
+                    f"{ratios['stock_service_vs_inprocess_p95']:.2f}x in-process: the floor under the "
+                    f"service's {ratios['remote_vs_inprocess_median']:.2f}x "
+                    f"(the service's own work: {ratios['remote_vs_stock_service_median']:.2f}x)"
+                )
     if "long_thread" in results:
         lt = results["long_thread"]
         ranges = lt["ranges"]
-        print(f"\nLong thread: {lt['turns']}-turn conversation (ainvoke), {lt['rounds']} rounds, interleaved turn by "
-              f"turn; per-turn medians over the rounds")
+        print(
+            f"\nLong thread: {lt['turns']}-turn conversation (ainvoke), {lt['rounds']} rounds, interleaved turn by "
+            f"turn; per-turn medians over the rounds"
+        )
         heads = [f"turns {first}-{last}" for first, last in ranges.values()]
         print(f"  {'':62}" + "".join(f"{head:>15}" for head in heads) + f"{'total':>10}")
         for kind in ("service", "plain", "inprocess"):
@@ -364,85 +451,122 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"  {lt['labels'][kind]:62}{cells}{fig['total_s']:>8.2f} s")
         r = lt["ratios"]
         last = heads[-1]
-        print(f"  service/plain: total {r['service_vs_plain_total']:.2f}x, {last} {r['service_vs_plain_last_median']:.2f}x;"
-              f" service/in-process: total {r['service_vs_inprocess_total']:.2f}x, "
-              f"{last} {r['service_vs_inprocess_last_median']:.2f}x")
+        print(
+            f"  service/plain: total {r['service_vs_plain_total']:.2f}x, {last} {r['service_vs_plain_last_median']:.2f}x;"
+            f" service/in-process: total {r['service_vs_inprocess_total']:.2f}x, "
+            f"{last} {r['service_vs_inprocess_last_median']:.2f}x"
+        )
     if "throughput" in results:
         tp = results["throughput"]
-        print(f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating. Every agent has "
-              "its own checkpointer:\n  service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver) + "
-              "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver, stock_service = "
-              "RemoteReducingSaver to\n  the service with its per-step work reduced to the stock PostgresSaver call "
-              "(the floor under the service)")
-        print("  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
-              "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes")
-        print(f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
+        print(
+            f"\nThroughput: {tp['rounds']} x {tp['duration_s_per_phase']:.0f} s per mode, alternating. Every agent has "
+            "its own checkpointer:\n  service = RemoteReducingSaver, inprocess = ReducingSaver(AsyncPostgresSaver) + "
+            "AsyncPostgresStore (the same features), plain = AsyncPostgresSaver, stock_service = "
+            "RemoteReducingSaver to\n  the service with its per-step work reduced to the stock PostgresSaver call "
+            "(the floor under the service)"
+        )
+        print(
+            "  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
+            "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes"
+        )
+        print(
+            f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL"
+        )
         for level in tp["levels"]:
             label = f"{level['agents']} agents" + (
-                f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
+                f" in {level['processes']} processes" if level["processes"] != level["agents"] else ""
+            )
             for index, mode in enumerate(tp["modes"]):
                 f = level[mode]
-                cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
-                       f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
-                       f"{f['machine_cpu_us_per_turn']:.0f}")
+                cpu = (
+                    f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
+                    f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
+                    f"{f['machine_cpu_us_per_turn']:.0f}"
+                )
                 wal = f["wal_per_turn"]
-                print(f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
-                      f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
-                      f"{wal['syncs']:.2f}, {wal['bytes']}")
+                print(
+                    f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
+                    f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
+                    f"{wal['syncs']:.2f}, {wal['bytes']}"
+                )
             r = level["ratios"]
-            print(f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
-                  f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
-                  f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
-                  f"{r['service_vs_plain_connections_max']:.2f}x")
+            print(
+                f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
+                f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
+                f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
+                f"{r['service_vs_plain_connections_max']:.2f}x"
+            )
             if "stock_service_vs_inprocess_turns_per_s" in r:
-                print(f"  {'':27}floor, stock_service / inprocess: turns/s "
-                      f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
-                      f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x; service / stock_service: "
-                      f"turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
+                print(
+                    f"  {'':27}floor, stock_service / inprocess: turns/s "
+                    f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
+                    f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x; service / stock_service: "
+                    f"turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x"
+                )
             for mode in tp["modes"]:
                 f = level[mode]
                 if f["errors"]:
                     errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
-                    print(f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
-                          f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}")
+                    print(
+                        f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
+                        f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}"
+                    )
     if "service_cost" in results:
         cost = results["service_cost"]
-        print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
-              f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core), against a bare "
-              "exchange: a no-op app under the same server, the same requests")
-        print(f"  {'us per request':24}{'service':>8}{'bare':>8}{'own':>8}{'bytes in / out':>17}"
-              f"{'req/s, bare':>15}")
+        print(
+            f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
+            f"{cost['concurrency']}; idle {cost['idle_cpu_cores'] * 100:.1f}% of a core), against a bare "
+            "exchange: a no-op app under the same server, the same requests"
+        )
+        print(
+            f"  {'us per request':24}{'service':>8}{'bare':>8}{'own':>8}{'bytes in / out':>17}"
+            f"{'req/s, bare':>15}"
+        )
         for route, fig in cost["routes"].items():
             extra = ""
             if "cpu_us_per_request_with_extraction" in fig:
                 extra = f", {fig['cpu_us_per_request_with_extraction']:.0f} with extraction"
             sizes = f"{fig['request_bytes_mean']} / {fig['answer_bytes_mean']}"
             rates = f"{fig['requests_per_s']:.0f}, {fig['bare_requests_per_s']:.0f}"
-            print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
-                  f"{fig['own_cpu_us_per_request']:>8.0f}{sizes:>17}{rates:>15}   "
-                  f"({fig['cpu_us_per_request_net_of_idle']:.0f} net of idle{extra})")
+            print(
+                f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
+                f"{fig['own_cpu_us_per_request']:>8.0f}{sizes:>17}{rates:>15}   "
+                f"({fig['cpu_us_per_request_net_of_idle']:.0f} net of idle{extra})"
+            )
         calls = ", ".join(f"{count:g} {kind}" for kind, count in cost["calls_per_turn"].items())
-        print(f"  per turn ({calls}): service {cost['cpu_us_per_turn_from_routes']:.0f} us, bare exchange "
-              f"{cost['bare_cpu_us_per_turn']:.0f} us, the service's own work {cost['own_cpu_us_per_turn']:.0f} us")
+        print(
+            f"  per turn ({calls}): service {cost['cpu_us_per_turn_from_routes']:.0f} us, bare exchange "
+            f"{cost['bare_cpu_us_per_turn']:.0f} us, the service's own work {cost['own_cpu_us_per_turn']:.0f} us"
+        )
         if "stock_service" in cost:
             stock = cost["stock_service"]
-            print("  the stock-saver service (the same service answering with the stock PostgresSaver call alone), "
-                  "measured the same way right after:")
+            print(
+                "  the stock-saver service (the same service answering with the stock PostgresSaver call alone), "
+                "measured the same way right after:"
+            )
             for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
                 fig = stock["routes"][route]
-                print(f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
-                      f"{fig['own_cpu_us_per_request']:>8.0f}")
-            print(f"  per turn: {stock['cpu_us_per_turn_from_routes']:.0f} us, its own work over the bare exchange "
-                  f"{stock['own_cpu_us_per_turn']:.0f} us: the floor under the service's "
-                  f"{cost['own_cpu_us_per_turn']:.0f} us")
+                print(
+                    f"  {route:24}{fig['cpu_us_per_request']:>8.0f}{fig['bare_cpu_us_per_request']:>8.0f}"
+                    f"{fig['own_cpu_us_per_request']:>8.0f}"
+                )
+            print(
+                f"  per turn: {stock['cpu_us_per_turn_from_routes']:.0f} us, its own work over the bare exchange "
+                f"{stock['own_cpu_us_per_turn']:.0f} us: the floor under the service's "
+                f"{cost['own_cpu_us_per_turn']:.0f} us"
+            )
         prof = cost["profile"]
         if "error" in prof:
             print(f"  profile failed: {prof['error']}")
         else:
-            print(f"  profile ({prof['samples']} samples): " + ", ".join(
-                f"{name} {pct}%" for name, pct in list(prof["components"].items())[:6]))
-            print("  inclusive: " + ", ".join(
-                f"{name} {pct}%" for name, pct in prof["key_frames_inclusive_pct"].items()))
+            print(
+                f"  profile ({prof['samples']} samples): "
+                + ", ".join(f"{name} {pct}%" for name, pct in list(prof["components"].items())[:6])
+            )
+            print(
+                "  inclusive: "
+                + ", ".join(f"{name} {pct}%" for name, pct in prof["key_frames_inclusive_pct"].items())
+            )
             print("  top frames by own samples:")
             for entry in prof["top_own"][:8]:
                 print(f"    {entry['pct']:5.1f}%  {entry['frame']}")
@@ -520,21 +644,27 @@ def main(argv: list[str] | None = None) -> int:
             section("growth")
             results["growth"] = growth.run(
                 database,
-                lambda *serve_args: run_service(out, "--database", url, "--pool-size", str(args.pool_size),
-                                                *serve_args),
-                samples=list(settings["growth_samples"]), every=settings["growth_every"], log=log,
+                lambda *serve_args: run_service(
+                    out, "--database", url, "--pool-size", str(args.pool_size), *serve_args
+                ),
+                samples=list(settings["growth_samples"]),
+                every=settings["growth_every"],
+                log=log,
             )
         if set(SINGLE_SERVICE_SECTIONS) & set(sections):
             with run_service(out, "--database", url, *single_args) as service, ExitStack() as floor_stack:
-                log(f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}")
+                log(
+                    f"service pid {service.process.pid} at {service.url}, database {database.rsplit('/', 1)[1]}"
+                )
                 stock = None
                 if "latency" in sections or "service_cost" in sections:  # the floor those two measure
                     stock = floor_stack.enter_context(stock_service.run(out, "--database", url, *single_args))
                     log(f"stock-saver service pid {stock.process.pid} at {stock.url}")
                 if "storage" in sections:
                     section("storage")
-                    results["storage"] = storage.run(service.url, database, turns=settings["storage_turns"],
-                                                     window=settings["window"])
+                    results["storage"] = storage.run(
+                        service.url, database, turns=settings["storage_turns"], window=settings["window"]
+                    )
                 if "real_turn" in sections:
                     section("real_turn")
                     results["real_turn"] = real_turn.run(
@@ -542,26 +672,43 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 if "latency" in sections:
                     section("latency")
-                    results["latency"] = latency.run(service.url, database, turns=settings["latency_turns"],
-                                                     rounds=settings["latency_rounds"], window=settings["window"],
-                                                     stock_service_url=stock.url, log=log)
+                    results["latency"] = latency.run(
+                        service.url,
+                        database,
+                        turns=settings["latency_turns"],
+                        rounds=settings["latency_rounds"],
+                        window=settings["window"],
+                        stock_service_url=stock.url,
+                        log=log,
+                    )
                     results["latency"]["floor"] = floors.run(
-                        database, results["latency"]["async"]["inprocess"]["median_ms"],
-                        requests=settings["floor_requests"], samples=settings["floor_samples"],
+                        database,
+                        results["latency"]["async"]["inprocess"]["median_ms"],
+                        requests=settings["floor_requests"],
+                        samples=settings["floor_samples"],
                     )
                 if "long_thread" in sections:
                     section("long_thread")
                     results["long_thread"] = long_thread.run(
-                        service.url, database, turns=settings["long_thread_turns"],
-                        rounds=settings["long_thread_rounds"], window=settings["window"], log=log,
+                        service.url,
+                        database,
+                        turns=settings["long_thread_turns"],
+                        rounds=settings["long_thread_rounds"],
+                        window=settings["window"],
+                        log=log,
                     )
                 if "service_cost" in sections:
                     section("service_cost")
                     results["service_cost"] = service_cost.run(
-                        service.url, service.process.pid, requests=settings["cost_requests"],
-                        concurrency=settings["cost_concurrency"], profile_seconds=settings["profile_seconds"],
-                        out_dir=out, idle_seconds=settings["idle_seconds"],
-                        stock=(stock.url, stock.process.pid), log=log,
+                        service.url,
+                        service.process.pid,
+                        requests=settings["cost_requests"],
+                        concurrency=settings["cost_concurrency"],
+                        profile_seconds=settings["profile_seconds"],
+                        out_dir=out,
+                        idle_seconds=settings["idle_seconds"],
+                        stock=(stock.url, stock.process.pid),
+                        log=log,
                     )
         if "throughput" in sections:
             stock_url = throughput.with_application_name(database, throughput.STOCK_APP)
@@ -569,14 +716,23 @@ def main(argv: list[str] | None = None) -> int:
                 run_service(out, "--database", url, *scaled_args) as service,
                 stock_service.run(out, "--database", stock_url, *scaled_args) as stock,
             ):
-                log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
-                    f"stock-saver service pid {stock.process.pid} at {stock.url}")
+                log(
+                    f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
+                    f"stock-saver service pid {stock.process.pid} at {stock.url}"
+                )
                 section("throughput")
                 results["throughput"] = throughput.run(
-                    service.url, service.process.pid, args.postgres, database, levels=levels,
-                    duration=settings["duration"], rounds=settings["throughput_rounds"],
-                    turns_per_thread=settings["turns_per_thread"], window=settings["window"],
-                    stock=(stock.url, stock.process.pid), log=log,
+                    service.url,
+                    service.process.pid,
+                    args.postgres,
+                    database,
+                    levels=levels,
+                    duration=settings["duration"],
+                    rounds=settings["throughput_rounds"],
+                    turns_per_thread=settings["turns_per_thread"],
+                    window=settings["window"],
+                    stock=(stock.url, stock.process.pid),
+                    log=log,
                 )
     results["targets"] = targets(results)
     results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]
@@ -590,11 +746,16 @@ def main(argv: list[str] | None = None) -> int:
     if "growth" in results:
         growth.chart(results["growth"], results["meta"]["machine_line"], out / "growth.png")
     if "latency" in results and "throughput" in results:
-        charts.performance_chart(results["latency"], results["throughput"], results["meta"]["machine_line"],
-                                 out / "performance.png")
+        charts.performance_chart(
+            results["latency"],
+            results["throughput"],
+            results["meta"]["machine_line"],
+            out / "performance.png",
+        )
     if "long_thread" in results:
-        charts.long_thread_chart(results["long_thread"], results["meta"]["machine_line"],
-                                 out / "long_thread.png")
+        charts.long_thread_chart(
+            results["long_thread"], results["meta"]["machine_line"], out / "long_thread.png"
+        )
     print_summary(results)
     log(f"wrote {out / 'results.json'}")
     return 0

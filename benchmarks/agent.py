@@ -117,15 +117,20 @@ class Agent:
 
 
 async def _prepare(agents: list[Agent], mode: str, target: str, phase: str) -> dict[str, Any]:
-    outcomes = await asyncio.gather(*(agent.prepare(mode, target, phase) for agent in agents),
-                                    return_exceptions=True)
-    errors = {agent.number: error_text(outcome) for agent, outcome in zip(agents, outcomes, strict=True)
-              if isinstance(outcome, BaseException)}
+    outcomes = await asyncio.gather(
+        *(agent.prepare(mode, target, phase) for agent in agents), return_exceptions=True
+    )
+    errors = {
+        agent.number: error_text(outcome)
+        for agent, outcome in zip(agents, outcomes, strict=True)
+        if isinstance(outcome, BaseException)
+    }
     return {"agents": [agent.number for agent in agents if agent.number not in errors], "errors": errors}
 
 
-async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
-               turns_per_thread: int) -> dict[str, Any]:
+async def _run(
+    agents: list[Agent], phase: str, start_at: float, end_at: float, turns_per_thread: int
+) -> dict[str, Any]:
     cpu_started = time.process_time()
     stats = await asyncio.gather(*(agent.run(phase, start_at, end_at, turns_per_thread) for agent in agents))
     return {
@@ -135,8 +140,9 @@ async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
         # This process's CPU (all threads) over every turn its agents ran, the late ones and the store
         # writes they left pending included.
         "cpu_s": time.process_time() - cpu_started,
-        "errors": {agent.number: stat["error"] for agent, stat in zip(agents, stats, strict=True)
-                   if stat["error"]},
+        "errors": {
+            agent.number: stat["error"] for agent, stat in zip(agents, stats, strict=True) if stat["error"]
+        },
     }
 
 
@@ -156,8 +162,9 @@ async def _warm_up() -> None:
     await chat_graph(InMemorySaver()).ainvoke(user_input(0), thread_config("warm-up"))
 
 
-async def _loop(process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int,
-                window: int) -> None:
+async def _loop(
+    process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int, window: int
+) -> None:
     await _warm_up()
     results.put(("started", process))
     agents = [Agent(number, window) for number in numbers]
@@ -184,7 +191,8 @@ async def _loop(process: int, numbers: list[int], commands: Any, results: Any, t
             results.put(("error", process, traceback.format_exc()))
 
 
-def main(process: int, agents: list[int], commands: Any, results: Any, turns_per_thread: int,
-         window: int) -> None:
+def main(
+    process: int, agents: list[int], commands: Any, results: Any, turns_per_thread: int, window: int
+) -> None:
     """The process target (multiprocessing, spawn): agents number ``agents`` in process ``process``."""
     asyncio.run(_loop(process, agents, commands, results, turns_per_thread, window))

@@ -53,7 +53,17 @@ from benchmarks._common import (
 #: granian's options for one worker serving the app: uvloop, HTTP/1 only, its access log off (the
 #: service logs access itself), then per variant the Rust runtime's mode and threads. ``--task-impl rust``
 #: is left out: the service's lifespan fails on shutdown with it (asyncio.all_tasks cannot read its tasks).
-GRANIAN_COMMON = ["--interface", "asgi", "--workers", "1", "--loop", "uvloop", "--http", "1", "--no-access-log"]
+GRANIAN_COMMON = [
+    "--interface",
+    "asgi",
+    "--workers",
+    "1",
+    "--loop",
+    "uvloop",
+    "--http",
+    "1",
+    "--no-access-log",
+]
 GRANIAN_VARIANTS: dict[str, list[str]] = {
     "st": ["--runtime-mode", "st", "--runtime-threads", "1"],
     "mt": ["--runtime-mode", "mt", "--runtime-threads", "1"],  # what granian picks for ASGI by default
@@ -73,7 +83,10 @@ class Server:
 
 def _environment() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}, "PYTHONPATH": root}
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")},
+        "PYTHONPATH": root,
+    }
 
 
 @contextmanager
@@ -99,17 +112,42 @@ def service_servers(database: str, variants: list[str], folder: Path) -> Iterato
             stack.enter_context(
                 _started(
                     "uvicorn",
-                    [cli, "serve", "--port", str(port), "--database", database, "--max-messages", str(WINDOW),
-                     "--pool-size", str(POOL_SIZE)],
-                    folder, _environment(), port,
+                    [
+                        cli,
+                        "serve",
+                        "--port",
+                        str(port),
+                        "--database",
+                        database,
+                        "--max-messages",
+                        str(WINDOW),
+                        "--pool-size",
+                        str(POOL_SIZE),
+                    ],
+                    folder,
+                    _environment(),
+                    port,
                 )
             )
         ]
         for variant in variants:
             port = free_port()
-            command = [sys.executable, "-m", "granian", *GRANIAN_COMMON, *GRANIAN_VARIANTS[variant], "--factory",
-                       "reducing_saver.service.http.app:app_from_env", "--host", "127.0.0.1", "--port", str(port)]
-            servers.append(stack.enter_context(_started(f"granian-{variant}", command, folder, granian_env, port)))
+            command = [
+                sys.executable,
+                "-m",
+                "granian",
+                *GRANIAN_COMMON,
+                *GRANIAN_VARIANTS[variant],
+                "--factory",
+                "reducing_saver.service.http.app:app_from_env",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
+            servers.append(
+                stack.enter_context(_started(f"granian-{variant}", command, folder, granian_env, port))
+            )
         yield servers
 
 
@@ -123,13 +161,34 @@ def bare_servers(variants: list[str], folder: Path) -> Iterator[list[Server]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     with ExitStack() as stack:
         port = free_port()
-        command = [sys.executable, "-m", "uvicorn", "bench_app:app", "--port", str(port), "--log-level", "warning"]
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench_app:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
         servers = [stack.enter_context(_started("bare-uvicorn", command, folder, env, port))]
         for variant in variants:
             port = free_port()
-            command = [sys.executable, "-m", "granian", *GRANIAN_COMMON, *GRANIAN_VARIANTS[variant],
-                       "--log-level", "warning", "--port", str(port), "bench_app:app"]
-            servers.append(stack.enter_context(_started(f"bare-granian-{variant}", command, folder, env, port)))
+            command = [
+                sys.executable,
+                "-m",
+                "granian",
+                *GRANIAN_COMMON,
+                *GRANIAN_VARIANTS[variant],
+                "--log-level",
+                "warning",
+                "--port",
+                str(port),
+                "bench_app:app",
+            ]
+            servers.append(
+                stack.enter_context(_started(f"bare-granian-{variant}", command, folder, env, port))
+            )
         yield servers
 
 
@@ -138,7 +197,9 @@ def _rotated(items: list[Any], index: int) -> list[Any]:
     return items[shift:] + items[:shift]
 
 
-def _turns_sync(servers: list[Server], *, turns: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+def _turns_sync(
+    servers: list[Server], *, turns: int, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Per server, every measured turn's wall time (ms), and its CPU seconds over the measured phase."""
     from reducing_saver.client import RemoteReducingSaver
 
@@ -169,7 +230,9 @@ async def _turns_async(
 
     walls: dict[str, list[float]] = {server.name: [] for server in servers}
     async with AsyncExitStack() as stack:
-        graphs = {s.name: chat_graph(await stack.enter_async_context(RemoteReducingSaver(s.url))) for s in servers}
+        graphs = {
+            s.name: chat_graph(await stack.enter_async_context(RemoteReducingSaver(s.url))) for s in servers
+        }
         for graph in graphs.values():
             config = thread_config(f"warm-{uuid.uuid4().hex}")
             for turn in range(3):
@@ -267,16 +330,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=20, help="turns per thread")
     parser.add_argument("--rounds", type=int, default=15, help="threads per server and mode")
-    parser.add_argument("--granian", nargs="+", choices=list(GRANIAN_VARIANTS), default=list(GRANIAN_VARIANTS))
+    parser.add_argument(
+        "--granian", nargs="+", choices=list(GRANIAN_VARIANTS), default=list(GRANIAN_VARIANTS)
+    )
     parser.add_argument("--requests", type=int, default=3000, help="bare exchanges per server (0: none)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if importlib.util.find_spec("granian") is None:
         sys.exit("granian is not installed: pip install granian (or the bench extra)")
 
-    results: dict[str, Any] = {"turns": args.turns, "rounds": args.rounds, "granian": {
-        variant: GRANIAN_COMMON + GRANIAN_VARIANTS[variant] for variant in args.granian
-    }}
+    results: dict[str, Any] = {
+        "turns": args.turns,
+        "rounds": args.rounds,
+        "granian": {variant: GRANIAN_COMMON + GRANIAN_VARIANTS[variant] for variant in args.granian},
+    }
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as folder, scratch_database() as database:
         with service_servers(database, args.granian, Path(folder)) as servers:

@@ -86,7 +86,9 @@ def requests_and_time(database: str, log_dir: Path, turns: int = 64) -> dict[str
 
     env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
     results: dict[str, Any] = {}
-    with run_service(log_dir, "--database", database, "--encryption", "required", "--no-extract", env=env) as service:
+    with run_service(
+        log_dir, "--database", database, "--encryption", "required", "--no-extract", env=env
+    ) as service:
         for name in ("history", "walk"):
             counting = _Counting()
             saver = RemoteReducingSaver(service.url, transport=counting)
@@ -130,7 +132,9 @@ def storage_and_memory(database: str, log_dir: Path, turns: int) -> dict[str, An
                 config = {"configurable": configurable}
                 _run_turn(graphs, turn, config)
                 messages = graphs[turn >= 32].get_state(config).values["messages"]
-                seen[name] |= {m.id for m in messages if m.additional_kwargs.get("lc_source") != "summarization"}
+                seen[name] |= {
+                    m.id for m in messages if m.additional_kwargs.get("lc_source") != "summarization"
+                }
             if turn + 1 in marks:
                 for name, configurable in threads.items():
                     config = {"configurable": configurable}
@@ -175,12 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "deepagents_thread.json").write_text(json.dumps(figures, indent=2))
     for name in ("history", "walk"):
         row = figures["requests"][name]
-        print(f"{name:8} turn 10: {row['turn_10']['requests']} requests, {row['turn_10']['ms']} ms; "
-              f"turn 60: {row['turn_60']['requests']} requests, {row['turn_60']['ms']} ms")
+        print(
+            f"{name:8} turn 10: {row['turn_10']['requests']} requests, {row['turn_10']['ms']} ms; "
+            f"turn 60: {row['turn_60']['requests']} requests, {row['turn_60']['ms']} ms"
+        )
     for mark, rows in figures["storage"].items():
         for name, row in rows.items():
-            print(f"{mark:9} {name:9} {row['checkpoints']:5} checkpoints, {row['saver_bytes'] / 1024:8.1f} KiB stored, "
-                  f"state {row['state_bytes'] / 1024:6.1f} KiB, {row['in_memory']}/{row['removed_messages']} removed messages in memory")
+            print(
+                f"{mark:9} {name:9} {row['checkpoints']:5} checkpoints, {row['saver_bytes'] / 1024:8.1f} KiB stored, "
+                f"state {row['state_bytes'] / 1024:6.1f} KiB, {row['in_memory']}/{row['removed_messages']} removed messages in memory"
+            )
     return 0
 
 

@@ -88,7 +88,13 @@ def main() -> None:
             env = {"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())} if mode != "off" else {}
             service = stack.enter_context(
                 run_service(
-                    folder, "--database", database, "--max-messages", str(args.window), "--encryption", mode,
+                    folder,
+                    "--database",
+                    database,
+                    "--max-messages",
+                    str(args.window),
+                    "--encryption",
+                    mode,
                     env=env,
                 )
             )
@@ -100,7 +106,9 @@ def main() -> None:
             agent.cpus.clear()
         ratios: tuple[list[float], list[float]] = ([], [])  # each round's required / off
         for index in range(args.rounds):
-            medians = {mode: agents[mode].run(args.turns) for mode in (MODES if index % 2 == 0 else MODES[::-1])}
+            medians = {
+                mode: agents[mode].run(args.turns) for mode in (MODES if index % 2 == 0 else MODES[::-1])
+            }
             for kind in (0, 1):
                 ratios[kind].append(medians["required"][kind] / medians["off"][kind])
     wall = {mode: statistics.median(agents[mode].walls) for mode in MODES}

@@ -50,7 +50,9 @@ CHECKPOINT_BYTES = """
         + (SELECT COALESCE(sum(pg_column_size(w.*)), 0) FROM checkpoint_writes w WHERE thread_id = %(t)s),
         (SELECT count(*) FROM checkpoints WHERE thread_id = %(t)s)
 """
-OUTBOX_BYTES = "SELECT COALESCE(sum(pg_column_size(o.*)), 0) FROM reducing_saver_outbox o WHERE thread_id = %(t)s"
+OUTBOX_BYTES = (
+    "SELECT COALESCE(sum(pg_column_size(o.*)), 0) FROM reducing_saver_outbox o WHERE thread_id = %(t)s"
+)
 STORE_BYTES = "SELECT COALESCE(sum(pg_column_size(s.*)), 0), count(*) FROM store s WHERE prefix = %(p)s"
 
 
@@ -109,7 +111,13 @@ def run(
     limit = {kind: samples[0] if kind == "plain" else last for kind in KINDS}
     measured_at = sorted({*range(every, last + 1, every), *samples})
     series: dict[str, dict[str, list]] = {
-        kind: {"turn": [], "checkpoint_bytes": [], "checkpoints": [], "context_messages": [], "context_chars": []}
+        kind: {
+            "turn": [],
+            "checkpoint_bytes": [],
+            "checkpoints": [],
+            "context_messages": [],
+            "context_chars": [],
+        }
         for kind in KINDS
     }
     turn_ms: dict[str, list[float]] = {kind: [] for kind in KINDS}
@@ -138,17 +146,30 @@ def run(
                 if turn in measured_at:
                     size, count = conn.execute(CHECKPOINT_BYTES, {"t": threads[kind]}).fetchone()
                     messages, chars = _context(graph, threads[kind])
-                    for key, value in (("turn", turn), ("checkpoint_bytes", int(size)), ("checkpoints", int(count)),
-                                       ("context_messages", messages), ("context_chars", chars)):
+                    for key, value in (
+                        ("turn", turn),
+                        ("checkpoint_bytes", int(size)),
+                        ("checkpoints", int(count)),
+                        ("context_messages", messages),
+                        ("context_chars", chars),
+                    ):
                         series[kind][key].append(value)
             if turn in samples or turn % (every * 5) == 0:
                 log(f"growth: turn {turn} of {last}")
-        drained = {kind: wait_extraction_drained(url, timeout=120.0)
-                   for kind, url in (("service", service.url), ("keep", keep_service.url))}
+        drained = {
+            kind: wait_extraction_drained(url, timeout=120.0)
+            for kind, url in (("service", service.url), ("keep", keep_service.url))
+        }
         memory = {kind: _memory(conn, threads[kind]) for kind in ("service", "keep")}
 
-    at = {kind: {turn: series[kind]["checkpoint_bytes"][series[kind]["turn"].index(turn)]
-                 for turn in samples if turn in series[kind]["turn"]} for kind in KINDS}
+    at = {
+        kind: {
+            turn: series[kind]["checkpoint_bytes"][series[kind]["turn"].index(turn)]
+            for turn in samples
+            if turn in series[kind]["turn"]
+        }
+        for kind in KINDS
+    }
     first = samples[0]
     tail = max(1, last // 10)
     per_turn_ms = {kind: round(statistics.median(values[-tail:]), 2) for kind, values in turn_ms.items()}
@@ -157,7 +178,9 @@ def run(
         "labels": LABELS,
         "keep_checkpoints": KEEP,
         "series": series,
-        "bytes_at": {kind: {str(turn): value for turn, value in values.items()} for kind, values in at.items()},
+        "bytes_at": {
+            kind: {str(turn): value for turn, value in values.items()} for kind, values in at.items()
+        },
         "memory": memory,
         "extraction": drained,
         "turn_ms_median_last_tenth": per_turn_ms,
@@ -185,8 +208,12 @@ def chart(growth: dict[str, Any], machine: str, path: Path) -> None:
     figure, (bytes_axis, context_axis) = plt.subplots(1, 2, figsize=(12, 4.6))
     for kind in KINDS:
         s = growth["series"][kind]
-        bytes_axis.plot(s["turn"], [v / 1024 / 1024 for v in s["checkpoint_bytes"]], color=colors[kind],
-                        label=growth["labels"][kind])
+        bytes_axis.plot(
+            s["turn"],
+            [v / 1024 / 1024 for v in s["checkpoint_bytes"]],
+            color=colors[kind],
+            label=growth["labels"][kind],
+        )
         context_axis.plot(s["turn"], s["context_messages"], color=colors[kind], label=growth["labels"][kind])
     bytes_axis.set_yscale("log")
     bytes_axis.set_title("thread's checkpoint rows (pg_column_size), MB, log scale")
@@ -196,11 +223,20 @@ def chart(growth: dict[str, Any], machine: str, path: Path) -> None:
     context_axis.set_title("messages the agent reloads each turn, log scale")
     context_axis.set_xlabel("turn")
     keep = growth["memory"]["keep"]
-    context_axis.text(0.98, 0.04, f"keep's long-term memory: store {keep['store_bytes'] / 1024 / 1024:.2f} MB "
-                      f"({keep['store_items']} items), outbox {keep['outbox_bytes'] / 1024:.0f} KB",
-                      transform=context_axis.transAxes, ha="right", fontsize=8)
-    figure.suptitle(f"one chat thread, ~400-character messages, {growth['samples'][-1]} turns (plain to "
-                    f"{growth['samples'][0]})\n{machine}", fontsize=9)
+    context_axis.text(
+        0.98,
+        0.04,
+        f"keep's long-term memory: store {keep['store_bytes'] / 1024 / 1024:.2f} MB "
+        f"({keep['store_items']} items), outbox {keep['outbox_bytes'] / 1024:.0f} KB",
+        transform=context_axis.transAxes,
+        ha="right",
+        fontsize=8,
+    )
+    figure.suptitle(
+        f"one chat thread, ~400-character messages, {growth['samples'][-1]} turns (plain to "
+        f"{growth['samples'][0]})\n{machine}",
+        fontsize=9,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -71,7 +71,9 @@ def main() -> None:
         request_url, headers = httpx.URL(url), httpx.Headers(HEADERS)
 
         def direct() -> None:
-            response = transport.handle_request(httpx.Request("POST", request_url, headers=headers, content=BODY))
+            response = transport.handle_request(
+                httpx.Request("POST", request_url, headers=headers, content=BODY)
+            )
             response.read()
             response.close()
 

@@ -110,8 +110,9 @@ def store_items(database: str, thread_prefix: str) -> int:
     """Store items under the default memory namespaces (``("memories", thread id)``) of the threads whose
     ids start with ``thread_prefix``."""
     with psycopg.connect(database) as conn:
-        row = conn.execute("SELECT count(*) FROM store WHERE prefix LIKE %s",
-                           (f"memories.{thread_prefix}%",)).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM store WHERE prefix LIKE %s", (f"memories.{thread_prefix}%",)
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -164,10 +165,18 @@ def _rotated(kinds: list[str], round_index: int) -> list[str]:
     return kinds[shift:] + kinds[:shift]
 
 
-def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-             kinds: tuple[str, ...] = KINDS, stock_service_url: str | None = None,
-             thread_prefix: str = "lat-sync",
-             kept: dict[str, int] | None = None) -> dict[str, list[tuple[float, float]]]:
+def run_sync(
+    service_url: str,
+    database: str,
+    *,
+    turns: int,
+    rounds: int,
+    window: int,
+    kinds: tuple[str, ...] = KINDS,
+    stock_service_url: str | None = None,
+    thread_prefix: str = "lat-sync",
+    kept: dict[str, int] | None = None,
+) -> dict[str, list[tuple[float, float]]]:
     """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn; ``kept`` gets, per kind, the messages
     in the state of its last thread."""
     with ExitStack() as stack:
@@ -197,10 +206,18 @@ def run_sync(service_url: str, database: str, *, turns: int, rounds: int, window
     return samples
 
 
-async def run_async(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-                    kinds: tuple[str, ...] = KINDS, stock_service_url: str | None = None,
-                    thread_prefix: str = "lat-async",
-                    kept: dict[str, int] | None = None) -> dict[str, list[tuple[float, float]]]:
+async def run_async(
+    service_url: str,
+    database: str,
+    *,
+    turns: int,
+    rounds: int,
+    window: int,
+    kinds: tuple[str, ...] = KINDS,
+    stock_service_url: str | None = None,
+    thread_prefix: str = "lat-async",
+    kept: dict[str, int] | None = None,
+) -> dict[str, list[tuple[float, float]]]:
     """Per kind, ``(wall ms, agent CPU ms)`` of every measured turn; ``kept`` as :func:`run_sync`'s."""
     async with AsyncExitStack() as stack:
         graphs: dict[str, Any] = {}
@@ -230,16 +247,30 @@ async def run_async(service_url: str, database: str, *, turns: int, rounds: int,
     return samples
 
 
-def run(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-        stock_service_url: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    service_url: str,
+    database: str,
+    *,
+    turns: int,
+    rounds: int,
+    window: int,
+    stock_service_url: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Sync then async turns of every checkpointer (``stock_service`` too when ``stock_service_url`` is
     given), with their figures and ratios."""
     result: dict[str, Any] = {"turns_per_thread": turns, "rounds": rounds, "window": window, "labels": LABELS}
     for mode in ("sync", "async"):
         prefix = f"lat-{mode}"
         kept: dict[str, int] = {}
-        options = {"turns": turns, "rounds": rounds, "window": window, "thread_prefix": prefix,
-                   "stock_service_url": stock_service_url, "kept": kept}
+        options = {
+            "turns": turns,
+            "rounds": rounds,
+            "window": window,
+            "thread_prefix": prefix,
+            "stock_service_url": stock_service_url,
+            "kept": kept,
+        }
         if mode == "sync":
             samples = run_sync(service_url, database, **options)
         else:

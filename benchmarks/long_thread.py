@@ -54,8 +54,9 @@ async def _turn(graph: Any, config: dict[str, Any], turn: int) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def run_async(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-                    thread_prefix: str = "long") -> dict[str, list[list[float]]]:
+async def run_async(
+    service_url: str, database: str, *, turns: int, rounds: int, window: int, thread_prefix: str = "long"
+) -> dict[str, list[list[float]]]:
     """Per kind, per round, the wall ms of every turn."""
     samples: dict[str, list[list[float]]] = {kind: [] for kind in KINDS}
     async with AsyncExitStack() as stack:
@@ -84,7 +85,7 @@ def figures(per_round: list[list[float]], ranges: dict[str, tuple[int, int]]) ->
     """The per-turn curve (median over rounds) of one kind, its range medians and totals."""
     curve = [statistics.median(values) for values in zip(*per_round, strict=True)]
     result: dict[str, Any] = {
-        f"{name}_median_ms": round(statistics.median(curve[first - 1:last]), 3)
+        f"{name}_median_ms": round(statistics.median(curve[first - 1 : last]), 3)
         for name, (first, last) in ranges.items()
     }
     result["total_s"] = round(sum(curve) / 1000, 3)
@@ -93,8 +94,15 @@ def figures(per_round: list[list[float]], ranges: dict[str, tuple[int, int]]) ->
     return result
 
 
-def run(service_url: str, database: str, *, turns: int, rounds: int, window: int,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    service_url: str,
+    database: str,
+    *,
+    turns: int,
+    rounds: int,
+    window: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     ranges = turn_ranges(turns)
     samples = asyncio.run(run_async(service_url, database, turns=turns, rounds=rounds, window=window))
     by_kind = {kind: figures(samples[kind], ranges) for kind in KINDS}

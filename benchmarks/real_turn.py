@@ -86,8 +86,16 @@ async def _turn(graph: Any, config: dict[str, Any], turn: int) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def measure(service_url: str, database: str, *, model_seconds: float, tool_seconds: float, turns: int,
-                  rounds: int, window: int) -> dict[str, Any]:
+async def measure(
+    service_url: str,
+    database: str,
+    *,
+    model_seconds: float,
+    tool_seconds: float,
+    turns: int,
+    rounds: int,
+    window: int,
+) -> dict[str, Any]:
     """Every checkpointer's turns at one model latency, interleaved; their figures and ratios."""
     async with AsyncExitStack() as stack:
         savers = {
@@ -105,7 +113,7 @@ async def measure(service_url: str, database: str, *, model_seconds: float, tool
         kept: dict[str, int] = {}
         for round_index in range(rounds):
             threads = {kind: thread_config(f"{prefix}-{kind}-{uuid.uuid4().hex}") for kind in KINDS}
-            order = KINDS[round_index % len(KINDS):] + KINDS[: round_index % len(KINDS)]
+            order = KINDS[round_index % len(KINDS) :] + KINDS[: round_index % len(KINDS)]
             for turn in range(turns):
                 for kind in order:
                     samples[kind].append(await _turn(graphs[kind], threads[kind], turn))
@@ -129,8 +137,17 @@ async def measure(service_url: str, database: str, *, model_seconds: float, tool
     }
 
 
-def run(service_url: str, database: str, *, latencies: list[float], tool_seconds: float, turns: int, rounds: int,
-        window: int, log: Any = print) -> dict[str, Any]:
+def run(
+    service_url: str,
+    database: str,
+    *,
+    latencies: list[float],
+    tool_seconds: float,
+    turns: int,
+    rounds: int,
+    window: int,
+    log: Any = print,
+) -> dict[str, Any]:
     """The section: one :func:`measure` per model latency."""
     result: dict[str, Any] = {
         "durability": DURABILITY,
@@ -142,12 +159,26 @@ def run(service_url: str, database: str, *, latencies: list[float], tool_seconds
         "by_model_latency": [],
     }
     for seconds in latencies:
-        figures = asyncio.run(measure(service_url, database, model_seconds=seconds, tool_seconds=tool_seconds,
-                                      turns=turns, rounds=rounds, window=window))
+        figures = asyncio.run(
+            measure(
+                service_url,
+                database,
+                model_seconds=seconds,
+                tool_seconds=tool_seconds,
+                turns=turns,
+                rounds=rounds,
+                window=window,
+            )
+        )
         result["by_model_latency"].append(figures)
-        log(f"  real turn, model {figures['model_ms']} ms: " + ", ".join(
-            f"{kind} {figures[kind]['median_ms']:.1f} / {figures[kind]['p95_ms']:.1f} ms" for kind in KINDS
-        ) + f"; service / in-process {figures['ratios']['service_vs_inprocess_median']:.3f}x")
+        log(
+            f"  real turn, model {figures['model_ms']} ms: "
+            + ", ".join(
+                f"{kind} {figures[kind]['median_ms']:.1f} / {figures[kind]['p95_ms']:.1f} ms"
+                for kind in KINDS
+            )
+            + f"; service / in-process {figures['ratios']['service_vs_inprocess_median']:.3f}x"
+        )
     return result
 
 
@@ -175,7 +206,9 @@ def table(result: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     from tests.support.server import run_service
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_turn", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.real_turn", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: short latencies, one round")
     parser.add_argument("--latencies", help="model latencies in seconds, comma-separated (default: 0,0.2,1)")
     parser.add_argument("--rounds", type=int, help="rounds of fresh threads per latency (default: 4)")
@@ -192,11 +225,15 @@ def main(argv: list[str] | None = None) -> None:
     with (
         nullcontext(args.database) if args.database else scratch_database() as database,
         tempfile.TemporaryDirectory() as folder,
-        run_service(Path(folder), "--database", database, "--max-messages", str(settings["window"])) as service,
+        run_service(
+            Path(folder), "--database", database, "--max-messages", str(settings["window"])
+        ) as service,
     ):
         result = run(service.url, database, **settings)
-    print(f"\nReal turns: durability={result['durability']}, tool {result['tool_ms']} ms, every third turn "
-          f"calls it; {result['rounds']} rounds x {result['turns_per_thread']}-turn threads per checkpointer")
+    print(
+        f"\nReal turns: durability={result['durability']}, tool {result['tool_ms']} ms, every third turn "
+        f"calls it; {result['rounds']} rounds x {result['turns_per_thread']}-turn threads per checkpointer"
+    )
     for line in table(result):
         print(f"  {line}")
 

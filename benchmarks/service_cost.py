@@ -95,8 +95,9 @@ async def _call(saver: Any, kind: str, args: tuple) -> None:
         await saver.aget_tuple(*args)
 
 
-async def _replay(saver: Any, calls: list[tuple[str, tuple]], kinds: set[str], count: int, concurrency: int,
-                  prefix: str) -> list[str]:
+async def _replay(
+    saver: Any, calls: list[tuple[str, tuple]], kinds: set[str], count: int, concurrency: int, prefix: str
+) -> list[str]:
     """Replay the recorded calls of ``kinds``, conversation by conversation, until ``count`` were sent."""
     selected = [(kind, args) for kind, args in calls if kind in kinds]
     sent = 0
@@ -133,6 +134,7 @@ async def _replay_gets(saver: Any, threads: list[str], count: int, concurrency: 
 async def _replay_health(url: str, count: int, concurrency: int) -> None:
     sent = 0
     async with httpx.AsyncClient(base_url=url) as client:
+
         async def worker() -> None:
             nonlocal sent
             while sent < count:
@@ -179,14 +181,19 @@ class RecordingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         answer = await response.aread()
-        self.exchanges.append({
-            "path": request.url.path,
-            "method": request.method,
-            "headers": [(name, value) for name, value in request.headers.multi_items()
-                        if name.lower() not in _CLIENT_SET],
-            "body": request.content,
-            "answer_bytes": len(answer),
-        })
+        self.exchanges.append(
+            {
+                "path": request.url.path,
+                "method": request.method,
+                "headers": [
+                    (name, value)
+                    for name, value in request.headers.multi_items()
+                    if name.lower() not in _CLIENT_SET
+                ],
+                "body": request.content,
+                "answer_bytes": len(answer),
+            }
+        )
         return httpx.Response(response.status_code, headers=response.headers, content=answer)
 
     async def aclose(self) -> None:
@@ -212,8 +219,9 @@ async def _record_shapes(url: str, calls: list[tuple[str, tuple]]) -> dict[str, 
     return shapes
 
 
-async def _replay_bare(url: str, pid: int, shapes: list[dict[str, Any]], *, requests: int,
-                       concurrency: int) -> dict[str, float]:
+async def _replay_bare(
+    url: str, pid: int, shapes: list[dict[str, Any]], *, requests: int, concurrency: int
+) -> dict[str, float]:
     """``requests`` of ``shapes`` (in turn) to the bare exchange from ``concurrency`` coroutines; its CPU."""
     import aiohttp
 
@@ -225,8 +233,9 @@ async def _replay_bare(url: str, pid: int, shapes: list[dict[str, Any]], *, requ
 
         async def post(shape: dict[str, Any]) -> None:
             headers = [*shape["headers"], ("x-answer-bytes", str(shape["answer_bytes"]))]
-            async with session.request(shape["method"], url, data=shape["body"] or None,
-                                       headers=headers) as answer:
+            async with session.request(
+                shape["method"], url, data=shape["body"] or None, headers=headers
+            ) as answer:
                 await answer.read()
 
         async def worker(count: int) -> None:
@@ -248,8 +257,17 @@ async def _replay_bare(url: str, pid: int, shapes: list[dict[str, Any]], *, requ
     }
 
 
-async def _measure_routes(url: str, pid: int, calls: list[tuple[str, tuple]], *, requests: int,
-                          concurrency: int, idle_cpu_rate: float, bare_url: str, bare_pid: int) -> dict[str, Any]:
+async def _measure_routes(
+    url: str,
+    pid: int,
+    calls: list[tuple[str, tuple]],
+    *,
+    requests: int,
+    concurrency: int,
+    idle_cpu_rate: float,
+    bare_url: str,
+    bare_pid: int,
+) -> dict[str, Any]:
     routes: dict[str, Any] = {}
     run_id = uuid.uuid4().hex[:6]
     shapes = await _record_shapes(url, calls)
@@ -279,7 +297,9 @@ async def _measure_routes(url: str, pid: int, calls: list[tuple[str, tuple]], *,
                 "requests_per_s": round(requests / wall, 1),
                 "cpu_s": round(cpu, 3),
                 "cpu_us_per_request": round(cpu * 1e6 / requests, 1),
-                "cpu_us_per_request_net_of_idle": round(max(0.0, cpu - idle_cpu_rate * wall) * 1e6 / requests, 1),
+                "cpu_us_per_request_net_of_idle": round(
+                    max(0.0, cpu - idle_cpu_rate * wall) * 1e6 / requests, 1
+                ),
                 "service_cpu_cores": round(cpu / wall, 3),
             }
             if route == "/v1/checkpoints/put":
@@ -292,7 +312,9 @@ async def _measure_routes(url: str, pid: int, calls: list[tuple[str, tuple]], *,
                     max(0.0, total - idle_cpu_rate * (wall + drain_wall)) * 1e6 / requests, 1
                 )
             # The same requests to the bare exchange, right after the route's: the same machine load.
-            bare = await _replay_bare(bare_url, bare_pid, shapes[route], requests=requests, concurrency=concurrency)
+            bare = await _replay_bare(
+                bare_url, bare_pid, shapes[route], requests=requests, concurrency=concurrency
+            )
             routes[route].update(bare)
             routes[route]["own_cpu_us_per_request"] = round(
                 routes[route]["cpu_us_per_request"] - bare["bare_cpu_us_per_request"], 1
@@ -306,6 +328,7 @@ async def _replay_turns(url: str, calls: list[tuple[str, tuple]], seconds: float
     sent = 0
     run_id = uuid.uuid4().hex[:6]
     async with RemoteReducingSaver(url) as saver:
+
         async def worker(worker_id: int) -> None:
             nonlocal sent
             for pass_number in itertools.count():
@@ -344,16 +367,25 @@ COMPONENTS = (
     ("outbox (recording pruned messages)", ("service/outbox.py",)),
     ("extraction delivery", ("service/extraction/", "langgraph/store/")),
     ("psycopg + pool", ("psycopg/", "psycopg_pool/")),
-    ("PostgresSaver + serde", ("langgraph/checkpoint/", "service/savers.py", "service/serde.py",
-                               "service/backends.py")),
-    ("request validation + JSON (pydantic, orjson, hotpath)", ("pydantic", "service/http/schemas.py",
-                                                               "service/http/hotpath.py", "orjson")),
+    (
+        "PostgresSaver + serde",
+        ("langgraph/checkpoint/", "service/savers.py", "service/serde.py", "service/backends.py"),
+    ),
+    (
+        "request validation + JSON (pydantic, orjson, hotpath)",
+        ("pydantic", "service/http/schemas.py", "service/http/hotpath.py", "orjson"),
+    ),
     ("logging", ("logging/",)),
-    ("metrics + request ids (observability.py)", ("prometheus_client/", "service/http/observability.py", "uuid.py")),
+    (
+        "metrics + request ids (observability.py)",
+        ("prometheus_client/", "service/http/observability.py", "uuid.py"),
+    ),
     ("auth + body guard (security.py)", ("service/security.py",)),
     ("other service code (app.py: ops, body size limit)", ("service/",)),
-    ("thread-pool hop (anyio, threading, queue)", ("anyio/", "sniffio/", "threading.py", "concurrent/futures",
-                                                   "queue.py")),
+    (
+        "thread-pool hop (anyio, threading, queue)",
+        ("anyio/", "sniffio/", "threading.py", "concurrent/futures", "queue.py"),
+    ),
     ("HTTP server (uvicorn, httptools)", ("uvicorn/", "httptools/", "h11/")),
     ("ASGI framework (starlette, fastapi)", ("starlette/", "fastapi/")),
     ("event loop (asyncio, uvloop)", ("asyncio/", "uvloop/")),
@@ -422,23 +454,42 @@ def parse_raw_profile(raw: str, top: int = 20) -> dict[str, Any]:
         # Frames on (nearly) every stack, the process's entry points, say nothing: left out.
         "top_inclusive": [entry for entry in ranked(inclusive, top + 15) if entry["pct"] < 90][:top],
         "components": {name: round(100 * samples / total, 1) for name, samples in components.most_common()}
-        if total else {},
-        "key_frames_inclusive_pct": {name: round(100 * functions[name] / total, 1) if total else 0.0
-                                     for name in KEY_FRAMES},
+        if total
+        else {},
+        "key_frames_inclusive_pct": {
+            name: round(100 * functions[name] / total, 1) if total else 0.0 for name in KEY_FRAMES
+        },
     }
 
 
-def profile(url: str, pid: int, calls: list[tuple[str, tuple]], *, seconds: float, concurrency: int,
-            out_dir: Path) -> dict[str, Any]:
+def profile(
+    url: str, pid: int, calls: list[tuple[str, tuple]], *, seconds: float, concurrency: int, out_dir: Path
+) -> dict[str, Any]:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     raw_path = out_dir / "service-profile.txt"
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "py-spy.log"
         with log.open("wb") as log_file:
             recorder = subprocess.Popen(
-                [py_spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "200",
-                 "--format", "raw", "--output", str(raw_path), "--gil", "--full-filenames", "--subprocesses"],
-                stdout=log_file, stderr=subprocess.STDOUT,
+                [
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--duration",
+                    str(max(1, round(seconds))),
+                    "--rate",
+                    "200",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw_path),
+                    "--gil",
+                    "--full-filenames",
+                    "--subprocesses",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
             )
         time.sleep(0.5)  # let py-spy attach before the load starts
         requests = asyncio.run(_replay_turns(url, calls, seconds, concurrency))
@@ -471,9 +522,18 @@ def _idle_rate(url: str, pid: int, seconds: float) -> float:
     return (cpu_seconds(pid) - idle_before) / (time.perf_counter() - idle_start)
 
 
-def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds: float, out_dir: Path,
-        idle_seconds: float, stock: tuple[str, int] | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    url: str,
+    pid: int,
+    *,
+    requests: int,
+    concurrency: int,
+    profile_seconds: float,
+    out_dir: Path,
+    idle_seconds: float,
+    stock: tuple[str, int] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """The routes' CPU per request against the bare exchange, per turn, and the profile.
 
     ``stock``: ``(url, pid)`` of the stock-saver service (``benchmarks/stock_service.py``), measured the
@@ -486,21 +546,39 @@ def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds:
     per_turn = {kind: count / turns for kind, count in Counter(kind for kind, _ in calls).items()}
 
     def per_turn_sum(routes: dict[str, Any], key: str) -> float:
-        return round(sum(per_turn.get(kind, 0) * routes[route][key] for kind, route in TURN_ROUTES.items()), 1)
+        return round(
+            sum(per_turn.get(kind, 0) * routes[route][key] for kind, route in TURN_ROUTES.items()), 1
+        )
 
     idle_rate = _idle_rate(url, pid, idle_seconds)
     with bare_server(BARE_APP) as (bare_url, bare):
         routes = asyncio.run(
-            _measure_routes(url, pid, calls, requests=requests, concurrency=concurrency, idle_cpu_rate=idle_rate,
-                            bare_url=bare_url, bare_pid=bare.pid)
+            _measure_routes(
+                url,
+                pid,
+                calls,
+                requests=requests,
+                concurrency=concurrency,
+                idle_cpu_rate=idle_rate,
+                bare_url=bare_url,
+                bare_pid=bare.pid,
+            )
         )
         stock_figures: dict[str, Any] | None = None
         if stock is not None:
             stock_url, stock_pid = stock
             stock_idle = _idle_rate(stock_url, stock_pid, idle_seconds)
             stock_routes = asyncio.run(
-                _measure_routes(stock_url, stock_pid, calls, requests=requests, concurrency=concurrency,
-                                idle_cpu_rate=stock_idle, bare_url=bare_url, bare_pid=bare.pid)
+                _measure_routes(
+                    stock_url,
+                    stock_pid,
+                    calls,
+                    requests=requests,
+                    concurrency=concurrency,
+                    idle_cpu_rate=stock_idle,
+                    bare_url=bare_url,
+                    bare_pid=bare.pid,
+                )
             )
             stock_figures = {
                 "idle_cpu_cores": round(stock_idle, 4),
@@ -509,8 +587,10 @@ def run(url: str, pid: int, *, requests: int, concurrency: int, profile_seconds:
                 "own_cpu_us_per_turn": per_turn_sum(stock_routes, "own_cpu_us_per_request"),
             }
     for route, figures in routes.items():
-        log(f"  service cost {route}: {figures['cpu_us_per_request']:.0f} us CPU/request, bare exchange "
-            f"{figures['bare_cpu_us_per_request']:.0f} us")
+        log(
+            f"  service cost {route}: {figures['cpu_us_per_request']:.0f} us CPU/request, bare exchange "
+            f"{figures['bare_cpu_us_per_request']:.0f} us"
+        )
     prof = profile(url, pid, calls, seconds=profile_seconds, concurrency=concurrency, out_dir=out_dir)
     return {
         "requests_per_route": requests,

@@ -114,10 +114,19 @@ def _scope(exchange: dict[str, Any]) -> dict[str, Any]:
     headers = [(name.lower().encode(), value.encode()) for name, value in exchange["headers"]]
     headers += [(b"host", b"service"), (b"content-length", str(len(body)).encode())]
     return {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-        "method": exchange["method"], "scheme": "http", "path": exchange["path"],
-        "raw_path": exchange["path"].encode(), "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080), "state": {},
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": exchange["method"],
+        "scheme": "http",
+        "path": exchange["path"],
+        "raw_path": exchange["path"].encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+        "state": {},
     }
 
 
@@ -138,19 +147,28 @@ async def _replay(app: Any, requests: list[tuple[dict[str, Any], bytes]]) -> Non
             raise RuntimeError(f"{scope['path']} answered {status}")
 
 
-def _batches(shapes: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, list[list[tuple[dict, bytes]]]]:
+def _batches(
+    shapes: dict[str, list[dict[str, Any]]], rounds: int
+) -> dict[str, list[list[tuple[dict, bytes]]]]:
     """The requests of each route split into ``rounds + 1`` batches (the first warms up): no request repeats."""
     out: dict[str, list[list[tuple[dict, bytes]]]] = {}
     for route, exchanges in shapes.items():
         # Whole conversations per batch, so each batch's puts and gets look alike.
         requests = [(_scope(exchange), exchange["body"]) for exchange in exchanges]
         size = len(requests) // (rounds + 1)
-        out[route] = [requests[index * size:(index + 1) * size] for index in range(rounds + 1)]
+        out[route] = [requests[index * size : (index + 1) * size] for index in range(rounds + 1)]
     return out
 
 
-async def _measure(database: str, shapes: dict[str, list[dict[str, Any]]], *, mode: str, rounds: int,
-                   top: int, inline: bool = False) -> dict[str, Any]:
+async def _measure(
+    database: str,
+    shapes: dict[str, list[dict[str, Any]]],
+    *,
+    mode: str,
+    rounds: int,
+    top: int,
+    inline: bool = False,
+) -> dict[str, Any]:
     app = await _open_app(database)
     if inline:  # the saver calls on the loop's thread: without the worker-thread hop
         from reducing_saver.service.storage import SaverPool
@@ -227,11 +245,18 @@ async def _profile(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]],
         per = 1e6 / len(requests)
         results[route] = {
             "requests": len(requests),
-            "top_own_us": [[round(own * per, 1), calls // len(requests) if calls >= len(requests) else
-                            round(calls / len(requests), 2), name]
-                           for own, _, calls, name in sorted(rows, reverse=True)[:top]],
-            "top_inclusive_us": [[round(inclusive * per, 1), name]
-                                 for _, inclusive, _, name in sorted(rows, key=lambda row: -row[1])[:top]],
+            "top_own_us": [
+                [
+                    round(own * per, 1),
+                    calls // len(requests) if calls >= len(requests) else round(calls / len(requests), 2),
+                    name,
+                ]
+                for own, _, calls, name in sorted(rows, reverse=True)[:top]
+            ],
+            "top_inclusive_us": [
+                [round(inclusive * per, 1), name]
+                for _, inclusive, _, name in sorted(rows, key=lambda row: -row[1])[:top]
+            ],
         }
     return results
 
@@ -241,9 +266,20 @@ async def _profile(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]],
 #: Groups of the ``groups`` mode, each a set of functions; a request's instructions go to the innermost
 #: group running (exclusive), the rest (Starlette's entry, glue, the replay itself) to ``other``.
 GROUPS = (
-    "observability", "security middleware", "hot path", "msgpack decode", "validation", "operation",
-    "extension scan", "messages codec", "reducer", "outbox", "saver extras", "stock saver",
-    "answer encoding", "encryption",
+    "observability",
+    "security middleware",
+    "hot path",
+    "msgpack decode",
+    "validation",
+    "operation",
+    "extension scan",
+    "messages codec",
+    "reducer",
+    "outbox",
+    "saver extras",
+    "stock saver",
+    "answer encoding",
+    "encryption",
 )
 
 
@@ -263,10 +299,15 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
     from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 
     return {
-        "observability": [(observability.ObservabilityMiddleware, "__call__"),
-                          *[(observability.MeasuringCodec, name) for name in ("decode", "encode")]],
-        "security middleware": [(auth.AuthMiddleware, "__call__"), (guard.BodySizeLimit, "__call__"),
-                                (guard.BodyGuard, "__call__")],
+        "observability": [
+            (observability.ObservabilityMiddleware, "__call__"),
+            *[(observability.MeasuringCodec, name) for name in ("decode", "encode")],
+        ],
+        "security middleware": [
+            (auth.AuthMiddleware, "__call__"),
+            (guard.BodySizeLimit, "__call__"),
+            (guard.BodyGuard, "__call__"),
+        ],
         "hot path": [(hotpath.HotPath, "__call__")],
         "msgpack decode": [(msgpack_body, "decode")],
         "validation": [(TypeAdapter, "validate_python"), (TypeAdapter, "validate_json")],
@@ -275,14 +316,27 @@ def _group_targets() -> dict[str, list[tuple[Any, str]]]:
         "messages codec": [(SafeMessagesCodec, "decode"), (SafeMessagesCodec, "encode")],
         "reducer": [(ReducingSaver, "_reduce")],
         "outbox": [(Memory, "record"), (Memory, "with_checkpoint")],
-        "saver extras": [(cls, name) for cls in (InMemoryLifecycleSaver, PostgresLifecycleSaver)
-                         for name in ("put", "put_writes", "get_tuple")],
-        "stock saver": [(InMemorySaver, "put"), (InMemorySaver, "put_writes"), (InMemorySaver, "get_tuple"),
-                        (PostgresSaver, "put"), (PostgresSaver, "put_writes"), (PostgresSaver, "get_tuple"),
-                        (PostgresSaver, "_load_checkpoint_tuple")],
+        "saver extras": [
+            (cls, name)
+            for cls in (InMemoryLifecycleSaver, PostgresLifecycleSaver)
+            for name in ("put", "put_writes", "get_tuple")
+        ],
+        "stock saver": [
+            (InMemorySaver, "put"),
+            (InMemorySaver, "put_writes"),
+            (InMemorySaver, "get_tuple"),
+            (PostgresSaver, "put"),
+            (PostgresSaver, "put_writes"),
+            (PostgresSaver, "get_tuple"),
+            (PostgresSaver, "_load_checkpoint_tuple"),
+        ],
         "answer encoding": [(hotpath, "ormsgpack"), (ops, "_tuple_out")],
         # Under --encryption (REDUCING_SAVER_ENCRYPTION): sealing and opening around the backend's calls.
-        "encryption": [(EncryptingSaver, "put"), (EncryptingSaver, "put_writes"), (EncryptingSaver, "get_tuple")],
+        "encryption": [
+            (EncryptingSaver, "put"),
+            (EncryptingSaver, "put_writes"),
+            (EncryptingSaver, "get_tuple"),
+        ],
     }
 
 
@@ -322,6 +376,7 @@ class _Attribution:
             packb = this.wrap(group, fn.packb)
             return types.SimpleNamespace(packb=packb)
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
                 this.enter(group)
@@ -329,8 +384,10 @@ class _Attribution:
                     return await fn(*args, **kwargs)
                 finally:
                     this.leave()
+
             return wrapped_async
         if getattr(fn, "__wrapped__", None) is not None and inspect.isgeneratorfunction(fn.__wrapped__):
+
             @contextlib.contextmanager
             def wrapped_cm(*args: Any, **kwargs: Any) -> Any:  # a @contextmanager: its entry and exit
                 this.enter(group)
@@ -354,6 +411,7 @@ class _Attribution:
                         manager.__exit__(None, None, None)
                     finally:
                         this.leave()
+
             return wrapped_cm
 
         @functools.wraps(fn)
@@ -363,11 +421,13 @@ class _Attribution:
                 return fn(*args, **kwargs)
             finally:
                 this.leave()
+
         return wrapped
 
 
-async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], shim: Any,
-                  database: str) -> None:
+async def _groups(
+    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], shim: Any, database: str
+) -> None:
     """Per route, one batch (one conversation) each: the whole replay with the saver call on the loop's
     thread (as in ``profile``: callgrind collects one thread here; ``callgrind`` mode's figure less this
     one is the worker-thread hop), the replay into a no-op app (the harness), one batch per group
@@ -381,6 +441,7 @@ async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], 
         await _replay(app, batches[route][0])
     captured.pop("now")
     _uncapture()
+
     async def inline(self: Any, fn: Any) -> Any:
         with self.borrow() as saver, self._wrap_exceptions():
             return fn(saver)
@@ -395,7 +456,9 @@ async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], 
 
     attribution = _Attribution(shim)
     targets = _group_targets()
-    originals = {(owner, name): getattr(owner, name) for entries in targets.values() for owner, name in entries}
+    originals = {
+        (owner, name): getattr(owner, name) for entries in targets.values() for owner, name in entries
+    }
     hotpath = _find_hotpath(app)
     for route in ROUTES:
         if route == ROUTES[2]:
@@ -418,8 +481,10 @@ async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], 
                 for owner, name in entries:
                     setattr(owner, name, attribution.wrap(group, originals[owner, name]))
             saved_routes = hotpath.routes
-            hotpath.routes = {path: (adapter, attribution.wrap("operation", op), ok)
-                              for path, (adapter, op, ok) in saved_routes.items()}
+            hotpath.routes = {
+                path: (adapter, attribution.wrap("operation", op), ok)
+                for path, (adapter, op, ok) in saved_routes.items()
+            }
             attribution.target, attribution.toggles = part, 0
             shim.rs_zero()
             attribution.enter("other")
@@ -441,7 +506,11 @@ async def _groups(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], 
     _stock(captured, database, shim, len(batches[ROUTES[2]][1]))
 
 
-_STOCK_METHODS = {"/v1/checkpoints/put": "put", "/v1/writes/put": "put_writes", "/v1/checkpoints/get": "get_tuple"}
+_STOCK_METHODS = {
+    "/v1/checkpoints/put": "put",
+    "/v1/writes/put": "put_writes",
+    "/v1/checkpoints/get": "get_tuple",
+}
 _patched: list[tuple[Any, str, Any]] = []
 
 
@@ -468,8 +537,9 @@ def _uncapture() -> None:
     _patched.clear()
 
 
-def _stock(captured: dict[str, list[tuple[str, tuple]]], database: str, shim: Any, gets: int,
-           rounds: int = 1) -> dict[str, Any]:
+def _stock(
+    captured: dict[str, list[tuple[str, tuple]]], database: str, shim: Any, gets: int, rounds: int = 1
+) -> dict[str, Any]:
     """The stock saver (``InMemorySaver``, ``PostgresSaver`` on one connection, both with the service's
     verbatim serde: the client's bytes in, the same bytes out) making the same calls on fresh threads:
     the part of a request no service can avoid. A warm-up on threads of their own, then ``rounds``
@@ -495,10 +565,25 @@ def _stock(captured: dict[str, list[tuple[str, tuple]]], database: str, shim: An
         for route in ROUTES:
             calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
             if route == ROUTES[2]:  # the latest checkpoint of the thread the puts wrote, as many times
-                calls = [("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))] * gets
-            calls = [(name, ({**args[0], "configurable": {**args[0]["configurable"], "thread_id":
-                                                            prefix + str(args[0]["configurable"]["thread_id"])}},
-                             *args[1:])) for name, args in calls]
+                calls = [
+                    ("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))
+                ] * gets
+            calls = [
+                (
+                    name,
+                    (
+                        {
+                            **args[0],
+                            "configurable": {
+                                **args[0]["configurable"],
+                                "thread_id": prefix + str(args[0]["configurable"]["thread_id"]),
+                            },
+                        },
+                        *args[1:],
+                    ),
+                )
+                for name, args in calls
+            ]
             if shim is not None:
                 shim.rs_zero()
             used = time.process_time()
@@ -512,12 +597,15 @@ def _stock(captured: dict[str, list[tuple[str, tuple]]], database: str, shim: An
                 timings[route].append((time.process_time() - used) * 1e6 / len(calls))
                 if shim is not None:
                     shim.rs_dump(f"{route} stock-alone {len(calls)}".encode())
-    return {route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
-            for route, values in timings.items()}
+    return {
+        route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
+        for route, values in timings.items()
+    }
 
 
-async def _stock_cpu(app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str,
-                     rounds: int) -> dict[str, Any]:
+async def _stock_cpu(
+    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str, rounds: int
+) -> dict[str, Any]:
     """``stock`` mode: the stock saver's CPU time on the calls the service's saver gets (one conversation's)."""
     captured: dict[str, Any] = {route: [] for route in ROUTES}
     _capture_stock_calls(captured, batches)
@@ -541,7 +629,9 @@ async def _stock_async(captured: dict[str, Any], database: str, gets: int, round
 
     from reducing_saver.service.storage.serde import VerbatimSerde
 
-    connection = await AsyncConnection.connect(database, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    connection = await AsyncConnection.connect(
+        database, autocommit=True, prepare_threshold=0, row_factory=dict_row
+    )
     saver = AsyncPostgresSaver(connection, serde=VerbatimSerde())
     puts = [(name, args) for name, args in captured[ROUTES[0]] if name == "put"]
     latest_thread = str(puts[-1][1][0]["configurable"]["thread_id"])
@@ -550,18 +640,35 @@ async def _stock_async(captured: dict[str, Any], database: str, gets: int, round
         for route in ROUTES:
             calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
             if route == ROUTES[2]:
-                calls = [("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))] * gets
-            calls = [(name, ({**args[0], "configurable": {**args[0]["configurable"], "thread_id":
-                                                            prefix + str(args[0]["configurable"]["thread_id"])}},
-                             *args[1:])) for name, args in calls]
+                calls = [
+                    ("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))
+                ] * gets
+            calls = [
+                (
+                    name,
+                    (
+                        {
+                            **args[0],
+                            "configurable": {
+                                **args[0]["configurable"],
+                                "thread_id": prefix + str(args[0]["configurable"]["thread_id"]),
+                            },
+                        },
+                        *args[1:],
+                    ),
+                )
+                for name, args in calls
+            ]
             used = time.process_time()
             for name, args in calls:
                 await getattr(saver, "a" + name)(*args)
             if prefix != "astock-warm-":
                 timings[route].append((time.process_time() - used) * 1e6 / len(calls))
     await connection.close()
-    return {route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
-            for route, values in timings.items()}
+    return {
+        route: {"cpu_us_best": round(min(values), 1), "cpu_us_median": round(statistics.median(values), 1)}
+        for route, values in timings.items()
+    }
 
 
 def _find_hotpath(app: Any) -> Any:
@@ -578,10 +685,9 @@ async def _hop(calls: int, rounds: int) -> dict[str, Any]:
     worker threads) and through ``loop.run_in_executor``; wall and process CPU time per call, best and
     median of ``rounds``."""
     from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
 
     from reducing_saver.service.storage import SaverPool
-
-    from types import SimpleNamespace
 
     pool = SaverPool([SimpleNamespace(capabilities=frozenset()) for _ in range(2)], timeout=5.0)  # type: ignore[misc]
     executor = ThreadPoolExecutor(2)
@@ -610,8 +716,12 @@ async def _hop(calls: int, rounds: int) -> dict[str, Any]:
                 await fn()
             wall.append((time.perf_counter() - started) * 1e6 / calls)
             cpu.append((time.process_time() - used) * 1e6 / calls)
-        results[name] = {"wall_us_best": round(min(wall), 1), "wall_us_median": round(statistics.median(wall), 1),
-                         "cpu_us_best": round(min(cpu), 1), "cpu_us_median": round(statistics.median(cpu), 1)}
+        results[name] = {
+            "wall_us_best": round(min(wall), 1),
+            "wall_us_median": round(statistics.median(wall), 1),
+            "cpu_us_best": round(min(cpu), 1),
+            "cpu_us_median": round(statistics.median(cpu), 1),
+        }
     pool.close()
     executor.shutdown()
     return results
@@ -620,8 +730,9 @@ async def _hop(calls: int, rounds: int) -> dict[str, Any]:
 def _load_shim() -> Any:
     folder = Path(tempfile.mkdtemp(prefix="rs-callgrind-"))
     (folder / "shim.c").write_text(_SHIM)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(folder / "shim.so"), str(folder / "shim.c")],
-                   check=True)
+    subprocess.run(
+        ["cc", "-O1", "-shared", "-fPIC", "-o", str(folder / "shim.so"), str(folder / "shim.c")], check=True
+    )
     shim = ctypes.CDLL(str(folder / "shim.so"))
     shim.rs_dump.argtypes = [ctypes.c_char_p]
     return shim
@@ -638,10 +749,20 @@ def _callgrind(argv: list[str], keep: str | None, *, groups: bool = False) -> di
         Path(folder).mkdir(parents=True, exist_ok=True)
         out = Path(folder) / "callgrind.out"
         subprocess.run(
-            [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
-             *(["--collect-atstart=no"] if groups else []),
-             sys.executable, "-m", "benchmarks.service_instructions", *argv, "--inner"],
-            check=True, stderr=subprocess.DEVNULL,
+            [
+                valgrind,
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}.%p",
+                *(["--collect-atstart=no"] if groups else []),
+                sys.executable,
+                "-m",
+                "benchmarks.service_instructions",
+                *argv,
+                "--inner",
+            ],
+            check=True,
+            stderr=subprocess.DEVNULL,
         )
         dumps: list[tuple[str, str, int, int, int]] = []  # (route, part, requests, instructions, toggles)
         for dump in sorted(Path(folder).glob("callgrind.out.*")):
@@ -652,8 +773,9 @@ def _callgrind(argv: list[str], keep: str | None, *, groups: bool = False) -> di
             words = trigger.split("Client Request:", 1)[1].split()
             toggles = sum(int(word.split("=")[1]) for word in words if word.startswith("toggles="))
             words = [word for word in words if not word.startswith("toggles=")]
-            total = next(int(line.split()[1]) for line in text.splitlines()
-                         if line.startswith(("summary:", "totals:")))
+            total = next(
+                int(line.split()[1]) for line in text.splitlines() if line.startswith(("summary:", "totals:"))
+            )
             dumps.append((words[0], " ".join(words[1:-1]), int(words[-1]), total, toggles))
     if groups:
         return _group_table(dumps)
@@ -677,7 +799,11 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
     pair = next((total / count for route, _, count, total, _ in dumps if route == "calibration"), 0.0)
     out: dict[str, Any] = {"toggle_pair_instructions": round(pair)}
     for route in dict.fromkeys(route for route, *_ in dumps if route != "calibration"):
-        rows = {part: (total / count, toggles / count) for name, part, count, total, toggles in dumps if name == route}
+        rows = {
+            part: (total / count, toggles / count)
+            for name, part, count, total, toggles in dumps
+            if name == route
+        }
         inline, harness = rows["inline"][0], rows["harness"][0]
         groups = {part: row for part, row in rows.items() if part not in ("inline", "harness", "stock-alone")}
         excess = sum(raw for raw, _ in groups.values()) - inline
@@ -696,13 +822,22 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--database", default="memory://")
-    parser.add_argument("--mode", choices=("cpu", "callgrind", "profile", "groups", "hop", "stock"), default="cpu")
-    parser.add_argument("--conversations", type=int, default=8, help="recorded conversations of 12 turns each")
-    parser.add_argument("--rounds", type=int, default=3, help="measured batches per route (after one warm-up)")
+    parser.add_argument(
+        "--mode", choices=("cpu", "callgrind", "profile", "groups", "hop", "stock"), default="cpu"
+    )
+    parser.add_argument(
+        "--conversations", type=int, default=8, help="recorded conversations of 12 turns each"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="measured batches per route (after one warm-up)"
+    )
     parser.add_argument("--top", type=int, default=25, help="profile: functions shown")
     parser.add_argument("--keep", help="callgrind: keep the dumps in this folder (for callgrind_annotate)")
-    parser.add_argument("--inline", action="store_true",
-                        help="cpu, callgrind: the saver calls on the loop's thread (without the worker-thread hop)")
+    parser.add_argument(
+        "--inline",
+        action="store_true",
+        help="cpu, callgrind: the saver calls on the loop's thread (without the worker-thread hop)",
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode in ("callgrind", "groups") and not args.inner:
@@ -725,8 +860,9 @@ def main() -> None:
         args.conversations = args.rounds + 1
     calls = record_turns(12)
     shapes = runner(_record(args.conversations, calls))
-    results = runner(_measure(args.database, shapes, mode=args.mode, rounds=args.rounds, top=args.top,
-                                  inline=args.inline))
+    results = runner(
+        _measure(args.database, shapes, mode=args.mode, rounds=args.rounds, top=args.top, inline=args.inline)
+    )
     if args.mode not in ("callgrind", "groups"):
         print(json.dumps(results, indent=1))
 

@@ -56,15 +56,21 @@ def get_checkpoint(service: Any, saver: ReducingSaver, body: Any) -> dict[str, A
 def put_checkpoint(service: Any, saver: ReducingSaver, body: Any) -> dict[str, Any]:
     checkpoint: dict[str, Any] = dict(body["checkpoint"])
     checkpoint["channel_values"] = {
-        channel: ops._from_wire(value, f"values.{channel}", inline_ints=True) for channel, value in body["values"].items()
+        channel: ops._from_wire(value, f"values.{channel}", inline_ints=True)
+        for channel, value in body["values"].items()
     }
     metadata = ints_from_wire(body["metadata"], "metadata")
-    config = stock_saver(saver).put(ops._run_config(body["config"]), checkpoint, metadata, body["new_versions"])
+    config = stock_saver(saver).put(
+        ops._run_config(body["config"]), checkpoint, metadata, body["new_versions"]
+    )
     return bodies.PutCheckpointAnswer(config=config)
 
 
 def put_writes(service: Any, saver: ReducingSaver, body: Any) -> None:
-    writes = [(channel, ops._from_wire(value, f"writes[{index}]")) for index, (channel, value) in enumerate(body["writes"])]
+    writes = [
+        (channel, ops._from_wire(value, f"writes[{index}]"))
+        for index, (channel, value) in enumerate(body["writes"])
+    ]
     stock_saver(saver).put_writes(ops._run_config(body["config"]), writes, body["task_id"], body["task_path"])
 
 

@@ -76,8 +76,10 @@ def _memory_bytes(conn: psycopg.Connection, thread_id: str) -> dict[str, int]:
     """What long-term memory holds for the thread: its outbox rows and the store items of its namespace."""
     out = {}
     for name, sql in (
-        ("outbox_bytes",
-         "SELECT COALESCE(sum(pg_column_size(o.*)), 0) FROM reducing_saver_outbox o WHERE thread_id = %(t)s"),
+        (
+            "outbox_bytes",
+            "SELECT COALESCE(sum(pg_column_size(o.*)), 0) FROM reducing_saver_outbox o WHERE thread_id = %(t)s",
+        ),
         ("store_bytes", "SELECT COALESCE(sum(pg_column_size(s.*)), 0) FROM store s WHERE prefix = %(p)s"),
         ("store_items", "SELECT count(*) FROM store WHERE prefix = %(p)s"),
     ):
@@ -168,9 +170,15 @@ def run(service_url: str, database: str, *, turns: int, window: int) -> dict[str
             "plain_vs_service_newest_blob": ratio(
                 plain_series["messages_blob_bytes"][-1], service["messages_blob_bytes"][-1]
             ),
-            "plain_vs_service_thread_bytes": ratio(before["plain"]["thread_bytes"], before["service"]["thread_bytes"]),
+            "plain_vs_service_thread_bytes": ratio(
+                before["plain"]["thread_bytes"], before["service"]["thread_bytes"]
+            ),
             # ~1.0: after keep_latest a reduced thread is one window's checkpoint.
-            "service_after_prune_vs_window_checkpoint": ratio(after["service"]["thread_bytes"], window_checkpoint),
-            "plain_vs_service_after_prune": ratio(after["plain"]["thread_bytes"], after["service"]["thread_bytes"]),
+            "service_after_prune_vs_window_checkpoint": ratio(
+                after["service"]["thread_bytes"], window_checkpoint
+            ),
+            "plain_vs_service_after_prune": ratio(
+                after["plain"]["thread_bytes"], after["service"]["thread_bytes"]
+            ),
         },
     }

@@ -140,7 +140,9 @@ class ConnectionSampler:
             return {
                 "connections_max": self._open_max.get(name, 0),
                 "active_connections_max": self._active_max.get(name, 0),
-                "connections_mean": round(self._open_sum.get(name, 0) / self.samples, 1) if self.samples else 0,
+                "connections_mean": round(self._open_sum.get(name, 0) / self.samples, 1)
+                if self.samples
+                else 0,
             }
 
 
@@ -155,8 +157,14 @@ class Agents:
         self.processes = [
             context.Process(
                 target=agent_module.main,
-                args=(index, list(range(index * per_process, (index + 1) * per_process)), self.commands[index],
-                      self.results, turns_per_thread, window),
+                args=(
+                    index,
+                    list(range(index * per_process, (index + 1) * per_process)),
+                    self.commands[index],
+                    self.results,
+                    turns_per_thread,
+                    window,
+                ),
                 daemon=True,
             )
             for index in range(processes)
@@ -223,8 +231,16 @@ class Monitor:
         return left
 
 
-def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase: str, duration: float,
-           monitor: Monitor, service_pid: int) -> dict[str, Any]:
+def _phase(
+    agents: Agents,
+    level: tuple[int, int],
+    mode: str,
+    target: str,
+    phase: str,
+    duration: float,
+    monitor: Monitor,
+    service_pid: int,
+) -> dict[str, Any]:
     """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
     service, when it has one)."""
     count, processes = level
@@ -313,9 +329,20 @@ def _failures(figures: dict[str, Any]) -> str:
     return f" [failed over the rounds: {errors}]"
 
 
-def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
-        duration: float, rounds: int, turns_per_thread: int, window: int,
-        stock: tuple[str, int] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    service_url: str,
+    service_pid: int,
+    server: str,
+    database: str,
+    *,
+    levels: list[tuple[int, int]],
+    duration: float,
+    rounds: int,
+    turns_per_thread: int,
+    window: int,
+    stock: tuple[str, int] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
     more mode (``stock_service``), the floor under the service's."""
     results = []
@@ -340,8 +367,16 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
                     # As many processes as the largest level of this layout needs, spawned once.
                     spawn = max(p for n, p in levels if n // p == per_process)
                     agents = Agents(spawn, per_process, turns_per_thread, window)
-                level = _level(agents, (count, processes), services, database, monitor, modes=modes,
-                               duration=duration, rounds=rounds)
+                level = _level(
+                    agents,
+                    (count, processes),
+                    services,
+                    database,
+                    monitor,
+                    modes=modes,
+                    duration=duration,
+                    rounds=rounds,
+                )
                 results.append(level)
                 cells = ", ".join(
                     f"{mode} {level[mode]['turns_per_s']:.1f} turns/s ({level[mode]['connections_max']} conns, "
@@ -368,8 +403,17 @@ def _us_per(seconds: float, turns: int) -> float:
     return round(seconds * 1e6 / turns, 1) if turns else 0.0
 
 
-def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tuple[str, int]], database: str,
-           monitor: Monitor, *, modes: tuple[str, ...], duration: float, rounds: int) -> dict[str, Any]:
+def _level(
+    agents: Agents,
+    level_spec: tuple[int, int],
+    services: dict[str, tuple[str, int]],
+    database: str,
+    monitor: Monitor,
+    *,
+    modes: tuple[str, ...],
+    duration: float,
+    rounds: int,
+) -> dict[str, Any]:
     count, processes = level_spec
     phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     service_pid = services["service"][1]
@@ -377,15 +421,29 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
         for mode in modes if round_index % 2 == 0 else modes[::-1]:
             target, pid = services.get(mode, (with_application_name(database, AGENT_APP), service_pid))
             phases[mode].append(
-                _phase(agents, level_spec, mode, target, f"{count}-{processes}-{mode}-{round_index}", duration,
-                       monitor, pid)
+                _phase(
+                    agents,
+                    level_spec,
+                    mode,
+                    target,
+                    f"{count}-{processes}-{mode}-{round_index}",
+                    duration,
+                    monitor,
+                    pid,
+                )
             )
-    level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes}
+    level: dict[str, Any] = {
+        "agents": count,
+        "processes": processes,
+        "agents_per_process": count // processes,
+    }
     for mode, runs in phases.items():
         latencies = [value for run_ in runs for value in run_["latencies_ms"]]
         seconds = duration * len(runs)
         turns = len(latencies)
-        figures = summary(latencies) if latencies else {"n": 0, "median_ms": 0.0, "p95_ms": 0.0, "mean_ms": 0.0}
+        figures = (
+            summary(latencies) if latencies else {"n": 0, "median_ms": 0.0, "p95_ms": 0.0, "mean_ms": 0.0}
+        )
         errors: Counter[str] = Counter()
         for run_ in runs:
             errors += run_["errors"]
@@ -432,21 +490,29 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
     service = level["service"]
     level["ratios"] = {}
     for mode in DIRECT_MODES:
-        level["ratios"].update({
-            f"service_vs_{mode}_turns_per_s": ratio(service["turns_per_s"], level[mode]["turns_per_s"]),
-            f"service_vs_{mode}_p95": ratio(service["p95_ms"], level[mode]["p95_ms"]),
-            f"service_vs_{mode}_connections_max": ratio(service["connections_max"], level[mode]["connections_max"]),
-            f"service_vs_{mode}_machine_cpu_per_turn": ratio(
-                service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
-            ),
-        })
+        level["ratios"].update(
+            {
+                f"service_vs_{mode}_turns_per_s": ratio(service["turns_per_s"], level[mode]["turns_per_s"]),
+                f"service_vs_{mode}_p95": ratio(service["p95_ms"], level[mode]["p95_ms"]),
+                f"service_vs_{mode}_connections_max": ratio(
+                    service["connections_max"], level[mode]["connections_max"]
+                ),
+                f"service_vs_{mode}_machine_cpu_per_turn": ratio(
+                    service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
+                ),
+            }
+        )
     if "stock_service" in level:
         stock, inprocess = level["stock_service"], level["inprocess"]
-        level["ratios"].update({
-            "stock_service_vs_inprocess_turns_per_s": ratio(stock["turns_per_s"], inprocess["turns_per_s"]),
-            "stock_service_vs_inprocess_machine_cpu_per_turn": ratio(
-                stock["machine_cpu_us_per_turn"], inprocess["machine_cpu_us_per_turn"]
-            ),
-            "service_vs_stock_service_turns_per_s": ratio(service["turns_per_s"], stock["turns_per_s"]),
-        })
+        level["ratios"].update(
+            {
+                "stock_service_vs_inprocess_turns_per_s": ratio(
+                    stock["turns_per_s"], inprocess["turns_per_s"]
+                ),
+                "stock_service_vs_inprocess_machine_cpu_per_turn": ratio(
+                    stock["machine_cpu_us_per_turn"], inprocess["machine_cpu_us_per_turn"]
+                ),
+                "service_vs_stock_service_turns_per_s": ratio(service["turns_per_s"], stock["turns_per_s"]),
+            }
+        )
     return level

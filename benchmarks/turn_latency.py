@@ -52,8 +52,15 @@ def main() -> None:
         nullcontext(args.database) if args.database else scratch_database() as database,
         tempfile.TemporaryDirectory() as folder,
         run_service(
-            Path(folder), "--database", database, "--max-messages", str(args.window),
-            "--workers", str(args.workers), "--pool-size", str(args.pool_size),
+            Path(folder),
+            "--database",
+            database,
+            "--max-messages",
+            str(args.window),
+            "--workers",
+            str(args.workers),
+            "--pool-size",
+            str(args.pool_size),
         ) as service,
     ):
         samples = run_sync(service.url, database, **options)

@@ -28,7 +28,9 @@ class _CopyThread:
 
     @staticmethod
     def _copy_thread_call(source_thread_id: str, target_thread_id: str) -> Call[None]:
-        body = bodies.CopyThreadBody(source_thread_id=str(source_thread_id), target_thread_id=str(target_thread_id))
+        body = bodies.CopyThreadBody(
+            source_thread_id=str(source_thread_id), target_thread_id=str(target_thread_id)
+        )
         # Not idempotent: a retry after a lost answer could copy twice.
         return post(THREAD_COPY_PATH, body, no_content, idempotent=False)
 
@@ -73,7 +75,8 @@ class _Prune:
     def _prune_call(thread_ids: Sequence[str], strategy: str) -> Call[None]:
         # Sent as given: the service names any other strategy in its 422.
         body = bodies.PruneBody(
-            thread_ids=[str(thread_id) for thread_id in thread_ids], strategy=cast(bodies.PruneStrategy, strategy)
+            thread_ids=[str(thread_id) for thread_id in thread_ids],
+            strategy=cast(bodies.PruneStrategy, strategy),
         )
         return post(THREAD_PRUNE_PATH, body, no_content)
 
@@ -105,7 +108,9 @@ class _DeltaChannelHistory:
     def _parse_delta_history(self, body: Any) -> dict[str, DeltaChannelHistory]:
         result: dict[str, DeltaChannelHistory] = {}
         for channel, entry in body["channels"].items():
-            history = DeltaChannelHistory(writes=decode_writes(self.serde, entry["writes"], f"{channel}.writes"))
+            history = DeltaChannelHistory(
+                writes=decode_writes(self.serde, entry["writes"], f"{channel}.writes")
+            )
             if "seed" in entry:
                 history["seed"] = decode_value(self.serde, entry["seed"], f"{channel}.seed")
             result[channel] = history

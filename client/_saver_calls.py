@@ -16,7 +16,6 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from reducing_saver.client._calls import Call, as_given, no_content, post
 from reducing_saver.client._server_info import RemoteReducer
-from reducing_saver.wire.bodies import StoredValues
 from reducing_saver.client._values import decode_tuple, encode_value, encode_write, values_to_send
 from reducing_saver.wire import (
     GET_PATH,
@@ -31,6 +30,7 @@ from reducing_saver.wire import (
     config_to_wire,
     ints_to_wire,
 )
+from reducing_saver.wire.bodies import StoredValues
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,11 @@ class SaverCalls:
             return
         reducer = self.reducer
         window = (
-            f"max_messages={reducer.max_messages}" if reducer.max_messages else
-            f"max_tokens={reducer.max_tokens}" if reducer.max_tokens else None
+            f"max_messages={reducer.max_messages}"
+            if reducer.max_messages
+            else f"max_tokens={reducer.max_tokens}"
+            if reducer.max_tokens
+            else None
         )
         configurable = config.get("configurable") or {}
         thread = (str(configurable.get("thread_id")), str(configurable.get("checkpoint_ns") or ""))
@@ -172,10 +175,7 @@ class SaverCalls:
     ) -> Call[None]:
         body = bodies.PutWritesBody(
             config=self._config(config),
-            writes=[
-                (channel, encode_write(self.serde, value))
-                for channel, value in writes
-            ],
+            writes=[(channel, encode_write(self.serde, value)) for channel, value in writes],
             task_id=task_id,
             task_path=task_path,
         )

@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast, get_args
 
 from reducing_saver.client._calls import Call
-from reducing_saver.wire import CAPABILITIES_PATH, JSON
-from reducing_saver.wire import bodies
+from reducing_saver.wire import CAPABILITIES_PATH, JSON, bodies
 from reducing_saver.wire.bodies import StoredValues
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES
 

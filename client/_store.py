@@ -38,9 +38,13 @@ from reducing_saver.client._http import ConnectionOptions, off_the_loop, open_ht
 from reducing_saver.wire import STORE_BATCH_PATH, bodies, json_dumps, unwritable
 
 
-def _op_json(op: Op) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody:
+def _op_json(
+    op: Op,
+) -> bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody:
     if isinstance(op, GetOp):
-        return bodies.GetOpBody(op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl)
+        return bodies.GetOpBody(
+            op="get", namespace=list(op.namespace), key=op.key, refresh_ttl=op.refresh_ttl
+        )
     if isinstance(op, PutOp):
         value = None if op.value is None else dict(op.value)
         body = bodies.PutOpBody(op="put", namespace=list(op.namespace), key=op.key, value=value)
@@ -189,7 +193,9 @@ class RemoteStore(BaseStore):
         Raises:
             ValueError: If ``url`` is not an http(s) URL or an option is out of range.
         """
-        return await off_the_loop(lambda: cls(url, **options), aiohttp_too=options.get("async_transport") is None)
+        return await off_the_loop(
+            lambda: cls(url, **options), aiohttp_too=options.get("async_transport") is None
+        )
 
     @property
     def url(self) -> str:

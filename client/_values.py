@@ -14,8 +14,8 @@ from typing import Any
 from langgraph.checkpoint.base import ChannelVersions, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from reducing_saver.wire.bodies import StoredValues
 from reducing_saver.wire import Blob, channel_value_from_wire, int_to_wire, ints_from_wire, is_inline
+from reducing_saver.wire.bodies import StoredValues
 
 
 def encode_write(serde: SerializerProtocol, value: Any) -> Any:

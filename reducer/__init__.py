@@ -27,9 +27,9 @@ from reducing_saver.reducer._removals import (
 )
 from reducing_saver.reducer._saver import (
     LIST_CODEC,
+    UNREADABLE,
     MessagesCodec,
     RecordPruned,
-    UNREADABLE,
     ReducingSaver,
     apply_reducer,
     memory_namespace,

@@ -145,14 +145,18 @@ class Removals:
 
     # -- the last message list of recent threads --------------------------------------------------
 
-    def last(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> tuple[tuple[str, bool], ...] | None:
+    def last(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> tuple[tuple[str, bool], ...] | None:
         """The keys of the message list this process last stored for the thread and namespace, with
         whether each is passed over, when that was checkpoint ``checkpoint_id``; else ``None``."""
         with self._lock:
             held = self._last.get((thread_id, checkpoint_ns))
         return held[1] if held is not None and held[0] == checkpoint_id else None
 
-    def note(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, keys: tuple[tuple[str, bool], ...]) -> None:
+    def note(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, keys: tuple[tuple[str, bool], ...]
+    ) -> None:
         """Remember the message list a put stored (its :func:`removal_keys`, before any window cut) for
         the thread's next put; only the newest ``keys_per_thread``."""
         keys = keys[-self._keys_per_thread :]

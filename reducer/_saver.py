@@ -176,7 +176,9 @@ def apply_reducer(
         if record_pruned is not None:
             record_pruned(pruned, namespace, config, checkpoint)
         reducer.deliver(pruned, namespace)
-    if kept is None or (plan is None and not pruned):  # a batch awaits its summary: the window is stored whole meanwhile
+    if kept is None or (
+        plan is None and not pruned
+    ):  # a batch awaits its summary: the window is stored whole meanwhile
         return checkpoint
     reduced = checkpoint.copy()
     reduced["channel_values"] = {**checkpoint["channel_values"], messages_key: codec.encode(kept, value)}
@@ -289,7 +291,11 @@ class ReducingSaver(BaseCheckpointSaver):
         return clone
 
     def _reduce(
-        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions, decoded: Any = None
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        new_versions: ChannelVersions,
+        decoded: Any = None,
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
@@ -306,7 +312,11 @@ class ReducingSaver(BaseCheckpointSaver):
         )
 
     def _removed(
-        self, config: RunnableConfig, checkpoint: Checkpoint, new_versions: ChannelVersions, decoded: Any = None
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        new_versions: ChannelVersions,
+        decoded: Any = None,
     ) -> Any:
         """Record (and hand to the hooks) the messages the agent trimmed from its state in the step this put
         ends, and forget the ones it deleted (:mod:`reducing_saver.reducer._removals`).
@@ -388,12 +398,20 @@ class ReducingSaver(BaseCheckpointSaver):
         item = self.inner.get_tuple(parent_config)
         if item is None:
             return None
-        writes = [self.codec.decode_write(value) or [] for _, channel, value in item.pending_writes or () if channel == key]
+        writes = [
+            self.codec.decode_write(value) or []
+            for _, channel, value in item.pending_writes or ()
+            if channel == key
+        ]
         if not any(is_removal(m) for write in writes for m in write):
             return None
-        history: Mapping[str, Any] = self.inner.get_delta_channel_history(config=parent_config, channels=[key]).get(key) or {}
+        history: Mapping[str, Any] = (
+            self.inner.get_delta_channel_history(config=parent_config, channels=[key]).get(key) or {}
+        )
         state = (self.codec.decode_seed(history["seed"]) or []) if "seed" in history else []
-        before = fold(state, (self.codec.decode_write(value) or [] for _, _, value in history.get("writes", ())))
+        before = fold(
+            state, (self.codec.decode_write(value) or [] for _, _, value in history.get("writes", ()))
+        )
         return before, fold(before, writes)
 
     # -- the required saver API ---------------------------------------------------------------------

@@ -61,9 +61,7 @@ def message_digest(message: Any) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def batch_fingerprint(
-    messages: Sequence[Any], digest: Callable[[Any], bytes] = message_digest
-) -> str:
+def batch_fingerprint(messages: Sequence[Any], digest: Callable[[Any], bytes] = message_digest) -> str:
     """What a batch's messages say, as 32 hex digits (``digest`` of each, in order, hashed together)."""
     combined = hashlib.blake2b(digest_size=16)
     for message in messages:

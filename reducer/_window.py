@@ -306,7 +306,11 @@ class MessageReducer:
             kept_count = head + len(messages) - cut
             if config.count_target is not None and kept_count > config.count_target:
                 continue
-            if token_target is not None and tokens is not None and head_tokens + suffix_sums[cut] > token_target:
+            if (
+                token_target is not None
+                and tokens is not None
+                and head_tokens + suffix_sums[cut] > token_target
+            ):
                 continue
             return cut - head
         return cuts[-1] - head
@@ -360,7 +364,9 @@ class MessageReducer:
         if not pruned_count:
             return ReduceResult(messages, [])
         head = self.head_length(messages)
-        return ReduceResult(messages[:head] + messages[head + pruned_count :], messages[head : head + pruned_count])
+        return ReduceResult(
+            messages[:head] + messages[head + pruned_count :], messages[head : head + pruned_count]
+        )
 
     def reduce(self, messages: Sequence[MessageLike], namespace: Sequence[str] = ()) -> ReduceResult:
         """Cut ``messages`` to the window and deliver the pruned messages to the hooks.

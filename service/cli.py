@@ -108,8 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     extraction = commands.add_parser("extraction", help="inspect or re-drive the extraction outbox")
     actions = extraction.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
-        ("status", "print pending, in flight, delivered, dead-lettered and the oldest pending age, and the "
-         "running summaries' (JSON)"),
+        (
+            "status",
+            "print pending, in flight, delivered, dead-lettered and the oldest pending age, and the "
+            "running summaries' (JSON)",
+        ),
         ("retry-dead", "put every dead letter back in the queue (summary batches included)"),
     ):
         _add_flags(actions.add_parser(action, help=text, description=text), EXTRACTION_FLAGS)
@@ -123,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_flags(sweep_parser, SWEEP_FLAGS)
     sweep_parser.add_argument(
-        "--dry-run", action="store_true", help="change nothing; print the expired threads and the bytes each would free"
+        "--dry-run",
+        action="store_true",
+        help="change nothing; print the expired threads and the bytes each would free",
     )
     report_parser = commands.add_parser(
         "report",
@@ -185,7 +190,13 @@ HELP_GROUPS: dict[str, tuple[str, str]] = {
     "StoreSettings": ("store", "semantic search and item TTLs"),
 }
 #: Metavars shorter than the field's name, so that most options and their help share a line.
-_METAVARS = {"database": "URL", "host": "ADDRESS", "api_keys_file": "PATH", "store_index": "JSON", "store_ttl": "JSON"}
+_METAVARS = {
+    "database": "URL",
+    "host": "ADDRESS",
+    "api_keys_file": "PATH",
+    "store_index": "JSON",
+    "store_ttl": "JSON",
+}
 
 
 def _metavar(field: str) -> str:
@@ -232,7 +243,9 @@ def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, object]:
     """The settings given as flags on the command line."""
-    return {field: getattr(args, field) for field in ALL_FLAGS.values() if getattr(args, field, None) is not None}
+    return {
+        field: getattr(args, field) for field in ALL_FLAGS.values() if getattr(args, field, None) is not None
+    }
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
@@ -268,7 +281,9 @@ def _describe(error: ValidationError) -> str:
             involved = [field]
         else:
             found = {name: re.search(rf"\b{name}\b", message) for name in Settings.model_fields}
-            involved = sorted((name for name, match in found.items() if match), key=lambda n: found[n].start())
+            involved = sorted(
+                (name for name, match in found.items() if match), key=lambda n: found[n].start()
+            )
         where = ", ".join(_where(name) for name in involved) or "settings"
         shown = ""
         if field and "keys" not in field:
@@ -309,7 +324,9 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        hint = "; another process listens there (choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        hint = (
+            "; another process listens there (choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        )
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
     sock.set_inheritable(True)
     return sock
@@ -383,7 +400,9 @@ def startup_line(settings: Settings) -> str:
         cut = f", cut to {config.token_target}" if config.token_target != config.max_tokens else ""
         limits.append(f"{config.max_tokens} tokens{cut}")
     window = " or ".join(limits) or "unbounded"
-    keep = settings.keep_checkpoints if settings.keep_checkpoints is not None else "off (every checkpoint kept)"
+    keep = (
+        settings.keep_checkpoints if settings.keep_checkpoints is not None else "off (every checkpoint kept)"
+    )
     return (
         f"reducing-saver {_version()}: backend {settings.backend} ({settings.database_for_display()}), "
         f"window {window}, encryption {settings.encryption}, summarizer {settings.summarizer or 'off'}, "
@@ -637,7 +656,10 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
 
     configure_logging(settings)
     if settings.backend == "memory":
-        print("reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep", file=sys.stderr)
+        print(
+            "reducing-saver: memory:// keeps its threads inside the service process: nothing to sweep",
+            file=sys.stderr,
+        )
         return 2
     backend = open_backend(
         settings.database,
@@ -665,8 +687,8 @@ def sweep(settings: Settings, *, dry_run: bool) -> int:
 
 def report(settings: Settings, *, top: int, png: str | None) -> int:
     """Print the largest threads' storage; with ``png``, write the chart too."""
-    from reducing_saver.service.storage import report as storage_report
     from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage import report as storage_report
     from reducing_saver.service.storage.usage import Selection
 
     if settings.backend == "memory":
@@ -681,7 +703,11 @@ def report(settings: Settings, *, top: int, png: str | None) -> int:
         except ImportError:
             raise CommandError(storage_report.NO_MATPLOTLIB) from None
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        postgres=settings.postgres,
     )
     try:
         backend.refuse_newer_schema()  # a later release's tables may mean something else
@@ -713,7 +739,11 @@ def encrypt_sweep(settings: Settings) -> int:
             code=2,
         )
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, create=False, postgres=settings.postgres
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        create=False,
+        postgres=settings.postgres,
     )
     # Reads plain and sealed rows whatever --encryption says: rewriting them is its purpose.
     sealer = Sealer(Cipher(settings.keyring), "migrate", tenant_mode=settings.api_key_set is not None)

@@ -73,7 +73,9 @@ def _import_module(name: str, setting: str, spec: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
             raise ResolveError(
-                setting, spec, MODULE_NOT_FOUND,
+                setting,
+                spec,
+                MODULE_NOT_FOUND,
                 f"no module named {exc.name!r} in the working folder ({folder}) or the installed packages",
             ) from None
         raise ResolveError(setting, spec, MODULE_FAILED, _raised(f"importing {name!r}", exc)) from None
@@ -184,7 +186,9 @@ def import_or_provider(
             raise ResolveError(setting, spec, PROVIDER_FAILED, _raised("LangChain", exc)) from None
     if not installed and not _ATTRIBUTE_PATH.fullmatch(attribute):
         raise ResolveError(
-            setting, spec, PROVIDER_MISSING,
+            setting,
+            spec,
+            PROVIDER_MISSING,
             "provider:model needs the langchain package and the provider's (e.g. langchain-openai) "
             "installed with the service",
         )

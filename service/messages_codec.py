@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import ormsgpack
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -39,6 +38,7 @@ from langchain_core.messages import (
     ToolMessage,
     ToolMessageChunk,
 )
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.service.msgpack_headers import array_length
 from reducing_saver.wire import Blob
@@ -347,13 +347,21 @@ class SafeMessagesCodec:
     def decode_write(self, value: Any) -> list[EncodedMessage] | None:
         """The messages of a pending write to the messages channel (a list, or one message) or of a stored
         list, read as :meth:`decode` reads a put's, but not counted: ``None`` when it holds none."""
-        if isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_PYDANTIC_V2:
+        if (
+            isinstance(value, Blob)
+            and value.type == "msgpack"
+            and _top_ext_code(value.data) == EXT_PYDANTIC_V2
+        ):
             value = Blob("msgpack", b"\x91" + value.data)  # one message: read it as a list of one
         return self._decode(value, _quiet)
 
     def decode_seed(self, value: Any) -> list[EncodedMessage] | None:
         """The messages of a DeltaChannel's seed: a snapshot (extension 7 around the list), or a list."""
-        if isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT:
+        if (
+            isinstance(value, Blob)
+            and value.type == "msgpack"
+            and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT
+        ):
             # The hook returns the extension's bytes untouched: nothing inside is decoded but the list.
             wrapped = ormsgpack.unpackb(value.data, ext_hook=lambda code, data: data)
             value = Blob("msgpack", wrapped)
@@ -361,7 +369,11 @@ class SafeMessagesCodec:
 
     def is_snapshot(self, value: Any) -> bool:
         """Whether a stored value is a DeltaChannel snapshot (msgpack extension 7 as the whole value)."""
-        return isinstance(value, Blob) and value.type == "msgpack" and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT
+        return (
+            isinstance(value, Blob)
+            and value.type == "msgpack"
+            and _top_ext_code(value.data) == EXT_DELTA_SNAPSHOT
+        )
 
     def _decode(self, value: Any, unreadable: Any) -> list[EncodedMessage] | None:
         if not isinstance(value, Blob):
@@ -405,7 +417,9 @@ class SafeMessagesCodec:
         """A message the service writes itself (a running summary), as an element of a decoded list:
         serialized by LangGraph's own serializer, exactly as a client's would be."""
         data = _WRITER.dumps_typed([message])[1]
-        (decoded,) = ormsgpack.unpackb(data, ext_hook=_Decoder(self._allowed).hook, option=ormsgpack.OPT_NON_STR_KEYS)
+        (decoded,) = ormsgpack.unpackb(
+            data, ext_hook=_Decoder(self._allowed).hook, option=ormsgpack.OPT_NON_STR_KEYS
+        )
         return WrittenMessage(decoded, decoded.ext, decoded.module, decoded.name)
 
     def _unreadable(self, reason: str) -> None:

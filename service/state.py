@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver, Removals
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.configuration.store import store_options
 from reducing_saver.service.encryption import Sealer, encrypting, keyless, sealer_for
 from reducing_saver.service.errors import Unavailable
 from reducing_saver.service.extraction.recorder import Memory
@@ -30,7 +31,6 @@ from reducing_saver.service.security.extensions import ExtensionPolicy
 from reducing_saver.service.storage import Backend, SaverPool, open_backend
 from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.watch import StorageWatch
-from reducing_saver.service.configuration.store import store_options
 from reducing_saver.service.summaries.setup import RunningSummaries
 from reducing_saver.service.ttl.sweeper import Sweeper, open_sweeper
 
@@ -156,7 +156,11 @@ class Service:
             codec = self.metrics.measuring()
             if settings.summarizer:
                 self.running_summaries = RunningSummaries(
-                    settings, backend, wrap=codec.wrap, registry=self.metrics.registry, tenant_mode=self.tenant_mode
+                    settings,
+                    backend,
+                    wrap=codec.wrap,
+                    registry=self.metrics.registry,
+                    tenant_mode=self.tenant_mode,
                 )
             summaries = self.running_summaries.summaries if self.running_summaries is not None else None
 
@@ -178,11 +182,14 @@ class Service:
                 )
 
             savers = SaverPool(
-                [wrap(inner) for inner in backend.savers(
+                [
+                    wrap(inner)
+                    for inner in backend.savers(
                         settings.pool_size,
                         latest_cache=self.latest_cache,
                         keep_checkpoints=settings.keep_checkpoints,
-                    )],
+                    )
+                ],
                 timeout=settings.db_timeout_seconds,
                 wrap_exceptions=backend.wrap_exceptions,
             )

@@ -17,7 +17,6 @@ import pytest
 from tests.support.postgres import pg_url
 from tests.support.windows import api_window_problems
 
-
 #: The test lanes, by where a test lives: ``tests/e2e/`` starts real processes (the service under uvicorn,
 #: the command line, agents, ``langgraph dev``) and is left out of the fast lane (``scripts/test``);
 #: the compose tests also need a Docker engine (so does a test that runs the service in the image: it marks

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 from pydantic import Field
 
-from reducing_saver.service.configuration import docs as config_docs
 from reducing_saver.service.cli import build_parser
+from reducing_saver.service.configuration import docs as config_docs
 from reducing_saver.service.configuration.flags import ENV_ONLY, SERVE_FLAGS
 from reducing_saver.service.configuration.settings import Settings
 
@@ -31,7 +31,9 @@ def test_every_setting_has_a_flag_or_a_reason_for_having_none():
         "give these a flag in flags.SERVE_FLAGS, or a reason in flags.ENV_ONLY"
     )
     assert flagged & set(ENV_ONLY) == set(), "a setting with a flag is not environment-only"
-    assert set(ENV_ONLY) <= fields, f"flags.ENV_ONLY names what is no setting: {sorted(set(ENV_ONLY) - fields)}"
+    assert set(ENV_ONLY) <= fields, (
+        f"flags.ENV_ONLY names what is no setting: {sorted(set(ENV_ONLY) - fields)}"
+    )
     assert all(reason.strip() for reason in ENV_ONLY.values())
     # And every flag is one `serve` really takes.
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
@@ -75,7 +77,9 @@ class _WithANewSetting(Settings):
 def test_a_new_migration_reaches_the_migrations_page(monkeypatch):
     from reducing_saver.service.storage.sqlite import migrations as sqlite
 
-    monkeypatch.setattr(sqlite, "MIGRATIONS", [*sqlite.MIGRATIONS, "ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT"])
+    monkeypatch.setattr(
+        sqlite, "MIGRATIONS", [*sqlite.MIGRATIONS, "ALTER TABLE reducing_saver_outbox ADD COLUMN note TEXT"]
+    )
     monkeypatch.setattr(sqlite, "LATEST", sqlite.LATEST + 1)
     page = config_docs.rendered(ROOT)[config_docs.MIGRATIONS_PAGE]
     assert f"version **{sqlite.LATEST}** on SQLite" in " ".join(page.split())

@@ -331,8 +331,12 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_secrets():
     # that matters) and what the runtime stage copies from the context.
     needed = {"pyproject.toml", "README.md", *package_dirs}
     needed |= {
-        src for args in instruction_args("COPY") for stage, sources in [_copy_sources(args)] if stage is None
-        for src in sources if src != "."
+        src
+        for args in instruction_args("COPY")
+        for stage, sources in [_copy_sources(args)]
+        if stage is None
+        for src in sources
+        if src != "."
     }
     for source in needed:
         path = ROOT / source
@@ -628,7 +632,9 @@ def test_service_variables_are_real_settings(monkeypatch):
     assert settings.backend == "postgres" and settings.host == "0.0.0.0"
     # .env.example lists every setting at its default ("NAME=" for one unset by default).
     defaults = settings_from_env(monkeypatch, {}).model_dump()
-    settings = settings_from_env(monkeypatch, {k: v for k, v in example.items() if k.startswith(PREFIX) and v})
+    settings = settings_from_env(
+        monkeypatch, {k: v for k, v in example.items() if k.startswith(PREFIX) and v}
+    )
     assert settings.model_dump() == defaults
     assert SETTING_VARS <= set(example), f".env.example lacks {sorted(SETTING_VARS - set(example))}"
 
@@ -804,7 +810,9 @@ def test_extraction_worker_runs_a_cli_subcommand():
     program, subcommand = container["command"]
     assert program == dockerfile_entrypoint()[0]
     choices = next(action.choices for action in build_parser()._actions if isinstance(action.choices, dict))
-    assert subcommand in choices, f"`reducing-saver {subcommand}` is not a command; the CLI has {sorted(choices)}"
+    assert subcommand in choices, (
+        f"`reducing-saver {subcommand}` is not a command; the CLI has {sorted(choices)}"
+    )
 
 
 def test_connection_budget_fits_stock_postgresql():

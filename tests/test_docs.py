@@ -162,9 +162,16 @@ def test_every_block_is_labelled_and_says_why_it_does_not_run():
     for page in PAGES:
         found = blocks(page)
         for before, block in zip([None, *found], found, strict=False):
-            if block.output and (block.label != "text" or before is None or before.label not in {"sh", "bash"}
-                                 or not runs_here(before) or before.service):
-                problems.append(f"{block.where}: `<!-- output -->` marks a text block right after a shell block that runs")
+            if block.output and (
+                block.label != "text"
+                or before is None
+                or before.label not in {"sh", "bash"}
+                or not runs_here(before)
+                or before.service
+            ):
+                problems.append(
+                    f"{block.where}: `<!-- output -->` marks a text block right after a shell block that runs"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -230,7 +237,10 @@ def reducing_saver_flags() -> set[str]:
 def test_every_flag_the_pages_name_exists():
     ours = reducing_saver_flags()
     declared = {
-        flag for pattern in OWN_PROGRAMS for path in ROOT.glob(pattern) for flag in _DECLARED.findall(path.read_text())
+        flag
+        for pattern in OWN_PROGRAMS
+        for path in ROOT.glob(pattern)
+        for flag in _DECLARED.findall(path.read_text())
     }
     unknown = []
     for page in PAGES:
@@ -238,8 +248,8 @@ def test_every_flag_the_pages_name_exists():
             for flag in _FLAG.findall(line):
                 if flag not in ours and flag not in declared and flag not in FOREIGN_FLAGS:
                     unknown.append(f"{page.relative_to(ROOT)}:{number}: {flag}")
-    assert not unknown, "no command takes these flags (another program's? add it to FOREIGN_FLAGS):\n" + "\n".join(
-        unknown
+    assert not unknown, (
+        "no command takes these flags (another program's? add it to FOREIGN_FLAGS):\n" + "\n".join(unknown)
     )
 
 
@@ -254,7 +264,11 @@ def _expanded(path: str) -> list[str]:
     """``a/{b,c}/<name>.py`` as globs: ``a/b/*.py``, ``a/c/*.py``."""
     match = re.search(r"\{([^}]*)\}", path)
     if match:
-        return [g for part in match[1].split(",") for g in _expanded(path[: match.start()] + part + path[match.end():])]
+        return [
+            g
+            for part in match[1].split(",")
+            for g in _expanded(path[: match.start()] + part + path[match.end() :])
+        ]
     return [re.sub(r"<[^>]*>|\$\w+", "*", path)]
 
 
@@ -288,15 +302,19 @@ def test_every_path_and_link_the_pages_name_exists():
 
 
 def test_the_path_and_flag_checks_see_what_they_look_for():
-    assert _PATH.findall("see `service/storage/{postgres,sqlite}/migrations.py` and tests/e2e/ (or /app/tests/x)") == [
-        "service/storage/{postgres,sqlite}/migrations.py", "tests/e2e/"
+    assert _PATH.findall(
+        "see `service/storage/{postgres,sqlite}/migrations.py` and tests/e2e/ (or /app/tests/x)"
+    ) == ["service/storage/{postgres,sqlite}/migrations.py", "tests/e2e/"]
+    assert _expanded("service/storage/<backend>/{a,b}.py") == [
+        "service/storage/*/a.py",
+        "service/storage/*/b.py",
     ]
-    assert _expanded("service/storage/<backend>/{a,b}.py") == ["service/storage/*/a.py", "service/storage/*/b.py"]
     assert _expanded("tests/fixtures/reducing_saver-$VERSION-py3-none-any.whl") == [
         "tests/fixtures/reducing_saver-*-py3-none-any.whl"
     ]
     assert _FLAG.findall("`serve --no-migrate`, a |---| table, grep -A1 -- '--max-messages'") == [
-        "--no-migrate", "--max-messages"
+        "--no-migrate",
+        "--max-messages",
     ]
     assert _slug("## The latest checkpoint from memory") == "the-latest-checkpoint-from-memory"
     assert {"--no-migrate", "--summarizer", "--png", "--dry-run", "--version"} <= reducing_saver_flags()
@@ -311,17 +329,23 @@ def test_the_migrations_page_holds_the_schema_of_the_code():
     page = (ROOT / "docs" / "migrations.md").read_text()
     for backend, module in (("PostgreSQL", postgres), ("SQLite", sqlite)):
         assert f"version **{module.LATEST}** on {backend}" in " ".join(page.split()), backend
-        names = re.findall(r"(?:TABLE|INDEX)(?: CONCURRENTLY)? IF NOT EXISTS (\w+)", " ".join(module.MIGRATIONS))
+        names = re.findall(
+            r"(?:TABLE|INDEX)(?: CONCURRENTLY)? IF NOT EXISTS (\w+)", " ".join(module.MIGRATIONS)
+        )
         assert [name for name in names if f"`{name}`" not in page] == [], backend
 
 
 def test_the_http_api_page_lists_every_route():
-    from reducing_saver.service.http.app import create_app
     from reducing_saver.service.configuration.settings import Settings
+    from reducing_saver.service.http.app import create_app
 
-    document = create_app(Settings(database="memory://", sweep=False, extract=False, _env_file=None)).openapi()
+    document = create_app(
+        Settings(database="memory://", sweep=False, extract=False, _env_file=None)
+    ).openapi()
     page = (ROOT / "docs" / "http-api.md").read_text()
-    routes = [(method.upper(), path) for path, operations in document["paths"].items() for method in operations]
+    routes = [
+        (method.upper(), path) for path, operations in document["paths"].items() for method in operations
+    ]
     assert len(routes) >= 20
     missing = [f"{method} {path}" for method, path in routes if f"`{method} {path}" not in page]
     assert not missing, f"docs/http-api.md's table lacks {missing}"
@@ -331,7 +355,8 @@ def output_problem(expected: str, actual: str) -> str | None:
     """Why ``actual`` is not the output ``expected`` quotes, or ``None``: a line ``...`` stands for any
     lines, ``...`` within a line for any characters (a path that differs from run to run)."""
     pattern = "".join(
-        r"(?:[^\n]*\n)*?" if line.strip() == "..."
+        r"(?:[^\n]*\n)*?"
+        if line.strip() == "..."
         else r"[^\n]*".join(re.escape(part) for part in line.rstrip().split("...")) + r"[ \t]*\n"
         for line in expected.splitlines()
     )
@@ -548,11 +573,7 @@ def page_run(tmp_path, fresh_pg) -> Iterator[PageRun]:
 
 
 def _runnable_pages() -> list[str]:
-    return [
-        str(page.relative_to(ROOT))
-        for page in PAGES
-        if any(runs_here(b) for b in blocks(page))
-    ]
+    return [str(page.relative_to(ROOT)) for page in PAGES if any(runs_here(b) for b in blocks(page))]
 
 
 @pytest.mark.e2e

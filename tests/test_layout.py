@@ -23,7 +23,12 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def lint_imports(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        [str(LINT_IMPORTS), "--no-cache", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -73,7 +78,8 @@ def test_the_layers_contract_sees_an_import_upwards(tmp_path: Path) -> None:
             text = source.read_text().replace("reducing_saver.service", "scratch_service")
             target.write_text(text + wrong.get(str(source.relative_to(ROOT / "service")), ""))
         ignored = "".join(
-            "\n    " + i.replace("reducing_saver.service", "scratch_service") for i in contract.get("ignore_imports", ())
+            "\n    " + i.replace("reducing_saver.service", "scratch_service")
+            for i in contract.get("ignore_imports", ())
         )
         layers = "\n    ".join(contract["layers"])
         (root / "layers.ini").write_text(
@@ -84,25 +90,33 @@ def test_the_layers_contract_sees_an_import_upwards(tmp_path: Path) -> None:
             "type = layers\n"
             "containers =\n    scratch_service\n"
             f"exhaustive = {str(contract['exhaustive']).lower()}\n"
-            f"layers =\n    {layers}\n"
-            + (f"ignore_imports ={ignored}\n" if ignored else "")
+            f"layers =\n    {layers}\n" + (f"ignore_imports ={ignored}\n" if ignored else "")
         )
         return root
 
     def run(root: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(LINT_IMPORTS), "--no-cache", "layers.ini"],
-            cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-            capture_output=True, text=True, timeout=120, check=False,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
 
     kept = run(scratch("as-is", {}))
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "Contracts: 1 kept, 0 broken." in kept.stdout
-    broken = run(scratch("wrong", {
-        "storage/paging.py": "\nfrom scratch_service.http import errors as _upwards  # noqa\n",
-        "security/keys.py": "\nfrom scratch_service.encryption import keys as _sideways  # noqa\n",
-    }))
+    broken = run(
+        scratch(
+            "wrong",
+            {
+                "storage/paging.py": "\nfrom scratch_service.http import errors as _upwards  # noqa\n",
+                "security/keys.py": "\nfrom scratch_service.encryption import keys as _sideways  # noqa\n",
+            },
+        )
+    )
     assert broken.returncode != 0
     assert "BROKEN" in broken.stdout
     output = " ".join(broken.stdout.split())
@@ -110,7 +124,9 @@ def test_the_layers_contract_sees_an_import_upwards(tmp_path: Path) -> None:
     assert "scratch_service.security.keys -> scratch_service.encryption.keys" in output, broken.stdout
 
 
-@pytest.mark.parametrize("package", ["reducing_saver.reducer", "reducing_saver.wire", "reducing_saver.client"])
+@pytest.mark.parametrize(
+    "package", ["reducing_saver.reducer", "reducing_saver.wire", "reducing_saver.client"]
+)
 def test_the_base_install_packages_load_no_server_dependency(package: str) -> None:
     server_side = ("fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool", "pydantic_settings")
     io_side = ("httpx", "aiohttp") if package != "reducing_saver.client" else ()
@@ -120,7 +136,9 @@ def test_the_base_install_packages_load_no_server_dependency(package: str) -> No
         "assert not found, found\n"
         "assert not [m for m in sys.modules if m.startswith('reducing_saver.service')]\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -137,8 +155,11 @@ def test_every_package_folder_is_installed() -> None:
 
 
 def test_no_code_comment_cites_a_file_outside_the_repository() -> None:
-    sources = [p for folder in ("reducer", "wire", "client", "service", "tests", "benchmarks", "examples")
-               for p in (ROOT / folder).rglob("*.py")]
+    sources = [
+        p
+        for folder in ("reducer", "wire", "client", "service", "tests", "benchmarks", "examples")
+        for p in (ROOT / folder).rglob("*.py")
+    ]
     needles = ("FACTS" + ".md", "../" + "shared")  # spelled apart, so this file does not cite them
     citing = [str(p.relative_to(ROOT)) for p in sources if any(n in p.read_text() for n in needles)]
     assert citing == []
@@ -200,7 +221,10 @@ def _own_bodies(source: str, filename: str, wire_keys: list[set[str]]) -> list[s
     for node in ast.walk(ast.parse(source, filename)):
         if not isinstance(node, ast.Dict) or not node.keys:
             continue
-        keys = [key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None for key in node.keys]
+        keys = [
+            key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+            for key in node.keys
+        ]
         if None not in keys and any(set(keys) <= fields for fields in wire_keys):
             hits.append(f"{filename}:{node.lineno}: {sorted(keys)}")
     return hits
@@ -224,7 +248,10 @@ def test_neither_side_writes_a_body_of_its_own() -> None:
     from reducing_saver.wire import bodies
 
     wire_keys = [_keys(body) for body in bodies.BODIES]
-    files = [*(ROOT / "client").glob("*.py"), *(path for edge in _HTTP_EDGE for path in (ROOT / "service").glob(edge))]
+    files = [
+        *(ROOT / "client").glob("*.py"),
+        *(path for edge in _HTTP_EDGE for path in (ROOT / "service").glob(edge)),
+    ]
     found = [
         hit
         for path in sorted(files)
@@ -241,7 +268,9 @@ def test_every_release_keeps_its_wheel_and_the_next_one_is_open():
     import tomllib
 
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    sections = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (Unreleased|\d{4}-\d{2}-\d{2})$", changelog, flags=re.MULTILINE)
+    sections = re.findall(
+        r"^## \[(\d+\.\d+\.\d+)\] - (Unreleased|\d{4}-\d{2}-\d{2})$", changelog, flags=re.MULTILINE
+    )
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert [v for v, date in sections if date == "Unreleased"] == [version]
     released = [v for v, date in sections if date != "Unreleased"]

@@ -69,9 +69,21 @@ def test_mypy_finds_nothing() -> None:
     are read but not reported."""
     packages = [arg for package in PACKAGES for arg in ("-p", package)]
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-         "--cache-dir", str(MYPY_CACHE), *packages],
-        cwd=mypy_tree(), capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(MYPY_CACHE),
+            *packages,
+        ],
+        cwd=mypy_tree(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # Every module of every package was read: a mapping that hid a package would pass with nothing checked.
@@ -84,9 +96,21 @@ def test_mypy_sees_an_error(tmp_path: Path) -> None:
     module = tmp_path / "wrong.py"
     module.write_text("count: int = 'three'\n")
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir",
-         str(MYPY_CACHE), str(module)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(MYPY_CACHE),
+            str(module),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 1
     assert "[assignment]" in result.stdout, result.stdout

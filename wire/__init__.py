@@ -315,7 +315,9 @@ def blob_from_wire(value: Any, field: str) -> Blob:
         raise WireError(field, f"expected an object with 'type' and 'data', got {type(value).__name__}")
     unknown = set(value) - {"type", "data"}
     if unknown:
-        raise WireError(field, f"unknown field(s) {sorted(unknown)}; a typed value has only 'type' and 'data'")
+        raise WireError(
+            field, f"unknown field(s) {sorted(unknown)}; a typed value has only 'type' and 'data'"
+        )
     type_, data = value.get("type"), value.get("data")
     if not isinstance(type_, str) or not type_:
         raise WireError(f"{field}.type", "must be a non-empty string")
@@ -350,7 +352,9 @@ def channel_value_from_wire(value: Any, field: str) -> Any:
 def config_to_wire(config: RunnableConfig, *, namespace_key: str = ...) -> RunConfigBody: ...
 @overload
 def config_to_wire(config: None, *, namespace_key: str = ...) -> None: ...
-def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memory_namespace") -> RunConfigBody | None:
+def config_to_wire(
+    config: RunnableConfig | None, *, namespace_key: str = "memory_namespace"
+) -> RunConfigBody | None:
     """The part of a run config the service needs, in JSON.
 
     ``configurable`` keeps ``thread_id``, ``checkpoint_ns``, ``checkpoint_id``, the memory namespace,
@@ -389,7 +393,11 @@ def config_to_wire(config: RunnableConfig | None, *, namespace_key: str = "memor
 
 def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> RunnableConfig:
     return {
-        "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+        }
     }
 
 
@@ -398,7 +406,9 @@ def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str | N
 
 def checkpoint_fields(checkpoint: Mapping[str, Any]) -> CheckpointFieldsBody:
     """A checkpoint without its channel values (what travels under ``"checkpoint"``)."""
-    return cast(CheckpointFieldsBody, {key: value for key, value in checkpoint.items() if key != "channel_values"})
+    return cast(
+        CheckpointFieldsBody, {key: value for key, value in checkpoint.items() if key != "channel_values"}
+    )
 
 
 __all__ = [

@@ -46,6 +46,10 @@ def with_capabilities(base: type[T], capabilities: frozenset[str], mixins: Mappi
     key = (base, capabilities)
     if key not in _VARIANTS:
         chosen = tuple(mixins[name] for name in OPTIONAL_CAPABILITIES if name in capabilities)
-        namespace = {"capabilities": capabilities, "__module__": base.__module__, "__qualname__": base.__qualname__}
+        namespace = {
+            "capabilities": capabilities,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+        }
         _VARIANTS[key] = type(base.__name__, (*chosen, base), namespace) if chosen else base
     return _VARIANTS[key]

@@ -35,7 +35,13 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
 
-from reducing_saver.service.configuration.flags import ENV_ONLY, EXTRACTION_FLAGS, SERVE_FLAGS, SWEEP_FLAGS, WORKER_FLAGS
+from reducing_saver.service.configuration.flags import (
+    ENV_ONLY,
+    EXTRACTION_FLAGS,
+    SERVE_FLAGS,
+    SWEEP_FLAGS,
+    WORKER_FLAGS,
+)
 from reducing_saver.service.configuration.settings import Settings
 
 COMMAND = "python -m reducing_saver.service.configuration.docs"
@@ -242,7 +248,9 @@ def _migration(statement: str) -> str:
     text = " ".join(statement.split())
     if match := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", text):
         return f"table `{match[1]}`"
-    if match := re.match(r"CREATE (UNIQUE )?INDEX (CONCURRENTLY )?IF NOT EXISTS (\w+) ON (\w+) \(([^)]*)\)(.*)", text):
+    if match := re.match(
+        r"CREATE (UNIQUE )?INDEX (CONCURRENTLY )?IF NOT EXISTS (\w+) ON (\w+) \(([^)]*)\)(.*)", text
+    ):
         where = f" {match[6].strip()}" if match[6].strip() else ""
         return _cell(f"{(match[1] or '').lower()}index `{match[3]}` on `{match[4]}` ({match[5]}){where}")
     return _cell(f"`{summary(statement, 90)}`")
@@ -255,7 +263,9 @@ def render_migrations() -> str:
 
     backends = {"PostgreSQL": postgres, "SQLite": sqlite}
     tables = dict.fromkeys(
-        name for module in backends.values() for statement in module.MIGRATIONS
+        name
+        for module in backends.values()
+        for statement in module.MIGRATIONS
         for name in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
     )
     versions = " and ".join(f"version **{module.LATEST}** on {name}" for name, module in backends.items())
@@ -266,7 +276,9 @@ def render_migrations() -> str:
     out = [*textwrap.wrap(intro, width=105, break_long_words=False, break_on_hyphens=False), ""]
     for name, module in backends.items():
         out += [f"| {name} version | what it creates |", "|---|---|"]
-        out += [f"| {version} | {_migration(statement)} |" for version, statement in enumerate(module.MIGRATIONS)]
+        out += [
+            f"| {version} | {_migration(statement)} |" for version, statement in enumerate(module.MIGRATIONS)
+        ]
         out.append("")
     return "\n".join(out)
 

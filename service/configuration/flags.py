@@ -125,7 +125,13 @@ WORKER_FLAGS: dict[str, str] = {
 #: The flags of ``migrate``: the database, and the store's settings (vector search adds tables).
 MIGRATE_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--postgres-prepared-statements", "--store-index", "--db-timeout-seconds", "--log-level")
+    for flag in (
+        "--database",
+        "--postgres-prepared-statements",
+        "--store-index",
+        "--db-timeout-seconds",
+        "--log-level",
+    )
 }
 EXTRACTION_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag] for flag in ("--database", "--postgres-prepared-statements")
@@ -152,7 +158,13 @@ REPORT_FLAGS: dict[str, str] = {
 #: The flags of ``encrypt-sweep``; the key ring comes from REDUCING_SAVER_ENCRYPTION_KEYS only.
 ENCRYPT_SWEEP_FLAGS: dict[str, str] = {
     flag: SERVE_FLAGS[flag]
-    for flag in ("--database", "--postgres-prepared-statements", "--api-keys-file", "--log-level", "--log-format")
+    for flag in (
+        "--database",
+        "--postgres-prepared-statements",
+        "--api-keys-file",
+        "--log-level",
+        "--log-format",
+    )
 }
 ALL_FLAGS = {
     **SERVE_FLAGS,

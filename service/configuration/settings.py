@@ -228,14 +228,20 @@ class ExtractionSettings(BaseModel):
     )
     extraction_batch_size: int = Field(100, ge=1, description="Outbox rows a deliverer claims at a time.")
     extraction_lease_seconds: float = Field(
-        30.0, gt=0, description="How long a claim lasts without renewal (a crashed worker's rows return after it)."
+        30.0,
+        gt=0,
+        description="How long a claim lasts without renewal (a crashed worker's rows return after it).",
     )
     extraction_max_attempts: int = Field(
         8, ge=1, description="Attempts per message before it becomes a dead letter."
     )
-    extraction_base_backoff: float = Field(1.0, ge=0, description="Seconds before the first retry (doubles, with jitter).")
+    extraction_base_backoff: float = Field(
+        1.0, ge=0, description="Seconds before the first retry (doubles, with jitter)."
+    )
     extraction_max_backoff: float = Field(300.0, ge=0, description="Longest wait between attempts.")
-    extraction_idle_seconds: float = Field(1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty.")
+    extraction_idle_seconds: float = Field(
+        1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty."
+    )
     outbox_retention: float = Field(
         "7d",
         description="How long delivered outbox rows are kept before a TTL sweep (each sweep of this "
@@ -262,7 +268,9 @@ class SummarySettings(BaseModel):
         "(extract); serve needs the setting for its put path even when workers summarize.",
     )
     summary_max_input_tokens: int = Field(
-        4000, ge=256, description="Cap of a summary prompt: the previous summary and the new batch, in tokens."
+        4000,
+        ge=256,
+        description="Cap of a summary prompt: the previous summary and the new batch, in tokens.",
     )
     summary_max_tokens: int = Field(
         800, ge=16, description="Cap of a summary, in tokens (asked of the model, and enforced)."
@@ -308,7 +316,8 @@ class SweepSettings(BaseModel):
     sweep: bool = Field(True, description="Run the TTL sweeper in this process.")
     sweep_batch_size: int = Field(100, ge=1, description="Expired threads a sweep lists at a time.")
     extract_on_delete: bool = Field(
-        False, description="A client's delete_thread sends the thread's last window to long-term memory first."
+        False,
+        description="A client's delete_thread sends the thread's last window to long-term memory first.",
     )
 
 
@@ -400,7 +409,9 @@ class Settings(
     @field_validator("default_ttl", "sweep_interval", "outbox_retention", mode="before")
     @classmethod
     def _parse_duration(cls, value: object, info: ValidationInfo) -> object:
-        if info.field_name == "default_ttl" and (value is None or str(value).strip().lower() in ("", "off", "none")):
+        if info.field_name == "default_ttl" and (
+            value is None or str(value).strip().lower() in ("", "off", "none")
+        ):
             return None
         return parse_duration(value, name=info.field_name)
 
@@ -564,4 +575,3 @@ class Settings(
     def database_for_display(self) -> str:
         """The database URL with any password replaced by ``***``."""
         return redact_url(self.database)
-

@@ -113,9 +113,14 @@ def _embedder(embed: str) -> Any:
         target = target()
     if not callable(target) and not hasattr(target, "embed_documents"):
         raise StoreConfigError(
-            str(ResolveError("--store-index embed", embed, "not an embeddings model or callable",
-                             f"got {kind_of(target)}: name an Embeddings or a callable "
-                             "(texts) -> vectors"))
+            str(
+                ResolveError(
+                    "--store-index embed",
+                    embed,
+                    "not an embeddings model or callable",
+                    f"got {kind_of(target)}: name an Embeddings or a callable (texts) -> vectors",
+                )
+            )
         )
     return target
 
@@ -154,5 +159,8 @@ def refusal(settings: Any) -> str | None:
             "store keeps TTLs in whole minutes (a refreshing read would round it): give whole minutes"
         )
     return rules.store_refusal(
-        settings.database, index=index is not None, ttl=ttl is not None, postgres=getattr(settings, "postgres", None)
+        settings.database,
+        index=index is not None,
+        ttl=ttl is not None,
+        postgres=getattr(settings, "postgres", None),
     )

@@ -6,7 +6,12 @@ See docs/encryption.md for the modes, the key ring's format, rotation, and what 
 import functools
 from typing import Any
 
-from reducing_saver.service.encryption.envelope import Cipher, IntegrityError, PlainTextRefused, UnknownKeyError
+from reducing_saver.service.encryption.envelope import (
+    Cipher,
+    IntegrityError,
+    PlainTextRefused,
+    UnknownKeyError,
+)
 from reducing_saver.service.encryption.keyless import KeylessSaver, keyless
 from reducing_saver.service.encryption.keys import KeyRing, KeyRingError, load_keyring, parse_keyring
 from reducing_saver.service.encryption.saver import (
@@ -17,7 +22,6 @@ from reducing_saver.service.encryption.saver import (
     encrypting,
 )
 from reducing_saver.service.storage import EncryptedValueRefused, StoredDataError
-
 
 
 @functools.lru_cache(maxsize=8)

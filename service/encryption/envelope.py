@@ -151,7 +151,11 @@ class Cipher:
                 f"(it holds {', '.join(self.ring.key_ids)})"
             )
         start = 2 + len(key_id)
-        header, nonce, sealed = envelope[:start], envelope[start : start + NONCE_BYTES], envelope[start + NONCE_BYTES :]
+        header, nonce, sealed = (
+            envelope[:start],
+            envelope[start : start + NONCE_BYTES],
+            envelope[start + NONCE_BYTES :],
+        )
         try:
             return self._aead(key_id, tenant).decrypt(nonce, sealed, header + self._context(tenant, context))
         except InvalidTag:

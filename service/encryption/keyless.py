@@ -22,8 +22,8 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from reducing_saver.service.storage import EncryptedValueRefused
 from reducing_saver.service.encryption.saver import is_sealed
+from reducing_saver.service.storage import EncryptedValueRefused
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
 
@@ -135,7 +135,9 @@ class _CopyThread:
 class _DeltaChannelHistory:
     inner: BaseCheckpointSaver
 
-    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]) -> Mapping[str, Any]:
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, Any]:
         history = self.inner.get_delta_channel_history(config=config, channels=channels)
         thread_id = config["configurable"]["thread_id"]
         for channel, entry in history.items():

@@ -105,5 +105,7 @@ def load_keyring(source: str) -> KeyRing:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         # The position only: the message of a JSON error may quote the text, keys included.
-        raise KeyRingError(f"encryption keys: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
+        raise KeyRingError(
+            f"encryption keys: not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
     return parse_keyring(document)

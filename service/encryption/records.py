@@ -277,5 +277,3 @@ def sealed_outbox(outbox: Any, sealer: Sealer | None) -> Any:
     """``outbox``, wrapped in an :class:`EncryptingOutbox` that claims sealed rows when a sealer is given;
     without one, as it is: its claims leave sealed rows to a process with the key ring."""
     return outbox if sealer is None else EncryptingOutbox(outbox, sealer)
-
-

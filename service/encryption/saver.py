@@ -182,7 +182,9 @@ class Sealer:
         return index, _from_plain_bytes(plain)
 
     # metadata
-    def seal_metadata(self, metadata: dict[str, Any], thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
+    def seal_metadata(
+        self, metadata: dict[str, Any], thread_id: str, ns: str, checkpoint_id: str
+    ) -> dict[str, Any]:
         tenant = self.tenant(thread_id)
         sealed = {}
         for key, value in metadata.items():
@@ -195,7 +197,9 @@ class Sealer:
             sealed[key] = METADATA_PREFIX + base64.b64encode(envelope).decode()
         return sealed
 
-    def open_metadata(self, metadata: dict[str, Any], thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
+    def open_metadata(
+        self, metadata: dict[str, Any], thread_id: str, ns: str, checkpoint_id: str
+    ) -> dict[str, Any]:
         tenant = self.tenant(thread_id)
         opened = {}
         for key, value in metadata.items():
@@ -207,7 +211,9 @@ class Sealer:
                 try:
                     envelope = base64.b64decode(value[len(METADATA_PREFIX) :], validate=True)
                 except (binascii.Error, ValueError):
-                    raise IntegrityError(f"{where}: integrity check failed: the stored ciphertext is malformed") from None
+                    raise IntegrityError(
+                        f"{where}: integrity check failed: the stored ciphertext is malformed"
+                    ) from None
                 context = ["metadata", thread_id, ns, checkpoint_id, key]
                 opened[key] = json.loads(self.cipher.open(envelope, tenant, context, where))
             else:
@@ -228,7 +234,9 @@ class Sealer:
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         versions = checkpoint.get("channel_versions") or {}
         values = {
-            channel: self.seal_value(value, thread_id, ns, channel, new_versions.get(channel, versions.get(channel)))
+            channel: self.seal_value(
+                value, thread_id, ns, channel, new_versions.get(channel, versions.get(channel))
+            )
             for channel, value in (checkpoint.get("channel_values") or {}).items()
             if channels is None or channel in channels
         }
@@ -381,9 +389,12 @@ class EncryptingSaver(BaseCheckpointSaver):
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         checkpoint_id = configurable["checkpoint_id"]
         sealed = [
-            (channel, self.sealer.seal_write(
-                value, thread_id, ns, checkpoint_id, task_id, WRITES_IDX_MAP.get(channel, index), channel
-            ))
+            (
+                channel,
+                self.sealer.seal_write(
+                    value, thread_id, ns, checkpoint_id, task_id, WRITES_IDX_MAP.get(channel, index), channel
+                ),
+            )
             for index, (channel, value) in enumerate(writes)
         ]
         return self.inner.put_writes(config, sealed, task_id, task_path)
@@ -450,12 +461,20 @@ class _CopyThread:
             if parent:
                 config["configurable"]["checkpoint_id"] = parent
             values = item.checkpoint.get("channel_values") or {}
-            versions = {c: v for c, v in (item.checkpoint.get("channel_versions") or {}).items() if c in values}
+            versions = {
+                c: v for c, v in (item.checkpoint.get("channel_versions") or {}).items() if c in values
+            }
             self.put(config, item.checkpoint, item.metadata, versions)  # type: ignore[attr-defined]
             by_task: dict[str, list[tuple[str, Any]]] = {}
             for task_id, channel, value in item.pending_writes or ():
                 by_task.setdefault(task_id, []).append((channel, value))
-            written = {"configurable": {"thread_id": target, "checkpoint_ns": ns, "checkpoint_id": item.checkpoint["id"]}}
+            written = {
+                "configurable": {
+                    "thread_id": target,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": item.checkpoint["id"],
+                }
+            }
             for task_id, writes in by_task.items():
                 self.put_writes(written, writes, task_id)  # type: ignore[attr-defined]
 
@@ -474,7 +493,11 @@ class _DeltaChannelHistory:
         result: dict[str, DeltaChannelHistory] = {}
         for channel, placed in self.inner.placed_delta_history(config, channels).items():  # type: ignore[attr-defined]
             writes = [
-                (task_id, channel, self.sealer.open_write(value, thread_id, ns, checkpoint_id, task_id, channel)[1])
+                (
+                    task_id,
+                    channel,
+                    self.sealer.open_write(value, thread_id, ns, checkpoint_id, task_id, channel)[1],
+                )
                 for checkpoint_id, task_id, value in placed["writes"]
             ]
             entry = DeltaChannelHistory(writes=writes)

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
-from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.extraction.extractors import Extractor, PermanentExtractionError
 from reducing_saver.service.leased_worker import LeasedWorker, LeaseRenewer
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.storage.outbox import EntryKey, Outbox, OutboxEntry
 
 # -- delivery --------------------------------------------------------------------------------------
@@ -141,9 +141,7 @@ class Deliverer(LeasedWorker):
         self.run_once()
         return self.last_claimed >= self.batch_size
 
-    def _deliver_group(
-        self, namespace: tuple[str, ...], group: list[OutboxEntry], claim: _Claim
-    ) -> int:
+    def _deliver_group(self, namespace: tuple[str, ...], group: list[OutboxEntry], claim: _Claim) -> int:
         crashed = [e for e in group if e.attempts > self.max_attempts]
         for entry in crashed:
             message = (
@@ -212,7 +210,9 @@ class Deliverer(LeasedWorker):
         try:
             forget(entries, namespace)
         except Exception as exc:
-            logger.warning("forgetting %d message(s) of namespace %r failed: %s", len(entries), namespace, _describe(exc))
+            logger.warning(
+                "forgetting %d message(s) of namespace %r failed: %s", len(entries), namespace, _describe(exc)
+            )
             return exc
         return None
 

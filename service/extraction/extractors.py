@@ -11,9 +11,9 @@ from langchain_core.messages import BaseMessage, message_to_dict, messages_from_
 from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 
 from reducing_saver.reducer import validate_namespace
-from reducing_saver.service.storage.outbox import OutboxEntry
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import EncodedMessage, to_message
+from reducing_saver.service.storage.outbox import OutboxEntry
 from reducing_saver.wire.nul import encode_memory_value
 
 Extractor = Callable[[list[OutboxEntry], tuple[str, ...]], Any]
@@ -132,8 +132,6 @@ def load_extractor(path: str, store: BaseStore | None = None) -> CallableExtract
             not found, ...: :mod:`reducing_saver.service.imports`).
     """
     return CallableExtractor(import_callable(path, "--extractor"), store)
-
-
 
 
 def _is_data_error(exc: BaseException) -> bool:

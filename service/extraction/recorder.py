@@ -31,6 +31,7 @@ from reducing_saver.service.encryption.records import (
 )
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, load_extractor
+from reducing_saver.service.security import stored_thread_to_agent
 from reducing_saver.service.storage.outbox import (
     CheckpointRecords,
     OutboxEntry,
@@ -38,7 +39,6 @@ from reducing_saver.service.storage.outbox import (
     make_entries,
     message_fingerprint,
 )
-from reducing_saver.service.security import stored_thread_to_agent
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ class Memory:
         self._recorded: OrderedDict[tuple[tuple[str, ...], str], str | None] = OrderedDict()
         self._recorded_lock = threading.Lock()
 
-    def record(self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint) -> None:
+    def record(
+        self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint
+    ) -> None:
         """Durably record pruned messages before their checkpoint is stored (raises on failure).
 
         Inside :meth:`with_checkpoint` on a backend that can, the entries go into the checkpoint's own
@@ -128,8 +130,10 @@ class Memory:
         if not records.entries:
             return
         if not records.written:  # a put that reached no pipeline of the saver: record them now
-            logger.error("the saver stored a checkpoint without its %d outbox entries; recording them now",
-                         len(records.entries))
+            logger.error(
+                "the saver stored a checkpoint without its %d outbox entries; recording them now",
+                len(records.entries),
+            )
             self.outbox.record(records.entries)
         self._committed(records.entries)
 
@@ -148,7 +152,9 @@ class Memory:
         """A deliverer writing to the store (or the configured extractor)."""
         store = sealed_store(self.backend.store(), self.sealer)
         extractor = (
-            load_extractor(self.settings.extractor, store) if self.settings.extractor else StoreExtractor(store)
+            load_extractor(self.settings.extractor, store)
+            if self.settings.extractor
+            else StoreExtractor(store)
         )
         self.deliverer = Deliverer(
             self.outbox,

@@ -29,7 +29,11 @@ from reducing_saver.service.configuration.settings import FLAGS_ENV, Settings
 from reducing_saver.service.http import auth, guard
 from reducing_saver.service.http.errors import ANSWERED, error_answer, error_body, headers_for
 from reducing_saver.service.http.hotpath import ROUTES, HotPath
-from reducing_saver.service.http.observability import ObservabilityMiddleware, ServiceMetrics, configure_logging
+from reducing_saver.service.http.observability import (
+    ObservabilityMiddleware,
+    ServiceMetrics,
+    configure_logging,
+)
 from reducing_saver.service.http.routes import (
     ORJSONResponse,
     checkpoints,
@@ -139,10 +143,14 @@ async def _answer_error(request: Request, exc: Exception) -> Response:
         answer = (500, "internal server error")
     status, detail = answer
     headers = {name.decode(): value.decode() for name, value in headers_for(status)}
-    return Response(error_body(detail, status), status_code=status, media_type="application/json", headers=headers)
+    return Response(
+        error_body(detail, status), status_code=status, media_type="application/json", headers=headers
+    )
 
 
-def create_app(settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None
+) -> FastAPI:
     """Build the service app.
 
     Args:

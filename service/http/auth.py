@@ -193,7 +193,10 @@ def document_auth(
             "description": "The metrics scraper's key in the x-api-key header.",
         }
         error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-        ambiguous = {**error, "description": "More than one credential: two keys, or a bearer key and an x-api-key that differ."}
+        ambiguous = {
+            **error,
+            "description": "More than one credential: two keys, or a bearer key and an x-api-key that differ.",
+        }
         for path, operations in schema.get("paths", {}).items():
             if path in public:
                 continue
@@ -204,7 +207,10 @@ def document_auth(
                     responses["400"] = ambiguous
                     responses["401"] = {**error, "description": "No metrics scraper's key."}
                     if tenants:
-                        responses["403"] = {**error, "description": "A tenant's key: /metrics is not a tenant's."}
+                        responses["403"] = {
+                            **error,
+                            "description": "A tenant's key: /metrics is not a tenant's.",
+                        }
                 elif tenants:
                     operation["security"] = [{"apiKey": []}, {"apiKeyHeader": []}]
                     responses.setdefault("400", ambiguous)
@@ -214,4 +220,3 @@ def document_auth(
         return schema
 
     app.openapi = openapi
-

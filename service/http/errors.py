@@ -32,7 +32,6 @@ from reducing_saver.service.storage.lifecycle import CheckpointPrunedError, Thre
 from reducing_saver.wire import ERROR_CODES, WireError
 from reducing_saver.wire.bodies import ErrorBody
 
-
 #: The status of each of the service's own errors (``service/errors.py``); any other is a 500.
 STATUSES: dict[type[ServiceError], int] = {
     BadRequest: 422,
@@ -44,7 +43,9 @@ STATUSES: dict[type[ServiceError], int] = {
 }
 
 #: Headers a status carries besides the content type.
-_HEADERS: dict[int, list[tuple[bytes, bytes]]] = {401: [(b"www-authenticate", b'Bearer realm="reducing-saver"')]}
+_HEADERS: dict[int, list[tuple[bytes, bytes]]] = {
+    401: [(b"www-authenticate", b'Bearer realm="reducing-saver"')]
+}
 
 
 def error_answer(exc: BaseException) -> tuple[int, Any] | None:

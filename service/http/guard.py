@@ -52,7 +52,6 @@ class BodySizeLimit:
         return f"request body is larger than the limit of {self.limit} bytes (setting max_body_bytes)"
 
 
-
 class _BodyTooLarge(Exception):
     pass
 

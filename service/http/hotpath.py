@@ -23,9 +23,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reducing_saver.service import security
 from reducing_saver.service.http import msgpack_body, schemas
-from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.http.asgi import is_msgpack, read_body
 from reducing_saver.service.http.errors import error_answer, send_error
+from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.state import Service
 from reducing_saver.wire import GET_PATH, JSON, MSGPACK, PUT_PATH, WRITES_PATH, json_default, msgpack_default
 
@@ -53,7 +53,9 @@ class HotPath:
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        route = (
+            self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        )
         if route is None:
             await self.app(scope, receive, send)
             return

@@ -90,7 +90,9 @@ class _Hooks:
                     f"the body has a map key of type {type(key).__name__}; keys must be strings"
                 )
             if key in result:
-                raise MsgpackBodyError(f"the body repeats the key {key[:100]!r} in one map; send each key once")
+                raise MsgpackBodyError(
+                    f"the body repeats the key {key[:100]!r} in one map; send each key once"
+                )
             kind = type(value)
             if kind is bytes and key != "data":
                 raise MsgpackBodyError(
@@ -108,7 +110,9 @@ class _Hooks:
         for item in items:
             kind = type(item)
             if kind is bytes:
-                raise MsgpackBodyError("the body holds bytes in an array; bytes are only a typed value's 'data'")
+                raise MsgpackBodyError(
+                    "the body holds bytes in an array; bytes are only a typed value's 'data'"
+                )
             if kind is float and not math.isfinite(item):
                 raise MsgpackBodyError(f"the body holds {item} in an array; floats must be finite")
         return items

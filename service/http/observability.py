@@ -36,15 +36,22 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reducing_saver.service.storage import background
 from reducing_saver.service.http.errors import send_error
 from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.service.storage import background
 from reducing_saver.service.version import __version__
-from reducing_saver.wire import DELTA_HISTORY_PATH, HEALTH_PATH, METRICS_PATH, PER_STEP_PATHS, READY_PATH, Blob
+from reducing_saver.wire import (
+    DELTA_HISTORY_PATH,
+    HEALTH_PATH,
+    METRICS_PATH,
+    PER_STEP_PATHS,
+    READY_PATH,
+    Blob,
+)
 
 access_logger = logging.getLogger("reducing_saver.access")
 logger = logging.getLogger(__name__)

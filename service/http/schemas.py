@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import itertools
 import textwrap
 import types
 import typing
@@ -254,7 +255,7 @@ def _field_docstrings(body: type) -> dict[str, str]:
     (statement,) = ast.parse(source).body
     assert isinstance(statement, ast.ClassDef)
     found = {}
-    for node, after in zip(statement.body, statement.body[1:]):
+    for node, after in itertools.pairwise(statement.body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -329,12 +330,16 @@ class SummaryStatus(BaseModel):
     pending_steps: int = Field(description="Batches of cut messages awaiting a summary.")
     messages_awaiting_summary: int = Field(description="Messages in those batches (still in their windows).")
     done_steps: int
-    dead_steps: int = Field(description="Batches whose summary failed every attempt; retry-dead re-runs them.")
+    dead_steps: int = Field(
+        description="Batches whose summary failed every attempt; retry-dead re-runs them."
+    )
     oldest_pending_age_seconds: float | None = Field(description="null when nothing is pending.")
 
 
 class ExtractionStatus(BaseModel):
-    pending: int = Field(description="Pruned messages waiting for delivery (including those waiting for a retry).")
+    pending: int = Field(
+        description="Pruned messages waiting for delivery (including those waiting for a retry)."
+    )
     in_flight: int = Field(description="Claimed by a deliverer right now.")
     delivered: int
     dead: int = Field(description="Dead letters: failed max_attempts times; kept until re-driven.")
@@ -347,7 +352,8 @@ class ExtractionStatus(BaseModel):
         description="Delivered rows this process's sweeps deleted since it started."
     )
     summaries: SummaryStatus | None = Field(
-        None, description="Running summaries (with --summarizer only): the tenant's own threads in tenant mode."
+        None,
+        description="Running summaries (with --summarizer only): the tenant's own threads in tenant mode.",
     )
 
 

@@ -27,6 +27,7 @@ from reducing_saver.reducer import (
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavailable, Untransportable
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
+from reducing_saver.service.storage.ledger import InvalidTTLError
 from reducing_saver.service.storage.lifecycle import (
     ThreadNotEmptyError,
     is_snapshot_value,
@@ -34,9 +35,7 @@ from reducing_saver.service.storage.lifecycle import (
     with_snapshots_due,
 )
 from reducing_saver.service.storage.usage import Selection, ThreadStorage, summarize
-from reducing_saver.service.storage.ledger import InvalidTTLError
 from reducing_saver.service.version import __version__
-from reducing_saver.wire import bodies
 from reducing_saver.wire import (
     BODY_FORMATS,
     INT_TYPE,
@@ -46,6 +45,7 @@ from reducing_saver.wire import (
     WireError,
     base64_from_wire,
     blob_from_wire,
+    bodies,
     int_from_wire,
     int_to_wire,
     ints_from_wire,
@@ -331,7 +331,8 @@ def put_writes(service: Service, saver: ReducingSaver, body: bodies.PutWritesBod
         for index, (channel, value) in enumerate(body["writes"])
     ]
     _check_extensions(
-        service, ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes))
+        service,
+        ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes)),
     )
     if service.running_summaries is not None:
         _check_summary_writes(service, config, writes)
@@ -372,9 +373,7 @@ def list_checkpoints(
     # No limit means one page of max_list_limit, never everything: a client wanting more pages on with
     # ``before`` (RemoteReducingSaver does; /v1/capabilities tells it the page size).
     limit = service.settings.max_list_limit if body["limit"] is None else body["limit"]
-    found = security.list_checkpoints(
-        saver, scope, config, filter=body["filter"], before=before, limit=limit
-    )
+    found = security.list_checkpoints(saver, scope, config, filter=body["filter"], before=before, limit=limit)
     # Closed whatever happens: PostgresSaver.list holds the saver's lock until its generator ends.
     with closing(found):
         stored_as_wire = _stores_wire_metadata(saver)
@@ -504,7 +503,9 @@ def retry_dead(service: Service) -> dict[str, Any]:
     scope = _scope(service)
     answer = {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=scope.namespace_prefix)}
     if service.running_summaries is not None:
-        answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(thread_prefix=scope.prefix)
+        answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(
+            thread_prefix=scope.prefix
+        )
         if answer["summary_steps_requeued"]:
             service.running_summaries.wake()
     return answer
@@ -563,10 +564,15 @@ def channel_uses(thread: ThreadStorage, settings: Any) -> dict[str, dict[str, st
     (``schemas.ChannelUse``), under ``settings``."""
     key, keep = settings.messages_key, settings.keep_checkpoints
     window = (
-        f"max_messages={settings.max_messages}" if settings.max_messages else
-        f"max_tokens={settings.max_tokens}" if settings.max_tokens else None
+        f"max_messages={settings.max_messages}"
+        if settings.max_messages
+        else f"max_tokens={settings.max_tokens}"
+        if settings.max_tokens
+        else None
     )
-    removed = f"messages the agent removes reach long-term memory (remember_removed={settings.remember_removed})"
+    removed = (
+        f"messages the agent removes reach long-term memory (remember_removed={settings.remember_removed})"
+    )
     uses: dict[str, dict[str, str]] = {}
     if key not in thread.delta_channels:
         if window is not None:
@@ -575,7 +581,10 @@ def channel_uses(thread: ThreadStorage, settings: Any) -> dict[str, dict[str, st
         else:
             uses[key] = {"kind": "whole", "service": f"stored whole (no window is configured); {removed}"}
     for channel in thread.delta_channels:
-        parts = ["rebuilt from its writes, so stored as written" + (f": the window ({window}) does not apply" if channel == key and window else "")]
+        parts = [
+            "rebuilt from its writes, so stored as written"
+            + (f": the window ({window}) does not apply" if channel == key and window else "")
+        ]
         if channel == key:
             parts.append(removed)
         if keep:
@@ -612,4 +621,8 @@ def storage_summary(service: Service, top: int) -> dict[str, Any]:
 
 
 def _thread_storage_out(thread: ThreadStorage, scope: security.TenantScope, settings: Any) -> dict[str, Any]:
-    return {**thread.as_dict(), "thread_id": scope.unthread(thread.thread_id), "channels": channel_uses(thread, settings)}
+    return {
+        **thread.as_dict(),
+        "thread_id": scope.unthread(thread.thread_id),
+        "channels": channel_uses(thread, settings),
+    }

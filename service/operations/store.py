@@ -333,7 +333,11 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
     store = sealed_store(backend.store(), sealer_for(service.settings, tenant_mode=service.tenant_mode))
     ttl_config = getattr(store, "ttl_config", None)
     check_ops(
-        ops, field, ttl_config, backend_module(service.settings.database), big_ints=service.backend_kind != "sqlite"
+        ops,
+        field,
+        ttl_config,
+        backend_module(service.settings.database),
+        big_ints=service.backend_kind != "sqlite",
     )
     ops = with_ttl_defaults(ops, ttl_config)
     scoped = [scope.op_in(op) for op in ops]

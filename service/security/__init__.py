@@ -24,7 +24,6 @@
 The middleware that applies these to requests lives in ``http/``; this package knows no HTTP.
 """
 
-
 from reducing_saver.service.security.bodies import json_body_problem, nesting_depth
 from reducing_saver.service.security.keys import (
     TENANT_PATTERN,

@@ -46,8 +46,18 @@ _GADGET_NAMES = frozenset({"Popen"})
 _OPTIONS = ormsgpack.OPT_NON_STR_KEYS
 #: Callables whose call at a module's top level makes a class of the name it is assigned to.
 _CLASS_FACTORIES = frozenset(
-    {"namedtuple", "NamedTuple", "TypedDict", "make_dataclass", "Enum", "IntEnum", "StrEnum", "Flag",
-     "IntFlag", "create_model"}
+    {
+        "namedtuple",
+        "NamedTuple",
+        "TypedDict",
+        "make_dataclass",
+        "Enum",
+        "IntEnum",
+        "StrEnum",
+        "Flag",
+        "IntFlag",
+        "create_model",
+    }
 )
 #: Finders whose ``find_spec`` acts (setuptools' distutils shim imports and unloads modules for ``pip``).
 _SKIPPED_FINDERS = frozenset({"_distutils_hack"})

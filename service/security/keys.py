@@ -39,7 +39,9 @@ class ApiKeys:
 
     def owner_of(self, digest: bytes) -> str | None:
         """The tenant whose key has this SHA-256 digest, or ``None``."""
-        return next((tenant for tenant, expected in self._entries if hmac.compare_digest(digest, expected)), None)
+        return next(
+            (tenant for tenant, expected in self._entries if hmac.compare_digest(digest, expected)), None
+        )
 
     def tenant_for(self, key: str | bytes) -> str | None:
         """The tenant of ``key``, or ``None``. Compares with every digest, in constant time each."""

@@ -43,8 +43,12 @@ class Limits(BaseModel):
     max_ids_per_call: int = Field(
         1000, ge=1, description="Most thread ids (threads/prune) or run ids (runs/delete) in one call."
     )
-    max_list_limit: int = Field(1000, ge=1, description="Largest `limit` a checkpoints/list call may ask for.")
-    max_nesting_depth: int = Field(32, ge=4, description="Deepest nesting of arrays and objects in a JSON body.")
+    max_list_limit: int = Field(
+        1000, ge=1, description="Largest `limit` a checkpoints/list call may ask for."
+    )
+    max_nesting_depth: int = Field(
+        32, ge=4, description="Deepest nesting of arrays and objects in a JSON body."
+    )
     max_thread_id_length: int = Field(256, ge=1, description="Longest thread id, in characters.")
     max_channels: int = Field(
         1000, ge=1, description="Most channels in a checkpoint's values, versions or a delta-history call."
@@ -98,7 +102,9 @@ def check_thread_id(value: str, field: str = "thread_id") -> str:
 
 def check_checkpoint_id(value: str, field: str = "checkpoint_id") -> str:
     if not _UUID.fullmatch(value):
-        raise ValueError(f"{field}: {value[:64]!r} is not a UUID (checkpoint ids are LangGraph's uuid6 strings)")
+        raise ValueError(
+            f"{field}: {value[:64]!r} is not a UUID (checkpoint ids are LangGraph's uuid6 strings)"
+        )
     return value
 
 

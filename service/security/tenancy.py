@@ -31,6 +31,7 @@ def current_tenant() -> str | None:
     """The tenant of the current request's API key; ``None`` without keys or outside a request."""
     return _tenant.get()
 
+
 # -- tenant scoping ----------------------------------------------------------------------------------
 
 
@@ -70,7 +71,9 @@ class TenantScope:
         return message.replace(self.prefix, "") if self.prefix else message
 
     # configs
-    def config_in(self, config: dict[str, Any], namespace_key: str, *, namespace: bool = False) -> dict[str, Any]:
+    def config_in(
+        self, config: dict[str, Any], namespace_key: str, *, namespace: bool = False
+    ) -> dict[str, Any]:
         """``config`` with its thread id stored; with ``namespace``, the memory namespace made explicit
         under ``("tenants", tenant)`` (the fallback from the agent's own thread id)."""
         if self.tenant is None:
@@ -90,12 +93,19 @@ class TenantScope:
         configurable = config.get("configurable")
         if not isinstance(configurable, dict) or not isinstance(configurable.get("thread_id"), str):
             return config
-        return {**config, "configurable": {**configurable, "thread_id": self.unthread(configurable["thread_id"])}}
+        return {
+            **config,
+            "configurable": {**configurable, "thread_id": self.unthread(configurable["thread_id"])},
+        }
 
     def tuple_out(self, item: dict[str, Any]) -> dict[str, Any]:
         if self.tenant is None:
             return item
-        return {**item, "config": self.config_out(item["config"]), "parent_config": self.config_out(item["parent_config"])}
+        return {
+            **item,
+            "config": self.config_out(item["config"]),
+            "parent_config": self.config_out(item["parent_config"]),
+        }
 
     # memory namespaces
     @property
@@ -107,7 +117,9 @@ class TenantScope:
 
     def unnamespace(self, namespace: Sequence[str]) -> list[str]:
         labels = list(namespace)
-        return labels[2:] if self.tenant is not None and tuple(labels[:2]) == self.namespace_prefix else labels
+        return (
+            labels[2:] if self.tenant is not None and tuple(labels[:2]) == self.namespace_prefix else labels
+        )
 
 
 def stored_thread_to_agent(stored: str, tenant_mode: bool) -> str:

@@ -334,7 +334,8 @@ class SaverPool:
         self.stored_values = stored_values(savers[0].inner)
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._work, name=f"saver-{index}", daemon=True) for index in range(len(savers))
+            threading.Thread(target=self._work, name=f"saver-{index}", daemon=True)
+            for index in range(len(savers))
         ]
         for thread in self._threads:
             thread.start()

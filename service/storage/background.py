@@ -56,5 +56,7 @@ class FailureLog:
     def succeeded(self) -> None:
         """Note a round that went through: after passing trouble, log that the task recovered."""
         if self._troubled:
-            self.logger.info("%s: the database answers again after %d failed round(s)", self.task, self._troubled)
+            self.logger.info(
+                "%s: the database answers again after %d failed round(s)", self.task, self._troubled
+            )
             self._troubled = 0

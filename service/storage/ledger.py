@@ -3,7 +3,6 @@
 The design (why a ledger table, how sweeps and writes stay safe together) is in ``ttl/sweeper.py``.
 """
 
-
 from __future__ import annotations
 
 import uuid
@@ -157,5 +156,3 @@ def database_figures(tracked: int, expired: int, log: Mapping[str, Any]) -> dict
         "last_swept_at": log["last"],
         "log_days": LOG_DAYS,
     }
-
-

@@ -153,8 +153,6 @@ def parents_root(metadata: Mapping[str, Any] | None) -> str | None:
     return root if isinstance(root, str) else None
 
 
-
-
 # -- keep the last K checkpoints ---------------------------------------------------------------------
 
 #: ``config["configurable"]`` key with a thread's own keep-checkpoints count (0 keeps every checkpoint).

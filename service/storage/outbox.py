@@ -32,9 +32,7 @@ DELIVERED_DROPS = (
     "message = 'null', message_class = NULL, checkpoint_id = NULL, claimed_by = NULL, last_error = NULL"
 )
 #: The columns an entry is read from, in every backend's table.
-COLUMNS = (
-    "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, attempts, last_error"
-)
+COLUMNS = "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, attempts, last_error"
 _MAX_ERROR_CHARS = 4000
 
 
@@ -115,7 +113,14 @@ def make_entries(
         key = message_key(message, namespace)
         if key not in entries:
             entries[key] = OutboxEntry(
-                namespace, key, str(thread_id), checkpoint_id, json_clean(fields), when, 0, cls,
+                namespace,
+                key,
+                str(thread_id),
+                checkpoint_id,
+                json_clean(fields),
+                when,
+                0,
+                cls,
                 fingerprint=message_fingerprint(message),
             )
     return list(entries.values())
@@ -237,7 +242,9 @@ class Outbox(Protocol):
     ) -> bool: ...
     def release(self, worker_id: str, keys: Iterable[EntryKey] | None = None) -> int: ...
     def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]: ...
-    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]: ...
+    def dead_letters(
+        self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None
+    ) -> list[OutboxEntry]: ...
     def retry_dead(
         self, keys: Iterable[EntryKey] | None = None, *, namespace_prefix: Sequence[str] | None = None
     ) -> int: ...
@@ -253,4 +260,3 @@ SEALED_START = '{"' + SEALED_KEY + '"'
 
 def claim_order(entry: OutboxEntry) -> tuple[Any, ...]:
     return (entry.namespace, entry.pruned_at, entry.key)
-

@@ -41,7 +41,8 @@ def extend_order(sql: str, order: str, tie_breaker: str, *, which: str = "only")
         if order not in _warned:
             _warned.add(order)
             logger.warning(
-                "store search: LangGraph's query has no single %r; its pages are left unordered on ties", order
+                "store search: LangGraph's query has no single %r; its pages are left unordered on ties",
+                order,
             )
         return sql
     end = at + len(order)
@@ -55,7 +56,9 @@ def widened_limit(params: list[Any], expected: int, wanted: int) -> list[Any]:
         return [*params[:-3], max(expected, wanted), *params[-2:]]
     if "candidates" not in _warned:
         _warned.add("candidates")
-        logger.warning("store search: LangGraph's query bounds its candidates differently; deep pages may be short")
+        logger.warning(
+            "store search: LangGraph's query bounds its candidates differently; deep pages may be short"
+        )
     return params
 
 
@@ -71,6 +74,8 @@ def stable_sort(items: list[Any], *, by_score: bool) -> list[Any]:
     if by_score:
         # Equal vectors may score a rounding error apart (1.0 and 1.0000000000000002): ties all the same.
         return sorted(
-            items, key=lambda item: (item.score is not None, round(item.score or 0.0, _SCORE_DIGITS)), reverse=True
+            items,
+            key=lambda item: (item.score is not None, round(item.score or 0.0, _SCORE_DIGITS)),
+            reverse=True,
         )
     return sorted(items, key=lambda item: item.updated_at, reverse=True)  # stable: ties keep the order above

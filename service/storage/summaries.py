@@ -210,7 +210,9 @@ class SqlSummaryBook:
     def chain(self, thread_id: str, checkpoint_ns: str, tip: str, base: str | None) -> list[StepInfo]:
         """The steps from ``tip`` back to the one built on ``base`` (excluded), oldest first: one recursive
         query, however long the chain of lagging steps."""
-        rows = self._run(self.sql.chain, (thread_id, checkpoint_ns, tip, thread_id, checkpoint_ns, base or ROOT))
+        rows = self._run(
+            self.sql.chain, (thread_id, checkpoint_ns, tip, thread_id, checkpoint_ns, base or ROOT)
+        )
         return [self._info(row, thread_id, checkpoint_ns) for row in rows]
 
     def request(self, step: StepRequest) -> None:
@@ -278,7 +280,12 @@ class SqlSummaryBook:
         if self.sealer is None:
             plain_batch, plain_base = self.sql.claim_plain_batch, self.sql.claim_plain_base
             params = (
-                now, now, len(SEALED_BATCH_PREFIX), SEALED_BATCH_PREFIX, len(SEALED_PREFIX), SEALED_PREFIX
+                now,
+                now,
+                len(SEALED_BATCH_PREFIX),
+                SEALED_BATCH_PREFIX,
+                len(SEALED_PREFIX),
+                SEALED_PREFIX,
             )
         with self._tx() as cur:
             cur.execute(self.sql.claim.format(plain_batch=plain_batch, plain_base=plain_base), params)
@@ -355,7 +362,12 @@ class SqlSummaryBook:
         rows = self._run(self.sql.dead_letters, (len(thread_prefix), thread_prefix, limit))
         return [
             DeadStep(
-                r["thread_id"], r["checkpoint_ns"], r["step_id"], r["attempts"], r["last_error"], r["batch_size"]
+                r["thread_id"],
+                r["checkpoint_ns"],
+                r["step_id"],
+                r["attempts"],
+                r["last_error"],
+                r["batch_size"],
             )
             for r in rows
         ]
@@ -399,7 +411,9 @@ class SqlSummaryBook:
                 row["batch"] = self._batch_in(batch, target_thread_id, ns, step_id)
                 text = self._text_out(row["text"], source_thread_id, ns, step_id)
                 row["text"] = None if text is None else self._text_in(text, target_thread_id, ns, step_id)
-                cur.execute(self.sql.copy_row.format(marks=marks), (target_thread_id, *(row[c] for c in columns)))
+                cur.execute(
+                    self.sql.copy_row.format(marks=marks), (target_thread_id, *(row[c] for c in columns))
+                )
 
     def forget_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the steps of thread namespaces that have no checkpoint left (older than the grace)."""

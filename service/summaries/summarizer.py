@@ -39,11 +39,11 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage, SystemMessage, messages_from_dict
 from langchain_core.messages.utils import count_tokens_approximately
 
-from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.reducer import StepRequest, escape_label
+from reducing_saver.service.imports import ResolveError, import_or_provider, kind_of
 from reducing_saver.service.leased_worker import LeasedWorker, LeaseRenewer
-from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.security.tenancy import TENANTS_LABEL
+from reducing_saver.service.storage import ValueRefused
 from reducing_saver.service.storage.summaries import ClaimedStep
 
 logger = logging.getLogger(__name__)
@@ -255,9 +255,15 @@ def load_summarizer(
     if callable(target) and not isinstance(target, type) and not from_provider:
         return CallableSummarizer(target, spec, max_tokens=max_tokens)
     raise SummarizerError(
-        str(ResolveError("--summarizer", spec, "not a chat model or callable",
-                         f"got {kind_of(target)}: name a BaseChatModel or a callable "
-                         "(previous_summary, messages) -> str"))
+        str(
+            ResolveError(
+                "--summarizer",
+                spec,
+                "not a chat model or callable",
+                f"got {kind_of(target)}: name a BaseChatModel or a callable "
+                "(previous_summary, messages) -> str",
+            )
+        )
     )
 
 

@@ -20,15 +20,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from reducing_saver.reducer import thread_namespace, validate_namespace
-from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.encryption import EncryptedValueRefused, Sealer, encrypting, sealer_for
-from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.encryption.records import seal_entries
+from reducing_saver.service.encryption.saver import is_sealed
 from reducing_saver.service.leased_worker import default_worker_id
-from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.service.security.tenancy import TenantScope, stored_thread_to_agent
-from reducing_saver.service.ttl.durations import parse_duration
+from reducing_saver.service.storage.background import FailureLog
 from reducing_saver.service.storage.ledger import (
     LOG_DAYS,
     TOUCH_CACHE_SIZE,
@@ -40,6 +38,8 @@ from reducing_saver.service.storage.ledger import (
     SweepReport,
     Window,
 )
+from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
+from reducing_saver.service.ttl.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,9 @@ class _Metrics:
             registry=registry,
         )
         self.errors = Counter(
-            "reducing_saver_sweep_errors", "Threads a TTL sweep failed on (retried next sweep).", registry=registry
+            "reducing_saver_sweep_errors",
+            "Threads a TTL sweep failed on (retried next sweep).",
+            registry=registry,
         )
         self.purged = Counter(
             "reducing_saver_outbox_purged",
@@ -300,7 +302,9 @@ class Sweeper:
                 found = self.ledger.discover(session=session)
                 self._discovered = True
                 if found:
-                    logger.info("TTL ledger: %d thread(s) found without a row, aged by their newest checkpoint", found)
+                    logger.info(
+                        "TTL ledger: %d thread(s) found without a row, aged by their newest checkpoint", found
+                    )
             if dry_run:
                 for thread_id in self.ledger.candidates(self.policy, None, (), session=session):
                     report.threads.append({"thread_id": thread_id, "bytes": session.measure(thread_id)})
@@ -332,7 +336,9 @@ class Sweeper:
                 try:
                     outcome = session.handle(thread_id)
                 except Exception as exc:
-                    self._failures.failed(exc, f"TTL sweep failed on thread {thread_id!r}; the next sweep retries it")
+                    self._failures.failed(
+                        exc, f"TTL sweep failed on thread {thread_id!r}; the next sweep retries it"
+                    )
                     report.errors += 1
                     self._count_for_tenant(thread_id, errors=1)
                     skip.append(thread_id)

@@ -29,7 +29,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 import reducing_saver.client
-from reducing_saver.client import _transport as transport_errors
 from reducing_saver.client import (
     AuthenticationError,
     BadRequestError,
@@ -45,6 +44,7 @@ from reducing_saver.client import (
     RequestTimeoutError,
     ServerUnavailableError,
 )
+from reducing_saver.client import _transport as transport_errors
 from reducing_saver.wire import DATABASE_TIMEOUT, Blob, channel_value_from_wire, is_inline
 from reducing_saver.wire.capabilities import OPTIONAL_CAPABILITIES, saver_capabilities
 
@@ -403,8 +403,10 @@ async def test_503_twice_then_success_is_retried_async() -> None:
 
 def database_timeout(request: httpx.Request) -> httpx.Response:
     """The service's own 504: its database cancelled the statement (statement_timeout)."""
-    body = {"detail": "the database cancelled the statement: canceling statement due to statement timeout",
-            "code": DATABASE_TIMEOUT}
+    body = {
+        "detail": "the database cancelled the statement: canceling statement due to statement timeout",
+        "code": DATABASE_TIMEOUT,
+    }
     return httpx.Response(504, json=body, headers={"X-Request-ID": "req-7"})
 
 
@@ -433,7 +435,9 @@ def test_a_504_without_the_services_code_is_a_proxys_and_retried() -> None:
     service = FakeService()
     saver = make_saver(service, max_retries=3)
     gateway = lambda request: httpx.Response(504, text="<html>504 Gateway Time-out</html>")  # noqa: E731
-    service.override = sequence(gateway, failing_with(504), lambda request: httpx.Response(200, json={"checkpoint": None}))
+    service.override = sequence(
+        gateway, failing_with(504), lambda request: httpx.Response(200, json={"checkpoint": None})
+    )
     assert saver.get_tuple(config()) is None
     assert service.count("/checkpoints/get") == 3
 
@@ -868,7 +872,9 @@ EVERY = {"messages", "count", "name", "ratio", "flag", "items"}
         ("another", None, EVERY),
     ],
 )
-def test_put_sends_what_the_service_says_it_stores(backend: str, stored_values: str | None, expected: set) -> None:
+def test_put_sends_what_the_service_says_it_stores(
+    backend: str, stored_values: str | None, expected: set
+) -> None:
     service = FakeService(backend=backend)
     if stored_values is not None:
         service.info["stored_values"] = stored_values

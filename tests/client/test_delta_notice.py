@@ -22,7 +22,9 @@ class _Delta(TypedDict):
 
 
 def test_one_notice_per_delta_thread_and_none_for_a_windowed_one(caplog) -> None:
-    app = create_app(Settings(database="memory://", max_messages=4, min_messages=2, extract=False, sweep=False))
+    app = create_app(
+        Settings(database="memory://", max_messages=4, min_messages=2, extract=False, sweep=False)
+    )
     with TestClient(app) as client, caplog.at_level(logging.INFO, logger="reducing_saver.client"):
         saver = RemoteReducingSaver("http://testserver", transport=client._transport)
         delta = build_chat_graph(saver, prefix="d", state_schema=_Delta)

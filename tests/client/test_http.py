@@ -73,7 +73,10 @@ def test_round_trip_and_errors(service, api, body_format):
 def test_async_sessions_follow_the_event_loop(service):
     saver = RemoteReducingSaver(service.url)
     for _ in range(3):  # each asyncio.run is a new loop; a stale session would fail here
-        assert asyncio.run(saver.aget_tuple({"configurable": {"thread_id": "none", "checkpoint_ns": ""}})) is None
+        assert (
+            asyncio.run(saver.aget_tuple({"configurable": {"thread_id": "none", "checkpoint_ns": ""}}))
+            is None
+        )
     saver.close()
 
 
@@ -82,8 +85,15 @@ def test_connection_refused_is_server_unavailable(service, api):
     saver = RemoteReducingSaver(service.url)
     saver.close()  # the capabilities request's connection
     saver._http = type(saver._http)(
-        f"http://127.0.0.1:{free_port()}", api_key=None, timeout=5, max_retries=2, backoff=0.01,
-        retry_unavailable_for=0, headers=None, transport=None, async_transport=None,
+        f"http://127.0.0.1:{free_port()}",
+        api_key=None,
+        timeout=5,
+        max_retries=2,
+        backoff=0.01,
+        retry_unavailable_for=0,
+        headers=None,
+        transport=None,
+        async_transport=None,
     )  # nothing listens there
     with pytest.raises(ServerUnavailableError, match="could not reach"):
         if api == "sync":
@@ -103,8 +113,14 @@ def test_a_silent_server_times_out(api):
         from reducing_saver.client._http import Http
 
         saver._http = Http(
-            f"http://127.0.0.1:{port}", api_key=None, timeout=0.3, max_retries=3, backoff=0.01,
-            headers=None, transport=None, async_transport=None,
+            f"http://127.0.0.1:{port}",
+            api_key=None,
+            timeout=0.3,
+            max_retries=3,
+            backoff=0.01,
+            headers=None,
+            transport=None,
+            async_transport=None,
         )
         call = RemoteReducingSaver._delete_thread_call(saver, "t")
         with pytest.raises(RequestTimeoutError, match="did not answer in time"):

@@ -82,9 +82,11 @@ def test_agents_outlive_a_service_restart(tmp_path):
     time.sleep(2.5)
     with run_service(tmp_path, "--database", database, port=port):
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not errors and min(
-            turns["sync"] - before["sync"], turns["async"] - before["async"]
-        ) < 3:
+        while (
+            time.monotonic() < deadline
+            and not errors
+            and min(turns["sync"] - before["sync"], turns["async"] - before["async"]) < 3
+        ):
             time.sleep(0.1)
         stop.set()
         for agent in agents:
@@ -106,9 +108,26 @@ def self_signed_url(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     with run_app(folder, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
         yield url
@@ -177,7 +196,12 @@ def test_a_base_url_with_a_path_prefix_keeps_it(service, api):
 
         asyncio.run(calls())
     paths = {line.split()[1] for line in proxy.seen}
-    assert paths >= {"/rs/v1/capabilities", "/rs/v1/checkpoints/get", "/rs/v1/checkpoints/put", "/rs/store/batch"}
+    assert paths >= {
+        "/rs/v1/capabilities",
+        "/rs/v1/checkpoints/get",
+        "/rs/v1/checkpoints/put",
+        "/rs/store/batch",
+    }
     assert all(path.startswith("/rs/") for path in paths), paths
 
 
@@ -194,7 +218,10 @@ def test_credentials_in_the_url_are_sent_as_basic_auth(service, api):
         else:
 
             async def call() -> None:
-                assert await saver.aget_tuple({"configurable": {"thread_id": "basic", "checkpoint_ns": ""}}) is None
+                assert (
+                    await saver.aget_tuple({"configurable": {"thread_id": "basic", "checkpoint_ns": ""}})
+                    is None
+                )
                 await saver.aclose()
 
             asyncio.run(call())
@@ -270,7 +297,9 @@ def test_aopen_outlasts_a_service_that_starts_later(tmp_path):
         started = time.monotonic()
         async with await RemoteReducingSaver.aopen(url) as saver:  # the default startup_timeout
             outcome["seconds"] = time.monotonic() - started
-            outcome["stored"] = await saver.aget_tuple({"configurable": {"thread_id": "late", "checkpoint_ns": ""}})
+            outcome["stored"] = await saver.aget_tuple(
+                {"configurable": {"thread_id": "late", "checkpoint_ns": ""}}
+            )
 
     def agent() -> None:
         try:
@@ -299,7 +328,9 @@ def test_a_short_startup_timeout_fails_naming_the_url_and_the_time(api):
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
-def test_http_proxy_from_the_environment_is_used_unless_no_proxy_or_trust_env_false(service, api, monkeypatch):
+def test_http_proxy_from_the_environment_is_used_unless_no_proxy_or_trust_env_false(
+    service, api, monkeypatch
+):
     """As an httpx client does by default: HTTP_PROXY carries the calls, NO_PROXY and trust_env=False don't."""
     config = {"configurable": {"thread_id": f"proxied-{api}", "checkpoint_ns": ""}}
 
@@ -334,9 +365,26 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel(tmp_path, api, monkeyp
     """HTTPS_PROXY: a CONNECT tunnel, TLS to the service inside it (the proxy sees no plain text)."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by both transports
     call = Call("POST", "/echo", orjson.dumps({"token": "tunnelled"}), True, lambda body: body)
@@ -344,8 +392,16 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel(tmp_path, api, monkeyp
         with forward_proxy() as proxy:
             monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://user:secret@"))
             monkeypatch.setenv("NO_PROXY", "")
-            http = Http(url, api_key=None, timeout=5, max_retries=0, backoff=0, headers=None, transport=None,
-                         async_transport=None)
+            http = Http(
+                url,
+                api_key=None,
+                timeout=5,
+                max_retries=0,
+                backoff=0,
+                headers=None,
+                transport=None,
+                async_transport=None,
+            )
             if api == "sync":
                 answer = http.send(call)
                 http.close()

@@ -23,9 +23,21 @@ def test_the_wheel_marks_the_client_and_the_wire_as_typed(tmp_path: Path) -> Non
     for folder in project["tool"]["setuptools"]["package-dir"].values():
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--disable-pip-version-check",
-         "--wheel-dir", str(tmp_path / "dist"), str(source)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("reducing_saver-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from reducing_saver.client import RequestTimeoutError, ServerUnavailableError
+from reducing_saver.client import _transport as transport_errors
 from reducing_saver.client._calls import Call
 from reducing_saver.client._http import Http
 from reducing_saver.client._stdlib_http import ConnectionPool
-from reducing_saver.client import _transport as transport_errors
 from tests.support.http_app import run_app
 from tests.support.server import free_port
 
@@ -215,9 +215,26 @@ def self_signed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     with run_app(folder, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
         yield url, cert
@@ -229,8 +246,16 @@ def test_https_verifies_the_certificate_as_httpx_does(self_signed, monkeypatch):
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     errors = {}
     for name, transport in (("stdlib", None), ("httpx", httpx.HTTPTransport())):
-        http = Http(url, api_key=None, headers=None, transport=transport, async_transport=None,
-                     timeout=5, max_retries=0, backoff=0.01)
+        http = Http(
+            url,
+            api_key=None,
+            headers=None,
+            transport=transport,
+            async_transport=None,
+            timeout=5,
+            max_retries=0,
+            backoff=0.01,
+        )
         with pytest.raises(ServerUnavailableError, match="CERTIFICATE_VERIFY_FAILED") as info:
             http.send(_call())
         errors[name] = type(info.value.__cause__)

@@ -387,7 +387,11 @@ def test_langgraph_dev_keeps_its_threads_in_the_service(
     project = tmp_path / "project"
     shutil.copytree(PROJECT, project)
     database = request.getfixturevalue("fresh_pg") if backend == "postgres" else "memory://"
-    keys_env = {"REDUCING_SAVER_API_KEYS": f"{TENANT}={api_key}", "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY} if api_key else {}
+    keys_env = (
+        {"REDUCING_SAVER_API_KEYS": f"{TENANT}={api_key}", "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY}
+        if api_key
+        else {}
+    )
     with run_service(
         tmp_path,
         *("--database", database, "--max-messages", str(MAX_MESSAGES), "--min-messages", "4"),
@@ -699,9 +703,10 @@ def _drive_summaries(client, service_url: str, summary_message_id, mark_key: str
 
     # A fork from an earlier checkpoint resumes with the summary that covered that checkpoint's own cut.
     history = client.threads.get_history(thread, limit=1000)
-    assert history[0]["checkpoint"]["checkpoint_id"] == client.threads.get_state(thread)["checkpoint"][
-        "checkpoint_id"
-    ]
+    assert (
+        history[0]["checkpoint"]["checkpoint_id"]
+        == client.threads.get_state(thread)["checkpoint"]["checkpoint_id"]
+    )
     candidates = []
     for state in history:
         window = state["values"].get("messages", [])

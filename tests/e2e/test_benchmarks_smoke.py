@@ -31,9 +31,22 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         env.pop(name, None)
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out),
-         "--postgres", f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=420, check=False,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--out",
+            str(out),
+            "--postgres",
+            f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
     )
     assert completed.returncode == 0, f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
     results = json.loads((out / "results.json").read_text())
@@ -48,13 +61,22 @@ def test_storage_section(quick_run: tuple[Path, dict, str]) -> None:
         assert all(positive(value) for value in series["messages_blob_bytes"])
         assert all(positive(value) for value in series["thread_bytes"])
         totals = storage["totals"][kind]
-        for key in ("thread_bytes", "stored_bytes", "newest_messages_blob_bytes", "after_prune_bytes",
-                    "messages_blob_bytes_at_window_fill"):
+        for key in (
+            "thread_bytes",
+            "stored_bytes",
+            "newest_messages_blob_bytes",
+            "after_prune_bytes",
+            "messages_blob_bytes_at_window_fill",
+        ):
             assert positive(totals[key]), (kind, key, totals[key])
     assert positive(storage["window_checkpoint_bytes"])
-    for key in ("service_blob_final_vs_window_fill", "plain_blob_final_vs_window_fill",
-                "plain_vs_service_thread_bytes", "service_after_prune_vs_window_checkpoint",
-                "plain_vs_service_after_prune"):
+    for key in (
+        "service_blob_final_vs_window_fill",
+        "plain_blob_final_vs_window_fill",
+        "plain_vs_service_thread_bytes",
+        "service_after_prune_vs_window_checkpoint",
+        "plain_vs_service_after_prune",
+    ):
         assert positive(storage["ratios"][key]), key
 
 
@@ -75,8 +97,12 @@ def test_growth_section(quick_run: tuple[Path, dict, str]) -> None:
     for kind in ("service", "keep"):
         memory = growth["memory"][kind]
         assert positive(memory["store_items"]) and positive(memory["store_bytes"]), kind
-    for key in ("keep_last_vs_first_sample", "keep_vs_delta_at_last", "keep_outbox_vs_store",
-                "keep_vs_service_turn_ms"):
+    for key in (
+        "keep_last_vs_first_sample",
+        "keep_vs_delta_at_last",
+        "keep_outbox_vs_store",
+        "keep_vs_service_turn_ms",
+    ):
         assert positive(growth["ratios"][key]), key
 
 
@@ -86,7 +112,9 @@ def test_real_turn_section(quick_run: tuple[Path, dict, str]) -> None:
     real = quick_run[1]["real_turn"]
     settings = quick_run[1]["meta"]["settings"]["real_turn"]
     assert real["durability"] == "async" and real["window"] == 20
-    assert [figures["model_ms"] for figures in real["by_model_latency"]] == [round(s * 1000) for s in settings["latencies"]]
+    assert [figures["model_ms"] for figures in real["by_model_latency"]] == [
+        round(s * 1000) for s in settings["latencies"]
+    ]
     for figures in real["by_model_latency"]:
         for kind in ("service", "inprocess", "plain"):
             assert figures[kind]["n"] == settings["turns"] * settings["rounds"], kind
@@ -94,8 +122,14 @@ def test_real_turn_section(quick_run: tuple[Path, dict, str]) -> None:
             assert figures[kind]["median_ms"] >= figures["model_ms"], (kind, figures)
             assert figures[kind]["p95_ms"] >= 2 * figures["model_ms"] + real["tool_ms"], (kind, figures)
             assert figures[kind]["p95_ms"] >= figures[kind]["median_ms"] > 0, (kind, figures)
-        for key in ("service_vs_inprocess_median", "service_vs_inprocess_p95", "service_vs_inprocess_mean",
-                    "service_vs_plain_median", "service_vs_plain_p95", "service_vs_plain_mean"):
+        for key in (
+            "service_vs_inprocess_median",
+            "service_vs_inprocess_p95",
+            "service_vs_inprocess_mean",
+            "service_vs_plain_median",
+            "service_vs_plain_p95",
+            "service_vs_plain_mean",
+        ):
             assert positive(figures["ratios"][key]), key
         kept = figures["messages_in_last_thread"]
         assert kept["service"] <= 20 and kept["inprocess"] <= 20 < kept["plain"], kept
@@ -112,8 +146,14 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
             figures = latency[mode][kind]
             assert positive(figures["n"]) and positive(figures["median_ms"]) and positive(figures["p95_ms"])
             assert positive(figures["agent_cpu_ms_median"]), (mode, kind)
-        for key in ("remote_vs_inprocess_median", "remote_vs_inprocess_p95", "remote_vs_plain_median",
-                    "remote_vs_plain_p95", "inprocess_vs_plain_median", "remote_vs_inprocess_agent_cpu"):
+        for key in (
+            "remote_vs_inprocess_median",
+            "remote_vs_inprocess_p95",
+            "remote_vs_plain_median",
+            "remote_vs_plain_p95",
+            "inprocess_vs_plain_median",
+            "remote_vs_inprocess_agent_cpu",
+        ):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
         # The in-process baseline has the service's features: its on_prune hook stored the pruned messages.
         assert positive(latency[mode]["inprocess_store_items"]), mode
@@ -121,11 +161,16 @@ def test_latency_section(quick_run: tuple[Path, dict, str]) -> None:
         # doing none of the service's work (no window: it gives back every message, as the plain saver does).
         stock = latency[mode]["stock_service"]
         assert positive(stock["n"]) and stock["n"] == latency[mode]["remote"]["n"], mode
-        for key in ("stock_service_vs_inprocess_median", "stock_service_vs_inprocess_p95",
-                    "remote_vs_stock_service_median"):
+        for key in (
+            "stock_service_vs_inprocess_median",
+            "stock_service_vs_inprocess_p95",
+            "remote_vs_stock_service_median",
+        ):
             assert positive(latency[mode]["ratios"][key]), (mode, key)
         kept = latency[mode]["messages_in_last_thread"]
-        assert kept["stock_service"] == kept["plain"] == 2 * latency["turns_per_thread"] > latency["window"], mode
+        assert (
+            kept["stock_service"] == kept["plain"] == 2 * latency["turns_per_thread"] > latency["window"]
+        ), mode
         assert kept["remote"] <= latency["window"] and kept["inprocess"] <= latency["window"], mode
     floor = latency["floor"]
     for key in ("median_us", "p95_us", "client_cpu_us", "server_cpu_us"):
@@ -154,8 +199,12 @@ def test_long_thread_section(quick_run: tuple[Path, dict, str]) -> None:
         assert positive(figures["total_s"]), kind
         assert len(figures["round_totals_s"]) == long_thread["rounds"]
         assert all(positive(value) for value in figures["round_totals_s"]), kind
-    for key in ("service_vs_plain_total", "service_vs_plain_last_median", "service_vs_inprocess_total",
-                "service_vs_inprocess_last_median"):
+    for key in (
+        "service_vs_plain_total",
+        "service_vs_plain_last_median",
+        "service_vs_inprocess_total",
+        "service_vs_inprocess_last_median",
+    ):
         assert positive(long_thread["ratios"][key]), key
     assert positive(long_thread["inprocess_store_items"])
 
@@ -169,8 +218,16 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
     for level in levels:
         for mode in ("service", "inprocess", "plain", "stock_service"):
             figures = level[mode]
-            for key in ("turns", "turns_per_s", "median_ms", "p95_ms", "connections_max",
-                        "agent_cpu_us_per_turn", "postgres_cpu_us_per_turn", "machine_cpu_us_per_turn"):
+            for key in (
+                "turns",
+                "turns_per_s",
+                "median_ms",
+                "p95_ms",
+                "connections_max",
+                "agent_cpu_us_per_turn",
+                "postgres_cpu_us_per_turn",
+                "machine_cpu_us_per_turn",
+            ):
                 assert positive(figures[key]), (level["agents"], mode, key, figures[key])
             # Every turn writes WAL (checkpoints, blobs, writes) and commits.
             assert positive(figures["wal_per_turn"]["records"]) and positive(figures["wal_per_turn"]["bytes"])
@@ -191,8 +248,11 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
         stock = level["stock_service"]
         assert stock["errors"] == {} and stock["agents_completed"] == level["agents"], stock["errors"]
         assert positive(stock["service_cpu_us_per_turn"])
-        for key in ("stock_service_vs_inprocess_turns_per_s", "stock_service_vs_inprocess_machine_cpu_per_turn",
-                    "service_vs_stock_service_turns_per_s"):
+        for key in (
+            "stock_service_vs_inprocess_turns_per_s",
+            "stock_service_vs_inprocess_machine_cpu_per_turn",
+            "service_vs_stock_service_turns_per_s",
+        ):
             assert positive(level["ratios"][key]), key
 
 
@@ -206,12 +266,15 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
         # clock ticks, so a quick run's few requests may read 0.
         assert figures["bare_cpu_us_per_request"] >= 0 and positive(figures["bare_requests_per_s"]), route
         assert figures["own_cpu_us_per_request"] == round(
-            figures["cpu_us_per_request"] - figures["bare_cpu_us_per_request"], 1), route
+            figures["cpu_us_per_request"] - figures["bare_cpu_us_per_request"], 1
+        ), route
     for route in ("/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"):
         assert positive(cost["routes"][route]["request_bytes_mean"]), route
     # The get answers a whole checkpoint; writes/put answers 204, with no body.
-    assert cost["routes"]["/v1/checkpoints/get"]["answer_bytes_mean"] > cost["routes"]["/v1/checkpoints/get"][
-        "request_bytes_mean"]
+    assert (
+        cost["routes"]["/v1/checkpoints/get"]["answer_bytes_mean"]
+        > cost["routes"]["/v1/checkpoints/get"]["request_bytes_mean"]
+    )
     assert positive(cost["cpu_us_per_turn_from_routes"])
     assert cost["bare_cpu_us_per_turn"] >= 0 and positive(cost["own_cpu_us_per_turn"])
     # The stock-saver service measured the same way: every request reached it, each route has a figure.
@@ -231,24 +294,45 @@ def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
 def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
     out, results, stdout = quick_run
     targets = results["targets"]
-    for key in ("remote_vs_inprocess_median_sync", "remote_vs_inprocess_median_async",
-                "remote_vs_inprocess_p95_sync", "remote_vs_inprocess_p95_async",
-                "remote_vs_plain_median_sync", "remote_vs_plain_median_async",
-                "agents_service_vs_inprocess_turns_per_s", "agents_service_vs_plain_turns_per_s",
-                "agents_connections_service", "agents_connections_inprocess", "agents_connections_plain",
-                "agents_connections_service_vs_inprocess", "many_agents_service_connections_max",
-                "service_own_cpu_us_per_turn", "service_own_cpu_us_put", "service_own_cpu_us_writes",
-                "service_own_cpu_us_get", "floor_stock_service_vs_inprocess_median_sync",
-                "floor_stock_service_vs_inprocess_median_async", "floor_stock_service_vs_inprocess_turns_per_s",
-                "newest_blob_final_vs_window_fill", "pruned_thread_vs_window_checkpoint",
-                "long_thread_service_vs_plain_total", "long_thread_service_vs_plain_last_median"):
+    for key in (
+        "remote_vs_inprocess_median_sync",
+        "remote_vs_inprocess_median_async",
+        "remote_vs_inprocess_p95_sync",
+        "remote_vs_inprocess_p95_async",
+        "remote_vs_plain_median_sync",
+        "remote_vs_plain_median_async",
+        "agents_service_vs_inprocess_turns_per_s",
+        "agents_service_vs_plain_turns_per_s",
+        "agents_connections_service",
+        "agents_connections_inprocess",
+        "agents_connections_plain",
+        "agents_connections_service_vs_inprocess",
+        "many_agents_service_connections_max",
+        "service_own_cpu_us_per_turn",
+        "service_own_cpu_us_put",
+        "service_own_cpu_us_writes",
+        "service_own_cpu_us_get",
+        "floor_stock_service_vs_inprocess_median_sync",
+        "floor_stock_service_vs_inprocess_median_async",
+        "floor_stock_service_vs_inprocess_turns_per_s",
+        "newest_blob_final_vs_window_fill",
+        "pruned_thread_vs_window_checkpoint",
+        "long_thread_service_vs_plain_total",
+        "long_thread_service_vs_plain_last_median",
+    ):
         assert positive(targets[key]), key
     assert targets["many_agents_level"] == "8 agents in 2 processes"
     assert targets["many_agents_service_errors"] == 0
     assert targets["many_agents_agents_completed"]["service"] == 8
     for mode in ("service", "inprocess", "plain"):
-        assert positive(targets["many_agents_turns_per_s"][mode]) and positive(targets["many_agents_p95_ms"][mode])
-    for key in ("growth_keep_last_vs_first_sample", "growth_keep_vs_delta_at_last", "growth_keep_outbox_vs_store"):
+        assert positive(targets["many_agents_turns_per_s"][mode]) and positive(
+            targets["many_agents_p95_ms"][mode]
+        )
+    for key in (
+        "growth_keep_last_vs_first_sample",
+        "growth_keep_vs_delta_at_last",
+        "growth_keep_outbox_vs_store",
+    ):
         assert positive(targets[key]), key
     for name in ("storage.png", "growth.png", "performance.png", "long_thread.png"):
         data = (out / name).read_bytes()
@@ -261,9 +345,23 @@ def test_service_instructions_cpu_mode_measures_every_route() -> None:
     """`python -m benchmarks.service_instructions` (in process, memory backend): a figure per route."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.service_instructions", "--mode", "cpu", "--conversations", "2",
-         "--rounds", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.service_instructions",
+            "--mode",
+            "cpu",
+            "--conversations",
+            "2",
+            "--rounds",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     figures = json.loads(result.stdout)
     assert set(figures) == {"/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"}
@@ -284,7 +382,9 @@ def test_stock_service_does_none_of_the_services_work(program: str, fresh_pg: st
     from tests.support.server import run_service
 
     args = ("--database", fresh_pg, "--max-messages", "4", "--workers", "2")
-    running = stock_service.run(tmp_path, *args) if program == "stock_service" else run_service(tmp_path, *args)
+    running = (
+        stock_service.run(tmp_path, *args) if program == "stock_service" else run_service(tmp_path, *args)
+    )
 
     async def kept(url: str) -> list[int]:
         counts = []

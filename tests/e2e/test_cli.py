@@ -36,7 +36,10 @@ def test_help_documents_every_option():
     ("args", "needle"),
     [
         (["--max-messages", "4", "--min-messages", "9"], "min_messages must be between 1 and max_messages"),
-        (["--database", "mysql://x/y"], "--database / REDUCING_SAVER_DATABASE: unsupported database URL scheme 'mysql'"),
+        (
+            ["--database", "mysql://x/y"],
+            "--database / REDUCING_SAVER_DATABASE: unsupported database URL scheme 'mysql'",
+        ),
         (["--pool-size", "0"], "--pool-size / REDUCING_SAVER_POOL_SIZE"),
         (["--port", "http"], "--port / REDUCING_SAVER_PORT"),
         (["--on-prune", "nocolon"], "module:name"),
@@ -60,7 +63,11 @@ def test_version():
 
 @pytest.mark.parametrize(
     ("flag", "choices"),
-    [("--log-level", "{debug,info,warning,error}"), ("--log-format", "{auto,json,text}"), ("--ttl-strategy", "{keep_latest,delete}")],
+    [
+        ("--log-level", "{debug,info,warning,error}"),
+        ("--log-format", "{auto,json,text}"),
+        ("--ttl-strategy", "{keep_latest,delete}"),
+    ],
 )
 def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
     assert f"{flag} {choices}" in _run("serve", "--help").stdout
@@ -78,7 +85,9 @@ def test_help_lists_the_choices_and_argparse_refuses_others(flag, choices):
 def test_a_usage_error_is_one_line_naming_help():
     result = _run("serve", "--no-such-flag")
     assert result.returncode == 2
-    assert result.stderr == "reducing-saver: unrecognized arguments: --no-such-flag; see reducing-saver --help\n"
+    assert (
+        result.stderr == "reducing-saver: unrecognized arguments: --no-such-flag; see reducing-saver --help\n"
+    )
     assert _run("bogus").stderr.count("\n") == 1
 
 
@@ -190,7 +199,9 @@ CLOSED_PORT_DB = "postgresql://postgres@127.0.0.1:1/x"  # nothing listens on por
 
 def _timed(*args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=90, cwd=cwd, check=False)
+    result = subprocess.run(
+        [str(CLI), *args], capture_output=True, text=True, timeout=90, cwd=cwd, check=False
+    )
     return result, time.monotonic() - started
 
 
@@ -253,7 +264,9 @@ def test_read_only_commands_create_no_database(tmp_path, command):
 
 
 def test_serve_creates_a_missing_sqlite_folder_and_says_so(tmp_path):
-    with run_service(tmp_path, "--database", "sqlite:///data/sub/x.sqlite", "--log-format", "text") as service:
+    with run_service(
+        tmp_path, "--database", "sqlite:///data/sub/x.sqlite", "--log-format", "text"
+    ) as service:
         pass
     assert (tmp_path / "data" / "sub" / "x.sqlite").exists()
     assert f"created the folder {tmp_path}/data/sub for the SQLite database x.sqlite" in service.output()
@@ -265,7 +278,9 @@ def test_the_listening_line_names_the_port_actually_bound(tmp_path):
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(CLI), "serve", "--database", "memory://", "--port", "0", "--log-format", "text"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
         )
     try:
         deadline = time.monotonic() + 30
@@ -286,7 +301,9 @@ def test_a_postgres_database_that_is_not_utf8_is_refused_at_start(tmp_path, pg_d
     name = f"{pg_database.rsplit('/', 1)[1]}_{encoding.lower()}"
     admin = pg_database.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        conn.execute(
+            f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        )
     try:
         url = pg_database.rsplit("/", 1)[0] + "/" + name
         for command in (["serve", "--port", "0"], ["worker"], ["sweep"]):
@@ -301,7 +318,10 @@ def test_a_postgres_database_that_is_not_utf8_is_refused_at_start(tmp_path, pg_d
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["serve", "--ttl-strategy", "foo"], "reducing-saver serve: argument --ttl-strategy: invalid choice: 'foo'"),
+        (
+            ["serve", "--ttl-strategy", "foo"],
+            "reducing-saver serve: argument --ttl-strategy: invalid choice: 'foo'",
+        ),
         (["serve", "--no-such-flag"], "reducing-saver: unrecognized arguments: --no-such-flag"),
         (["sweep", "--dry-run", "--port", "1"], "reducing-saver: unrecognized arguments: --port 1"),
         (["frobnicate"], "reducing-saver: argument COMMAND: invalid choice: 'frobnicate'"),
@@ -324,14 +344,20 @@ def _serve_output(tmp_path, *args: str, terminal: bool) -> list[str]:
     if terminal:
         leader, follower = pty.openpty()
         process = subprocess.Popen(
-            [str(CLI), "serve", "--port", "0", *args], stdout=follower, stderr=follower, cwd=tmp_path,
+            [str(CLI), "serve", "--port", "0", *args],
+            stdout=follower,
+            stderr=follower,
+            cwd=tmp_path,
             env=_clean_env(),
         )
         os.close(follower)
     else:
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [str(CLI), "serve", "--port", "0", *args], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                [str(CLI), "serve", "--port", "0", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
                 env=_clean_env(),
             )
     text = b""
@@ -364,7 +390,13 @@ def test_serve_on_a_terminal_logs_text_and_says_in_one_line_what_it_runs(tmp_pat
     assert len(migrated) == 1 and "to version" in migrated[0], lines
     # One line says what runs: backend, window, encryption, summarizer, kept checkpoints.
     (settings,) = [line for line in lines if "window" in line]
-    for part in ("backend sqlite", "window 12 messages", "encryption off", "summarizer off", "keep-checkpoints 5"):
+    for part in (
+        "backend sqlite",
+        "window 12 messages",
+        "encryption off",
+        "summarizer off",
+        "keep-checkpoints 5",
+    ):
         assert part in settings, settings
 
 

@@ -22,10 +22,18 @@ BIG = 2**70
 def _config(thread_id: str) -> dict:
     return {
         "configurable": {
-            "thread_id": thread_id, "checkpoint_ns": "", "run_big": BIG, "run_neg": -(2**80), "small": 5,
+            "thread_id": thread_id,
+            "checkpoint_ns": "",
+            "run_big": BIG,
+            "run_neg": -(2**80),
+            "small": 5,
             "shadowed": BIG,  # config["metadata"] comes first: its "shadowed" wins
         },
-        "metadata": {"meta_big": 3**50, "shadowed": "from metadata", "step": BIG},  # "step": metadata's own wins
+        "metadata": {
+            "meta_big": 3**50,
+            "shadowed": "from metadata",
+            "step": BIG,
+        },  # "step": metadata's own wins
     }
 
 
@@ -36,13 +44,19 @@ def _stored_metadata(saver, thread_id: str) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
-def test_big_ints_of_a_run_config_reach_checkpoint_metadata_as_in_a_stock_saver(backend, tmp_path, make_database):
+def test_big_ints_of_a_run_config_reach_checkpoint_metadata_as_in_a_stock_saver(
+    backend, tmp_path, make_database
+):
     # PostgresSaver keeps them (JSONB holds any int); InMemorySaver's msgpack cannot write them at all.
     with PostgresSaver.from_conn_string(make_database()) as stock:
         stock.setup()
         expected = _stored_metadata(stock, "stock")
     assert expected["run_big"] == BIG and expected["meta_big"] == 3**50  # what the stock saver keeps
-    database = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/config.sqlite", "postgres": make_database()}[backend]
+    database = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path}/config.sqlite",
+        "postgres": make_database(),
+    }[backend]
     with run_service(tmp_path, "--database", database) as service:
         for body_format in ("msgpack", "json"):
             with RemoteReducingSaver(service.url, body_format=body_format) as saver:

@@ -14,7 +14,6 @@ from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
 from tests.support.sync_adapter import SyncAdapter
 
-
 # The service gives every backend copy_thread, delete_for_runs and prune, so the suite detects all
 # eight capabilities everywhere.
 ALL = {cap.value for cap in Capability}

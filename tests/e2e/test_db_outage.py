@@ -31,7 +31,6 @@ from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import CLI, ROOT, run_service
 
-
 DB_TIMEOUT = 2.0
 OUTAGE_SECONDS = 8.0
 #: How late a 503 may come: the database timeout, plus the time to notice a broken connection.
@@ -159,9 +158,9 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
                 assert not agent.errors, f"{agent.prefix} agent failed: {agent.errors!r}\n{output[-4000:]}"
             # The agents made progress before, and carried on after (every turn retried through the cut).
             assert all(before >= 2 for before in turns_before), turns_before
-            assert all(agent.turns > before + 3 for agent, before in zip(agents, turns_before, strict=True)), [
-                (agent.turns, before) for agent, before in zip(agents, turns_before, strict=True)
-            ]
+            assert all(
+                agent.turns > before + 3 for agent, before in zip(agents, turns_before, strict=True)
+            ), [(agent.turns, before) for agent, before in zip(agents, turns_before, strict=True)]
 
             during = [a for a in answers if cut_at <= a.at < restored_at]
             failed = [a for a in answers if a.status != 200]
@@ -182,7 +181,9 @@ def test_an_outage_gives_503s_naming_the_database_the_client_retries_and_the_ser
             assert len(delivery) == 1 and delivery[0]["level"] == "WARNING", delivery
             metrics = httpx.get(f"{service.url}/metrics", timeout=10).text
             counted = re.search(
-                r'^reducing_saver_background_errors_total\{kind="transient",task="delivery"\} (\S+)$', metrics, re.M
+                r'^reducing_saver_background_errors_total\{kind="transient",task="delivery"\} (\S+)$',
+                metrics,
+                re.M,
             )
             assert counted and float(counted.group(1)) >= 1, metrics
             record_property(

@@ -97,7 +97,11 @@ def test_a_deepagents_thread_reads_as_a_stock_postgres_saver_does(mode: str, mak
             state = graph.get_state(config)
             assert _normal(state.values) == _normal(reference.get_state(config).values), turn
             # Summaries are passed over when removed (docs/memory.md): they are not conversation.
-            seen |= {m.id for m in state.values["messages"] if m.additional_kwargs.get("lc_source") != "summarization"}
+            seen |= {
+                m.id
+                for m in state.values["messages"]
+                if m.additional_kwargs.get("lc_source") != "summarization"
+            }
             if turn == SWITCH - 1:  # deepagents' own summarization has run (it keeps the messages)
                 assert state.values["_summarization_event"]["cutoff_index"] > 0
             if mode == "keep":
@@ -126,6 +130,7 @@ def test_a_deepagents_thread_reads_as_a_stock_postgres_saver_does(mode: str, mak
         # LangChain's summarization removed messages: each reached memory once, none that stayed did.
         left = seen - {m.id for m in final["messages"]}
         deadline = time.monotonic() + 30
+
         def memories() -> set[str]:
             items, offset = [], 0
             while page := store.search(("memories", f"deep-{mode}"), limit=1000, offset=offset):
@@ -137,7 +142,9 @@ def test_a_deepagents_thread_reads_as_a_stock_postgres_saver_does(mode: str, mak
             assert time.monotonic() < deadline, (len(found), len(left))
             time.sleep(0.2)
         assert found == left and len(left) > 100
-        print(f"{mode}: {TURNS} turns in {elapsed:.1f} s, {interrupts} interrupts, {len(left)} removed messages in memory")
+        print(
+            f"{mode}: {TURNS} turns in {elapsed:.1f} s, {interrupts} interrupts, {len(left)} removed messages in memory"
+        )
         saver.close()
         store.close()
 

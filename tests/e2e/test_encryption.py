@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from reducing_saver.client import RemoteReducingSaver, RemoteStore, ReducingSaverError
+from reducing_saver.client import ReducingSaverError, RemoteReducingSaver, RemoteStore
 from tests.support.encrypted_graph import fill
 from tests.support.encryption import new_key, ring_json
 from tests.support.server import ServiceProcess, run_service
@@ -42,7 +42,9 @@ def encrypted(tmp_path, fresh_pg) -> Iterator[tuple[ServiceProcess, str]]:
 
 
 def _dump(database: str) -> str:
-    return subprocess.run(["pg_dump", "--no-owner", database], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["pg_dump", "--no-owner", database], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _summarized(query: object, timeout: float = 20.0) -> list[str]:
@@ -100,11 +102,13 @@ def test_sentinel_in_no_table_of_pg_dump(tmp_path, fresh_pg, mode):
             assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] > 0, table
         memories = conn.execute("SELECT count(*) FROM store WHERE prefix LIKE 'tenants.acme.memories%'")
         assert memories.fetchone()[0] > 0
-        summary_copy = conn.execute("SELECT count(*) FROM store WHERE prefix = 'tenants.acme.threads.t1.summary'")
+        summary_copy = conn.execute(
+            "SELECT count(*) FROM store WHERE prefix = 'tenants.acme.threads.t1.summary'"
+        )
         assert summary_copy.fetchone()[0] == 1
     dump = _dump(fresh_pg)
     if mode == "off":
-        for form in (f"meta {sentinel}", f"item {sentinel}", f"write {sentinel}", f"notes about turn"):
+        for form in (f"meta {sentinel}", f"item {sentinel}", f"write {sentinel}", "notes about turn"):
             assert _found(form, dump), form
         assert any(sentinel in text for text in summaries)
     else:
@@ -154,11 +158,21 @@ def _flip(conn: psycopg.Connection, table: str, column: str, where: str, params:
 def test_tampering_fails_with_an_integrity_error(encrypted):
     process, database = encrypted
     url = process.url
-    for thread in ("flip-blob", "flip-write", "flip-meta", "to-thread-a", "to-thread-b", "channel", "version"):
+    for thread in (
+        "flip-blob",
+        "flip-write",
+        "flip-meta",
+        "to-thread-a",
+        "to-thread-b",
+        "channel",
+        "version",
+    ):
         _turns(url, "acme", thread)
     _turns(url, "globex", "to-thread-b")
     with psycopg.connect(database, autocommit=True) as conn:
-        _flip(conn, "checkpoint_blobs", "blob", "thread_id = %s AND channel = 'messages'", ("acme:flip-blob",))
+        _flip(
+            conn, "checkpoint_blobs", "blob", "thread_id = %s AND channel = 'messages'", ("acme:flip-blob",)
+        )
         _flip(conn, "checkpoint_writes", "blob", "thread_id = %s", ("acme:flip-write",))
         # A metadata value: one base64 character of the sealed string changed.
         conn.execute(
@@ -193,9 +207,7 @@ def test_tampered_store_items_fail(encrypted):
         store.put(("prefs",), "c", {"text": "c"})
         with psycopg.connect(database, autocommit=True) as conn:
             # b's value copied onto a (another key); c's sealed string changed.
-            conn.execute(
-                "UPDATE store SET value = (SELECT value FROM store WHERE key = 'b') WHERE key = 'a'"
-            )
+            conn.execute("UPDATE store SET value = (SELECT value FROM store WHERE key = 'b') WHERE key = 'a'")
             conn.execute(
                 "UPDATE store SET value = jsonb_build_object('reducing-saver/aesgcm', overlay("
                 "value->>'reducing-saver/aesgcm' placing CASE WHEN substr(value->>'reducing-saver/aesgcm', 30, 1) "
@@ -284,7 +296,9 @@ def test_delete_with_extraction_reads_the_sealed_window(tmp_path, fresh_pg):
     args = ("--database", fresh_pg, "--encryption", "required", "--extract-on-delete", "--max-messages", "50")
     with run_service(tmp_path, *args, env=_env(ring_json("k1", k1=new_key()))) as process:
         with RemoteReducingSaver(process.url, api_key=KEYS["acme"]) as saver:
-            graph(saver).invoke({"messages": [HumanMessage("remember me")]}, {"configurable": {"thread_id": "gone"}})
+            graph(saver).invoke(
+                {"messages": [HumanMessage("remember me")]}, {"configurable": {"thread_id": "gone"}}
+            )
             saver.delete_thread("gone")
         with RemoteStore(process.url, api_key=KEYS["acme"]) as store:
             deadline = time.monotonic() + 20
@@ -292,4 +306,6 @@ def test_delete_with_extraction_reads_the_sealed_window(tmp_path, fresh_pg):
                 time.sleep(0.2)
         assert "remember me" in str([item.value for item in found])
     with psycopg.connect(fresh_pg) as conn:
-        assert "remember me" not in str(conn.execute("SELECT message::text FROM reducing_saver_outbox").fetchall())
+        assert "remember me" not in str(
+            conn.execute("SELECT message::text FROM reducing_saver_outbox").fetchall()
+        )

@@ -49,4 +49,9 @@ async def test_conformance_required(service):
     assert detected == EXPECTED
     assert report.passed_all(), _report_failures(report)
     with RemoteReducingSaver(process.url) as client:
-        assert sorted(client.capabilities) == ["copy_thread", "delete_for_runs", "delta_channel_history", "prune"]
+        assert sorted(client.capabilities) == [
+            "copy_thread",
+            "delete_for_runs",
+            "delta_channel_history",
+            "prune",
+        ]

@@ -46,7 +46,14 @@ def test_the_key_never_shows(tmp_path, fresh_pg):
             app = graph(saver)
             for turn in range(3):
                 app.invoke({"messages": [HumanMessage(f"turn {turn}")]}, {"configurable": {"thread_id": "t"}})
-            assert len(saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"]["messages"]) == 6
+            assert (
+                len(
+                    saver.get_tuple({"configurable": {"thread_id": "t"}}).checkpoint["channel_values"][
+                        "messages"
+                    ]
+                )
+                == 6
+            )
         workers = _children(process.process.pid)
         assert len(workers) >= 2
         # The supervisor read the ring from its environment: /proc keeps the environment a process started
@@ -62,7 +69,9 @@ def test_the_key_never_shows(tmp_path, fresh_pg):
             for form in _forms(key):
                 assert form not in environ and form not in cmdline
         keys_file = next(
-            line.split("=", 1)[1] for line in environ.split("\0") if line.startswith("REDUCING_SAVER_ENCRYPTION_KEYS=")
+            line.split("=", 1)[1]
+            for line in environ.split("\0")
+            if line.startswith("REDUCING_SAVER_ENCRYPTION_KEYS=")
         )
         assert Path(keys_file).stat().st_mode & 0o077 == 0
         pages = [httpx.get(process.url + path).text for path in ("/docs", "/openapi.json", "/metrics")]
@@ -108,16 +117,21 @@ def test_a_killed_supervisor_takes_its_workers_and_the_key_file_along(tmp_path):
         workers = _children(process.process.pid)
         assert len(workers) >= 2
         environ = Path(f"/proc/{workers[0]}/environ").read_bytes().decode(errors="replace")
-        keys_file = Path(next(
-            line.split("=", 1)[1] for line in environ.split("\0") if line.startswith("REDUCING_SAVER_ENCRYPTION_KEYS=")
-        ))
+        keys_file = Path(
+            next(
+                line.split("=", 1)[1]
+                for line in environ.split("\0")
+                if line.startswith("REDUCING_SAVER_ENCRYPTION_KEYS=")
+            )
+        )
         assert keys_file.exists()
         process.process.kill()
         process.process.wait()
         started = time.monotonic()
         while not all(_gone(pid) for pid in workers) or keys_file.parent.exists():
             assert time.monotonic() - started < 10, (
-                [pid for pid in workers if not _gone(pid)], sorted(p.name for p in keys_file.parent.glob("*"))
+                [pid for pid in workers if not _gone(pid)],
+                sorted(p.name for p in keys_file.parent.glob("*")),
             )
             time.sleep(0.1)
         with pytest.raises(httpx.ConnectError):

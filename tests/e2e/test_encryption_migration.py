@@ -24,7 +24,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg import Connection
 from psycopg.rows import dict_row
 
-from reducing_saver.client import RemoteReducingSaver, ReducingSaverError
+from reducing_saver.client import ReducingSaverError, RemoteReducingSaver
 from tests.support.encrypted_graph import graph
 from tests.support.encryption import new_key, ring_json
 from tests.support.server import CLI, ROOT, run_service
@@ -48,7 +48,11 @@ def _sweep(database: str, ring: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [str(CLI), "encrypt-sweep", "--database", database], env=env, capture_output=True, text=True, timeout=120
+        [str(CLI), "encrypt-sweep", "--database", database],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert ring.split('"keys"')[1][10:30] not in done.stdout + done.stderr  # no key in its output
@@ -58,13 +62,22 @@ def _sweep(database: str, ring: str) -> dict:
 def _read(url: str, thread_id: str) -> dict:
     with RemoteReducingSaver(url, max_retries=0) as saver:
         item = saver.get_tuple({"configurable": {"thread_id": thread_id}})
-        return {"values": item.checkpoint["channel_values"], "metadata": item.metadata, "writes": item.pending_writes}
+        return {
+            "values": item.checkpoint["channel_values"],
+            "metadata": item.metadata,
+            "writes": item.pending_writes,
+        }
 
 
 def _serve(tmp_path, database: str, mode: str, ring: str):
     """The service in ``mode``, without TTL sweeps (under migrate they would encrypt: the CLI's job here)."""
     return run_service(
-        tmp_path, "--database", database, "--encryption", mode, "--no-sweep",
+        tmp_path,
+        "--database",
+        database,
+        "--encryption",
+        mode,
+        "--no-sweep",
         env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring},
     )
 
@@ -81,6 +94,7 @@ def _encrypted_rows_once_swept(url: str) -> dict[str, str]:
         time.sleep(0.5)
     return rows
 
+
 def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_pg):
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     _stock_thread(fresh_pg, "legacy", sentinel)
@@ -88,7 +102,9 @@ def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_p
     ring1 = ring_json("k1", k1=k1)
 
     with _serve(tmp_path, fresh_pg, "required", ring1) as process:
-        with pytest.raises(ReducingSaverError, match="thread 'legacy'.*plain text.*required refuses") as caught:
+        with pytest.raises(
+            ReducingSaverError, match="thread 'legacy'.*plain text.*required refuses"
+        ) as caught:
             _read(process.url, "legacy")
         assert caught.value.status_code == 500
 
@@ -98,7 +114,9 @@ def test_plain_rows_through_the_modes_the_sweep_and_a_rotation(tmp_path, fresh_p
         assert plain["values"]["notes"].startswith("notes about hello")
         assert [w[1:] for w in plain["writes"]] == [("notes", f"write {sentinel}")]
         with RemoteReducingSaver(process.url) as saver:  # a new turn on the old thread, written sealed
-            graph(saver).invoke({"messages": [HumanMessage("again")]}, {"configurable": {"thread_id": "legacy"}})
+            graph(saver).invoke(
+                {"messages": [HumanMessage("again")]}, {"configurable": {"thread_id": "legacy"}}
+            )
 
     report = _sweep(fresh_pg, ring1)
     assert report["remaining"] == 0 and report["rewritten"]
@@ -155,7 +173,10 @@ def test_a_sweep_killed_midway_loses_nothing(tmp_path, fresh_pg):
         app = graph(saver)
         for thread_id in threads:
             for turn in range(2):
-                app.invoke({"messages": [HumanMessage(f"{thread_id} {turn}")]}, {"configurable": {"thread_id": thread_id}})
+                app.invoke(
+                    {"messages": [HumanMessage(f"{thread_id} {turn}")]},
+                    {"configurable": {"thread_id": thread_id}},
+                )
     ring12 = json.dumps({"primary": "k2", "keys": {"k1": k1, "k2": k2}})
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring12, PYTHONPATH=str(ROOT))
@@ -180,7 +201,12 @@ def test_a_sweep_killed_midway_loses_nothing(tmp_path, fresh_pg):
     with _serve(tmp_path, fresh_pg, "required", ring12) as process:  # half-rotated: everything reads
         for thread_id in threads:
             contents = [m.content for m in _read(process.url, thread_id)["values"]["messages"]]
-            assert contents == [f"{thread_id} 0", f"echo: {thread_id} 0", f"{thread_id} 1", f"echo: {thread_id} 1"]
+            assert contents == [
+                f"{thread_id} 0",
+                f"echo: {thread_id} 0",
+                f"{thread_id} 1",
+                f"echo: {thread_id} 1",
+            ]
     report = _sweep(fresh_pg, ring12)
     assert report["remaining"] == 0 and set(report["rows_by_key_id"]) == {"k2"}
     with _serve(tmp_path, fresh_pg, "required", ring_json("k2", k2=k2)) as process:
@@ -197,7 +223,11 @@ def _sweep_tenants(database: str, ring: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring, REDUCING_SAVER_API_KEYS=API_KEYS, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [str(CLI), "encrypt-sweep", "--database", database], env=env, capture_output=True, text=True, timeout=120
+        [str(CLI), "encrypt-sweep", "--database", database],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -227,8 +257,17 @@ def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, requ
     database = f"sqlite:///{path}" if path else request.getfixturevalue("fresh_pg")
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     key = API_KEYS.split("=")[1]
-    serve = ("--database", database, "--no-sweep", "--max-messages", "4", "--min-messages", "2",
-             "--summarizer", "tests.support.summarizers:verbatim")
+    serve = (
+        "--database",
+        database,
+        "--no-sweep",
+        "--max-messages",
+        "4",
+        "--min-messages",
+        "2",
+        "--summarizer",
+        "tests.support.summarizers:verbatim",
+    )
     with run_service(tmp_path, *serve, env={"REDUCING_SAVER_API_KEYS": API_KEYS}) as process:
         fill(process.url, key, "t1", sentinel)
         with RemoteStore(process.url, api_key=key) as store:
@@ -242,10 +281,19 @@ def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, requ
 
     ring = ring_json("k1", k1=new_key())
     report = _sweep_tenants(database, ring)
-    assert report["remaining"] == 0 and not report["errors"] and set(report["rows_by_key_id"]) == {"k1"}, report
+    assert report["remaining"] == 0 and not report["errors"] and set(report["rows_by_key_id"]) == {"k1"}, (
+        report
+    )
     channel_values = "checkpoints.channel_values" if kind == "sqlite" else "checkpoint_blobs"
     writes = "writes" if kind == "sqlite" else "checkpoint_writes"
-    tables = {channel_values, writes, "checkpoints.metadata", "reducing_saver_outbox", "store", "reducing_saver_summaries"}
+    tables = {
+        channel_values,
+        writes,
+        "checkpoints.metadata",
+        "reducing_saver_outbox",
+        "store",
+        "reducing_saver_summaries",
+    }
     assert tables <= set(report["rewritten"]), report
     assert _sweep_tenants(database, ring)["rewritten"] == {}  # nothing left to do
     assert not _holds(_plain_text_of(database, path), sentinel)
@@ -256,8 +304,12 @@ def test_the_sweep_seals_every_table_then_required_reads_it(tmp_path, kind, requ
             after = saver.get_tuple({"configurable": {"thread_id": "t1"}})
             assert after.checkpoint["channel_values"] == before.checkpoint["channel_values"]
             assert after.metadata["tag"] == f"meta {sentinel}"
-            graph(saver).invoke({"messages": [HumanMessage("after the sweep")]}, {"configurable": {"thread_id": "t1"}})
-            messages = saver.get_tuple({"configurable": {"thread_id": "t1"}}).checkpoint["channel_values"]["messages"]
+            graph(saver).invoke(
+                {"messages": [HumanMessage("after the sweep")]}, {"configurable": {"thread_id": "t1"}}
+            )
+            messages = saver.get_tuple({"configurable": {"thread_id": "t1"}}).checkpoint["channel_values"][
+                "messages"
+            ]
         assert sentinel in str(messages[0].content)  # the summary, read from the sealed book
         with RemoteStore(process.url, api_key=key, max_retries=0) as store:
             assert sentinel in store.get(("threads", "t1", "summary"), "running").value["text"]
@@ -273,7 +325,11 @@ def test_the_sweep_refuses_memory(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     env.update(REDUCING_SAVER_ENCRYPTION_KEYS=ring_json("k1", k1=new_key()), PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [str(CLI), "encrypt-sweep", "--database", "memory://"], env=env, capture_output=True, text=True, timeout=60
+        [str(CLI), "encrypt-sweep", "--database", "memory://"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2 and "memory:// keeps nothing beyond the service process" in done.stderr
 
@@ -284,10 +340,14 @@ def test_the_ttl_sweeper_encrypts_sqlite_under_migrate(tmp_path):
     sentinel = f"SENTINEL-{uuid.uuid4().hex}"
     with run_service(tmp_path, "--database", f"sqlite:///{path}", "--no-sweep") as process:
         with RemoteReducingSaver(process.url) as saver:
-            graph(saver).invoke({"messages": [HumanMessage(f"hello {sentinel}")]}, {"configurable": {"thread_id": "t"}})
+            graph(saver).invoke(
+                {"messages": [HumanMessage(f"hello {sentinel}")]}, {"configurable": {"thread_id": "t"}}
+            )
     assert _holds(_plain_text_of(f"sqlite:///{path}", path), sentinel)
     args = ("--database", f"sqlite:///{path}", "--encryption", "migrate", "--sweep-interval", "1s")
-    with run_service(tmp_path, *args, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}) as process:
+    with run_service(
+        tmp_path, *args, env={"REDUCING_SAVER_ENCRYPTION_KEYS": ring_json("k1", k1=new_key())}
+    ) as process:
         rows = _encrypted_rows_once_swept(process.url)
         assert set(rows) == {"k1"} and float(rows["k1"]) > 0, rows
         assert _read(process.url, "t")["values"]["messages"][0].content == f"hello {sentinel}"

@@ -25,8 +25,15 @@ from tests.support.server import run_service
 pytestmark = pytest.mark.e2e
 
 ARGS = (
-    "--max-messages", "6", "--min-messages", "4", "--summarizer", "tests.support.summarizers:flaky",
-    "--extraction-linger-seconds", "0", "--no-sweep",
+    "--max-messages",
+    "6",
+    "--min-messages",
+    "4",
+    "--summarizer",
+    "tests.support.summarizers:flaky",
+    "--extraction-linger-seconds",
+    "0",
+    "--no-sweep",
 )
 OFF_FIRST, KEYED_ONLY = ["off-1", "off-2", "off-3"], ["keyed-1", "keyed-2"]
 TURNS = 8
@@ -51,19 +58,33 @@ def _wait(what: str, condition, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def test_an_off_and_a_migrate_replica_on_one_database_lose_and_leak_nothing(fresh_pg, tmp_path, record_property):
+def test_an_off_and_a_migrate_replica_on_one_database_lose_and_leak_nothing(
+    fresh_pg, tmp_path, record_property
+):
     ring = ring_json("k1", k1=new_key())
     env = {"REDUCING_SAVER_EXTRACTION_IDLE_SECONDS": "0.1"}
     with (
-        run_service(tmp_path, "--database", fresh_pg, *ARGS, "--encryption", "migrate",
-                    env={**env, "REDUCING_SAVER_ENCRYPTION_KEYS": ring}) as keyed,
+        run_service(
+            tmp_path,
+            "--database",
+            fresh_pg,
+            *ARGS,
+            "--encryption",
+            "migrate",
+            env={**env, "REDUCING_SAVER_ENCRYPTION_KEYS": ring},
+        ) as keyed,
         # The off replica's model is slower: the keyed one summarizes some of the off replica's threads
         # (sealing their summaries) and the off one meets those summaries.
-        run_service(tmp_path, "--database", fresh_pg, *ARGS, env={**env, "RS_TEST_SUMMARY_DELAY": "0.3"}) as off,
+        run_service(
+            tmp_path, "--database", fresh_pg, *ARGS, env={**env, "RS_TEST_SUMMARY_DELAY": "0.3"}
+        ) as off,
         RemoteReducingSaver(keyed.url, max_retries=0) as keyed_saver,
         RemoteReducingSaver(off.url, max_retries=0) as off_saver,
     ):
-        graphs = {thread: build_chat_graph(keyed_saver, prefix=thread, length=40) for thread in OFF_FIRST + KEYED_ONLY}
+        graphs = {
+            thread: build_chat_graph(keyed_saver, prefix=thread, length=40)
+            for thread in OFF_FIRST + KEYED_ONLY
+        }
         on_off = set(OFF_FIRST)  # threads the off replica still serves
         refusals: list[str] = []
         for turn in range(TURNS):
@@ -84,17 +105,26 @@ def test_an_off_and_a_migrate_replica_on_one_database_lose_and_leak_nothing(fres
         _wait("both replicas to deliver and summarize", lambda: _settled(fresh_pg))
         for thread, graph in graphs.items():  # one more turn each folds the summaries done meanwhile
             graph.checkpointer = keyed_saver
-            graph.invoke({"messages": [HumanMessage(f"FACT: {thread} last", id=f"{thread}-h-last")]},
-                         {"configurable": {"thread_id": thread}})
+            graph.invoke(
+                {"messages": [HumanMessage(f"FACT: {thread} last", id=f"{thread}-h-last")]},
+                {"configurable": {"thread_id": thread}},
+            )
         _wait("the last turns' batches", lambda: _settled(fresh_pg))
 
         # The off replica refused, clearly, what it could not read; it served some threads to the end.
-        record_property("rollout figures", f"{len(refusals)} refusal(s) by the off replica; it served {len(on_off)} of {len(OFF_FIRST)} threads to the end")
-        assert all("--encryption off" in refusal and "reducing-saver/aesgcm" not in refusal for refusal in refusals), refusals
+        record_property(
+            "rollout figures",
+            f"{len(refusals)} refusal(s) by the off replica; it served {len(on_off)} of {len(OFF_FIRST)} threads to the end",
+        )
+        assert all(
+            "--encryption off" in refusal and "reducing-saver/aesgcm" not in refusal for refusal in refusals
+        ), refusals
         assert _count(fresh_pg, "SELECT count(*) FROM reducing_saver_outbox WHERE status = 'dead'") == 0
         assert _count(fresh_pg, "SELECT count(*) FROM reducing_saver_summaries WHERE status = 'dead'") == 0
         for thread in OFF_FIRST + KEYED_ONLY:
-            window = keyed_saver.get_tuple({"configurable": {"thread_id": thread}}).checkpoint["channel_values"]["messages"]
+            window = keyed_saver.get_tuple({"configurable": {"thread_id": thread}}).checkpoint[
+                "channel_values"
+            ]["messages"]
             (summary,) = [m for m in window if m.id == summary_message_id(thread, "")]
             seen = summary.content.removeprefix(SUMMARY_PREFIX).splitlines()
             seen += [m.content for m in window if isinstance(m, HumanMessage) and m is not summary]
@@ -104,11 +134,18 @@ def test_an_off_and_a_migrate_replica_on_one_database_lose_and_leak_nothing(fres
         # Long-term memory: every pruned message with its content, read through the keyed replica; the
         # off replica returns the plain ones and refuses the sealed ones, never an envelope as a value.
         rows = _count(fresh_pg, "SELECT count(*) FROM reducing_saver_outbox")
-        with RemoteStore(keyed.url, max_retries=0) as keyed_store, RemoteStore(off.url, max_retries=0) as off_store:
-            items = [item for thread in graphs for item in keyed_store.search(("memories", thread), limit=100)]
+        with (
+            RemoteStore(keyed.url, max_retries=0) as keyed_store,
+            RemoteStore(off.url, max_retries=0) as off_store,
+        ):
+            items = [
+                item for thread in graphs for item in keyed_store.search(("memories", thread), limit=100)
+            ]
             assert len(items) == rows > 0
-            assert all(isinstance(item.value["data"].get("content"), str) and item.value["data"]["content"]
-                       for item in items), [item.value for item in items if "data" not in item.value][:3]
+            assert all(
+                isinstance(item.value["data"].get("content"), str) and item.value["data"]["content"]
+                for item in items
+            ), [item.value for item in items if "data" not in item.value][:3]
             refused = 0
             for item in items:
                 try:

@@ -19,7 +19,6 @@ import pytest
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
 
-
 POOL_SIZE = 2
 DB_TIMEOUT = 2.0
 
@@ -61,7 +60,9 @@ def test_probes_answer_while_postgres_hangs_and_calls_get_503_in_bounded_time(se
 
         def call(index: int) -> None:
             with httpx.Client(base_url=running.url, timeout=30.0) as own:
-                answers[index], took[index] = seconds(own, "POST", "/v1/checkpoints/get", json=get_body(f"t{index}"))
+                answers[index], took[index] = seconds(
+                    own, "POST", "/v1/checkpoints/get", json=get_body(f"t{index}")
+                )
 
         with locked_checkpoints(database):
             # Two calls take both savers and wait on the lock; two more find no saver.

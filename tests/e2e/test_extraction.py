@@ -31,9 +31,15 @@ from reducing_saver.reducer import namespace_for
 from tests.support.agent_worker import thread_config
 from tests.support.server import CLI, ROOT, free_port, run_service, wait_ready
 
-
 WORKERS, THREADS_PER_WORKER, TURNS = 4, 2, 30
-SERVICE_ARGS = ["--max-messages", "6", "--min-messages", "4", "--extractor", "tests.support.extractors:counting"]
+SERVICE_ARGS = [
+    "--max-messages",
+    "6",
+    "--min-messages",
+    "4",
+    "--extractor",
+    "tests.support.extractors:counting",
+]
 
 
 def _threads(worker: int) -> list[str]:
@@ -47,10 +53,24 @@ def _agents(urls: list[str], tmp_path: Path, *extra: str) -> list[subprocess.Pop
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.support.agent_worker", "--url", ",".join(urls), "--turns", str(TURNS),
-             "--threads", ",".join(_threads(w)), "--out", str(tmp_path / f"agent-{w}.json"),
-             *(["--async"] if w % 2 else []), *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tests.support.agent_worker",
+                "--url",
+                ",".join(urls),
+                "--turns",
+                str(TURNS),
+                "--threads",
+                ",".join(_threads(w)),
+                "--out",
+                str(tmp_path / f"agent-{w}.json"),
+                *(["--async"] if w % 2 else []),
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         for w in range(WORKERS)
     ]
@@ -140,8 +160,10 @@ def test_two_replicas_extract_every_pruned_message_exactly_once(tmp_path, fresh_
     pruned = _check_store(fresh_pg, expected)
     assert status["delivered"] == pruned and status["dead"] == 0
     median, p99, count = _lag(fresh_pg)
-    print(f"\n{pruned} messages pruned, {sum(calls.values())} extractor deliveries, 0 duplicates; "
-          f"extraction lag median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {count} messages")
+    print(
+        f"\n{pruned} messages pruned, {sum(calls.values())} extractor deliveries, 0 duplicates; "
+        f"extraction lag median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {count} messages"
+    )
 
 
 def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_pg):
@@ -176,7 +198,10 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
                 full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
                 processes[index] = subprocess.Popen(
                     [str(CLI), "serve", "--port", str(ports[index]), "--database", fresh_pg, *args],
-                    stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=tmp_path,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    cwd=tmp_path,
                 )
                 stack.callback(_terminate, processes, index)
                 wait_ready(services[index].url, processes[index], Path(log.name))
@@ -202,8 +227,10 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     assert set(calls) == {(ns, key) for ns, ids in expected.items() for key in ids}
     assert status["dead"] == 0
     duplicates = sum(n - 1 for n in calls.values())
-    print(f"\nchaos: {kills} replica kills, {len(acked)} acknowledged checkpoints all stored; {pruned} messages "
-          f"pruned, all in the store once; {sum(calls.values())} extractor deliveries, {duplicates} duplicates")
+    print(
+        f"\nchaos: {kills} replica kills, {len(acked)} acknowledged checkpoints all stored; {pruned} messages "
+        f"pruned, all in the store once; {sum(calls.values())} extractor deliveries, {duplicates} duplicates"
+    )
 
 
 def _terminate(processes: list[subprocess.Popen], index: int) -> None:
@@ -230,8 +257,9 @@ def test_pending_rows_are_delivered_after_a_restart(tmp_path, fresh_pg):
         assert pending["pending"] > 0 and pending["delivered"] == 0
         assert _store_keys(fresh_pg, ("team", "restart")) == []
 
-    status_cli = subprocess.run([str(CLI), "extraction", "status", "--database", fresh_pg],
-                                capture_output=True, text=True, check=True)
+    status_cli = subprocess.run(
+        [str(CLI), "extraction", "status", "--database", fresh_pg], capture_output=True, text=True, check=True
+    )
     assert json.loads(status_cli.stdout)["pending"] == pending["pending"]
 
     with run_service(tmp_path, "--database", fresh_pg) as service:
@@ -249,8 +277,12 @@ def test_a_separate_worker_process_delivers(tmp_path, fresh_pg):
             graph = build_agent(saver)
             for turn in range(6):
                 graph.invoke({"messages": [("user", user_line(3 * turn))]}, config)
-        worker = subprocess.Popen([str(CLI), "worker", "--database", fresh_pg], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        worker = subprocess.Popen(
+            [str(CLI), "worker", "--database", fresh_pg],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         try:
             status = _drain(service.url, timeout=60)
         finally:

@@ -86,13 +86,22 @@ class ReadyProbe:
 
     def ready_after(self, moment: float) -> float | None:
         """Seconds from ``moment`` to the first 200 asked for after it."""
-        return min((answered - moment for asked, answered, status in self.answers if asked > moment and status == 200), default=None)
+        return min(
+            (
+                answered - moment
+                for asked, answered, status in self.answers
+                if asked > moment and status == 200
+            ),
+            default=None,
+        )
 
 
 def test_serve_pointed_at_a_standby_refuses_in_one_line(pair, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     command = [str(CLI), "serve", "--port", str(free_port()), "--database", pair.standby.url(DATABASE)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**env, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**env, "PYTHONPATH": str(ROOT)}
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
@@ -102,7 +111,9 @@ def test_serve_pointed_at_a_standby_refuses_in_one_line(pair, tmp_path):
 
 
 @pytest.mark.parametrize("standby_first", [False, True], ids=["primary-first", "standby-first"])
-def test_failover_to_the_promoted_standby_loses_no_acknowledged_turn(pair, tmp_path, standby_first, record_property):
+def test_failover_to_the_promoted_standby_loses_no_acknowledged_turn(
+    pair, tmp_path, standby_first, record_property
+):
     """The primary crashes (pg_ctl stop -m immediate) with agents running; the standby is promoted 3 s later.
     Meanwhile calls get 503 and are retried, /readyz says not ready; afterwards the same process serves
     from the new primary: no restart, no acknowledged turn lost, none failed."""
@@ -148,7 +159,10 @@ def test_a_server_that_stops_taking_writes_is_an_outage_of_its_connections(pair,
     and reloaded as a failover tool or a full disk would): writes answer 503, never 500, and are retried;
     /readyz says not ready; once it takes writes again the same process serves, having dropped the
     connections that were read-only (psycopg_pool alone would keep them, and answer 500 for ever)."""
-    with run_service(tmp_path, "--database", pair.primary.url(DATABASE), *ARGS) as service, ReadyProbe(service.url) as ready:
+    with (
+        run_service(tmp_path, "--database", pair.primary.url(DATABASE), *ARGS) as service,
+        ReadyProbe(service.url) as ready,
+    ):
         answers: list[tuple[float, float, int, str]] = []
         stop_probe = threading.Event()
         probe = threading.Thread(target=_put_probe, args=(service.url, stop_probe, answers), daemon=True)

@@ -24,11 +24,10 @@ import ormsgpack
 import psycopg
 import pytest
 
-from tests.support.postgres import pg_url
 from tests.hostile import corpus
 from tests.hostile.corpus import CASES, SNAPSHOT_CASE, Case, Context
+from tests.support.postgres import pg_url
 from tests.support.server import ROOT, ServiceProcess, run_service
-
 
 KEY = "hostile-corpus-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -55,10 +54,14 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Context:
 
 
 @pytest.fixture(scope="module")
-def service(corpus_db: str, context: Context, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+def service(
+    corpus_db: str, context: Context, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
     logs = tmp_path_factory.mktemp("hostile-service")
     env = {"REDUCING_SAVER_API_KEYS": f"acme={KEY}", "HOSTILE_TRIPWIRE": str(context.tripwire)}
-    with run_service(logs, "--database", corpus_db, "--max-messages", "4", "--min-messages", "2", env=env) as svc:
+    with run_service(
+        logs, "--database", corpus_db, "--max-messages", "4", "--min-messages", "2", env=env
+    ) as svc:
         yield svc
 
 
@@ -80,7 +83,12 @@ def raw_post(url: str, case: Case, body: bytes) -> tuple[int, bytes]:
     parts = urlsplit(url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
     chunked = case.headers.get("transfer-encoding") == "chunked"
-    head = [f"POST {case.path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json", f"Authorization: Bearer {KEY}"]
+    head = [
+        f"POST {case.path} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Content-Type: application/json",
+        f"Authorization: Bearer {KEY}",
+    ]
     head.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}")
     answer = bytearray()
 
@@ -91,7 +99,11 @@ def raw_post(url: str, case: Case, body: bytes) -> tuple[int, bytes]:
                 if b"\r\n\r\n" in answer:
                     header, _, rest = bytes(answer).partition(b"\r\n\r\n")
                     length = next(
-                        (int(line.split(b":")[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+                        (
+                            int(line.split(b":")[1])
+                            for line in header.split(b"\r\n")
+                            if line.lower().startswith(b"content-length:")
+                        ),
                         0,
                     )
                     if len(rest) >= length:
@@ -126,7 +138,9 @@ def send(service: ServiceProcess, case: Case, context: Context) -> tuple[int, st
         status, content = raw_post(service.url, case, body)
     else:
         headers = {"Content-Type": "application/json", **AUTH, **case.headers}
-        response = httpx.request(case.method, service.url + case.path, content=body, headers=headers, timeout=60)
+        response = httpx.request(
+            case.method, service.url + case.path, content=body, headers=headers, timeout=60
+        )
         status, content = response.status_code, response.content
     return status, content.decode("utf-8", "replace")
 
@@ -143,7 +157,9 @@ def assert_served(service: ServiceProcess) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_hostile_request_is_refused_and_harmless(case: Case, service: ServiceProcess, context: Context, corpus_db: str):
+def test_hostile_request_is_refused_and_harmless(
+    case: Case, service: ServiceProcess, context: Context, corpus_db: str
+):
     status, detail = send(service, case, context)
     assert status in case.expect, f"{case.name}: {status} {detail[:500]}"
     for name in case.names:
@@ -170,11 +186,15 @@ def test_a_snapshot_is_stored_as_sent(service: ServiceProcess, context: Context,
         assert got["values"]["messages"] == body["values"]["messages"], "stored as sent, byte for byte"
         assert stored_rows(corpus_db)["reducing_saver_outbox"] == 0, "nothing was decoded, so nothing pruned"
     finally:
-        httpx.post(f"{service.url}/v1/threads/delete", json={"thread_id": "snapshot"}, headers=AUTH, timeout=30)
+        httpx.post(
+            f"{service.url}/v1/threads/delete", json={"thread_id": "snapshot"}, headers=AUTH, timeout=30
+        )
     assert stored_rows(corpus_db) == dict.fromkeys(TABLES, 0)
 
 
-def test_an_ordinary_conversation_works_after_the_corpus(service: ServiceProcess, corpus_db: str, context: Context):
+def test_an_ordinary_conversation_works_after_the_corpus(
+    service: ServiceProcess, corpus_db: str, context: Context
+):
     from reducing_saver.client import RemoteReducingSaver
     from tests.support.chat import build_chat_graph, human
 
@@ -202,7 +222,9 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
         # What a snapshot holds is decoded with the same hook: nested code runs too.
         ormsgpack.Ext(7, ormsgpack.packb([corpus.attack(0, ("os", "system"), live.marker("in-snapshot"))])),
         # Third-party functions are gadgets as well.
-        corpus.ext(0, "yaml", "unsafe_load", f"!!python/object/apply:os.system ['touch {live.marker('yaml')}']"),
+        corpus.ext(
+            0, "yaml", "unsafe_load", f"!!python/object/apply:os.system ['touch {live.marker('yaml')}']"
+        ),
         # So are standard-library classes re-exported by the service's own packages.
         *(build(live, f"reexport-{module}.{name}") for module, name, build in corpus.REEXPORTS[:3]),
     ]
@@ -215,7 +237,9 @@ def test_the_attacks_are_live(tmp_path: Path, context: Context):
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOSTILE_TRIPWIRE": str(live.tripwire)}
     env.pop("LANGGRAPH_STRICT_MSGPACK", None)
-    result = subprocess.run([sys.executable, "-c", script], input=data, env=env, capture_output=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], input=data, env=env, capture_output=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert live.marker("os-system").exists(), "code 0 naming os.system ran"
     assert live.marker("popen").exists(), "code 1 naming subprocess.Popen ran"

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import httpx
 
-from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service
 
@@ -21,7 +20,9 @@ CUT_SECONDS = 2.0
 PAUSE = 2.5
 
 
-def test_connections_cut_while_idle_are_replaced_before_any_call_sees_them(fresh_pg, tmp_path, record_property):
+def test_connections_cut_while_idle_are_replaced_before_any_call_sees_them(
+    fresh_pg, tmp_path, record_property
+):
     with tcp_proxy((PG_HOST, int(PG_PORT)), idle_cut=CUT_SECONDS) as proxy:
         args = (
             "--database", proxy.url(fresh_pg),
@@ -50,7 +51,9 @@ def test_connections_cut_while_idle_are_replaced_before_any_call_sees_them(fresh
             output = service.output()
             cuts = proxy.idle_cuts
 
-    replaced = float(re.search(r"^reducing_saver_db_idle_connections_replaced_total (\S+)$", metrics, re.M).group(1))
+    replaced = float(
+        re.search(r"^reducing_saver_db_idle_connections_replaced_total (\S+)$", metrics, re.M).group(1)
+    )
     record_property(
         "idle cut figures",
         f"connections cut after {CUT_SECONDS:g} s idle: {cuts}; replaced before use: {replaced:g}; {fleet.figures()} "

@@ -6,10 +6,8 @@ import asyncio
 import logging
 import time
 
-
 from reducing_saver.client import RemoteReducingSaver
 from tests.support.server import run_service
-
 
 CONFIG = {"configurable": {"thread_id": "keep-alive", "checkpoint_ns": ""}}
 #: Longer than uvicorn's own default keep-alive (5 s), shorter than the async client's (15 s).
@@ -28,5 +26,7 @@ def test_a_call_after_the_client_sat_idle_needs_no_retry(tmp_path, caplog):
 
     with run_service(tmp_path, "--database", "memory://") as service:
         asyncio.run(calls())
-    retries = [record.getMessage() for record in caplog.records if record.name.startswith("reducing_saver.client")]
+    retries = [
+        record.getMessage() for record in caplog.records if record.name.startswith("reducing_saver.client")
+    ]
     assert retries == []

@@ -27,11 +27,11 @@ from psycopg.rows import dict_row
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.wire import blob_to_wire
-from tests.support.chat import build_chat_graph, human
 from tests.support.bodies import messages_put_body
+from tests.support.chat import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
 from tests.support.server import run_service
 
@@ -55,7 +55,16 @@ def _turns(urls: list[str], thread_id: str) -> list:
 
 
 def test_two_replicas_keep_the_last_k_of_threads_they_write_in_turn(tmp_path: Path, fresh_pg: str) -> None:
-    args = ("--database", fresh_pg, "--keep-checkpoints", str(KEEP), "--max-messages", "6", "--min-messages", "4")
+    args = (
+        "--database",
+        fresh_pg,
+        "--keep-checkpoints",
+        str(KEEP),
+        "--max-messages",
+        "6",
+        "--min-messages",
+        "4",
+    )
     with run_service(tmp_path, *args) as first, run_service(tmp_path, *args) as second:
         urls = [first.url, second.url]
         results: dict[str, list] = {}
@@ -74,7 +83,9 @@ def test_two_replicas_keep_the_last_k_of_threads_they_write_in_turn(tmp_path: Pa
             t.join()
         assert not errors
 
-        reference = ReducingSaver(InMemorySaver(), MessageReducer(ReducerConfig(max_messages=6, min_messages=4)))
+        reference = ReducingSaver(
+            InMemorySaver(), MessageReducer(ReducerConfig(max_messages=6, min_messages=4))
+        )
         with psycopg.connect(fresh_pg, autocommit=True, row_factory=dict_row) as conn:
             stock = PostgresSaver(conn)
             for thread_id, messages in results.items():
@@ -118,7 +129,9 @@ def test_a_threads_own_count_and_a_bad_one() -> None:
             body = messages_put_body(empty, thread_id="bad", keep_checkpoints=bad)
             answer = client.post("/v1/checkpoints/put", json=body)
             assert answer.status_code == 422, answer.text
-            assert "config.configurable.keep_checkpoints must be a whole number >= 0" in answer.json()["detail"]
+            assert (
+                "config.configurable.keep_checkpoints must be a whole number >= 0" in answer.json()["detail"]
+            )
         assert list(saver.list({"configurable": {"thread_id": "bad"}})) == []
 
 

@@ -21,8 +21,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, StateGraph
 
 from reducing_saver.client import RemoteReducingSaver
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.wire import config_to_wire
 
 
@@ -63,7 +63,10 @@ def signature(items: list) -> list[tuple[str, int, str]]:
 @contextmanager
 def remote(database: str, **settings: Any) -> Iterator[RemoteReducingSaver]:
     app = create_app(Settings(database=database, sweep=False, extract=False, **settings))
-    with TestClient(app) as http, RemoteReducingSaver("http://testserver", transport=http._transport) as saver:
+    with (
+        TestClient(app) as http,
+        RemoteReducingSaver("http://testserver", transport=http._transport) as saver,
+    ):
         yield saver
 
 

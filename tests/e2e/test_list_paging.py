@@ -18,8 +18,8 @@ from typing_extensions import TypedDict
 
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.wire import LIST_PATH
-from tests.support.server import run_service
 from tests.client.test_client import FakeService, config, make_saver
+from tests.support.server import run_service
 
 CAP = 3
 

@@ -12,16 +12,23 @@ from tests.support.agents import build_agent, user_line
 from tests.support.server import run_service
 
 
-
 def test_a_chat_model_extractor_writes_facts_into_the_store(tmp_path, fresh_pg):
     config = {"configurable": {"thread_id": "llm", "memory_namespace": ["facts", "llm"]}}
     with run_service(
-        tmp_path, "--database", fresh_pg, "--max-messages", "4", "--extractor", "tests.support.extractors:facts"
+        tmp_path,
+        "--database",
+        fresh_pg,
+        "--max-messages",
+        "4",
+        "--extractor",
+        "tests.support.extractors:facts",
     ) as service:
         with RemoteReducingSaver(service.url) as saver:
             graph = build_agent(saver)
             for turn in range(5):
-                graph.invoke({"messages": [("user", f"{user_line(3 * turn)[:10]} I like tea {turn}")]}, config)
+                graph.invoke(
+                    {"messages": [("user", f"{user_line(3 * turn)[:10]} I like tea {turn}")]}, config
+                )
         for _ in range(100):
             status = httpx.get(f"{service.url}/v1/extraction/status").json()
             if status["pending"] == status["in_flight"] == 0:

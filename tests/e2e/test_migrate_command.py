@@ -53,10 +53,17 @@ def test_migrate_prints_each_migration_then_that_the_schema_is_current(database,
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     own = [line for line in lines if line.startswith("applied migration ")]
-    assert [line.split(":")[0] for line in own] == [f"applied migration {v}" for v in range(len(migrations.MIGRATIONS))]
-    assert own[0].lower() == "applied migration 0: create table if not exists reducing_saver_migrations (v integer primary key)"
+    assert [line.split(":")[0] for line in own] == [
+        f"applied migration {v}" for v in range(len(migrations.MIGRATIONS))
+    ]
+    assert (
+        own[0].lower()
+        == "applied migration 0: create table if not exists reducing_saver_migrations (v integer primary key)"
+    )
     # langgraph's own tables are set up too, and said so (its store's migrations on both backends).
-    assert any(line.startswith("applied langgraph's store_migrations versions 0 to ") for line in lines), lines
+    assert any(line.startswith("applied langgraph's store_migrations versions 0 to ") for line in lines), (
+        lines
+    )
     assert version() == migrations.LATEST
     again = _run("migrate", "--database", url, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
@@ -68,7 +75,10 @@ def test_serve_without_migrating_refuses_a_database_that_is_behind(database, tmp
     result = _run("serve", "--database", url, "--port", "0", "--no-migrate", cwd=tmp_path)
     assert result.returncode == 1
     line = _one_line(result)
-    assert f"has reducing-saver schema version none, this reducing-saver needs version {migrations.LATEST}" in line
+    assert (
+        f"has reducing-saver schema version none, this reducing-saver needs version {migrations.LATEST}"
+        in line
+    )
     assert "run `reducing-saver migrate`" in line
     assert version() == -1  # nothing created
     result = _run("worker", "--database", url, "--no-migrate", cwd=tmp_path)
@@ -86,8 +96,9 @@ def test_serve_migrates_at_start_and_says_what_it_applied(database, tmp_path):
     with run_service(tmp_path, "--database", url, "--log-format", "text") as service:
         assert httpx.get(f"{service.url}/readyz", timeout=10).status_code == 200
     assert version() == migrations.LATEST
-    assert f"reducing-saver schema from none to version {migrations.LATEST} ({migrations.LATEST + 1} migrations)" in (
-        service.output()
+    assert (
+        f"reducing-saver schema from none to version {migrations.LATEST} ({migrations.LATEST + 1} migrations)"
+        in (service.output())
     )
 
 
@@ -105,7 +116,10 @@ def test_a_database_of_a_later_release_is_refused_by_every_command(database, tmp
         result = _run(*command, "--database", url, cwd=tmp_path)
         assert result.returncode == 1, (command, result.stderr)
         line = _one_line(result)
-        assert f"schema version {newer}, newer than this reducing-saver knows (version {migrations.LATEST})" in line
+        assert (
+            f"schema version {newer}, newer than this reducing-saver knows (version {migrations.LATEST})"
+            in line
+        )
     assert version() == newer
 
 
@@ -128,7 +142,11 @@ def test_migrate_run_by_four_processes_at_once_reports_each_migration_once(datab
     outputs = [process.communicate(timeout=120) for process in processes]
     assert [process.returncode for process in processes] == [0] * 4, outputs
     lines = [line for stdout, _ in outputs for line in stdout.splitlines()]
-    own = sorted(int(line.split(":")[0].removeprefix("applied migration ")) for line in lines if line.startswith("applied migration "))
+    own = sorted(
+        int(line.split(":")[0].removeprefix("applied migration "))
+        for line in lines
+        if line.startswith("applied migration ")
+    )
     assert own == list(range(len(migrations.MIGRATIONS))), lines
     langgraph = [line for line in lines if line.startswith("applied langgraph's ")]
     tables = [line.split()[2] for line in langgraph]

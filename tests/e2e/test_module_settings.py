@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.server import CLI, free_port, run_ready
 
-MY_MODULE = '''
+MY_MODULE = """
 from langchain_core.messages import AIMessage
 
 
@@ -41,7 +41,7 @@ def embed(texts):
 
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -50,7 +50,9 @@ def user_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "my_module.py").write_text(MY_MODULE)
-    (folder / "needs_a_package.py").write_text("import no_such_package_anywhere\n\ndef summarize(p, m):\n    return ''\n")
+    (folder / "needs_a_package.py").write_text(
+        "import no_such_package_anywhere\n\ndef summarize(p, m):\n    return ''\n"
+    )
     return folder
 
 
@@ -65,13 +67,28 @@ def _index(embed: str) -> str:
 def test_every_module_setting_names_a_module_of_the_working_folder(user_folder: Path) -> None:
     port = free_port()
     command = [
-        str(CLI), "serve", "--database", "memory://", "--port", str(port), "--log-format", "text",
-        "--summarizer", "my_module:summarize", "--extractor", "my_module:extract",
-        "--on-prune", "my_module:hook", "--store-index", _index("my_module:embed"),
+        str(CLI),
+        "serve",
+        "--database",
+        "memory://",
+        "--port",
+        str(port),
+        "--log-format",
+        "text",
+        "--summarizer",
+        "my_module:summarize",
+        "--extractor",
+        "my_module:extract",
+        "--on-prune",
+        "my_module:hook",
+        "--store-index",
+        _index("my_module:embed"),
     ]
     base = f"http://127.0.0.1:{port}"
     with run_ready(command, base, user_folder / "serve.log", env=_env(), cwd=user_folder):
-        put = httpx.put(f"{base}/store/items", json={"namespace": ["notes"], "key": "k", "value": {"text": "tea"}})
+        put = httpx.put(
+            f"{base}/store/items", json={"namespace": ["notes"], "key": "k", "value": {"text": "tea"}}
+        )
         assert put.status_code == 204, put.text
         search = {"namespace_prefix": ["notes"], "query": "tea"}
         found = httpx.post(f"{base}/store/items/search", json=search).json()["items"]
@@ -86,13 +103,24 @@ def test_every_module_setting_names_a_module_of_the_working_folder(user_folder: 
     [
         (("--summarizer", "my_modul:summarize"), "--summarizer 'my_modul:summarize': module not found"),
         (("--summarizer", "my_module:summarise"), "--summarizer 'my_module:summarise': attribute not found"),
-        (("--summarizer", "my_module:NOT_CALLABLE"), "--summarizer 'my_module:NOT_CALLABLE': not a chat model or callable"),
-        (("--summarizer", "groq:llama-3.1-8b-instant"), "--summarizer 'groq:llama-3.1-8b-instant': provider package missing"),
-        (("--summarizer", "needs_a_package:summarize"), "--summarizer 'needs_a_package:summarize': module failed to import"),
+        (
+            ("--summarizer", "my_module:NOT_CALLABLE"),
+            "--summarizer 'my_module:NOT_CALLABLE': not a chat model or callable",
+        ),
+        (
+            ("--summarizer", "groq:llama-3.1-8b-instant"),
+            "--summarizer 'groq:llama-3.1-8b-instant': provider package missing",
+        ),
+        (
+            ("--summarizer", "needs_a_package:summarize"),
+            "--summarizer 'needs_a_package:summarize': module failed to import",
+        ),
         (("--extractor", "my_module:extrakt"), "--extractor 'my_module:extrakt': attribute not found"),
         (("--on-prune", "my_modul:hook"), "--on-prune 'my_modul:hook': module not found"),
-        (("--store-index", _index("my_module:NOT_CALLABLE")),
-         "--store-index embed 'my_module:NOT_CALLABLE': not an embeddings model or callable"),
+        (
+            ("--store-index", _index("my_module:NOT_CALLABLE")),
+            "--store-index embed 'my_module:NOT_CALLABLE': not an embeddings model or callable",
+        ),
     ],
 )
 def test_a_setting_naming_nothing_usable_is_one_line_saying_what_is_missing(
@@ -100,7 +128,12 @@ def test_a_setting_naming_nothing_usable_is_one_line_saying_what_is_missing(
 ) -> None:
     result = subprocess.run(
         [str(CLI), "serve", "--database", "memory://", "--port", "0", *args],
-        capture_output=True, text=True, timeout=60, env=_env(), cwd=user_folder, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        cwd=user_folder,
+        check=False,
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -21,7 +21,6 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.client import RemoteReducingSaver, decode_memory_value
 from tests.support.server import run_service
 
-
 BINARY = "PK\x03\x04\x00\x00 header \\0 and a backslash, then \x00\x00 again"
 
 

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from reducing_saver.service.storage.postgres.connections import setup_lock
-from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
 from tests.support.pgbouncer import pgbouncer
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.quotes import quoted_line
 from tests.support.server import CLI, ROOT, free_port, run_services
 
@@ -42,7 +42,9 @@ BACKGROUND = (
 
 @pytest.fixture(scope="module")
 def bouncer():
-    with pgbouncer((PG_HOST, int(PG_PORT)), mode="transaction", server_connections=SERVER_CONNECTIONS) as running:
+    with pgbouncer(
+        (PG_HOST, int(PG_PORT)), mode="transaction", server_connections=SERVER_CONNECTIONS
+    ) as running:
         yield running
 
 
@@ -56,7 +58,9 @@ def test_prepared_statements_behind_transaction_pooling_are_refused_in_one_line(
     refuses to start, in one line naming the setting, before it binds anything of the database."""
     command = [str(CLI), "serve", "--port", str(free_port()), "--database", bouncer.url(fresh_pg)]
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=_command_env(), cwd=tmp_path)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env=_command_env(), cwd=tmp_path
+    )
     took = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
@@ -78,7 +82,9 @@ def test_replicas_starting_together_through_transaction_pooling_serve_deliver_su
     database (the migrations run once, under a transaction-level lock), then agents run turns spread over
     all five while every replica delivers, summarizes and sweeps: no turn fails, none is lost."""
     through = bouncer.url(fresh_pg)
-    replicas = [("--database", through, OFF, "--pool-size", "3", *WINDOW, *BACKGROUND) for _ in range(REPLICAS)]
+    replicas = [
+        ("--database", through, OFF, "--pool-size", "3", *WINDOW, *BACKGROUND) for _ in range(REPLICAS)
+    ]
     direct = ("--database", fresh_pg, "--pool-size", "3", *WINDOW, *BACKGROUND)  # prepared statements on
     started = time.monotonic()
     with run_services(tmp_path, *replicas, direct, timeout=90) as services:

@@ -68,7 +68,10 @@ def _requirements(argument: str, project: dict) -> list[str]:
     if argument != "." and not argument.startswith(".["):
         return [argument]
     extras = [extra.strip() for extra in argument[1:].strip("[]").split(",") if extra.strip()]
-    return [*project["dependencies"], *(req for extra in extras for req in project["optional-dependencies"][extra])]
+    return [
+        *project["dependencies"],
+        *(req for extra in extras for req in project["optional-dependencies"][extra]),
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +81,12 @@ def wheelhouse() -> Path:
     pyproject = ROOT / "pyproject.toml"
     config = tomllib.loads(pyproject.read_text())
     requirements = sorted(
-        {req for block in install_blocks() for arg in _pip_install_arguments(block.source)
-         for req in _requirements(arg, config["project"])}
+        {
+            req
+            for block in install_blocks()
+            for arg in _pip_install_arguments(block.source)
+            for req in _requirements(arg, config["project"])
+        }
         | set(config["build-system"]["requires"])
     )
     key = hashlib.sha256(pyproject.read_bytes() + "\n".join(requirements).encode()).hexdigest()[:16]
@@ -91,9 +98,19 @@ def wheelhouse() -> Path:
     building = folder.with_name(f"{key}.{os.getpid()}.partial")
     shutil.rmtree(building, ignore_errors=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--wheel-dir",
-         str(building), *requirements],
-        check=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--wheel-dir",
+            str(building),
+            *requirements,
+        ],
+        check=True,
+        timeout=900,
     )
     try:
         building.rename(folder)
@@ -109,10 +126,16 @@ def wheelhouse() -> Path:
 
 def _checkout_copy(destination: Path) -> Path:
     """The checkout's files (tracked, and new ones not ignored), as a fresh clone would hold them."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():
@@ -131,13 +154,24 @@ def _new_user_path(home: Path) -> str:
     if not python3.exists():
         python3.symlink_to(getattr(sys, "_base_executable", sys.executable))
     ours = str(Path(sys.prefix))
-    rest = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry and not entry.startswith(ours)]
+    rest = [
+        entry
+        for entry in os.environ.get("PATH", "").split(os.pathsep)
+        if entry and not entry.startswith(ours)
+    ]
     return os.pathsep.join([str(bin_dir), *rest])
 
 
 def _base_env(path: str, wheelhouse: Path) -> dict[str, str]:
-    dropped = ("REDUCING_SAVER_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PIP_FIND_LINKS", "PIP_INDEX_URL",
-               "PIP_EXTRA_INDEX_URL")
+    dropped = (
+        "REDUCING_SAVER_",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PIP_FIND_LINKS",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     return {
         **env,
@@ -158,8 +192,12 @@ def _activated(env: dict[str, str], venv: Path) -> dict[str, str]:
 def _run_shell(block: Block, cwd: Path, env: dict[str, str], log: Path, timeout: float) -> str:
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["bash", "-e", "-o", "pipefail", "-c", block.source], cwd=cwd, env=env, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            ["bash", "-e", "-o", "pipefail", "-c", block.source],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         code = process.wait(timeout=timeout)
@@ -200,8 +238,11 @@ class Service:
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 ["bash", "-e", "-o", "pipefail", "-c", block.source],
-                cwd=environment.folder, env={**environment.env, "REDUCING_SAVER_PORT": "0"},
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=environment.folder,
+                env={**environment.env, "REDUCING_SAVER_PORT": "0"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + 60
         url = None
@@ -219,7 +260,9 @@ class Service:
             time.sleep(0.1)
         else:
             self.stop()
-            pytest.fail(f"{block.where}: the service was not ready within 60 s\n{log.read_text(errors='replace')}")
+            pytest.fail(
+                f"{block.where}: the service was not ready within 60 s\n{log.read_text(errors='replace')}"
+            )
         self.url = url
         self.address = url.removeprefix("http://")
 
@@ -235,8 +278,13 @@ def _run_python_file(block: Block, environment: Environment, service: Service, f
     path = folder / f"readme_line_{block.line}.py"
     path.write_text(source)
     done = subprocess.run(
-        [str(environment.python), str(path)], cwd=environment.folder, env=environment.env,
-        capture_output=True, text=True, timeout=BLOCK_SECONDS, check=False,
+        [str(environment.python), str(path)],
+        cwd=environment.folder,
+        env=environment.env,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_SECONDS,
+        check=False,
     )
     assert done.returncode == 0, (
         f"{block.where}, run on its own as a file with {environment.block.where}'s install:\n"
@@ -255,7 +303,9 @@ def test_the_readme_installs_and_every_python_block_runs_on_its_own(wheelhouse, 
     assert all(block.line > service_block.line for block in pythons), "Python blocks follow the service"
 
     env = _base_env(_new_user_path(tmp_path), wheelhouse)
-    environments = [_install(block, tmp_path / f"install-{index}", env) for index, block in enumerate(installs)]
+    environments = [
+        _install(block, tmp_path / f"install-{index}", env) for index, block in enumerate(installs)
+    ]
     first = environments[0]
     service = Service(service_block, first, tmp_path / "service.log")
     try:
@@ -265,7 +315,9 @@ def test_the_readme_installs_and_every_python_block_runs_on_its_own(wheelhouse, 
                 continue
             if block.label in {"sh", "bash"}:
                 shell = replace(block, source=block.source.replace(DEFAULT_ADDRESS, service.address))
-                _run_shell(shell, first.folder, first.env, tmp_path / f"shell-{block.line}.log", BLOCK_SECONDS)
+                _run_shell(
+                    shell, first.folder, first.env, tmp_path / f"shell-{block.line}.log", BLOCK_SECONDS
+                )
             elif block.label == "python":
                 _run_python_file(block, first, service, tmp_path)
         # Every other install (an agent's machine, say) runs every Python block as well.

@@ -22,9 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-
 from tests.support.server import run_service
-
 
 KEY = "schemathesis-fuzzing-key-0123456789"
 #: Examples per operation and phase; with 16 operations this generates well over 1,000 cases.

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from reducing_saver.wire import blob_to_wire
-from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.bodies import messages_put_body
+from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 from tests.support.server import run_service
 

@@ -36,7 +36,6 @@ from tests.hostile.corpus import attack
 from tests.support.server import ROOT, run_service
 
 
-
 class Priority(enum.Enum):
     LOW = "low"
     HIGH = "high"
@@ -170,7 +169,8 @@ def test_a_value_naming_popen_is_refused_in_any_channel_and_write(service, fresh
             saver.put(config, checkpoint, {"source": "loop", "step": 1}, {"notes": "1"})
         write_config = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
         with pytest.raises(
-            BadRequestError, match=r"writes\[1\] \(channel 'notes'\): msgpack extension code 1 naming subprocess\.Popen"
+            BadRequestError,
+            match=r"writes\[1\] \(channel 'notes'\): msgpack extension code 1 naming subprocess\.Popen",
         ):
             saver.put_writes(write_config, [("tasks", [1]), ("notes", [popen(marker)])], "task-1")
     assert stored(fresh_pg, "gadget") == 0

@@ -34,7 +34,6 @@ from reducing_saver.client import AuthenticationError, BadRequestError, RemoteRe
 from tests.support.postgres import pg_url
 from tests.support.server import ServiceProcess, run_service
 
-
 BACKENDS = ["memory", "sqlite", "postgres"]
 KEY = "store-tests-key-0123456789abcdef"
 

@@ -30,10 +30,9 @@ from langgraph.store.sqlite import SqliteStore
 
 from reducing_saver.client import RemoteStore
 from reducing_saver.service.configuration.settings import Settings
+from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
 from tests.support.embeddings import DIMS, embed
 from tests.support.server import CLI, ROOT, run_in_image, run_service
-from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
-
 
 INDEX = json.dumps(
     {"dims": DIMS, "embed": "tests.support.embeddings:embed", "fields": ["text", "data.content"]}
@@ -155,7 +154,12 @@ def test_semantic_search(backend: str, tmp_path: Path, request: pytest.FixtureRe
 
         # A query search pages: every item once, equal scores (equal texts) in key order, and pages past
         # twice the limit are not empty (LangGraph's SQL stores bounded the candidates by the limit alone).
-        acme.batch([PutOp(("paged",), f"p{i:02}", {"text": "same text" if i % 3 else f"text {i}"}) for i in range(30)])
+        acme.batch(
+            [
+                PutOp(("paged",), f"p{i:02}", {"text": "same text" if i % 3 else f"text {i}"})
+                for i in range(30)
+            ]
+        )
         paged: list[Any] = []
         while page := acme.search(("paged",), query="same text", limit=4, offset=len(paged)):
             paged += page

@@ -17,10 +17,10 @@ import httpx
 import psycopg
 from fastapi.testclient import TestClient
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
-from tests.support.server import run_service
+from reducing_saver.service.http.app import create_app
 from tests.service.security.test_security import KEYS, NAMESPACE, Api, key_pairs
+from tests.support.server import run_service
 
 MINE = ["notes", "projects"]
 

@@ -23,8 +23,8 @@ from langchain_openai import ChatOpenAI
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.reducer import MARK_KEY, SUMMARY_PREFIX, summary_message_id
 from tests.support.chat import build_chat_graph, build_subgraph_chat
-from tests.support.windows import api_window_problems
 from tests.support.server import run_service
+from tests.support.windows import api_window_problems
 
 pytestmark = pytest.mark.e2e
 
@@ -158,7 +158,14 @@ def test_a_node_deleting_old_messages_may_delete_the_summary_too(tmp_path: Path,
     removed = 0
     with (
         run_service(
-            tmp_path, "--database", fresh_pg, "--max-messages", "6", "--min-messages", "4", "--summarizer",
+            tmp_path,
+            "--database",
+            fresh_pg,
+            "--max-messages",
+            "6",
+            "--min-messages",
+            "4",
+            "--summarizer",
             FACTS,
         ) as service,
         RemoteReducingSaver(service.url) as saver,

@@ -13,8 +13,8 @@ from langchain_core.messages import HumanMessage
 from reducing_saver.client import RemoteReducingSaver, RemoteStore
 from reducing_saver.reducer import MARK_KEY, summary_message_id
 from tests.support.chat import build_chat_graph
-from tests.support.windows import api_window_problems
 from tests.support.server import run_service
+from tests.support.windows import api_window_problems
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +105,10 @@ def test_summaries_on_every_backend_follow_copies_and_deletes(tmp_path: Path, da
 def test_only_the_tenants_named_are_summarized_and_each_reads_its_own_summary(tmp_path: Path):
     from reducing_saver.client import RemoteStore
 
-    keys = {"REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key", "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY}
+    keys = {
+        "REDUCING_SAVER_API_KEYS": "acme=acme-key,globex=globex-key",
+        "REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY,
+    }
     args = [
         "--database",
         f"sqlite:///{tmp_path}/service.sqlite",
@@ -185,7 +188,11 @@ def test_a_tenant_whose_keys_carry_no_summary_is_never_summarized(tmp_path: Path
     plain = [f"--database=sqlite:///{tmp_path}/plain.sqlite", *window_args]
     with (
         run_service(
-            tmp_path, *summarized, "--summarizer", "tests.support.summarizers:facts", env={"REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY}
+            tmp_path,
+            *summarized,
+            "--summarizer",
+            "tests.support.summarizers:facts",
+            env={"REDUCING_SAVER_METRICS_KEY": SCRAPER_KEY},
         ) as service,
         run_service(tmp_path, *plain) as without,
         RemoteReducingSaver(service.url, api_key="acme-key") as acme,

@@ -18,7 +18,6 @@ from reducing_saver.client import RemoteReducingSaver
 from tests.support.agents import build_agent, user_line
 from tests.support.server import CLI, ROOT, run_service
 
-
 THREAD_BYTES = """
 SELECT (SELECT COALESCE(sum(pg_column_size(c.*)), 0) FROM checkpoints c WHERE c.thread_id = %(t)s)
      + (SELECT COALESCE(sum(pg_column_size(b.*)), 0) FROM checkpoint_blobs b WHERE b.thread_id = %(t)s)
@@ -62,13 +61,25 @@ def wait_for(check, timeout: float, what: str):
 def test_two_replicas_sweeping_one_database_handle_each_expired_thread_once(tmp_path, fresh_pg):
     threads = [f"user-{index:02d}" for index in range(10)]
     args = [
-        "--database", fresh_pg, "--max-messages", "6", "--min-messages", "4",
-        "--ttl-strategy", "delete", "--default-ttl", "3s", "--sweep-interval", "0.1s",
-        "--extractor", "tests.support.extractors:counting",
+        "--database",
+        fresh_pg,
+        "--max-messages",
+        "6",
+        "--min-messages",
+        "4",
+        "--ttl-strategy",
+        "delete",
+        "--default-ttl",
+        "3s",
+        "--sweep-interval",
+        "0.1s",
+        "--extractor",
+        "tests.support.extractors:counting",
     ]
     with ExitStack() as stack:
         replicas = [
-            stack.enter_context(run_service(tmp_path, *args, env={"RS_TEST_CALLS_DB": fresh_pg})) for _ in range(2)
+            stack.enter_context(run_service(tmp_path, *args, env={"RS_TEST_CALLS_DB": fresh_pg}))
+            for _ in range(2)
         ]
         savers = [stack.enter_context(RemoteReducingSaver(r.url)) for r in replicas]
         # Round robin, each turn on the other replica: every thread's last write lands within one round,
@@ -81,17 +92,25 @@ def test_two_replicas_sweeping_one_database_handle_each_expired_thread_once(tmp_
                 turn(savers[(index + number) % 2], thread_id, index)
                 last_write[thread_id] = time.monotonic()
         ever = {
-            t: {m.id for item in savers[0].list(cfg(t)) for m in item.checkpoint["channel_values"].get("messages", [])}
+            t: {
+                m.id
+                for item in savers[0].list(cfg(t))
+                for m in item.checkpoint["channel_values"].get("messages", [])
+            }
             for t in threads
         }
 
         def all_swept() -> bool:
-            return httpx.get(f"{replicas[0].url}/v1/sweeps/status").json()["database"]["threads_deleted"] >= len(threads)
+            return httpx.get(f"{replicas[0].url}/v1/sweeps/status").json()["database"][
+                "threads_deleted"
+            ] >= len(threads)
 
         wait_for(all_swept, 30, "both replicas to sweep every thread")
         wait_for(
-            lambda: (s := httpx.get(f"{replicas[0].url}/v1/extraction/status").json())["pending"] == 0
-            and s["in_flight"] == 0,
+            lambda: (
+                (s := httpx.get(f"{replicas[0].url}/v1/extraction/status").json())["pending"] == 0
+                and s["in_flight"] == 0
+            ),
             30,
             "the outbox to drain",
         )
@@ -100,7 +119,9 @@ def test_two_replicas_sweeping_one_database_handle_each_expired_thread_once(tmp_
 
     with psycopg.connect(fresh_pg) as conn:
         log = conn.execute("SELECT thread_id, action FROM reducing_saver_sweep_log").fetchall()
-        calls = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
+        calls = Counter(
+            (tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls")
+        )
     assert Counter(t for t, _ in log) == Counter(threads)  # each thread handled exactly once...
     assert {a for _, a in log} == {"deleted"}
     assert sum(deleted) == len(threads)  # ...and counted once across both processes
@@ -135,14 +156,18 @@ def test_cron_sweep_dry_run_then_sweep(tmp_path, fresh_pg):
         status = httpx.get(f"{service.url}/v1/sweeps/status").json()
 
     assert done["threads_pruned"] == 3 and done["errors"] == 0
-    assert printed["bytes_reclaimable"] <= done["bytes_reclaimed"] <= printed["bytes_reclaimable"] * 1.01 + 100
+    assert (
+        printed["bytes_reclaimable"] <= done["bytes_reclaimed"] <= printed["bytes_reclaimable"] * 1.01 + 100
+    )
     assert all(thread_bytes(fresh_pg, t)[1] == 1 for t in threads)
     # The service did not sweep (--no-sweep), but reports the cron run from the shared sweep log.
     assert status["sweeping"] is False and status["process"]["sweeps"] == 0
     assert status["database"]["threads_pruned"] == 3
     assert status["database"]["bytes_reclaimed"] == done["bytes_reclaimed"]
-    print(f"\ncron dry run: {printed['bytes_reclaimable']} bytes in {printed['thread_count']} threads; "
-          f"sweep reclaimed {done['bytes_reclaimed']}")
+    print(
+        f"\ncron dry run: {printed['bytes_reclaimable']} bytes in {printed['thread_count']} threads; "
+        f"sweep reclaimed {done['bytes_reclaimed']}"
+    )
 
 
 def test_closing_figure_bytes_per_thread_after_100_turns(tmp_path, fresh_pg):

@@ -29,7 +29,7 @@ def _set(database: str, **limits: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         name = conn.info.dbname
         for setting, value in limits.items():
-            conn.execute(f'ALTER DATABASE "{name}" SET {setting} = \'{value}\'')
+            conn.execute(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'")
 
 
 def _requests(url: str, route: str, status: int) -> float:
@@ -64,19 +64,27 @@ def test_a_statement_the_database_cancels_is_a_504_the_client_raises_without_ret
         answered_504 = _requests(service.url, "/v1/checkpoints/list", 504)
         answered_503 = _requests(service.url, "/v1/checkpoints/list", 503)
 
-    record_property(f"{limit} figures", f"list under {limit}=300ms with the table locked: 504 after {took:.2f} s, not retried")
+    record_property(
+        f"{limit} figures",
+        f"list under {limit}=300ms with the table locked: 504 after {took:.2f} s, not retried",
+    )
     error = raised.value
     assert error.status_code == 504 and cancelled in str(error) and limit in str(error), str(error)
     assert (answered_504, answered_503) == (1, 0)  # asked once: no retry, and never called an outage
     assert took < 5
 
 
-def test_per_step_calls_fit_a_short_statement_timeout_and_lists_take_what_they_read(fresh_pg, tmp_path, record_property):
+def test_per_step_calls_fit_a_short_statement_timeout_and_lists_take_what_they_read(
+    fresh_pg, tmp_path, record_property
+):
     """The smallest statement_timeout docs/operations.md names (100 ms), set on the database: agents' turns,
     delivery, sweeps and the storage figures run under it with no failure. A list reads every checkpoint it
     answers with its values: timed here for a 360-checkpoint thread, whole and in pages."""
     # One thread of 360 checkpoints, listed whole and a page of 50 (timed, without a limit).
-    with run_service(tmp_path, "--database", fresh_pg, *ARGS) as service, RemoteReducingSaver(service.url) as saver:
+    with (
+        run_service(tmp_path, "--database", fresh_pg, *ARGS) as service,
+        RemoteReducingSaver(service.url) as saver,
+    ):
         long = Agent("long", [service.url])
         with running([long]) as writer:
             writer.wait_for(120, timeout=180)
@@ -98,7 +106,8 @@ def test_per_step_calls_fit_a_short_statement_timeout_and_lists_take_what_they_r
         lost = lost_turns(agents, service.url, fresh_pg)
         metrics = httpx.get(f"{service.url}/metrics", timeout=10).text
         background = sum(
-            float(value) for value in re.findall(r"^reducing_saver_background_errors_total\{.*\} (\S+)$", metrics, re.M)
+            float(value)
+            for value in re.findall(r"^reducing_saver_background_errors_total\{.*\} (\S+)$", metrics, re.M)
         )
 
     record_property(

@@ -243,14 +243,13 @@ def test_a_failing_list_releases_the_saver_even_while_its_error_is_kept(fresh_pg
     # An error reporter or log handler may keep the exception (and with its traceback the operation's
     # frame) alive; the saver's lock must not depend on when that goes away.
     from fastapi.testclient import TestClient
-
     from pydantic import TypeAdapter
 
-    from reducing_saver.service.http import schemas
-    from reducing_saver.service.operations import saver as ops
-    from reducing_saver.service.http.app import create_app
     from reducing_saver.service.configuration.settings import Settings
     from reducing_saver.service.errors import Untransportable
+    from reducing_saver.service.http import schemas
+    from reducing_saver.service.http.app import create_app
+    from reducing_saver.service.operations import saver as ops
 
     app = create_app(Settings(database=fresh_pg, pool_size=1, sweep=False, extract=False))
     with TestClient(app) as http:
@@ -284,9 +283,9 @@ def test_an_answer_that_cannot_be_encoded_fails_that_call_only(body_format, monk
     from fastapi.testclient import TestClient
 
     from reducing_saver.client import ReducingSaverError
-    from reducing_saver.service.operations import saver as ops
-    from reducing_saver.service.http.app import create_app
     from reducing_saver.service.configuration.settings import Settings
+    from reducing_saver.service.http.app import create_app
+    from reducing_saver.service.operations import saver as ops
 
     app = create_app(Settings(database="memory://", sweep=False, extract=False))
     with (
@@ -317,8 +316,8 @@ def test_big_ints_travel_on_the_other_backends(backend, body_format, tmp_path):
     # so they keep its typed form, which reaches the client as the int.
     from fastapi.testclient import TestClient
 
-    from reducing_saver.service.http.app import create_app
     from reducing_saver.service.configuration.settings import Settings
+    from reducing_saver.service.http.app import create_app
 
     database = f"sqlite:///{tmp_path / 'service.sqlite'}" if backend == "sqlite" else "memory://"
     app = create_app(Settings(database=database, sweep=False, extract=False))

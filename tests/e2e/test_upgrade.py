@@ -24,7 +24,7 @@ from reducing_saver.service.storage.sqlite import migrations as sqlite_migration
 from reducing_saver.service.version import __version__
 from tests.support.chat import build_chat_graph, human
 from tests.support.fleet import Agent, lost_turns, running, wait_delivered
-from tests.support.previous_release import VERSION, version_key, build, run_previous_service
+from tests.support.previous_release import VERSION, build, run_previous_service, version_key
 from tests.support.server import run_service
 
 #: A small window, so a few turns prune messages into the outbox.
@@ -56,7 +56,9 @@ class Database:
     def outbox(self) -> dict[tuple, str]:
         """``(namespace, key) -> status`` of every outbox row."""
         rows = self.rows("SELECT namespace, key, status FROM reducing_saver_outbox")
-        return {(tuple(ns) if self.postgres else tuple(json.loads(ns)), key): status for ns, key, status in rows}
+        return {
+            (tuple(ns) if self.postgres else tuple(json.loads(ns)), key): status for ns, key, status in rows
+        }
 
     def version(self) -> int:
         if self.postgres:
@@ -87,18 +89,31 @@ def database_url(request, tmp_path):
     return f"sqlite:///{tmp_path}/service.sqlite"
 
 
-def test_a_database_of_the_previous_release_is_migrated_and_served(previous_release, database_url, tmp_path, make_database):
+def test_a_database_of_the_previous_release_is_migrated_and_served(
+    previous_release, database_url, tmp_path, make_database
+):
     db = Database(database_url)
     # -- the previous release creates and fills the database ------------------------------------------
     with run_previous_service(
-        previous_release, tmp_path, "--database", database_url, *WINDOW,
-        "--extractor", "tests.support.previous_release:refuses_doomed", "--extraction-max-attempts", "1",
+        previous_release,
+        tmp_path,
+        "--database",
+        database_url,
+        *WINDOW,
+        "--extractor",
+        "tests.support.previous_release:refuses_doomed",
+        "--extraction-max-attempts",
+        "1",
     ) as url:
         before = previous_release.agent("chat", url=url, threads=KEPT + DOOMED, turns=TURNS)
         _wait(lambda: "pending" not in _statuses(db.outbox()), "the previous release to deliver")
-    with run_previous_service(previous_release, tmp_path, "--database", database_url, *WINDOW, "--no-extract") as url:
+    with run_previous_service(
+        previous_release, tmp_path, "--database", database_url, *WINDOW, "--no-extract"
+    ) as url:
         before |= previous_release.agent("chat", url=url, threads=PENDING, turns=TURNS)
-        stored = previous_release.agent("store", url=url, namespace=NOTES, items={"a": {"n": 1}, "b": {"n": 2}})
+        stored = previous_release.agent(
+            "store", url=url, namespace=NOTES, items={"a": {"n": 1}, "b": {"n": 2}}
+        )
         assert stored["got"] == {"a": {"n": 1}, "b": {"n": 2}}
     old_outbox = db.outbox()
     figures = _statuses(old_outbox)
@@ -114,8 +129,15 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
     # -- this release opens it: migrates, serves every old thread, delivers the pending rows once ------
     calls_db = make_database()
     with run_service(
-        tmp_path, "--database", database_url, *WINDOW, "--extractor", "tests.support.extractors:counting",
-        "--log-format", "text", env={"RS_TEST_CALLS_DB": calls_db},
+        tmp_path,
+        "--database",
+        database_url,
+        *WINDOW,
+        "--extractor",
+        "tests.support.extractors:counting",
+        "--log-format",
+        "text",
+        env={"RS_TEST_CALLS_DB": calls_db},
     ) as service:
         _wait(lambda: "pending" not in _statuses(db.outbox()), "the new service to deliver")
         time.sleep(1.0)  # a second delivery, if there were one, would have happened by now
@@ -135,7 +157,9 @@ def test_a_database_of_the_previous_release_is_migrated_and_served(previous_rele
     assert db.version() == db.latest()
 
     with psycopg.connect(calls_db) as conn:
-        delivered = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
+        delivered = Counter(
+            (tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls")
+        )
     new_rows = {ident for ident in db.outbox() if ident not in old_outbox}  # the turn on kept-1
     assert set(delivered) == pending | new_rows  # the pending rows, none delivered before
     assert set(delivered.values()) == {1}  # each exactly once
@@ -170,7 +194,9 @@ def test_the_previous_releases_clients_work_against_this_service(previous_releas
 
 def test_this_releases_clients_work_against_the_previous_service(previous_release, fresh_pg, tmp_path):
     """A service upgrades later than its agents: this release's clients against the previous release's."""
-    with run_previous_service(previous_release, tmp_path, "--database", fresh_pg, *WINDOW, "--no-extract") as url:
+    with run_previous_service(
+        previous_release, tmp_path, "--database", fresh_pg, *WINDOW, "--no-extract"
+    ) as url:
         with RemoteReducingSaver(url) as saver:
             graph = build_chat_graph(saver, prefix="new-client", length=60)
             config = {"configurable": {"thread_id": "new-client"}}
@@ -190,13 +216,22 @@ def test_the_previous_release_is_what_runs(previous_release):
     """The old environment imports the wheel's code, of the newest release before this one, whose schema is
     this one's or older."""
     seen = previous_release.agent("identify")
-    assert seen["version"] == VERSION and version_key(VERSION) < version_key(importlib.metadata.version("reducing-saver"))
-    assert seen["schema"]["postgres"] <= pg_migrations.LATEST and seen["schema"]["sqlite"] <= sqlite_migrations.LATEST
-    result = subprocess.run([str(previous_release.cli), "--version"], capture_output=True, text=True, timeout=60)
+    assert seen["version"] == VERSION and version_key(VERSION) < version_key(
+        importlib.metadata.version("reducing-saver")
+    )
+    assert (
+        seen["schema"]["postgres"] <= pg_migrations.LATEST
+        and seen["schema"]["sqlite"] <= sqlite_migrations.LATEST
+    )
+    result = subprocess.run(
+        [str(previous_release.cli), "--version"], capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip() == f"reducing-saver {VERSION}"
 
 
-def test_the_previous_release_and_this_one_serve_one_database_together(previous_release, fresh_pg, tmp_path, make_database):
+def test_the_previous_release_and_this_one_serve_one_database_together(
+    previous_release, fresh_pg, tmp_path, make_database
+):
     """The first rollout of an upgrade from the previous release (docs/migrations.md): this release migrates
     the database while a previous-release replica serves it, then both serve the same threads, turn by turn
     in alternation, with the settings the previous release knows (no summarizer, no encryption). Every
@@ -206,10 +241,18 @@ def test_the_previous_release_and_this_one_serve_one_database_together(previous_
     extract = ("--extractor", "tests.support.extractors:counting", "--extraction-linger-seconds", "0")
     with (
         run_previous_service(
-            previous_release, tmp_path, "--database", fresh_pg, *WINDOW, "--extractor",
-            "tests.support.extractors:counting", env={"RS_TEST_CALLS_DB": calls_db},
+            previous_release,
+            tmp_path,
+            "--database",
+            fresh_pg,
+            *WINDOW,
+            "--extractor",
+            "tests.support.extractors:counting",
+            env={"RS_TEST_CALLS_DB": calls_db},
         ) as old_url,
-        run_service(tmp_path, "--database", fresh_pg, *WINDOW, *extract, env={"RS_TEST_CALLS_DB": calls_db}) as new,
+        run_service(
+            tmp_path, "--database", fresh_pg, *WINDOW, *extract, env={"RS_TEST_CALLS_DB": calls_db}
+        ) as new,
         RemoteReducingSaver(old_url) as old_saver,
         RemoteReducingSaver(new.url) as new_saver,
     ):
@@ -225,17 +268,23 @@ def test_the_previous_release_and_this_one_serve_one_database_together(previous_
         time.sleep(1.0)  # a second delivery, if there were one, would have happened by now
         for thread in threads:
             config = {"configurable": {"thread_id": thread}}
-            windows = [[m.id for m in s.get_tuple(config).checkpoint["channel_values"]["messages"]]
-                       for s in (old_saver, new_saver)]
+            windows = [
+                [m.id for m in s.get_tuple(config).checkpoint["channel_values"]["messages"]]
+                for s in (old_saver, new_saver)
+            ]
             assert windows[0] == windows[1] and len(windows[0]) <= 6
             assert windows[0][-1] == f"{thread}-ai-0007"
     with psycopg.connect(calls_db) as conn:
-        delivered = Counter((tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls"))
+        delivered = Counter(
+            (tuple(ns), key) for ns, key in conn.execute("SELECT namespace, key FROM extractor_calls")
+        )
     assert set(delivered) == set(db.outbox()) and len(delivered) == 2 * (16 - 4)
     assert set(delivered.values()) == {1}  # each exactly once, by one release or the other
 
 
-def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previous_release, fresh_pg, tmp_path, record_property):
+def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(
+    previous_release, fresh_pg, tmp_path, record_property
+):
     """A rollout, replica by replica: the previous release serves the database; this release starts on it
     (migrating it) while agents run; then their turns go to both releases at once, each thread's turns
     alternating between them, and a replica of the previous release restarts meanwhile on the migrated
@@ -255,7 +304,9 @@ def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previo
                 agent.urls = [old, new.url]
             with running(agents) as fleet:
                 fleet.wait_for(80, timeout=180)
-                with run_previous_service(previous_release, tmp_path, "--database", fresh_pg, *WINDOW) as restarted:
+                with run_previous_service(
+                    previous_release, tmp_path, "--database", fresh_pg, *WINDOW
+                ) as restarted:
                     old_again = httpx.get(f"{restarted}/v1/capabilities", timeout=10).json()["version"]
                 fleet.wait_for(20)
             old_version = httpx.get(f"{old}/v1/capabilities", timeout=10).json()["version"]
@@ -268,7 +319,9 @@ def test_a_rolling_upgrade_serves_one_database_with_both_releases_at_once(previo
         metrics = httpx.get(f"{new.url}/metrics", timeout=10).text
         wait_delivered(new.url)
         lost = lost_turns(agents, new.url, fresh_pg)
-        outputs = new.output() + "".join(log.read_text(errors="replace") for log in tmp_path.glob("previous-*.log"))
+        outputs = new.output() + "".join(
+            log.read_text(errors="replace") for log in tmp_path.glob("previous-*.log")
+        )
 
     failures = [error for agent in agents for _, error in agent.failures]
     acknowledged = sum(len(agent.acknowledged) for agent in agents)

@@ -23,7 +23,6 @@ from tests.support.agent_worker import thread_config
 from tests.support.server import ROOT, run_service
 from tests.support.windows import assert_valid_window
 
-
 WORKERS = 4
 THREADS_PER_WORKER = 2
 TURNS = 30
@@ -68,30 +67,55 @@ def test_four_workers_against_one_service(tmp_path, make_database):
 
     with run_service(
         tmp_path,
-        "--database", service_db,
-        "--max-messages", str(MAX_MESSAGES),
-        "--min-messages", str(MIN_MESSAGES),
-        "--on-prune", "tests.support.hooks:record",
+        "--database",
+        service_db,
+        "--max-messages",
+        str(MAX_MESSAGES),
+        "--min-messages",
+        str(MIN_MESSAGES),
+        "--on-prune",
+        "tests.support.hooks:record",
         env={"RS_TEST_PRUNE_LOG": str(prune_log)},
     ) as service:
         _run_workers(
             [
-                [*worker, "--url", service.url, "--threads", ",".join(_threads(w)),
-                 "--out", str(tmp_path / f"remote-{w}.json"), *(["--async"] if w % 2 else [])]
+                [
+                    *worker,
+                    "--url",
+                    service.url,
+                    "--threads",
+                    ",".join(_threads(w)),
+                    "--out",
+                    str(tmp_path / f"remote-{w}.json"),
+                    *(["--async"] if w % 2 else []),
+                ]
                 for w in range(WORKERS)
             ],
             tmp_path,
         )
         with RemoteReducingSaver(service.url) as client:
             remote_windows = {
-                t: client.get_tuple(thread_config(t)).checkpoint["channel_values"]["messages"] for t in all_threads
+                t: client.get_tuple(thread_config(t)).checkpoint["channel_values"]["messages"]
+                for t in all_threads
             }
 
     # The same agents in-process, on ReducingSaver(PostgresSaver), one worker for all threads.
     _run_workers(
-        [[*worker, "--database", inprocess_db, "--threads", ",".join(all_threads),
-          "--max-messages", str(MAX_MESSAGES), "--min-messages", str(MIN_MESSAGES),
-          "--out", str(tmp_path / "inprocess.json")]],
+        [
+            [
+                *worker,
+                "--database",
+                inprocess_db,
+                "--threads",
+                ",".join(all_threads),
+                "--max-messages",
+                str(MAX_MESSAGES),
+                "--min-messages",
+                str(MIN_MESSAGES),
+                "--out",
+                str(tmp_path / "inprocess.json"),
+            ]
+        ],
         tmp_path,
     )
     remote = {}
@@ -126,5 +150,7 @@ def test_four_workers_against_one_service(tmp_path, make_database):
             fill = next(size for count, size in sizes if count >= MAX_MESSAGES)
             assert max(count for count, _ in sizes) <= MAX_MESSAGES
             assert sizes[-1][1] <= fill, (thread_id, sizes[-1], fill)
-    print(f"\n{len(pruned)} messages pruned over {len(all_threads)} threads x {TURNS} turns; "
-          f"newest blob {sizes[-1][1]} B vs {fill} B at window fill")
+    print(
+        f"\n{len(pruned)} messages pruned over {len(all_threads)} threads x {TURNS} turns; "
+        f"newest blob {sizes[-1][1]} B vs {fill} B at window fill"
+    )

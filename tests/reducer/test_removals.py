@@ -56,7 +56,9 @@ def _summarize_keeping(n):
     def summarize(messages):
         if len(messages) <= n + 1:
             return []
-        summary = HumanMessage("summary", id=f"summary-{messages[-1].id}", additional_kwargs={"lc_source": "summarization"})
+        summary = HumanMessage(
+            "summary", id=f"summary-{messages[-1].id}", additional_kwargs={"lc_source": "summarization"}
+        )
         return [RemoveMessage(id=REMOVE_ALL_MESSAGES), summary, *messages[-n:]]
 
     return summarize
@@ -80,7 +82,15 @@ def _saver(memory: _Memory, remember: str = "trimmed") -> ReducingSaver:
 
 
 def test_split_removed_trims_the_oldest_and_deletes_the_rest() -> None:
-    before = [("sys", True), ("h1", False), ("a1", False), ("summary", True), ("h2", False), ("a2", False), ("h3", False)]
+    before = [
+        ("sys", True),
+        ("h1", False),
+        ("a1", False),
+        ("summary", True),
+        ("h2", False),
+        ("a2", False),
+        ("h3", False),
+    ]
     assert split_removed(before, {"h2", "h3", "sys", "summary"}) == (["h1", "a1"], ["a2"])
     assert split_removed(before, {"h1", "a1", "h2", "a2", "h3"}) == ([], [])
     assert split_removed(before, set()) == (["h1", "a1", "h2", "a2", "h3"], [])
@@ -88,7 +98,11 @@ def test_split_removed_trims_the_oldest_and_deletes_the_rest() -> None:
 
 def test_fold_is_add_messages() -> None:
     state = [HumanMessage("a", id="1"), AIMessage("b", id="2")]
-    writes = [[AIMessage("b2", id="2"), HumanMessage("c", id="3")], [RemoveMessage(id="1")], [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage("d", id="4")]]
+    writes = [
+        [AIMessage("b2", id="2"), HumanMessage("c", id="3")],
+        [RemoveMessage(id="1")],
+        [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage("d", id="4")],
+    ]
     for end in range(len(writes) + 1):
         expected = state
         for write in writes[:end]:
@@ -107,7 +121,9 @@ def test_every_message_the_agent_removes_reaches_memory_once(schema, manage) -> 
         graph.invoke({"messages": [HumanMessage(f"q {turn}", id=f"h-{turn}")]}, config)
     kept = {m.id for m in graph.get_state(config).values["messages"]}
     everything = {"sys"} | {f"h-{t}" for t in range(1, 13)} | {f"ai-{t}" for t in range(13)}
-    assert sorted(memory.delivered) == sorted(everything - kept - {"sys"})  # each once; the system prompt stays
+    assert sorted(memory.delivered) == sorted(
+        everything - kept - {"sys"}
+    )  # each once; the system prompt stays
     assert memory.forgotten == []
 
 

@@ -24,8 +24,13 @@ def test_the_startup_line_says_what_runs() -> None:
     assert "secret" not in line
     line = startup_line(
         _settings(
-            database="memory://", max_messages=30, min_messages=20, max_tokens=8000, target_tokens=6000,
-            keep_checkpoints=10, summarizer="tests.support.summarizers:facts",
+            database="memory://",
+            max_messages=30,
+            min_messages=20,
+            max_tokens=8000,
+            target_tokens=6000,
+            keep_checkpoints=10,
+            summarizer="tests.support.summarizers:facts",
         )
     )
     assert (
@@ -42,7 +47,10 @@ def test_the_migrations_of_a_start_are_one_line() -> None:
         "langgraph's store_migrations versions 0 to 4"
     )
     later = [str(Applied(v, "CREATE INDEX i ON t (x)")) for v in (12, 13)]
-    assert summarized(later, "db") == "migrated db: reducing-saver schema from version 11 to version 13 (2 migrations)"
+    assert (
+        summarized(later, "db")
+        == "migrated db: reducing-saver schema from version 11 to version 13 (2 migrations)"
+    )
     assert summarized([], "db") == "the schema of db is current"
 
 
@@ -61,7 +69,14 @@ def test_serve_help_is_grouped_as_the_settings_are() -> None:
         assert group.title.split(" (")[0] in headings
         for action in group._group_actions:
             field = SERVE_FLAGS[action.option_strings[0]]
-            assert group.title.startswith(HELP_GROUPS[settings_group(field).__name__][0]), action.option_strings
-    grouped = {option for group in serve._action_groups[2:] for a in group._group_actions for option in a.option_strings}
+            assert group.title.startswith(HELP_GROUPS[settings_group(field).__name__][0]), (
+                action.option_strings
+            )
+    grouped = {
+        option
+        for group in serve._action_groups[2:]
+        for a in group._group_actions
+        for option in a.option_strings
+    }
     assert set(SERVE_FLAGS) <= grouped
     assert "server (the database, the address, processes and logs):\n  --database URL" in text

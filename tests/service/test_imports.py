@@ -110,13 +110,18 @@ def test_a_missing_attribute_is_attribute_not_found(setting: str, user_module: s
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_something_else_is_not_usable(setting: str, user_module: str) -> None:
     not_usable = SETTINGS[setting][3]
-    assert f"'{user_module}:NOT_CALLABLE': {not_usable}: got an int" in _refused(setting, f"{user_module}:NOT_CALLABLE")
+    assert f"'{user_module}:NOT_CALLABLE': {not_usable}: got an int" in _refused(
+        setting, f"{user_module}:NOT_CALLABLE"
+    )
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_a_module_that_raises_on_import_is_named_with_its_error(setting: str, user_module: str) -> None:
     message = _refused(setting, f"{user_module}_broken:fn")
-    assert f"'{user_module}_broken:fn': module failed to import: importing '{user_module}_broken' raised " in message
+    assert (
+        f"'{user_module}_broken:fn': module failed to import: importing '{user_module}_broken' raised "
+        in message
+    )
     assert "No module named 'no_such_package_anywhere_at_all'" in message
 
 
@@ -137,7 +142,9 @@ def test_without_langchain_a_model_name_is_provider_package_missing(setting: str
     )
     # A spec that reads as either is a missing module, with what the other reading would need.
     message = _refused(setting, "nothing_by_this_name:llama3")
-    assert "module not found" in message and "as provider:model it would need the langchain package" in message
+    assert (
+        "module not found" in message and "as provider:model it would need the langchain package" in message
+    )
 
 
 def test_a_summarizer_takes_a_chat_model_a_callable_or_a_provider(user_module: str, monkeypatch) -> None:

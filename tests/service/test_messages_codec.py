@@ -169,9 +169,7 @@ def test_decode_gives_the_model_dumps_with_the_raw_payloads() -> None:
 
     assert decoded == [m.model_dump() for m in messages]
     assert all(type(m) is EncodedMessage for m in decoded)
-    assert [(m.module, m.name) for m in decoded] == [
-        (type(m).__module__, type(m).__name__) for m in messages
-    ]
+    assert [(m.module, m.name) for m in decoded] == [(type(m).__module__, type(m).__name__) for m in messages]
     assert [(5, m.ext) for m in decoded] == ext_elements(value.data)
     ai = decoded[2]
     assert ai["type"] == "ai" and ai.get("id") == "a1"
@@ -453,13 +451,21 @@ def _ext(code: int, payload: tuple) -> ormsgpack.Ext:
 @pytest.mark.parametrize(
     ("ext", "module", "name"),
     [
-        (_ext(3, ("datetime", "datetime", "2026-01-01", "strptime")), "datetime", "datetime"),  # another method
+        (
+            _ext(3, ("datetime", "datetime", "2026-01-01", "strptime")),
+            "datetime",
+            "datetime",
+        ),  # another method
         (_ext(0, ("datetime", "datetime", "2026-01-01")), "datetime", "datetime"),  # another code
         (_ext(0, ("uuid", "UUID", 5)), "uuid", "UUID"),  # an argument JsonPlus never writes
         (_ext(1, ("datetime", "timedelta", [10**15])), "datetime", "timedelta"),  # out of range
         (_ext(0, ("zoneinfo", "ZoneInfo", "Europe/Paris")), "zoneinfo", "ZoneInfo"),  # reads files
         (_ext(1, ("re", "compile", ["a+", 0])), "re", "compile"),  # compiles patterns
-        (_ext(0, ("decimal", "Decimal", "1", "extra")), "decimal", "Decimal"),  # not the shape JsonPlus writes
+        (
+            _ext(0, ("decimal", "Decimal", "1", "extra")),
+            "decimal",
+            "Decimal",
+        ),  # not the shape JsonPlus writes
         (_ext(0, ("builtins", "set", [_ext(0, ("os", "system", "true"))])), "os", "system"),  # hostile inside
     ],
 )

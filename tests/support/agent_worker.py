@@ -107,7 +107,9 @@ def main() -> None:
             inner = stack.enter_context(PostgresSaver.from_conn_string(args.database))
             inner.setup()
             savers = [
-                ReducingSaver(inner, MessageReducer(max_messages=args.max_messages, min_messages=args.min_messages))
+                ReducingSaver(
+                    inner, MessageReducer(max_messages=args.max_messages, min_messages=args.min_messages)
+                )
             ]
         if args.acks:
             for saver in savers:

@@ -47,11 +47,15 @@ class WindowEchoModel(GenericFakeChatModel):
             city = last.content.rsplit(" ", 1)[-1]
             message = AIMessage(
                 content="",
-                tool_calls=[{"name": "get_weather", "args": {"city": city}, "id": f"call_{uuid.uuid4().hex[:12]}"}],
+                tool_calls=[
+                    {"name": "get_weather", "args": {"city": city}, "id": f"call_{uuid.uuid4().hex[:12]}"}
+                ],
             )
         else:
             message = AIMessage(
-                content=f"seen {len(messages)} messages; window starts at {first_human[:24]!r}. {FILLER}"[:400]
+                content=f"seen {len(messages)} messages; window starts at {first_human[:24]!r}. {FILLER}"[
+                    :400
+                ]
             )
         return ChatResult(generations=[ChatGeneration(message=message)])
 

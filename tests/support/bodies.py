@@ -7,7 +7,9 @@ from typing import Any
 from langgraph.checkpoint.base import empty_checkpoint
 
 
-def messages_put_body(messages_value: dict[str, Any], thread_id: str = "t1", **configurable: Any) -> dict[str, Any]:
+def messages_put_body(
+    messages_value: dict[str, Any], thread_id: str = "t1", **configurable: Any
+) -> dict[str, Any]:
     """A ``/v1/checkpoints/put`` body (JSON form) writing only the messages channel, version ``"1"``.
 
     ``messages_value`` is the channel's wire value (``wire.blob_to_wire(*serde.dumps_typed(messages))``).

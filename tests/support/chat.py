@@ -14,7 +14,9 @@ def human(turn: int, prefix: str = "g", length: int = 400):
     return HumanMessage(padded(f"question {turn}", length), id=f"{prefix}-h-{turn:04d}")
 
 
-def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with_tools: bool = False, state_schema=None):
+def build_chat_graph(
+    checkpointer, *, prefix: str = "g", length: int = 400, with_tools: bool = False, state_schema=None
+):
     """A compiled ``StateGraph(MessagesState)`` whose chat node answers with ``GenericFakeChatModel``.
 
     Without tools each turn adds one AI answer of ``length`` characters. With tools, on two turns out of
@@ -33,7 +35,11 @@ def build_chat_graph(checkpointer, *, prefix: str = "g", length: int = 400, with
         for turn in itertools.count():
             if with_tools and turn % 3 != 2:
                 calls = [
-                    {"id": f"{prefix}-call-{turn:04d}-{k}", "name": "lookup", "args": {"q": f"turn {turn:04d} part {k}"}}
+                    {
+                        "id": f"{prefix}-call-{turn:04d}-{k}",
+                        "name": "lookup",
+                        "args": {"q": f"turn {turn:04d} part {k}"},
+                    }
                     for k in range(1 + turn % 2)
                 ]
                 yield AIMessage("", id=f"{prefix}-ai-{turn:04d}-call", tool_calls=calls)

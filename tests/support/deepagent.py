@@ -43,7 +43,9 @@ class ScriptedModel(GenericFakeChatModel):
     def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedModel:
         return self
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
 
     def _answer(self, messages: list[BaseMessage]) -> AIMessage:
@@ -53,7 +55,9 @@ class ScriptedModel(GenericFakeChatModel):
             text = _text(last) if last is not None else ""
             if "subtask" in text:
                 return AIMessage(f"subagent report on {text[:40]}")
-            return AIMessage(f"summary of {len(messages)} message(s), {sum(len(_text(m)) for m in messages)} chars")
+            return AIMessage(
+                f"summary of {len(messages)} message(s), {sum(len(_text(m)) for m in messages)} chars"
+            )
         step = sum(1 for m in messages[messages.index(_last_human(messages)) :] if isinstance(m, AIMessage))
         ident = f"ai-{turn:03d}-{step}"
         if isinstance(last, ToolMessage) or step > 0:
@@ -61,21 +65,58 @@ class ScriptedModel(GenericFakeChatModel):
         kind = turn % 8
         path = f"/notes/n{turn:03d}.md"
         if kind == 0:
-            todos = [{"content": f"task {turn}-{k}", "status": "pending" if k else "in_progress"} for k in range(3)]
+            todos = [
+                {"content": f"task {turn}-{k}", "status": "pending" if k else "in_progress"} for k in range(3)
+            ]
             calls = [{"name": "write_todos", "args": {"todos": todos}, "id": f"c-{turn}-0"}]
         elif kind in (1, 6):  # kind 6: write_file is under interrupt_on
-            calls = [{"name": "write_file", "args": {"file_path": path, "content": f"note {turn}\nline two\n"}, "id": f"c-{turn}-0"}]
+            calls = [
+                {
+                    "name": "write_file",
+                    "args": {"file_path": path, "content": f"note {turn}\nline two\n"},
+                    "id": f"c-{turn}-0",
+                }
+            ]
         elif kind == 2:
-            calls = [{"name": "read_file", "args": {"file_path": f"/notes/n{turn - 1:03d}.md"}, "id": f"c-{turn}-0"}]
+            calls = [
+                {
+                    "name": "read_file",
+                    "args": {"file_path": f"/notes/n{turn - 1:03d}.md"},
+                    "id": f"c-{turn}-0",
+                }
+            ]
         elif kind == 3:
-            calls = [{"name": "edit_file", "args": {"file_path": f"/notes/n{turn - 2:03d}.md", "old_string": "line two", "new_string": f"edited at {turn}"}, "id": f"c-{turn}-0"}]
+            calls = [
+                {
+                    "name": "edit_file",
+                    "args": {
+                        "file_path": f"/notes/n{turn - 2:03d}.md",
+                        "old_string": "line two",
+                        "new_string": f"edited at {turn}",
+                    },
+                    "id": f"c-{turn}-0",
+                }
+            ]
         elif kind == 4:  # two tools at once
             calls = [
                 {"name": "ls", "args": {"path": "/notes"}, "id": f"c-{turn}-0"},
-                {"name": "read_file", "args": {"file_path": f"/notes/n{turn - 3:03d}.md"}, "id": f"c-{turn}-1"},
+                {
+                    "name": "read_file",
+                    "args": {"file_path": f"/notes/n{turn - 3:03d}.md"},
+                    "id": f"c-{turn}-1",
+                },
             ]
         elif kind == 5:
-            calls = [{"name": "task", "args": {"description": f"subtask {turn}: check the notes", "subagent_type": "general-purpose"}, "id": f"c-{turn}-0"}]
+            calls = [
+                {
+                    "name": "task",
+                    "args": {
+                        "description": f"subtask {turn}: check the notes",
+                        "subagent_type": "general-purpose",
+                    },
+                    "id": f"c-{turn}-0",
+                }
+            ]
         else:
             return AIMessage(f"turn {turn}: a plain answer. " + "y" * 200, id=ident)
         return AIMessage("", id=ident, tool_calls=calls)
@@ -97,7 +138,9 @@ def build_deep_agent(checkpointer: Any, *, langchain_summarization: bool = False
     model = ScriptedModel()
     middleware: list[Any] = [TodoListMiddleware()]
     if langchain_summarization:
-        middleware.append(SummarizationMiddleware(model=model, trigger=("messages", 24), keep=("messages", 8)))
+        middleware.append(
+            SummarizationMiddleware(model=model, trigger=("messages", 24), keep=("messages", 8))
+        )
     return create_deep_agent(
         model=model,
         system_prompt="You keep notes.",

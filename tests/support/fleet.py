@@ -69,7 +69,9 @@ class Agent:
 
     def run(self, stop: threading.Event, pause: float, options: dict[str, Any]) -> None:
         with ExitStack() as stack:
-            graphs = [turn_graph(stack.enter_context(RemoteReducingSaver(url, **options))) for url in self.urls]
+            graphs = [
+                turn_graph(stack.enter_context(RemoteReducingSaver(url, **options))) for url in self.urls
+            ]
             while not stop.is_set():
                 turn = self.next_turn
                 try:
@@ -85,13 +87,16 @@ class Agent:
 class Fleet:
     """Agents running in threads until :meth:`stop`."""
 
-    def __init__(self, agents: list[Agent], *, pause: float = 0.05, client: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, agents: list[Agent], *, pause: float = 0.05, client: dict[str, Any] | None = None
+    ) -> None:
         self.agents = agents
         self.pause = pause
         self.client = {"startup_timeout": 60.0, **(client or {})}
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=agent.run, args=(self._stop, pause, self.client), daemon=True) for agent in agents
+            threading.Thread(target=agent.run, args=(self._stop, pause, self.client), daemon=True)
+            for agent in agents
         ]
 
     def start(self) -> Fleet:

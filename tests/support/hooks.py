@@ -17,8 +17,14 @@ def record(messages: list[Any], namespace: tuple[str, ...]) -> None:
     for message in messages:
         fields = message if isinstance(message, dict) else message.model_dump()
         lines.append(
-            json.dumps({"id": fields.get("id"), "type": fields.get("type"), "content": fields.get("content"),
-                        "namespace": list(namespace)})
+            json.dumps(
+                {
+                    "id": fields.get("id"),
+                    "type": fields.get("type"),
+                    "content": fields.get("content"),
+                    "namespace": list(namespace),
+                }
+            )
         )
     with _lock, open(path, "a", encoding="utf-8") as out:
         out.write("".join(line + "\n" for line in lines))

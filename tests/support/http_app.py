@@ -46,9 +46,20 @@ def run_app(log_dir: Path, *uvicorn_args: str, scheme: str = "http") -> Iterator
     log = log_dir / f"uvicorn-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.support.http_app:app", "--port", str(port),
-             "--log-level", "warning", *uvicorn_args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "tests.support.http_app:app",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *uvicorn_args,
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         _wait_listening(port, process, log)

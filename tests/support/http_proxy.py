@@ -15,7 +15,9 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 #: Headers that belong to one hop and are not forwarded.
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authorization", "proxy-connection", "transfer-encoding"})
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authorization", "proxy-connection", "transfer-encoding"}
+)
 
 
 class _Forwarding(http.server.BaseHTTPRequestHandler):
@@ -34,7 +36,9 @@ class _Forwarding(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         destination = self.route(self.command, self.path, self.headers)
         if destination is None:
-            self._answer(404, b'{"detail": "not under the proxy\'s prefix"}', [("Content-Type", "application/json")])
+            self._answer(
+                404, b'{"detail": "not under the proxy\'s prefix"}', [("Content-Type", "application/json")]
+            )
             return
         host, port, path = destination
         upstream = http.client.HTTPConnection(host, port, timeout=30)
@@ -43,7 +47,9 @@ class _Forwarding(http.server.BaseHTTPRequestHandler):
             upstream.request(self.command, path, body, headers)
             answer = upstream.getresponse()
             content = answer.read()
-            kept = [(k, v) for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP | {"content-length"}]
+            kept = [
+                (k, v) for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP | {"content-length"}
+            ]
             self._answer(answer.status, content, kept)
         finally:
             upstream.close()
@@ -105,8 +111,12 @@ class RunningProxy:
 
 
 @contextmanager
-def _serve(route: Callable[[str, str, http.client.HTTPMessage], tuple[str, int, str] | None]) -> Iterator[RunningProxy]:
-    handler = type("Handler", (_Forwarding,), {"route": staticmethod(route), "seen": [], "authorizations": []})
+def _serve(
+    route: Callable[[str, str, http.client.HTTPMessage], tuple[str, int, str] | None],
+) -> Iterator[RunningProxy]:
+    handler = type(
+        "Handler", (_Forwarding,), {"route": staticmethod(route), "seen": [], "authorizations": []}
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -126,7 +136,7 @@ def reverse_proxy(upstream: str, prefix: str) -> Iterator[RunningProxy]:
     def route(method: str, target: str, headers: http.client.HTTPMessage) -> tuple[str, int, str] | None:
         if not target.startswith(prefix + "/"):
             return None
-        return parts.hostname or "", parts.port or 80, target[len(prefix):]
+        return parts.hostname or "", parts.port or 80, target[len(prefix) :]
 
     with _serve(route) as proxy:
         yield proxy

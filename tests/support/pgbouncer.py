@@ -30,7 +30,9 @@ def ensure_pgbouncer() -> str:
     """The pgbouncer binary, installed from Debian's package first when it is missing."""
     if not Path(PGBOUNCER).exists():
         if os.geteuid() != 0:
-            raise RuntimeError("pgbouncer is not installed, and only root may install it: apt-get install -y pgbouncer")
+            raise RuntimeError(
+                "pgbouncer is not installed, and only root may install it: apt-get install -y pgbouncer"
+            )
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         install = ["apt-get", "install", "-y", "-q", "pgbouncer"]
         if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
@@ -50,7 +52,9 @@ class PgBouncer:
             the clients' connections, so that they share them.
     """
 
-    def __init__(self, target: tuple[str, int], *, mode: str = "transaction", server_connections: int = 6) -> None:
+    def __init__(
+        self, target: tuple[str, int], *, mode: str = "transaction", server_connections: int = 6
+    ) -> None:
         binary = ensure_pgbouncer()
         self.port = free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="reducing-saver-pgbouncer-"))
@@ -80,7 +84,9 @@ class PgBouncer:
             for path in (users, config):
                 os.chown(path, user.pw_uid, user.pw_gid)
             command = [binary, "-u", "postgres", str(config)]
-        self.version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
+        self.version = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=True
+        ).stdout.split("\n")[0]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while True:

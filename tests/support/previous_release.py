@@ -43,7 +43,9 @@ def previous_version() -> str:
     current = version_key(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
     older = [version for version in release_wheels() if version_key(version) < current]
     if not older:
-        raise RuntimeError(f"tests/fixtures holds no wheel of a release before {current}: see docs/releasing.md")
+        raise RuntimeError(
+            f"tests/fixtures holds no wheel of a release before {current}: see docs/releasing.md"
+        )
     return max(older, key=version_key)
 
 
@@ -67,14 +69,21 @@ class PreviousRelease:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment its processes run in: no setting of ours, ``tests`` importable."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_") and k != "PYTHONPATH"}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_") and k != "PYTHONPATH"
+        }
         return {**env, "PYTHONPATH": str(self.tests_path), **extra}
 
     def agent(self, action: str, **args: object) -> dict:
         """Run :func:`main` ``action`` in the old environment; its JSON answer."""
         result = subprocess.run(
             [str(self.python), "-m", "tests.support.previous_release", action, json.dumps(args)],
-            capture_output=True, text=True, timeout=300, env=self.env(), cwd=self.tests_path, check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=self.env(),
+            cwd=self.tests_path,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"the previous release's agent failed ({action}):\n{result.stderr}")
@@ -82,13 +91,17 @@ class PreviousRelease:
 
 
 @contextmanager
-def run_previous_service(release: PreviousRelease, log_dir: Path, *args: str, env: dict[str, str] | None = None):
+def run_previous_service(
+    release: PreviousRelease, log_dir: Path, *args: str, env: dict[str, str] | None = None
+):
     """The previous release's ``reducing-saver serve ARGS`` on a free port (a real uvicorn process), until
     the block ends; yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(release.cli), "serve", "--port", str(port), "--log-format", "text", *args]
-    with run_ready(command, url, log_dir / f"previous-{port}.log", env=release.env(**(env or {})), cwd=release.tests_path):
+    with run_ready(
+        command, url, log_dir / f"previous-{port}.log", env=release.env(**(env or {})), cwd=release.tests_path
+    ):
         yield url
 
 
@@ -101,15 +114,28 @@ def build(home: Path) -> PreviousRelease:
     (release.tests_path / "tests").symlink_to(ROOT / "tests")
     purelib = subprocess.run(
         [str(release.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     # The test environment's packages, after the environment's own (a path line adds a folder to
     # sys.path; the path files inside it, such as this checkout's editable install, are not run).
     ours = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
     Path(purelib, "test-environment.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(release.python), "install", "--quiet", "--no-deps",
-         "--no-index", "--disable-pip-version-check", str(WHEEL)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(release.python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(WHEEL),
+        ],
         check=True,
     )
     seen = release.agent("identify")
@@ -136,7 +162,8 @@ def _identify() -> dict:
     # The distribution installed in this environment: the checkout's own metadata (an editable install's
     # egg-info in the repository, on the path as the working folder) may come first on sys.path.
     (installed,) = [
-        dist for dist in importlib.metadata.distributions(name="reducing-saver")
+        dist
+        for dist in importlib.metadata.distributions(name="reducing-saver")
         if Path(dist.locate_file("")).resolve().is_relative_to(Path(sys.prefix).resolve())
     ]
     return {
@@ -170,7 +197,9 @@ def _threads(url: str, threads: list[str]) -> dict:
         found = {}
         for thread in threads:
             stored = saver.get_tuple({"configurable": {"thread_id": thread}})
-            found[thread] = None if stored is None else [m.id for m in stored.checkpoint["channel_values"]["messages"]]
+            found[thread] = (
+                None if stored is None else [m.id for m in stored.checkpoint["channel_values"]["messages"]]
+            )
     return found
 
 

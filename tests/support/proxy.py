@@ -121,7 +121,9 @@ class TcpProxy:
                 for sock in pair:
                     _close(sock)
 
-    def _pump(self, source: socket.socket, sink: socket.socket, pair: tuple[socket.socket, socket.socket]) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, pair: tuple[socket.socket, socket.socket]
+    ) -> None:
         try:
             while data := source.recv(65536):
                 with self._lock:

@@ -39,7 +39,9 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"service exited with {process.returncode}:\n{log.read_text(errors='replace')}")
+            raise RuntimeError(
+                f"service exited with {process.returncode}:\n{log.read_text(errors='replace')}"
+            )
         try:
             if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
                 return
@@ -51,7 +53,12 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 
 
 @contextmanager
 def run_ready(
-    command: list[str], url: str, log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+    command: list[str],
+    url: str,
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
     stop_timeout: float = 15.0,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``command`` (its output into ``log``), wait until ``url``/readyz answers 200, stop it (SIGTERM,
@@ -142,9 +149,7 @@ class ImageService:
         self.url = url
 
     def output(self) -> str:
-        done = subprocess.run(
-            ["docker", "logs", self.container], capture_output=True, text=True, check=False
-        )
+        done = subprocess.run(["docker", "logs", self.container], capture_output=True, text=True, check=False)
         return done.stdout + done.stderr
 
 
@@ -198,6 +203,4 @@ def run_in_image(
         print(f"--- docker logs {container} ---\n{service.output()}")  # in pytest's report of the failure
         raise
     finally:
-        subprocess.run(
-            ["docker", "rm", "--force", container], capture_output=True, check=False, timeout=120
-        )
+        subprocess.run(["docker", "rm", "--force", container], capture_output=True, check=False, timeout=120)

@@ -33,9 +33,13 @@ def _as_postgres(command: list[str]) -> list[str]:
 
 
 def _run(command: list[str], timeout: float = 60) -> None:
-    result = subprocess.run(_as_postgres(command), capture_output=True, text=True, timeout=timeout, check=False)
+    result = subprocess.run(
+        _as_postgres(command), capture_output=True, text=True, timeout=timeout, check=False
+    )
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
 
 
 class Cluster:
@@ -51,7 +55,10 @@ class Cluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
-        _run([str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"], timeout=90)
+        _run(
+            [str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"],
+            timeout=90,
+        )
 
     def stop(self, mode: str = "fast") -> None:
         """``fast``: a clean shutdown (sessions ended, WAL sent to the standby); ``immediate``: a crash."""
@@ -145,7 +152,9 @@ def make_pair(template: Path) -> Pair:
           "-d", f"host=127.0.0.1 port={primary.port} user=postgres application_name=standby"], timeout=120)  # fmt: skip
     with (standby.data / "postgresql.conf").open("a") as conf:
         # Promoted, it has no standby of its own to wait for.
-        conf.write(f"port = {standby.port}\nunix_socket_directories = '{folder}'\nsynchronous_standby_names = ''\n")
+        conf.write(
+            f"port = {standby.port}\nunix_socket_directories = '{folder}'\nsynchronous_standby_names = ''\n"
+        )
     standby.start()
     pair = Pair(folder, primary, standby)
     deadline = time.monotonic() + 30

@@ -29,9 +29,9 @@ def assert_valid_window(messages: Sequence[Any], *, start_on_human: bool = True)
     last_ai = max((i for i, m in enumerate(body) if _get(m, "tool_calls")), default=None)
     for call_id, index in calls.items():
         if call_id not in answered:
-            assert index == last_ai and all(
-                _get(m, "type") == "tool" for m in body[index + 1 :]
-            ), f"tool call {call_id} lost its results"
+            assert index == last_ai and all(_get(m, "type") == "tool" for m in body[index + 1 :]), (
+                f"tool call {call_id} lost its results"
+            )
 
 
 # -- a chat-API validity check shared by the reducer, saver and storage tests -----------------------
@@ -63,7 +63,9 @@ def api_window_problems(window, *, start_on="human") -> list[str]:
     problems: list[str] = []
     head = 1 if window and msg_kind(window[0]) == "system" else 0
     if start_on == "human" and len(window) > head and msg_kind(window[head]) != "human":
-        problems.append(f"window starts on {msg_kind(window[head])!r} at index {head}, not on a human message")
+        problems.append(
+            f"window starts on {msg_kind(window[head])!r} at index {head}, not on a human message"
+        )
     open_calls: dict[str, int] = {}
     answered: set[str] = set()
     for index, message in enumerate(window):
@@ -74,7 +76,9 @@ def api_window_problems(window, *, start_on="human") -> list[str]:
         elif kind == "tool":
             call_id = _get(message, "tool_call_id")
             if call_id not in open_calls:
-                problems.append(f"tool message at index {index} answers {call_id!r}, a call not in the window")
+                problems.append(
+                    f"tool message at index {index} answers {call_id!r}, a call not in the window"
+                )
             answered.add(call_id)
     last = len(window) - 1
     for call_id, index in open_calls.items():

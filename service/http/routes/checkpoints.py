@@ -8,9 +8,16 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from reducing_saver.service.http import schemas
-from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.http.routes import ERRORS, ORJSONResponse, ServiceDep, msgpack_too
-from reducing_saver.wire import CAPABILITIES_PATH, DELTA_HISTORY_PATH, GET_PATH, LIST_PATH, PUT_PATH, WRITES_PATH
+from reducing_saver.service.operations import saver as ops
+from reducing_saver.wire import (
+    CAPABILITIES_PATH,
+    DELTA_HISTORY_PATH,
+    GET_PATH,
+    LIST_PATH,
+    PUT_PATH,
+    WRITES_PATH,
+)
 
 router = APIRouter(tags=["saver"])
 

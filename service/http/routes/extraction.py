@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from reducing_saver.service.http import schemas
-from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.http.routes import ServiceDep
+from reducing_saver.service.operations import saver as ops
 from reducing_saver.wire import DEAD_LETTERS_PATH, EXTRACTION_STATUS_PATH, RETRY_DEAD_PATH
 
 router = APIRouter(tags=["memory"])

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Path, Query
 from reducing_saver.service import security
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.http import schemas
-from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
+from reducing_saver.service.operations import saver as ops
 from reducing_saver.wire import STORAGE_PATH, THREAD_STORAGE_PATH
 
 router = APIRouter(tags=["storage"])

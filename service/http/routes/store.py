@@ -15,7 +15,6 @@ from fastapi.responses import Response
 from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
 
 from reducing_saver.service.errors import BadRequest
-from reducing_saver.service.operations import store as store_ops
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
 from reducing_saver.service.http.schemas import (
     DeleteItemBody,
@@ -28,8 +27,15 @@ from reducing_saver.service.http.schemas import (
     StoreBatchBody,
     StoreItemBody,
 )
+from reducing_saver.service.operations import store as store_ops
 from reducing_saver.service.state import Service
-from reducing_saver.wire import STORE_BATCH_PATH, STORE_ITEMS_PATH, STORE_NAMESPACES_PATH, STORE_SEARCH_PATH, bodies
+from reducing_saver.wire import (
+    STORE_BATCH_PATH,
+    STORE_ITEMS_PATH,
+    STORE_NAMESPACES_PATH,
+    STORE_SEARCH_PATH,
+    bodies,
+)
 
 router = APIRouter(tags=["store"])
 #: The routes that put values, which may hold ints beyond 64 bits (``operations/store.py`` decides per backend).

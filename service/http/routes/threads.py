@@ -8,21 +8,37 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from reducing_saver.service.http import schemas
-from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
+from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.ttl.sweeper import SweepStatus
-from reducing_saver.wire import RUNS_DELETE_PATH, SWEEPS_STATUS_PATH, THREAD_COPY_PATH, THREAD_DELETE_PATH, THREAD_PRUNE_PATH
+from reducing_saver.wire import (
+    RUNS_DELETE_PATH,
+    SWEEPS_STATUS_PATH,
+    THREAD_COPY_PATH,
+    THREAD_DELETE_PATH,
+    THREAD_PRUNE_PATH,
+)
 
 router = APIRouter(tags=["threads"])
 
 
-@router.post(THREAD_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete every checkpoint and write of a thread.")
+@router.post(
+    THREAD_DELETE_PATH,
+    status_code=204,
+    responses=ERRORS,
+    summary="Delete every checkpoint and write of a thread.",
+)
 async def delete_thread(body: schemas.DeleteThreadBody, service: ServiceDep) -> Response:
     await service.call(ops.delete_thread, body)
     return Response(status_code=204)
 
 
-@router.post(THREAD_COPY_PATH, status_code=204, responses=ERRORS, summary="Copy a thread's checkpoints and writes to another thread id.")
+@router.post(
+    THREAD_COPY_PATH,
+    status_code=204,
+    responses=ERRORS,
+    summary="Copy a thread's checkpoints and writes to another thread id.",
+)
 async def copy_thread(body: schemas.CopyThreadBody, service: ServiceDep) -> Response:
     await service.call(ops.copy_thread, body)
     return Response(status_code=204)
@@ -39,7 +55,9 @@ async def prune(body: schemas.PruneBody, service: ServiceDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post(RUNS_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs.")
+@router.post(
+    RUNS_DELETE_PATH, status_code=204, responses=ERRORS, summary="Delete the checkpoints and writes of runs."
+)
 async def delete_for_runs(body: schemas.DeleteRunsBody, service: ServiceDep) -> Response:
     await service.call(ops.delete_for_runs, body)
     return Response(status_code=204)

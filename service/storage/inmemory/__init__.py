@@ -11,9 +11,9 @@ from reducing_saver.service.storage.inmemory.ledger import MemoryLedger
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
 from reducing_saver.service.storage.inmemory.store import PagingInMemoryStore
+from reducing_saver.service.storage.inmemory.summaries import MemoryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.usage import Selection, ThreadStorage
-from reducing_saver.service.storage.inmemory.summaries import MemoryBook
 
 
 class MemoryBackend:
@@ -101,6 +101,12 @@ def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> 
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
+    url: str,
+    *,
+    pool_size: int,
+    timeout: float,
+    create: bool = True,
+    migrate: bool = True,
+    postgres: Any = None,
 ) -> MemoryBackend:
     return MemoryBackend()

@@ -1,5 +1,4 @@
-"""The TTL ledger as a dictionary, for ``memory://``; every call runs under the saver's lock.
-"""
+"""The TTL ledger as a dictionary, for ``memory://``; every call runs under the saver's lock."""
 
 from __future__ import annotations
 
@@ -36,6 +35,7 @@ class _Row:
 
 
 logger = logging.getLogger(__name__)
+
 
 class MemoryLedger:
     """The ledger as a dictionary, for ``memory://``; every call runs under the saver's lock."""
@@ -85,7 +85,9 @@ class MemoryLedger:
                 found += 1
             return found
 
-    def candidates(self, policy: Policy, limit: int | None, skip: Sequence[str], session: Any = None) -> list[str]:
+    def candidates(
+        self, policy: Policy, limit: int | None, skip: Sequence[str], session: Any = None
+    ) -> list[str]:
         now, skipped = time.time(), set(skip)
         with self.saver.lock:
             due = sorted(
@@ -105,7 +107,9 @@ class MemoryLedger:
     def delete_extracting(self, thread_id: str, recorder: Recorder | None) -> None:
         with self.saver.lock:
             row = self.rows.get(thread_id)
-            entries = self.window(self.saver, thread_id, row_namespace(self, thread_id, row.namespace if row else None))
+            entries = self.window(
+                self.saver, thread_id, row_namespace(self, thread_id, row.namespace if row else None)
+            )
             if entries and recorder is not None:
                 recorder.record(entries)
             self.saver.delete_thread(thread_id)
@@ -122,9 +126,15 @@ class MemoryLedger:
                 total += len(checkpoint[1]) + len(metadata[1])
                 for _, _, value, _ in saver.writes.get((thread_id, ns, checkpoint_id), {}).values():
                     total += len(value[1])
-            versions = saver.serde.loads_typed(checkpoints[head][0])["channel_versions"] if heads_only else None
+            versions = (
+                saver.serde.loads_typed(checkpoints[head][0])["channel_versions"] if heads_only else None
+            )
             for (t, blob_ns, channel, version), value in saver.blobs.items():
-                if t == thread_id and blob_ns == ns and (versions is None or versions.get(channel) == version):
+                if (
+                    t == thread_id
+                    and blob_ns == ns
+                    and (versions is None or versions.get(channel) == version)
+                ):
                     total += len(value[1])
         return total
 
@@ -179,7 +189,9 @@ class _MemorySession:
                 del ledger.rows[thread_id]
                 return None
             if policy.strategy == "delete":
-                entries = ledger.window(ledger.saver, thread_id, row_namespace(ledger, thread_id, row.namespace))
+                entries = ledger.window(
+                    ledger.saver, thread_id, row_namespace(ledger, thread_id, row.namespace)
+                )
                 if entries and ledger.recorder is not None:
                     ledger.recorder.record(entries)
                 ledger.saver.prune([thread_id], strategy="delete")
@@ -196,5 +208,3 @@ class _MemorySession:
             row.swept_at = time.time()
             ledger.log.append((thread_id, "pruned", freed, time.time(), ledger.worker_id))
             return Outcome(thread_id, "pruned", freed)
-
-

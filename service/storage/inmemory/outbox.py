@@ -1,5 +1,4 @@
-"""The extraction outbox in this process's memory (``memory://``, tests).
-"""
+"""The extraction outbox in this process's memory (``memory://``, tests)."""
 
 from __future__ import annotations
 
@@ -94,7 +93,9 @@ class MemoryOutbox:
         now = time.time()
         with self._lock:
             for e in rows:
-                self._rows[e.ident] = _MemoryRow(replace(e, message=None, message_class=None, attempts=0, last_error=None), now)
+                self._rows[e.ident] = _MemoryRow(
+                    replace(e, message=None, message_class=None, attempts=0, last_error=None), now
+                )
         return len(rows)
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:
@@ -176,7 +177,8 @@ class MemoryOutbox:
         """``(namespace, thread id, bytes of the message's JSON)`` of every row (storage figures)."""
         with self._lock:
             return [
-                (ident[0], row.entry.thread_id, len(json_text(row.entry.message))) for ident, row in self._rows.items()
+                (ident[0], row.entry.thread_id, len(json_text(row.entry.message)))
+                for ident, row in self._rows.items()
             ]
 
     def status(self, *, namespace_prefix: Sequence[str] | None = None) -> dict[str, Any]:
@@ -200,7 +202,9 @@ class MemoryOutbox:
         age = None if oldest is None else max(0.0, now - oldest.timestamp())
         return {**counts, "oldest_pending_age_seconds": age}
 
-    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
+    def dead_letters(
+        self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None
+    ) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.dead_letters`."""
         with self._lock:
             dead = [
@@ -243,5 +247,3 @@ class MemoryOutbox:
 
 def _under(namespace: Sequence[str], prefix: Sequence[str] | None) -> bool:
     return prefix is None or tuple(namespace[: len(prefix)]) == tuple(prefix)
-
-

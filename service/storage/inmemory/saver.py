@@ -1,5 +1,4 @@
-"""InMemorySaver with ``copy_thread``, ``delete_for_runs`` and ``prune``, every call under one lock.
-"""
+"""InMemorySaver with ``copy_thread``, ``delete_for_runs`` and ``prune``, every call under one lock."""
 
 from __future__ import annotations
 
@@ -151,7 +150,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
         with self.lock:
             return super().get_delta_channel_history(config=config, channels=channels)
 
-    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+    def placed_delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> dict[str, PlacedHistory]:
         """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
         ``EncryptingSaver`` needs to open sealed values. The same walk as InMemorySaver's: a channel's seed
         is the first ancestor's non-empty blob at the channel's version there."""
@@ -181,7 +182,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
                     (thread_id, ns, checkpoint_id), {}
                 ).items():
                     if checkpoint_id in chain.get(channel, ()):
-                        writes.append((checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed(value)))
+                        writes.append(
+                            (checkpoint_id, channel, task_id, idx, task_path, self.serde.loads_typed(value))
+                        )
         return placed_histories(channels, chain, writes, seeds)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -293,7 +296,9 @@ class InMemoryLifecycleSaver(InMemorySaver):
             return
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
         through = self.pruned_through.get((thread_id, ns))
-        if was_pruned(checkpoint_id, through) and checkpoint_id not in self.storage.get(thread_id, {}).get(ns, {}):
+        if was_pruned(checkpoint_id, through) and checkpoint_id not in self.storage.get(thread_id, {}).get(
+            ns, {}
+        ):
             raise CheckpointPrunedError(checkpoint_id, through, as_parent=as_parent)
 
     def _record_pruned(self, thread_id: str, ns: str, checkpoint_ids: set[str]) -> None:
@@ -340,7 +345,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
         """Delete what keeping the last ``keep`` checkpoints of one namespace drops (the lock is held)."""
         checkpoints = self.storage[thread_id][ns]
         parents = {cid: parent for cid, (_, _, parent) in checkpoints.items()}
-        needs = {cid: delta_needs(self.serde.loads_typed(metadata)) for cid, (_, metadata, _) in checkpoints.items()}
+        needs = {
+            cid: delta_needs(self.serde.loads_typed(metadata))
+            for cid, (_, metadata, _) in checkpoints.items()
+        }
         doomed = checkpoints_to_drop(parents, keep, needs)
         if not doomed:
             return

@@ -53,4 +53,3 @@ class PagingInMemoryStore(InMemoryStore):
 
 def _everything(op: Op) -> Op:
     return op._replace(limit=sys.maxsize, offset=0) if isinstance(op, SearchOp) else op
-

@@ -18,7 +18,6 @@ from reducing_saver.service.storage.migrations import (
     refuse_newer,
 )
 from reducing_saver.service.storage.postgres import migrations, usage
-from reducing_saver.service.storage.postgres.errors import ServerReadOnly, refused_at_start, wrap_exceptions
 from reducing_saver.service.storage.postgres.connections import (
     HAS_PGVECTOR,
     PGVECTOR_MISSING,
@@ -32,14 +31,15 @@ from reducing_saver.service.storage.postgres.connections import (
     postgres_settings,
     require_pgvector,
 )
+from reducing_saver.service.storage.postgres.errors import ServerReadOnly, refused_at_start, wrap_exceptions
 from reducing_saver.service.storage.postgres.ledger import PostgresLedger
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.postgres.store import PagingPostgresStore
 from reducing_saver.service.storage.postgres.summaries import PostgresSummaryBook
 from reducing_saver.service.storage.serde import VerbatimSerde
-from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 
 class PostgresBackend:
@@ -165,7 +165,9 @@ class PostgresBackend:
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> PostgresLedger:
         self._own_schema()
-        return PostgresLedger(self.url, pool=self.pool, window=window, worker_id=worker_id, options=self.options)
+        return PostgresLedger(
+            self.url, pool=self.pool, window=window, worker_id=worker_id, options=self.options
+        )
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:
         return usage.measure(self.pool, selection, messages_key=messages_key)
@@ -212,6 +214,12 @@ def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> 
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
+    url: str,
+    *,
+    pool_size: int,
+    timeout: float,
+    create: bool = True,
+    migrate: bool = True,
+    postgres: Any = None,
 ) -> PostgresBackend:
     return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate, options=postgres)

@@ -69,7 +69,9 @@ def postgres_settings(options: PostgresSettings | None) -> PostgresSettings:
     return options if options is not None else PostgresSettings()
 
 
-def connection_kwargs(url: str, options: PostgresSettings | None = None, *, timeout: float = 5.0) -> dict[str, Any]:
+def connection_kwargs(
+    url: str, options: PostgresSettings | None = None, *, timeout: float = 5.0
+) -> dict[str, Any]:
     """What every connection the service opens is opened with, besides the URL.
 
     PostgresSaver's own settings (autocommit, dict rows), prepared statements as the settings say, a
@@ -142,7 +144,9 @@ def check_database(url: str, *, timeout: float, options: PostgresSettings | None
                 if kwargs["prepare_threshold"] is not None and not read_only:
                     _check_prepared_statements(url, kwargs, conn)
     except PREPARED_STATEMENT_ERRORS as exc:
-        raise StorageError(f"PostgreSQL at {where}: {first_line(exc)}: {PREPARED_STATEMENTS_ADVICE}") from None
+        raise StorageError(
+            f"PostgreSQL at {where}: {first_line(exc)}: {PREPARED_STATEMENTS_ADVICE}"
+        ) from None
     except psycopg.Error as exc:
         # libpq refused every server it reached for being read-only ("session is read-only"): say which
         # kind of server that was, rather than quote libpq (asked only then: an unreachable host would

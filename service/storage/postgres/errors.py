@@ -33,6 +33,7 @@ from reducing_saver.service.storage import (
     transient_test,
 )
 
+
 class ServerReadOnly(Exception):
     """The server says it accepts no writes (``pg_is_in_recovery()``, ``transaction_read_only``), asked by a
     check that writes nothing (the readiness probe)."""
@@ -65,7 +66,9 @@ def refused_at_start(where: str) -> Iterator[None]:
     try:
         yield
     except PREPARED_STATEMENT_ERRORS as exc:
-        raise StorageError(f"PostgreSQL at {where}: {first_line(exc)}: {PREPARED_STATEMENTS_ADVICE}") from None
+        raise StorageError(
+            f"PostgreSQL at {where}: {first_line(exc)}: {PREPARED_STATEMENTS_ADVICE}"
+        ) from None
     except READ_ONLY_ERRORS:
         raise StorageError(read_only_refusal(where)) from None
     except psycopg.Error as exc:

@@ -25,8 +25,12 @@ from typing import Any
 
 import orjson
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
-from langgraph.checkpoint.base import get_serializable_checkpoint_metadata
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    get_serializable_checkpoint_metadata,
+)
 from langgraph.checkpoint.postgres.base import UPSERT_CHECKPOINTS_SQL
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 

@@ -1,5 +1,4 @@
-"""The TTL ledger and sweep log as PostgreSQL tables (row locks with ``FOR UPDATE SKIP LOCKED``).
-"""
+"""The TTL ledger and sweep log as PostgreSQL tables (row locks with ``FOR UPDATE SKIP LOCKED``)."""
 
 from __future__ import annotations
 
@@ -13,13 +12,6 @@ from typing import Any
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL
 
 from reducing_saver.reducer import thread_namespace
-from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
-from reducing_saver.service.storage.postgres import migrations
-from reducing_saver.service.storage.postgres.connections import connect
-from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
-from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
-from reducing_saver.service.storage.serde import VerbatimSerde
-from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 from reducing_saver.service.storage.ledger import (
     LOG_TABLE,
     TABLE,
@@ -32,6 +24,13 @@ from reducing_saver.service.storage.ledger import (
     row_namespace,
     uuid6_time,
 )
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
+from reducing_saver.service.storage.postgres import migrations
+from reducing_saver.service.storage.postgres.connections import connect
+from reducing_saver.service.storage.postgres.outbox import PostgresOutbox
+from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
+from reducing_saver.service.storage.serde import VerbatimSerde
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 
 logger = logging.getLogger(__name__)
 
@@ -360,5 +359,3 @@ class _PgSession:
             conn.execute(f"UPDATE {TABLE} SET swept_at = now() WHERE thread_id = %s", (thread_id,))
             conn.execute(_PG_LOG, (thread_id, "pruned", freed, self.ledger.worker_id))
             return Outcome(thread_id, "pruned", freed)
-
-

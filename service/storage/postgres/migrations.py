@@ -201,5 +201,7 @@ def langgraph_versions(conn: Any) -> dict[str, int]:
             if cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is None:
                 found[table] = NO_VERSION
             else:
-                found[table] = cur.execute(f"SELECT coalesce(max(v), %s) FROM {table}", (NO_VERSION,)).fetchone()[0]
+                found[table] = cur.execute(
+                    f"SELECT coalesce(max(v), %s) FROM {table}", (NO_VERSION,)
+                ).fetchone()[0]
     return found

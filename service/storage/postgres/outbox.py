@@ -32,7 +32,6 @@ from reducing_saver.service.storage.postgres import migrations
 _INSERT_CHUNK = 1000
 
 
-
 #: The columns a record writes.
 _RECORDED = "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, fingerprint"
 
@@ -338,7 +337,9 @@ class PostgresOutbox:
             "oldest_pending_age_seconds": None if oldest is None else max(0.0, float(oldest)),
         }
 
-    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
+    def dead_letters(
+        self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None
+    ) -> list[OutboxEntry]:
         """Parked rows, oldest failure first, with their ``attempts`` and ``last_error`` (only those under
         ``namespace_prefix`` when given)."""
         with self._cursor() as cur:
@@ -447,5 +448,3 @@ def _pg_entry(row: Mapping[str, Any]) -> OutboxEntry:
         message_class=row["message_class"],
         last_error=row["last_error"],
     )
-
-

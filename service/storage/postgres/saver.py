@@ -25,7 +25,7 @@ from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
 from psycopg.rows import dict_row
 
-from reducing_saver.service.storage.outbox import checkpoint_records
+from reducing_saver.service.storage.latest import LatestCache
 from reducing_saver.service.storage.lifecycle import (
     CHECKPOINT_ID_KEY,
     THREAD_PREFIX_KEY,
@@ -41,7 +41,7 @@ from reducing_saver.service.storage.lifecycle import (
     refuse_delta_threads,
     was_pruned,
 )
-from reducing_saver.service.storage.latest import LatestCache
+from reducing_saver.service.storage.outbox import checkpoint_records
 from reducing_saver.service.storage.postgres import latest
 from reducing_saver.service.storage.postgres.outbox import insert_entries
 from reducing_saver.service.storage.postgres.sql import (
@@ -258,13 +258,21 @@ class PostgresLifecycleSaver(PostgresSaver):
                 delta += [r["thread_id"] for r in cur.fetchall()]
             refuse_delta_threads(delta)
         try:
-            if ids and strategy == "delete" and (self.summaries_table is not None or self.pruned_table is not None):
+            if (
+                ids
+                and strategy == "delete"
+                and (self.summaries_table is not None or self.pruned_table is not None)
+            ):
                 with self._transaction() as cur:
                     for statement in PRUNE_DELETE_THREADS_SQL:
                         cur.execute(statement, (ids,), prepare=False)
                     forget_summaries(cur, self.summaries_table, ids)
                     if self.pruned_table is not None:
-                        cur.execute(f"DELETE FROM {self.pruned_table} WHERE thread_id = ANY(%s)", (ids,), prepare=False)
+                        cur.execute(
+                            f"DELETE FROM {self.pruned_table} WHERE thread_id = ANY(%s)",
+                            (ids,),
+                            prepare=False,
+                        )
                 return
             super().prune(ids, strategy=strategy)
             if ids and self.summaries_table is not None:
@@ -311,7 +319,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
         with self._cursor() as cur:
             cur.execute(
-                PRUNED_THROUGH_SQL.format(table=self.pruned_table), (thread_id, ns, checkpoint_id), prepare=False
+                PRUNED_THROUGH_SQL.format(table=self.pruned_table),
+                (thread_id, ns, checkpoint_id),
+                prepare=False,
             )
             row = cur.fetchone()
         if row is not None and was_pruned(checkpoint_id, row["pruned_through"]):
@@ -411,7 +421,9 @@ class PostgresLifecycleSaver(PostgresSaver):
         parent = configurable.get("checkpoint_id")
         keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
         probing = _probe_after_write.set(probe)
-        checking = _parent_check.set((thread_id, ns, parent) if parent and self.pruned_table is not None else None)
+        checking = _parent_check.set(
+            (thread_id, ns, parent) if parent and self.pruned_table is not None else None
+        )
         try:
             next_config = super().put(config, checkpoint, metadata, new_versions)
         except BaseException as exc:
@@ -440,7 +452,9 @@ class PostgresLifecycleSaver(PostgresSaver):
             )
         return next_config
 
-    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+    def placed_delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> dict[str, PlacedHistory]:
         """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``), read
         by PostgresSaver's own two queries: what ``EncryptingSaver`` needs to open sealed values."""
         token = _placing.set(True)
@@ -471,7 +485,16 @@ class PostgresLifecycleSaver(PostgresSaver):
         for row in stage2_rows:
             value = None if row["type"] == "empty" else self.serde.loads_typed((row["type"], row["blob"]))
             if row["_kind"] == "w":
-                writes.append((row["checkpoint_id"], row["channel"], row["task_id"], row["idx"], row["task_path"], value))
+                writes.append(
+                    (
+                        row["checkpoint_id"],
+                        row["channel"],
+                        row["task_id"],
+                        row["idx"],
+                        row["task_path"],
+                        value,
+                    )
+                )
             elif row["type"] != "empty":
                 blobs[(row["channel"], row["version"])] = value
         seeds = {}
@@ -571,5 +594,3 @@ class PostgresLifecycleSaver(PostgresSaver):
                 self.pipe.sync()
             with cur.connection.transaction():
                 yield cur
-
-

@@ -7,7 +7,6 @@ import sqlite3
 from contextlib import closing
 from typing import Any
 
-
 from reducing_saver.service.storage import sqlite_path
 from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
 from reducing_saver.service.storage.migrations import (
@@ -19,15 +18,15 @@ from reducing_saver.service.storage.migrations import (
 )
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite import migrations, usage
-from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
 from reducing_saver.service.storage.sqlite.connections import connect, setup_lock
+from reducing_saver.service.storage.sqlite.errors import wrap_exceptions
 from reducing_saver.service.storage.sqlite.ledger import SqliteLedger
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver
 from reducing_saver.service.storage.sqlite.store import PagingSqliteStore
-from reducing_saver.service.storage.usage import Selection, ThreadStorage
 from reducing_saver.service.storage.sqlite.summaries import SqliteSummaryBook
 from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
+from reducing_saver.service.storage.usage import Selection, ThreadStorage
 
 #: Why semantic search cannot start on SQLite under this Python (one line).
 NO_LOADABLE_EXTENSIONS = (
@@ -200,6 +199,12 @@ def store_refusal(url: str, *, index: bool, ttl: bool, postgres: Any = None) -> 
 
 
 def open(  # noqa: A001
-    url: str, *, pool_size: int, timeout: float, create: bool = True, migrate: bool = True, postgres: Any = None
+    url: str,
+    *,
+    pool_size: int,
+    timeout: float,
+    create: bool = True,
+    migrate: bool = True,
+    postgres: Any = None,
 ) -> SqliteBackend:
     return SqliteBackend(sqlite_path(url), create=create, migrate=migrate)

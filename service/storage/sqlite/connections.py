@@ -33,7 +33,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     where = path.absolute()
     if not path.exists():
         if not create:
-            raise StorageError(f"the SQLite database {where} does not exist (only serve and worker create one)")
+            raise StorageError(
+                f"the SQLite database {where} does not exist (only serve and worker create one)"
+            )
         if not path.parent.exists():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +45,9 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
                 ) from None
             logger.warning("created the folder %s for the SQLite database %s", where.parent, path.name)
     try:
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
+        conn = sqlite3.connect(
+            path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS
+        )
         conn.execute("PRAGMA journal_mode=WAL")
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open the SQLite database {where}: {exc}") from None

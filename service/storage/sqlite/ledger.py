@@ -13,9 +13,6 @@ from typing import Any
 import orjson
 
 from reducing_saver.reducer import thread_namespace
-from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
-from reducing_saver.service.storage.sqlite import migrations
-from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 from reducing_saver.service.storage.ledger import (
     LOG_TABLE,
     TABLE,
@@ -30,6 +27,9 @@ from reducing_saver.service.storage.ledger import (
     row_namespace,
     uuid6_time,
 )
+from reducing_saver.service.storage.lifecycle import PRUNED_TABLE
+from reducing_saver.service.storage.sqlite import migrations
+from reducing_saver.service.storage.summaries import TABLE as SUMMARIES_TABLE
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,7 @@ ON CONFLICT (thread_id) DO UPDATE SET
     swept_at = NULL
 """
 
-_SQ_EXPIRED = (
-    "(expires_at < :now OR (ttl_seconds IS NULL AND :default IS NOT NULL AND last_write_at < :now - :default))"
-)
+_SQ_EXPIRED = "(expires_at < :now OR (ttl_seconds IS NULL AND :default IS NOT NULL AND last_write_at < :now - :default))"
 
 _SQ_THREAD_BYTES = """
 SELECT (SELECT COALESCE(SUM(LENGTH(checkpoint) + COALESCE(LENGTH(metadata), 0)), 0)
@@ -136,13 +134,20 @@ class SqliteLedger:
         if rows:
             with self._read() as conn:
                 conn.executemany(
-                    f"INSERT INTO {TABLE} (thread_id, last_write_at) VALUES (?, ?) ON CONFLICT DO NOTHING", rows
+                    f"INSERT INTO {TABLE} (thread_id, last_write_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    rows,
                 )
         return len(rows)
 
-    def candidates(self, policy: Policy, limit: int | None, skip: Sequence[str], session: Any = None) -> list[str]:
+    def candidates(
+        self, policy: Policy, limit: int | None, skip: Sequence[str], session: Any = None
+    ) -> list[str]:
         swept = "AND swept_at IS NULL" if policy.strategy == "keep_latest" else ""
-        params = {"now": time.time(), "default": policy.default_ttl, "skip": orjson.dumps(list(skip)).decode()}
+        params = {
+            "now": time.time(),
+            "default": policy.default_ttl,
+            "skip": orjson.dumps(list(skip)).decode(),
+        }
         limit_sql = f"LIMIT {int(limit)}" if limit is not None else ""
         with self._read() as conn:
             rows = conn.execute(
@@ -257,5 +262,3 @@ class _SqliteSession:
             f"INSERT INTO {LOG_TABLE} (thread_id, action, bytes, swept_at, swept_by) VALUES (?, ?, ?, ?, ?)",
             (thread_id, action, freed, time.time(), self.ledger.worker_id),
         )
-
-

@@ -116,7 +116,10 @@ def where(cur: Any) -> str:
 
 def version(cur: Any) -> int:
     """The newest version recorded in the file (:data:`NO_VERSION` without a version table)."""
-    if cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone() is None:
+    if (
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
+        is None
+    ):
         return NO_VERSION
     found = cur.execute(f"SELECT max(v) FROM {TABLE}").fetchone()[0]
     return NO_VERSION if found is None else found
@@ -161,6 +164,10 @@ def langgraph_versions(cur: Any) -> dict[str, int]:
     """The version each of langgraph's tables in :data:`LANGGRAPH_TABLES` records."""
     found = {}
     for table in LANGGRAPH_TABLES:
-        exists = cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
-        found[table] = cur.execute(f"SELECT coalesce(max(v), -1) FROM {table}").fetchone()[0] if exists else NO_VERSION
+        exists = cur.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone()
+        found[table] = (
+            cur.execute(f"SELECT coalesce(max(v), -1) FROM {table}").fetchone()[0] if exists else NO_VERSION
+        )
     return found

@@ -1,5 +1,4 @@
-"""The extraction outbox as a table in the service's SQLite file (``BEGIN IMMEDIATE`` transactions).
-"""
+"""The extraction outbox as a table in the service's SQLite file (``BEGIN IMMEDIATE`` transactions)."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from reducing_saver.service.storage.outbox import (
 )
 from reducing_saver.service.storage.sqlite import migrations
 from reducing_saver.service.storage.sqlite.connections import connect
+
 
 class SqliteOutbox:
     """The outbox as a table in a SQLite file (the service's own file, next to the checkpoints).
@@ -149,7 +149,14 @@ class SqliteOutbox:
                 "lease_until = NULL, available_at = excluded.available_at, attempts = 0, last_error = NULL, "
                 "failed_at = NULL, delivered_at = NULL",
                 [
-                    (_ns_text(e.namespace), e.key, e.thread_id, e.checkpoint_id, as_utc(e.pruned_at).timestamp(), now)
+                    (
+                        _ns_text(e.namespace),
+                        e.key,
+                        e.thread_id,
+                        e.checkpoint_id,
+                        as_utc(e.pruned_at).timestamp(),
+                        now,
+                    )
                     for e in rows
                 ],
             )
@@ -288,7 +295,9 @@ class SqliteOutbox:
             "oldest_pending_age_seconds": None if oldest is None else max(0.0, now - oldest),
         }
 
-    def dead_letters(self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None) -> list[OutboxEntry]:
+    def dead_letters(
+        self, limit: int = 100, *, namespace_prefix: Sequence[str] | None = None
+    ) -> list[OutboxEntry]:
         """See :meth:`PostgresOutbox.dead_letters`."""
         where, extra = _sqlite_prefix_where(namespace_prefix, "AND")
         rows = (
@@ -374,5 +383,3 @@ def _sqlite_entry(row: sqlite3.Row) -> OutboxEntry:
         message_class=row["message_class"],
         last_error=row["last_error"],
     )
-
-

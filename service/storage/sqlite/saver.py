@@ -1,5 +1,4 @@
-"""SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``.
-"""
+"""SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``."""
 
 from __future__ import annotations
 
@@ -159,7 +158,9 @@ class SqliteLifecycleSaver(SqliteSaver):
                     return
                 yield item
 
-    def placed_delta_history(self, config: RunnableConfig, channels: Sequence[str]) -> dict[str, PlacedHistory]:
+    def placed_delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> dict[str, PlacedHistory]:
         """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``): what
         ``EncryptingSaver`` needs to open sealed values. SqliteSaver's two queries: the ancestors, each
         checkpoint read until every channel has found a stored value (its seed), then their writes."""
@@ -187,7 +188,10 @@ class SqliteLifecycleSaver(SqliteSaver):
                     break
                 seen.add(checkpoint_id)
                 checkpoint = self.serde.loads_typed((type_, blob))
-                values, versions = checkpoint.get("channel_values") or {}, checkpoint.get("channel_versions") or {}
+                values, versions = (
+                    checkpoint.get("channel_values") or {},
+                    checkpoint.get("channel_versions") or {},
+                )
                 for channel in list(walking):
                     chain[channel].append(checkpoint_id)
                     if channel in values:
@@ -463,7 +467,9 @@ class SqliteLifecycleSaver(SqliteSaver):
                 ).fetchone()
                 self._record_pruned(cur, thread_id, call_ns, newest)
                 for table in ("writes", "checkpoints"):
-                    cur.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, call_ns))
+                    cur.execute(
+                        f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ?", (thread_id, call_ns)
+                    )
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Cursor]:
@@ -489,5 +495,3 @@ class SqliteLifecycleSaver(SqliteSaver):
                 conn.commit()
             finally:
                 cur.close()
-
-

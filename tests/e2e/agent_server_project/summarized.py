@@ -19,9 +19,7 @@ class _Model(GenericFakeChatModel):
 
         said = next((str(m.content) for m in reversed(messages) if m.type == "human"), "")
         question = said.splitlines()[-1] if said else ""
-        summary = next(
-            (m for m in messages if m.additional_kwargs.get("lc_source") == "summarization"), None
-        )
+        summary = next((m for m in messages if m.additional_kwargs.get("lc_source") == "summarization"), None)
         if summary is None:
             seen = "saw no summary"
         else:

@@ -101,7 +101,10 @@ def test_placed_history_is_the_backends_own_history_with_places(database: str) -
             inner = reducing.inner
             seeded = 0
             items = list(inner.list({"configurable": {"thread_id": "placed"}}))
-            parents = {i.checkpoint["id"]: (i.parent_config or {}).get("configurable", {}).get("checkpoint_id") for i in items}
+            parents = {
+                i.checkpoint["id"]: (i.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+                for i in items
+            }
             for item in items:
                 stock = inner.get_delta_channel_history(config=item.config, channels=["messages"])["messages"]
                 placed = inner.placed_delta_history(item.config, ["messages"])["messages"]

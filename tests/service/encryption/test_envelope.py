@@ -9,7 +9,13 @@ import os
 import pytest
 
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.encryption import Cipher, IntegrityError, KeyRingError, UnknownKeyError, load_keyring
+from reducing_saver.service.encryption import (
+    Cipher,
+    IntegrityError,
+    KeyRingError,
+    UnknownKeyError,
+    load_keyring,
+)
 from reducing_saver.service.encryption.envelope import NONCE_BYTES, key_id_of
 from tests.support.encryption import new_key, ring_json
 
@@ -67,7 +73,9 @@ def test_settings_never_show_the_key():
         Settings(encryption="required")
     with pytest.raises(ValueError, match="cannot be combined with store_index"):
         Settings(
-            encryption="migrate", encryption_keys=ring_json("k1", k1=key), store_index={"dims": 4, "embed": "tests.support.embeddings:embed"}
+            encryption="migrate",
+            encryption_keys=ring_json("k1", k1=key),
+            store_index={"dims": 4, "embed": "tests.support.embeddings:embed"},
         )
 
 
@@ -112,7 +120,6 @@ def test_100000_encryptions_repeat_no_nonce():
     start = 2 + len("k1")
     nonces = {cipher.seal(b"v", "", ["c"])[start : start + NONCE_BYTES] for _ in range(100_000)}
     assert len(nonces) == 100_000
-
 
 
 def test_a_forked_child_never_reuses_its_parents_nonces():

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import HumanMessage
 
 from reducing_saver.client import ReducingSaverError, RemoteReducingSaver
 from reducing_saver.reducer import StepRequest, step_id
@@ -34,7 +34,11 @@ RING = ring_json("k1", k1=new_key())
 
 @pytest.fixture(params=["postgres", "sqlite"])
 def database(request, tmp_path):
-    return request.getfixturevalue("fresh_pg") if request.param == "postgres" else f"sqlite:///{tmp_path}/m.sqlite"
+    return (
+        request.getfixturevalue("fresh_pg")
+        if request.param == "postgres"
+        else f"sqlite:///{tmp_path}/m.sqlite"
+    )
 
 
 class Process:
@@ -43,19 +47,27 @@ class Process:
     def __init__(self, database: str, mode: str) -> None:
         keys = {"encryption_keys": RING} if mode != "off" else {}
         self.settings = Settings(
-            database=database, encryption=mode, summarizer="tests.support.summarizers:verbatim",
-            extraction_base_backoff=0, extraction_max_backoff=0, **keys,
+            database=database,
+            encryption=mode,
+            summarizer="tests.support.summarizers:verbatim",
+            extraction_base_backoff=0,
+            extraction_max_backoff=0,
+            **keys,
         )
         self.backend = open_backend(database, pool_size=2, timeout=10.0)
         self.backend.setup()
         self.memory = Memory(self.settings, self.backend)
-        self.summaries = RunningSummaries(self.settings, self.backend, wrap=None, registry=None, tenant_mode=False)
+        self.summaries = RunningSummaries(
+            self.settings, self.backend, wrap=None, registry=None, tenant_mode=False
+        )
         self.book = self.summaries.book
         self.store = self.memory.deliverer_for().extractor.store
 
     def record(self, thread: str, texts: list[str]) -> None:
         messages = [HumanMessage(text, id=f"{thread}-{i}") for i, text in enumerate(texts)]
-        self.memory.record(messages, ("memories", thread), {"configurable": {"thread_id": thread}}, {"id": "cp"})
+        self.memory.record(
+            messages, ("memories", thread), {"configurable": {"thread_id": thread}}, {"id": "cp"}
+        )
 
     def deliver(self) -> int:
         delivered = 0
@@ -107,8 +119,12 @@ def _worker(process: Process, calls: list) -> SummaryWorker:
         return "\n".join(filter(None, [previous, *(m.content for m in messages)]))
 
     return SummaryWorker(
-        process.book, CallableSummarizer(summarize, "s", max_tokens=1000), max_attempts=2,
-        base_backoff=0, max_backoff=0, rng=random.Random(1),
+        process.book,
+        CallableSummarizer(summarize, "s", max_tokens=1000),
+        max_attempts=2,
+        base_backoff=0,
+        max_backoff=0,
+        rng=random.Random(1),
     )
 
 
@@ -135,7 +151,10 @@ def test_an_off_summarizer_leaves_sealed_batches_and_bases_alone_and_its_puts_re
         pass
     keyed_worker.release()
     assert keyed_calls[-1] == ("FACT: s-1", ["s-2"])  # built on the opened summary
-    assert keyed.book.steps("s", "", [on_sealed_base.step_id])[on_sealed_base.step_id].text == "FACT: s-1\nFACT: s-2"
+    assert (
+        keyed.book.steps("s", "", [on_sealed_base.step_id])[on_sealed_base.step_id].text
+        == "FACT: s-1\nFACT: s-2"
+    )
     # The put path of the process without the key ring cannot show a sealed summary: a clear refusal.
     with pytest.raises(StoredDataError, match="--encryption off") as refused:
         off.book.steps("s", "", [sealed.step_id])
@@ -154,13 +173,20 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
     from tests.support.chat import build_chat_graph, human
 
     common = dict(
-        database=database, max_messages=6, min_messages=4, ttl_strategy="delete", default_ttl="1s",
-        sweep=False, extract=False,
+        database=database,
+        max_messages=6,
+        min_messages=4,
+        ttl_strategy="delete",
+        default_ttl="1s",
+        sweep=False,
+        extract=False,
     )
     keyed_app = create_app(Settings(**common, encryption="migrate", encryption_keys=RING))
     off_app = create_app(Settings(**common))
     with TestClient(keyed_app) as keyed_http, TestClient(off_app):
-        with RemoteReducingSaver("http://testserver", transport=keyed_http._transport, max_retries=0) as saver:
+        with RemoteReducingSaver(
+            "http://testserver", transport=keyed_http._transport, max_retries=0
+        ) as saver:
             graph = build_chat_graph(saver, prefix="w", length=30)
             for n in range(3):
                 graph.invoke({"messages": [human(n, "w", 30)]}, {"configurable": {"thread_id": "w"}})
@@ -168,7 +194,11 @@ def test_an_off_sweep_never_deletes_a_window_it_cannot_read(database, caplog):
         report = off_app.state.service.sweeper.sweep()
         assert report.errors == 1 and report.threads_deleted == 0, report
         assert "--encryption off" in caplog.text
-        assert keyed_app.state.service.open_backend().savers(1)[0].get_tuple({"configurable": {"thread_id": "w"}})
+        assert (
+            keyed_app.state.service.open_backend()
+            .savers(1)[0]
+            .get_tuple({"configurable": {"thread_id": "w"}})
+        )
         report = keyed_app.state.service.sweeper.sweep()
         assert report.errors == 0 and report.threads_deleted == 1, report
         outbox = keyed_app.state.service.open_memory().outbox
@@ -187,7 +217,10 @@ def _client(database: str, mode: str) -> Iterator[RemoteReducingSaver]:
     """The service of ``mode`` on ``database`` (in process), and a client of it."""
     keys = {"encryption_keys": RING} if mode != "off" else {}
     app = create_app(Settings(database=database, encryption=mode, extract=False, sweep=False, **keys))
-    with TestClient(app) as http, RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0) as saver:
+    with (
+        TestClient(app) as http,
+        RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0) as saver,
+    ):
         yield saver
 
 

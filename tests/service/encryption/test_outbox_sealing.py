@@ -33,7 +33,10 @@ def test_messages_are_sealed_and_claims_open_them(outbox, fresh_pg):
     sealed, inner = outbox
     _record(sealed, "SENTINEL-outbox")
     with inner._pool.connection() as conn:
-        texts = [row["message"] for row in conn.execute("SELECT message::text AS message FROM reducing_saver_outbox")]
+        texts = [
+            row["message"]
+            for row in conn.execute("SELECT message::text AS message FROM reducing_saver_outbox")
+        ]
     assert len(texts) == 3 and not any("SENTINEL" in text for text in texts)
     claimed = sealed.claim("w1", 10, 30)
     assert sorted(entry.message["content"] for entry in claimed) == [f"SENTINEL-outbox {i}" for i in range(3)]
@@ -44,7 +47,9 @@ def test_a_changed_or_moved_message_fails_the_claim(outbox, tamper):
     sealed, inner = outbox
     _record(sealed, "x")
     with inner._pool.connection() as conn:
-        rows = {r["key"]: r["message"] for r in conn.execute("SELECT key, message FROM reducing_saver_outbox")}
+        rows = {
+            r["key"]: r["message"] for r in conn.execute("SELECT key, message FROM reducing_saver_outbox")
+        }
         first, second, third = sorted(rows)
         if tamper == "flip":
             text = rows[first]["reducing-saver/aesgcm"]

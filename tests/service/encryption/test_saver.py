@@ -154,9 +154,15 @@ def test_a_plain_inline_value_survives_the_first_sealed_checkpoint_under_migrate
 
     def put(saver, checkpoint_id: str, values: dict, versions: dict, new_versions: dict) -> None:
         checkpoint = empty_checkpoint()
-        checkpoint["id"], checkpoint["channel_values"], checkpoint["channel_versions"] = checkpoint_id, values, versions
+        checkpoint["id"], checkpoint["channel_values"], checkpoint["channel_versions"] = (
+            checkpoint_id,
+            values,
+            versions,
+        )
         config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": None}}
-        saver.put(config, checkpoint, {"source": "loop", "step": int(checkpoint_id), "parents": {}}, new_versions)
+        saver.put(
+            config, checkpoint, {"source": "loop", "step": int(checkpoint_id), "parents": {}}, new_versions
+        )
 
     versions = dict.fromkeys(values, old)
     put(backend_saver, "1", values, versions, versions)  # the plain era
@@ -185,7 +191,7 @@ def test_a_put_seals_only_the_values_the_backend_stores(backend_saver, mode, mon
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     sealed.put(config, checkpoint, {"source": "loop", "step": 1, "parents": {}}, {"reply": new})
 
-    (_, stored, _, new_versions), = handed
+    ((_, stored, _, new_versions),) = handed
     assert all(is_sealed(value) for value in stored["channel_values"].values())
     backend = request.node.callspec.params["backend_saver"]
     expected = {
@@ -208,4 +214,6 @@ def test_blobs_sealed_by_earlier_releases_and_long_type_names_still_open():
         assert sealer.open_value(sealer.seal_value(value, *place), *place) == value
     earlier = b"b" + ormsgpack.packb(["msgpack", b"\x93\x01\x02\x03"])
     envelope = sealer.cipher.seal(earlier, "", ["blob", *place])
-    assert sealer.open_value(Blob("reducing-saver/aesgcm", envelope), *place) == Blob("msgpack", b"\x93\x01\x02\x03")
+    assert sealer.open_value(Blob("reducing-saver/aesgcm", envelope), *place) == Blob(
+        "msgpack", b"\x93\x01\x02\x03"
+    )

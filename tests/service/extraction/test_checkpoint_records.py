@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.service.storage.outbox import TABLE
 from reducing_saver.wire import blob_to_wire
 from tests.support.bodies import messages_put_body
@@ -50,15 +50,21 @@ def _sql(database: str, statement: str, *params) -> list[tuple]:
 
 
 def _fail_inserts_into(database: str, table: str) -> None:
-    _sql(database, f"""
+    _sql(
+        database,
+        f"""
         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
             $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
         CREATE TRIGGER refuse BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION refuse();
-    """)
+    """,
+    )
 
 
 def _outbox_keys(database: str, thread_id: str) -> list[str]:
-    return [key for (key,) in _sql(database, f"SELECT key FROM {TABLE} WHERE thread_id = %s ORDER BY key", thread_id)]
+    return [
+        key
+        for (key,) in _sql(database, f"SELECT key FROM {TABLE} WHERE thread_id = %s ORDER BY key", thread_id)
+    ]
 
 
 def _checkpoints(database: str, thread_id: str) -> int:

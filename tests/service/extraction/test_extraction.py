@@ -25,9 +25,9 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.reducer import message_key, validate_namespace
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor, entry_message, load_extractor
-from reducing_saver.service.storage.outbox import make_entries
 from reducing_saver.service.messages_codec import EncodedMessage, SafeMessagesCodec
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
+from reducing_saver.service.storage.outbox import make_entries
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from reducing_saver.wire import Blob
 from reducing_saver.wire.nul import decode_memory_value
@@ -494,7 +494,10 @@ async def async_extractor(messages, namespace, store):
 
 
 def test_load_extractor_runs_sync_and_async_callables():
-    for path in ["tests.service.extraction.test_extraction:sync_extractor", "tests.service.extraction.test_extraction:async_extractor"]:
+    for path in [
+        "tests.service.extraction.test_extraction:sync_extractor",
+        "tests.service.extraction.test_extraction:async_extractor",
+    ]:
         store = InMemoryStore()
         outbox = MemoryOutbox()
         outbox.record(human_entries(3))

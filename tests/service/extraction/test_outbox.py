@@ -7,7 +7,6 @@ on real PostgreSQL, with two pools at once and with deliverers in separate proce
 from __future__ import annotations
 
 import dataclasses
-
 import multiprocessing
 import random
 import threading
@@ -22,9 +21,9 @@ from langchain_core.messages import AIMessage, HumanMessage
 from reducing_saver.reducer import message_key
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.leased_worker import LeaseRenewer
-from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.messages_codec import EncodedMessage
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
+from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox as PoolOutbox
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from tests.support.storage import OwnPoolOutbox as PostgresOutbox

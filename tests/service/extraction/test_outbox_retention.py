@@ -19,8 +19,8 @@ from langgraph.store.postgres import PostgresStore
 from reducing_saver.client import RemoteReducingSaver
 from reducing_saver.service.extraction.deliverer import Deliverer
 from reducing_saver.service.extraction.extractors import StoreExtractor
-from reducing_saver.service.storage.outbox import make_entries
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
+from reducing_saver.service.storage.outbox import make_entries
 from tests.support.chat import build_chat_graph, human
 from tests.support.server import CLI, ROOT, run_service
 

@@ -42,7 +42,9 @@ def _trim(messages):
 def _summarize(messages):
     if len(messages) <= 5:
         return []
-    summary = HumanMessage("summary", id=f"summary-{messages[-1].id}", additional_kwargs={"lc_source": "summarization"})
+    summary = HumanMessage(
+        "summary", id=f"summary-{messages[-1].id}", additional_kwargs={"lc_source": "summarization"}
+    )
     return [RemoveMessage(id=REMOVE_ALL_MESSAGES), summary, *messages[-3:]]
 
 
@@ -114,7 +116,9 @@ def test_every_removed_message_reaches_memory_once_and_a_deletion_leaves_it(sett
         graph.invoke({"messages": [HumanMessage("q 98", id="h-98")]}, config)
         final = {m.id for m in graph.get_state(config).values["messages"]}
         # Memory keeps what ever left the state (the re-added message too, once), less the deletion.
-        expected = sorted(((every | {"h-99", "ai-99", "h-98", "ai-98"}) - final | {oldest_left}) - {newest_human})
+        expected = sorted(
+            ((every | {"h-99", "ai-99", "h-98", "ai-98"}) - final | {oldest_left}) - {newest_human}
+        )
         deadline = time.monotonic() + 20
         while (found := _memories(store, "removals", len(expected), timeout=1)) != expected:
             assert time.monotonic() < deadline, (sorted(set(found) ^ set(expected)), final, newest_human)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 
 BACKENDS = ("memory", "sqlite", "postgres")
 

@@ -7,7 +7,6 @@ SIGTERM, whose logs must be JSON lines from start to finish.
 from __future__ import annotations
 
 import importlib.metadata
-
 import io
 import json
 import logging
@@ -25,9 +24,8 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.messages_codec import SafeMessagesCodec
+from reducing_saver.service.http.app import create_app
 from reducing_saver.service.http.observability import (
     LATENCY_BUCKETS,
     JsonFormatter,
@@ -37,6 +35,7 @@ from reducing_saver.service.http.observability import (
     log_handler,
     url_secrets,
 )
+from reducing_saver.service.messages_codec import SafeMessagesCodec
 from reducing_saver.wire import blob_to_wire
 from tests.support.bodies import messages_put_body as _put_body
 from tests.support.server import run_service
@@ -262,13 +261,15 @@ def test_the_release_shows_in_the_metrics_the_capabilities_and_the_command_line(
 def test_a_background_failure_of_the_database_is_one_warning_then_counted(client, log_lines):
     """An outage fails every round of a background task: the first is one WARNING line without a traceback,
     the rest are counted only, until a round goes through again."""
-    from reducing_saver.service.storage.background import FailureLog
     from reducing_saver.service.storage import DatabaseUnavailable
+    from reducing_saver.service.storage.background import FailureLog
 
     failures = FailureLog("delivery", logging.getLogger("reducing_saver.test"))
     for _ in range(3):
         try:
-            raise DatabaseUnavailable("the database is unavailable: OperationalError: server closed the connection")
+            raise DatabaseUnavailable(
+                "the database is unavailable: OperationalError: server closed the connection"
+            )
         except DatabaseUnavailable as exc:
             failures.failed(exc, "delivery round failed; retrying")
     failures.succeeded()
@@ -291,7 +292,9 @@ def test_openapi_lists_metrics(client):
 
 def test_postgres_pool_and_savers_show_as_gauges(fresh_pg):
     # No deliverer, sweeper or storage pass: their background work would take pool connections at any moment.
-    app = create_app(Settings(database=fresh_pg, pool_size=3, extract=False, sweep=False, storage_refresh_seconds=0))
+    app = create_app(
+        Settings(database=fresh_pg, pool_size=3, extract=False, sweep=False, storage_refresh_seconds=0)
+    )
     with TestClient(app) as client:
         samples = _metrics(client)
         assert _value(samples, "reducing_saver_db_pool_size") == 3
@@ -348,8 +351,10 @@ def test_json_logs_carry_the_request_id_into_the_route_thread(log_lines):
     with TestClient(app) as client:
         # A successful per-step call is access-logged at DEBUG: nothing at INFO ...
         client.post("/v1/checkpoints/put", json=body, headers={"X-Request-ID": "req-41"})
-        assert not any(r.get("request_id") == "req-41" and r["logger"] == "reducing_saver.access"
-                       for r in _records(log_lines))
+        assert not any(
+            r.get("request_id") == "req-41" and r["logger"] == "reducing_saver.access"
+            for r in _records(log_lines)
+        )
         # ... and a line once the access logger is at DEBUG.
         access_logger.setLevel(logging.DEBUG)
         try:
@@ -467,7 +472,9 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 @pytest.mark.e2e
 def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(tmp_path, pg_database):
     url = pg_database.replace("postgres@", "postgres:s3cret-pass@")
-    with run_service(tmp_path, "--database", url, "--shutdown-grace-seconds", "20", "--log-level", "debug") as service:
+    with run_service(
+        tmp_path, "--database", url, "--shutdown-grace-seconds", "20", "--log-level", "debug"
+    ) as service:
         release, started, result = threading.Event(), threading.Event(), {}
         thread = _stalled_put(service.url, release, started, result)
         assert started.wait(10)
@@ -484,7 +491,10 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(tmp_path, pg_dat
 
     records = [json.loads(line) for line in service.output().splitlines()]  # JSON from start to finish
     messages = [r["message"] for r in records]
-    assert any(m.startswith("reducing-saver ") and "backend postgres (postgresql://postgres:***@" in m for m in messages)
+    assert any(
+        m.startswith("reducing-saver ") and "backend postgres (postgresql://postgres:***@" in m
+        for m in messages
+    )
     closed = messages.index("backend postgres closed; shutdown complete")
     access = next(i for i, r in enumerate(records) if r.get("route") == "/v1/checkpoints/put")
     assert access < closed  # the backend closed after the request finished
@@ -520,7 +530,11 @@ def test_request_metrics_count_and_bucket_each_request_as_prometheus_client_woul
     labels = ("method", "route", "status")
     counter = Counter("reducing_saver_http_requests", "", labels, registry=reference)
     histogram = Histogram(
-        "reducing_saver_http_request_duration_seconds", "", labels, buckets=LATENCY_BUCKETS, registry=reference
+        "reducing_saver_http_request_duration_seconds",
+        "",
+        labels,
+        buckets=LATENCY_BUCKETS,
+        registry=reference,
     )
     cases = [
         ("POST", "/v1/writes/put", 204, 0.0003),

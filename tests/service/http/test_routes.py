@@ -12,8 +12,8 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.wire import blob_to_wire
 from tests.support.bodies import messages_put_body as _put_body
 
@@ -101,7 +101,11 @@ def test_unreadable_messages_are_stored_unreduced(client):
     ("mutate", "expected_status", "needle"),
     [
         (lambda b: b.update(extra_field=1), 422, "extra_field"),
-        (lambda b: b["values"].update(messages={"type": "msgpack", "data": "***not base64***"}), 422, "base64"),
+        (
+            lambda b: b["values"].update(messages={"type": "msgpack", "data": "***not base64***"}),
+            422,
+            "base64",
+        ),
         (lambda b: b["values"].update(messages={"type": "msgpack"}), 422, "data"),
         (lambda b: b["checkpoint"].update(id=5), 422, "id"),
         (lambda b: b["config"]["configurable"].pop("thread_id"), 422, "thread_id"),
@@ -137,11 +141,16 @@ def test_body_over_the_limit_gets_413_before_parsing(client):
 def test_thread_lifecycle_routes(client):
     body = _put_body(blob_to_wire(*SERDE.dumps_typed(_messages(1))))
     assert client.post("/v1/checkpoints/put", json=body).status_code == 200
-    assert client.post("/v1/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"}).status_code == 204
+    assert (
+        client.post("/v1/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"}).status_code
+        == 204
+    )
     assert _get(client, "t2")["values"] == _get(client, "t1")["values"]
     again = client.post("/v1/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"})
     assert again.status_code == 409 and "t2" in again.json()["detail"]
-    assert client.post("/v1/threads/prune", json={"thread_ids": ["t2"], "strategy": "delete"}).status_code == 204
+    assert (
+        client.post("/v1/threads/prune", json={"thread_ids": ["t2"], "strategy": "delete"}).status_code == 204
+    )
     assert _get(client, "t2") is None
     bad = client.post("/v1/threads/prune", json={"thread_ids": ["t1"], "strategy": "everything"})
     assert bad.status_code == 422 and "strategy" in bad.text
@@ -151,9 +160,18 @@ def test_openapi_documents_every_route(client):
     spec = client.get("/openapi.json").json()
     paths = set(spec["paths"])
     assert {
-        "/healthz", "/readyz", "/v1/capabilities", "/v1/checkpoints/get", "/v1/checkpoints/list",
-        "/v1/checkpoints/put", "/v1/writes/put", "/v1/threads/delete", "/v1/threads/copy",
-        "/v1/threads/prune", "/v1/runs/delete", "/v1/checkpoints/delta-history",
+        "/healthz",
+        "/readyz",
+        "/v1/capabilities",
+        "/v1/checkpoints/get",
+        "/v1/checkpoints/list",
+        "/v1/checkpoints/put",
+        "/v1/writes/put",
+        "/v1/threads/delete",
+        "/v1/threads/copy",
+        "/v1/threads/prune",
+        "/v1/runs/delete",
+        "/v1/checkpoints/delta-history",
     } <= paths
     put = spec["paths"]["/v1/checkpoints/put"]["post"]
     assert {"200", "413", "422"} <= set(put["responses"])

@@ -58,7 +58,9 @@ def test_dead_summary_batches_are_listed_and_sent_back_per_tenant():
             assert "FlakySummarizerError: no model for" in step["last_error"]
         assert [step["thread_id"] for step in _dead(client, KEYS["rival"])] == ["chat"]
         assert len(_dead(client, KEYS["acme"], limit=1)) == 1
-        bad = client.get(SUMMARY_DEAD_PATH, params={"limit": 0}, headers={"authorization": f"Bearer {KEYS['acme']}"})
+        bad = client.get(
+            SUMMARY_DEAD_PATH, params={"limit": 0}, headers={"authorization": f"Bearer {KEYS['acme']}"}
+        )
         assert bad.status_code == 422 and "limit" in bad.text
         assert client.get(SUMMARY_DEAD_PATH).status_code == 401
         assert client.post(SUMMARY_RETRY_DEAD_PATH).status_code == 401

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from reducing_saver.client import RemoteReducingSaver
+from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http import msgpack_body
 from reducing_saver.service.http.app import create_app
-from reducing_saver.service.configuration.settings import Settings
 from tests.support.chat import build_chat_graph, human
 
 PER_STEP = {"/v1/checkpoints/get", "/v1/checkpoints/put", "/v1/writes/put"}

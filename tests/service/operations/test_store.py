@@ -9,8 +9,8 @@ from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, MatchCondit
 
 from reducing_saver.client import RemoteStore
 from reducing_saver.service.errors import BadRequest
-from reducing_saver.service.security import TenantScope
 from reducing_saver.service.operations.store import StoreScope, check_op, with_ttl_defaults
+from reducing_saver.service.security import TenantScope
 
 ACME = StoreScope(TenantScope("acme"))
 

@@ -26,8 +26,8 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.service.security import extensions
 from reducing_saver.service.security.extensions import (
     MAX_EXTENSION_DEPTH,
@@ -198,7 +198,9 @@ def test_a_name_is_accepted_only_where_its_module_defines_the_class(tmp_path: Pa
     """The module is read, never run: its top-level statement that touches a file does not run."""
     package = tmp_path / "graphstate_pkg"
     package.mkdir()
-    (package / "__init__.py").write_text("import pathlib\npathlib.Path(__file__).with_suffix('.ran').touch()\n")
+    (package / "__init__.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_suffix('.ran').touch()\n"
+    )
     (package / "state.py").write_text(STATE_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     extensions.defined_classes.cache_clear()
@@ -228,7 +230,9 @@ def test_resolving_a_name_imports_nothing():
 def test_a_class_in_compiled_code_is_refused():
     pytest.importorskip("pydantic_core")
     with pytest.raises(UnsafeValueError, match="not a class pydantic_core._pydantic_core defines"):
-        check_value(ormsgpack.packb(ext(1, "pydantic_core._pydantic_core", "SchemaValidator", [1])), "f", DEFAULT)
+        check_value(
+            ormsgpack.packb(ext(1, "pydantic_core._pydantic_core", "SchemaValidator", [1])), "f", DEFAULT
+        )
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 4, 5])
@@ -315,7 +319,10 @@ def test_extensions_before_a_decoding_error_are_still_checked():
 def test_codes_langgraph_does_not_know_are_left_alone():
     # LangGraph's hook returns None for them without reading the payload.
     gadget_payload = ormsgpack.packb(("os", "system", "x"))
-    for data in (ormsgpack.packb([ormsgpack.Ext(42, gadget_payload)]), b"\x92\xd4\xfd\x00\xc0"):  # code 42; -3
+    for data in (
+        ormsgpack.packb([ormsgpack.Ext(42, gadget_payload)]),
+        b"\x92\xd4\xfd\x00\xc0",
+    ):  # code 42; -3
         check_value(data, "f", DEFAULT)
         # ... because a stock reader reads each as None, never opening the payload.
         assert all(item is None for item in SERDE.loads_typed(("msgpack", data)))
@@ -514,7 +521,10 @@ def test_a_pending_write_naming_code_is_refused_and_not_stored(tmp_path: Path):
         ]
         response = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
         assert response.status_code == 422
-        assert "writes[1] (channel 'notes'): msgpack extension code 1 naming subprocess.Popen" in response.json()["detail"]
+        assert (
+            "writes[1] (channel 'notes'): msgpack extension code 1 naming subprocess.Popen"
+            in response.json()["detail"]
+        )
         assert _stored(client)["pending_writes"] == [], "neither write was stored"
 
 
@@ -539,7 +549,9 @@ def test_an_extension_map_key_is_refused_at_put_and_write_and_the_thread_stays_r
         writes = [["notes", blob_to_wire("msgpack", packed({"b": 2}))], ["notes", poisoned]]
         refused = client.post("/v1/writes/put", json={"config": config, "writes": writes, "task_id": "t"})
         assert refused.status_code == 422, refused.text
-        assert refused.json()["detail"].startswith("writes[1] (channel 'notes'): not msgpack a reader can decode")
+        assert refused.json()["detail"].startswith(
+            "writes[1] (channel 'notes'): not msgpack a reader can decode"
+        )
         with RemoteReducingSaver("http://testserver", transport=client._transport) as saver:
             mine = saver.get_tuple({"configurable": {"thread_id": "t1"}})
             assert mine.checkpoint["channel_values"] == {"notes": {"a": 1}} and mine.pending_writes == []

@@ -31,9 +31,9 @@ from pydantic import ValidationError
 
 from reducing_saver.client import AuthenticationError, RemoteReducingSaver
 from reducing_saver.service import security
-from reducing_saver.service.http.app import create_app
 from reducing_saver.service.cli import main as cli_main
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import create_app
 from reducing_saver.wire import blob_to_wire
 from tests.support.server import CLI, ROOT, free_port, run_service
 
@@ -56,13 +56,19 @@ def key_pairs(**extra: str) -> str:
 
 def test_keys_from_pairs_and_from_a_hash_file(tmp_path):
     hashes = tmp_path / "keys"
-    hashes.write_text(f"# agents\nfiles {security.hash_key('file-key')}\n\nfiles {security.hash_key('rotated')}  # new\n")
+    hashes.write_text(
+        f"# agents\nfiles {security.hash_key('file-key')}\n\nfiles {security.hash_key('rotated')}  # new\n"
+    )
     settings = Settings(database="memory://", api_keys="dev=plain-key", api_keys_file=str(hashes))
     keys = security.load_api_keys(settings)
     assert keys.tenant_for("plain-key") == "dev"
     assert keys.tenant_for("file-key") == keys.tenant_for(b"rotated") == "files"
     assert keys.tenant_for("wrong") is None and keys.tenant_for("") is None
-    assert "plain-key" not in repr(keys) and "plain-key" not in repr(settings) and "plain-key" not in str(settings)
+    assert (
+        "plain-key" not in repr(keys)
+        and "plain-key" not in repr(settings)
+        and "plain-key" not in str(settings)
+    )
     assert security.load_api_keys(Settings(database="memory://")) is None
 
 
@@ -228,7 +234,9 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
     ]
     for method, path in routes:
         for headers in bad:
-            response = httpx.request(method, url + path, headers=headers, json={} if method == "POST" else None)
+            response = httpx.request(
+                method, url + path, headers=headers, json={} if method == "POST" else None
+            )
             # The probes, and the API description (docs_public, the default), need no key.
             expected = 200 if path in ("/healthz", "/readyz", "/docs", "/openapi.json") else 401
             assert response.status_code == expected, (method, path, headers, response.text)
@@ -239,9 +247,17 @@ def test_every_route_but_the_probes_needs_a_key(keyed_service):
         assert httpx.request(method, url + path, headers=auth("rival"), json={}).status_code != 401
     # The document declares the scheme, and 401 on every secured operation.
     document = httpx.get(f"{url}/openapi.json", headers=auth("acme")).json()
-    assert document["components"]["securitySchemes"]["apiKey"] == {**document["components"]["securitySchemes"]["apiKey"], "type": "http", "scheme": "bearer"}
+    assert document["components"]["securitySchemes"]["apiKey"] == {
+        **document["components"]["securitySchemes"]["apiKey"],
+        "type": "http",
+        "scheme": "bearer",
+    }
     header = document["components"]["securitySchemes"]["apiKeyHeader"]
-    assert {k: header[k] for k in ("type", "in", "name")} == {"type": "apiKey", "in": "header", "name": "x-api-key"}
+    assert {k: header[k] for k in ("type", "in", "name")} == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "x-api-key",
+    }
     for path, ops in document["paths"].items():
         for op in ops.values():
             public = path in ("/healthz", "/readyz")
@@ -257,7 +273,11 @@ AMBIGUOUS = [
 ]
 
 
-@pytest.mark.parametrize("headers", AMBIGUOUS, ids=["right-then-wrong", "wrong-then-right", "twice", "bearer-and-other-header", "two-x-api-keys"])
+@pytest.mark.parametrize(
+    "headers",
+    AMBIGUOUS,
+    ids=["right-then-wrong", "wrong-then-right", "twice", "bearer-and-other-header", "two-x-api-keys"],
+)
 def test_ambiguous_credentials_are_refused_with_400(headers):
     """Two Authorization headers, or a key in both headers that disagree: which one a proxy in front checked
     is anyone's guess, so neither is taken (as servers guarding against request smuggling answer)."""
@@ -285,7 +305,10 @@ def test_ambiguous_credentials_on_what_no_route_serves_get_the_routers_answer():
         document = client.get("/openapi.json").json()
     for path, ops in document["paths"].items():
         for op in ops.values():
-            assert ("400" in op["responses"]) == (path not in ("/healthz", "/readyz")), (path, op["responses"])
+            assert ("400" in op["responses"]) == (path not in ("/healthz", "/readyz")), (
+                path,
+                op["responses"],
+            )
 
 
 @pytest.mark.e2e
@@ -302,9 +325,15 @@ def test_metrics_answer_the_operators_key_only_never_a_tenants(tmp_path):
     """/metrics holds every tenant's figures (storage per tenant): a tenant's key gets 403 there, with or
     without a metrics key configured; the metrics key (plain, or its hash in a file) reads it and nothing
     else; the API description names the scheme."""
+
     def put_thread(client: TestClient, tenant: str) -> None:
-        body = {"config": {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, "checkpoint": empty_checkpoint(),
-                "values": {}, "metadata": {}, "new_versions": {}}
+        body = {
+            "config": {"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+            "checkpoint": empty_checkpoint(),
+            "values": {},
+            "metadata": {},
+            "new_versions": {},
+        }
         assert client.post("/v1/checkpoints/put", json=body, headers=auth(tenant)).status_code == 200
 
     with TestClient(create_app(Settings(database="memory://", api_keys=key_pairs()))) as client:
@@ -327,7 +356,10 @@ def test_metrics_answer_the_operators_key_only_never_a_tenants(tmp_path):
             for headers in ({"Authorization": f"Bearer {SCRAPER_KEY}"}, {"x-api-key": SCRAPER_KEY}):
                 scraped = client.get("/metrics", headers=headers)
                 assert scraped.status_code == 200 and "reducing_saver_http_requests_total" in scraped.text
-            assert client.get("/v1/capabilities", headers={"Authorization": f"Bearer {SCRAPER_KEY}"}).status_code == 401
+            assert (
+                client.get("/v1/capabilities", headers={"Authorization": f"Bearer {SCRAPER_KEY}"}).status_code
+                == 401
+            )
             operation = client.get("/openapi.json").json()["paths"]["/metrics"]["get"]
             assert operation["security"] == [{"metricsKey": []}, {"metricsKeyHeader": []}]
             assert {"401", "403"} <= set(operation["responses"])
@@ -393,7 +425,15 @@ class Api:
             assert response.status_code == status, (path, response.text)
         return response
 
-    def put(self, thread: str, *, turns: int = 3, namespace: bool = True, run_id: str = "run-a", parent: str | None = None) -> str:
+    def put(
+        self,
+        thread: str,
+        *,
+        turns: int = 3,
+        namespace: bool = True,
+        run_id: str = "run-a",
+        parent: str | None = None,
+    ) -> str:
         configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
         if namespace:
             configurable["memory_namespace"] = NAMESPACE
@@ -417,14 +457,19 @@ class Api:
         configurable = {"thread_id": thread, "checkpoint_ns": ""}
         if checkpoint_id:
             configurable["checkpoint_id"] = checkpoint_id
-        return self.post("/v1/checkpoints/get", {"config": {"configurable": configurable}}, 200).json()["checkpoint"]
+        return self.post("/v1/checkpoints/get", {"config": {"configurable": configurable}}, 200).json()[
+            "checkpoint"
+        ]
 
     def list(self, thread: str | None = None, **kw: Any) -> list[dict]:
         config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}} if thread else None
         return self.post("/v1/checkpoints/list", {"config": config, **kw}, 200).json()["checkpoints"]
 
     def ids(self, thread: str | None = None, **kw: Any) -> list[tuple[str, str]]:
-        return [(c["config"]["configurable"]["thread_id"], c["config"]["configurable"]["checkpoint_id"]) for c in self.list(thread, **kw)]
+        return [
+            (c["config"]["configurable"]["thread_id"], c["config"]["configurable"]["checkpoint_id"])
+            for c in self.list(thread, **kw)
+        ]
 
     def status(self) -> dict:
         response = self.client.get("/v1/extraction/status", headers=self.headers)
@@ -439,7 +484,9 @@ def _same_as_missing(do, their_id: str) -> None:
     """Acting on another tenant's id answers exactly as acting on an id nobody used."""
     theirs, missing = do(their_id), do(NEVER_USED)
     assert theirs.status_code == missing.status_code
-    assert theirs.content.replace(their_id.encode(), b"ID") == missing.content.replace(NEVER_USED.encode(), b"ID")
+    assert theirs.content.replace(their_id.encode(), b"ID") == missing.content.replace(
+        NEVER_USED.encode(), b"ID"
+    )
 
 
 def wait_for(predicate, timeout: float = 60.0) -> None:
@@ -455,7 +502,15 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
     # acme: thread "shared" (3 checkpoints, explicit namespace), "solo" (fallback namespace), writes.
     shared = [acme.put("shared", turns=3 + i, run_id="run-a") for i in range(3)]
     solo = acme.put("solo", turns=4, namespace=False, run_id="run-b")
-    acme.post("/v1/writes/put", {"config": {"configurable": {"thread_id": "solo", "checkpoint_ns": "", "checkpoint_id": solo}}, "writes": [["messages", 1]], "task_id": "t1"}, 204)
+    acme.post(
+        "/v1/writes/put",
+        {
+            "config": {"configurable": {"thread_id": "solo", "checkpoint_ns": "", "checkpoint_id": solo}},
+            "writes": [["messages", 1]],
+            "task_id": "t1",
+        },
+        204,
+    )
     # rival: the same thread id and run id, and one thread of its own, written after acme's (newer).
     rival_shared = rival.put("shared", turns=5, run_id="run-a")
     rival_own = rival.put("rivals-own", turns=1, run_id="run-r")
@@ -468,11 +523,21 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
     assert before[1]["pending_writes"] == [["t1", "messages", 1]]
 
     # get: latest, by checkpoint id (acme's id under its own thread id and under rival's)
-    _same_as_missing(lambda t: rival.post("/v1/checkpoints/get", {"config": {"configurable": {"thread_id": t, "checkpoint_ns": ""}}}), "solo")
+    _same_as_missing(
+        lambda t: rival.post(
+            "/v1/checkpoints/get", {"config": {"configurable": {"thread_id": t, "checkpoint_ns": ""}}}
+        ),
+        "solo",
+    )
     assert rival.get("shared", shared[0]) is None and rival.get("solo", solo) is None
     assert rival.get("shared")["config"]["configurable"]["checkpoint_id"] == rival_shared
     # list: by thread, across threads (with filter, limit, before)
-    _same_as_missing(lambda t: rival.post("/v1/checkpoints/list", {"config": {"configurable": {"thread_id": t, "checkpoint_ns": ""}}}), "solo")
+    _same_as_missing(
+        lambda t: rival.post(
+            "/v1/checkpoints/list", {"config": {"configurable": {"thread_id": t, "checkpoint_ns": ""}}}
+        ),
+        "solo",
+    )
     assert sorted(rival.ids()) == sorted([("rivals-own", rival_own), ("shared", rival_shared)])
     assert rival.ids(filter={"run_id": "run-a"}) == [("shared", rival_shared)]
     # limit and before keep the saver's meaning, applied to the tenant's own checkpoints: limit is a prefix
@@ -482,20 +547,44 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
         assert everything == sorted(everything, key=lambda x: x[1], reverse=True)
     assert acme.ids(limit=2) == everything[:2] and rival.ids(limit=1) == rival.ids()[:1]
     newest = max(cid for _, cid in everything)
-    assert acme.ids(before={"configurable": {"checkpoint_id": newest}}) == [i for i in everything if i[1] < newest]
+    assert acme.ids(before={"configurable": {"checkpoint_id": newest}}) == [
+        i for i in everything if i[1] < newest
+    ]
     assert acme.ids(filter={"run_id": "run-b"}) == [("solo", solo)]
     assert [c["parent_config"] for c in acme.list("shared")][-1] is None
     # delta history
-    _same_as_missing(lambda t: rival.post("/v1/checkpoints/delta-history", {"config": {"configurable": {"thread_id": t, "checkpoint_ns": "", "checkpoint_id": solo}}, "channels": ["messages"]}), "solo")
+    _same_as_missing(
+        lambda t: rival.post(
+            "/v1/checkpoints/delta-history",
+            {
+                "config": {"configurable": {"thread_id": t, "checkpoint_ns": "", "checkpoint_id": solo}},
+                "channels": ["messages"],
+            },
+        ),
+        "solo",
+    )
     # copy: from acme's thread (copies nothing), into acme's thread id (no 409: rival's own id)
-    _same_as_missing(lambda t: rival.post("/v1/threads/copy", {"source_thread_id": t, "target_thread_id": f"copy-of-{t}"}), "solo")
+    _same_as_missing(
+        lambda t: rival.post("/v1/threads/copy", {"source_thread_id": t, "target_thread_id": f"copy-of-{t}"}),
+        "solo",
+    )
     assert rival.ids("copy-of-solo") == []
     rival.post("/v1/threads/copy", {"source_thread_id": "rivals-own", "target_thread_id": "solo"}, 204)
     assert rival.ids("solo") == [("solo", rival_own)]
-    conflict = rival.post("/v1/threads/copy", {"source_thread_id": "rivals-own", "target_thread_id": "solo"}, 409)
+    conflict = rival.post(
+        "/v1/threads/copy", {"source_thread_id": "rivals-own", "target_thread_id": "solo"}, 409
+    )
     assert "rival:" not in conflict.text and "'solo'" in conflict.text
     # put_writes: rival writes under acme's thread and checkpoint ids: lands in rival's own thread
-    rival.post("/v1/writes/put", {"config": {"configurable": {"thread_id": "solo", "checkpoint_ns": "", "checkpoint_id": solo}}, "writes": [["messages", 2]], "task_id": "t9"}, 204)
+    rival.post(
+        "/v1/writes/put",
+        {
+            "config": {"configurable": {"thread_id": "solo", "checkpoint_ns": "", "checkpoint_id": solo}},
+            "writes": [["messages", 2]],
+            "task_id": "t9",
+        },
+        204,
+    )
     # delete_for_runs: rival deletes run-a: its own only
     rival.post("/v1/runs/delete", {"run_ids": ["run-a", "run-b"]}, 204)
     assert rival.ids("shared") == []
@@ -514,7 +603,16 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
     assert ("tenants", "acme", "memories", "solo") in namespaces
     assert all(ns[:2] in {("tenants", "acme"), ("tenants", "rival")} for ns in namespaces)
     # extraction: every pruned message dead-letters (the extractor always fails): counts are per tenant
-    wait_for(lambda: acme.status()["dead"] > 0 and rival.status()["dead"] > 0 and acme.status()["pending"] == 0 and rival.status()["pending"] == 0 and acme.status()["in_flight"] == 0 and rival.status()["in_flight"] == 0)
+    wait_for(
+        lambda: (
+            acme.status()["dead"] > 0
+            and rival.status()["dead"] > 0
+            and acme.status()["pending"] == 0
+            and rival.status()["pending"] == 0
+            and acme.status()["in_flight"] == 0
+            and rival.status()["in_flight"] == 0
+        )
+    )
     acme_dead, rival_dead = acme.dead(), rival.dead()
     assert len(acme_dead) == acme.status()["dead"] and len(rival_dead) == rival.status()["dead"]
     assert len(acme_dead) != len(rival_dead), "the two tenants pruned different numbers of messages"
@@ -526,7 +624,11 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
     assert acme.dead() == acme_dead, "rival's retry left acme's dead letters alone"
 
 
-FAILING = {"extractor": "tests.support.extractors:counting", "extraction_max_attempts": 1, "extraction_idle_seconds": 0.05}
+FAILING = {
+    "extractor": "tests.support.extractors:counting",
+    "extraction_max_attempts": 1,
+    "extraction_idle_seconds": 0.05,
+}
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
@@ -549,7 +651,18 @@ def test_isolation_matrix_in_process(backend, tmp_path, monkeypatch):
 @pytest.mark.e2e
 def test_isolation_matrix_on_postgres(tmp_path, fresh_pg):
     env = {"REDUCING_SAVER_API_KEYS": key_pairs(), "RS_TEST_FAIL_RATE": "1", "RS_TEST_CALLS_DB": fresh_pg}
-    args = ["--database", fresh_pg, "--max-messages", "4", "--min-messages", "2", "--extractor", FAILING["extractor"], "--extraction-max-attempts", "1"]
+    args = [
+        "--database",
+        fresh_pg,
+        "--max-messages",
+        "4",
+        "--min-messages",
+        "2",
+        "--extractor",
+        FAILING["extractor"],
+        "--extraction-max-attempts",
+        "1",
+    ]
     with run_service(tmp_path, *args, env=env) as svc, httpx.Client(base_url=svc.url, timeout=30) as client:
 
         def namespaces() -> set[tuple[str, ...]]:
@@ -563,7 +676,10 @@ def test_isolation_matrix_on_postgres(tmp_path, fresh_pg):
             stored = {r[0] for r in conn.execute("SELECT DISTINCT thread_id FROM checkpoints")}
         assert stored == {"acme:shared", "acme:solo", "rival:rivals-own"}
         with PostgresSaver.from_conn_string(fresh_pg) as stock:
-            assert stock.get_tuple({"configurable": {"thread_id": "acme:shared", "checkpoint_ns": ""}}) is not None
+            assert (
+                stock.get_tuple({"configurable": {"thread_id": "acme:shared", "checkpoint_ns": ""}})
+                is not None
+            )
 
 
 @pytest.mark.e2e
@@ -571,7 +687,10 @@ def test_like_wildcards_in_tenant_names_do_not_widen_a_list(tmp_path, fresh_pg):
     """Tenant "a_c" must not see "abc"'s threads: '_' is a LIKE wildcard, escaped in the query."""
     keys = {"a_c": "underscore-tenant-key-1234", "abc": "plain-tenant-key-12345678"}
     env = {"REDUCING_SAVER_API_KEYS": ",".join(f"{t}={k}" for t, k in keys.items())}
-    with run_service(tmp_path, "--database", fresh_pg, env=env) as svc, httpx.Client(base_url=svc.url) as client:
+    with (
+        run_service(tmp_path, "--database", fresh_pg, env=env) as svc,
+        httpx.Client(base_url=svc.url) as client,
+    ):
         KEYS.update(keys)
         try:
             Api(client, "abc").put("t", turns=1, namespace=False)
@@ -592,7 +711,11 @@ def test_single_tenant_mode_stores_the_agents_own_ids(tmp_path):
         assert api.ids() == [(api.ids()[0][0], api.ids()[0][1])] and api.ids()[0][0] == "plain"
     import sqlite3
 
-    rows = sqlite3.connect(tmp_path / "db.sqlite").execute("SELECT DISTINCT thread_id FROM checkpoints").fetchall()
+    rows = (
+        sqlite3.connect(tmp_path / "db.sqlite")
+        .execute("SELECT DISTINCT thread_id FROM checkpoints")
+        .fetchall()
+    )
     assert rows == [("plain",)]
 
 
@@ -616,10 +739,13 @@ def test_deploy_files_run_with_keys():
     assert config["REDUCING_SAVER_HOST"] == "0.0.0.0" and "REDUCING_SAVER_INSECURE" not in config
     services = compose({})["services"]
     service_env = environment(services[SERVICE])
-    settings = Settings(_env_file=None, **{  # the container's view: the image's ENV under compose's
-        name.removeprefix("REDUCING_SAVER_").lower(): value
-        for name, value in {**dockerfile_env(), **service_env}.items()
-    })
+    settings = Settings(
+        _env_file=None,
+        **{  # the container's view: the image's ENV under compose's
+            name.removeprefix("REDUCING_SAVER_").lower(): value
+            for name, value in {**dockerfile_env(), **service_env}.items()
+        },
+    )
     assert settings.host == "0.0.0.0" and not settings.insecure
     assert security.check_exposure(settings) is None, "compose's service would refuse to start"
     (tenant_key,) = service_env["REDUCING_SAVER_API_KEYS"].split(",")

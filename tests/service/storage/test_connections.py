@@ -9,11 +9,10 @@ import time
 import psycopg
 import pytest
 
-from reducing_saver.service.storage import PostgresSettings
-from reducing_saver.service.storage import open_backend
+from reducing_saver.service.storage import PostgresSettings, open_backend
+from reducing_saver.service.storage.ledger import Policy
 from reducing_saver.service.storage.postgres import connections
 from reducing_saver.service.storage.postgres.connections import connection_kwargs, open_pool
-from reducing_saver.service.storage.ledger import Policy
 from tests.support.postgres import PG_HOST, PG_PORT
 from tests.support.proxy import tcp_proxy
 
@@ -39,7 +38,9 @@ def opened(monkeypatch):
         return conn
 
     monkeypatch.setattr(psycopg.Connection, "connect", classmethod(recording))
-    monkeypatch.setattr(psycopg, "connect", lambda *args, **kwargs: recording(psycopg.Connection, *args, **kwargs))
+    monkeypatch.setattr(
+        psycopg, "connect", lambda *args, **kwargs: recording(psycopg.Connection, *args, **kwargs)
+    )
     return made
 
 
@@ -58,7 +59,11 @@ def test_every_connection_the_backend_opens_takes_the_settings(fresh_pg, opened)
     assert len(opened) >= 6  # the checks, the locks, the pool's two, the sweep's two
     for _, parameters, prepare_threshold in opened:
         assert prepare_threshold is None
-        assert (parameters["keepalives_idle"], parameters["keepalives_interval"], parameters["keepalives_count"]) == (
+        assert (
+            parameters["keepalives_idle"],
+            parameters["keepalives_interval"],
+            parameters["keepalives_count"],
+        ) == (
             "7",
             "3",
             "4",
@@ -77,15 +82,25 @@ def test_prepared_statements_are_on_by_default_as_postgres_saver_has_them(fresh_
 
 def test_the_server_that_takes_writes_is_asked_for_unless_the_url_names_its_own():
     assert connection_kwargs("postgresql://u@h1:5432,h2:5432/db")["target_session_attrs"] == "read-write"
-    assert connection_kwargs("postgresql://u@h/db?target_session_attrs=any").get("target_session_attrs") is None
-    assert connection_kwargs("host=h1,h2 dbname=db target_session_attrs=primary").get("target_session_attrs") is None
+    assert (
+        connection_kwargs("postgresql://u@h/db?target_session_attrs=any").get("target_session_attrs") is None
+    )
+    assert (
+        connection_kwargs("host=h1,h2 dbname=db target_session_attrs=primary").get("target_session_attrs")
+        is None
+    )
 
 
 def test_an_idle_connection_cut_by_the_network_is_replaced_before_it_is_lent(fresh_pg):
     """A proxy closes connections idle for 0.5 s (a load balancer's idle timeout): the pool checks one idle
     that long before lending it and lends a working one instead; the caller sees nothing."""
     with tcp_proxy((PG_HOST, int(PG_PORT)), idle_cut=0.5) as proxy:
-        pool = open_pool(proxy.url(fresh_pg), size=2, timeout=5.0, options=PostgresSettings(postgres_check_idle_seconds=0.3))
+        pool = open_pool(
+            proxy.url(fresh_pg),
+            size=2,
+            timeout=5.0,
+            options=PostgresSettings(postgres_check_idle_seconds=0.3),
+        )
         try:
             for _ in range(3):
                 time.sleep(0.8)  # both connections cut meanwhile
@@ -99,7 +114,9 @@ def test_an_idle_connection_cut_by_the_network_is_replaced_before_it_is_lent(fre
 def test_without_the_check_a_cut_connection_fails_its_caller(fresh_pg):
     """What the check saves a caller from (a check after 60 s of idleness never runs here)."""
     with tcp_proxy((PG_HOST, int(PG_PORT)), idle_cut=0.5) as proxy:
-        pool = open_pool(proxy.url(fresh_pg), size=1, timeout=5.0, options=PostgresSettings(postgres_check_idle_seconds=60))
+        pool = open_pool(
+            proxy.url(fresh_pg), size=1, timeout=5.0, options=PostgresSettings(postgres_check_idle_seconds=60)
+        )
         try:
             time.sleep(0.8)
             with pytest.raises(psycopg.OperationalError), pool.connection() as conn:

@@ -39,7 +39,10 @@ def test_postgres_out_of_reach_is_a_503():
 
 def test_no_pooled_connection_in_time_is_a_503(fresh_pg):
     with ConnectionPool(fresh_pg, min_size=1, max_size=1, open=True) as pool, pool.connection():
-        with pytest.raises(DatabaseUnavailable, match="no connection within the timeout") as raised, pg_wrap():
+        with (
+            pytest.raises(DatabaseUnavailable, match="no connection within the timeout") as raised,
+            pg_wrap(),
+        ):
             with pool.connection(timeout=0.1):
                 pass
     assert isinstance(raised.value.__cause__, PoolTimeout)
@@ -49,13 +52,20 @@ def test_no_pooled_connection_in_time_is_a_503(fresh_pg):
     ("limit", "statement", "cancelled"),
     [
         ("statement_timeout", "SELECT pg_sleep(5)", "canceling statement due to statement timeout"),
-        ("lock_timeout", "LOCK TABLE held IN ACCESS EXCLUSIVE MODE", "canceling statement due to lock timeout"),
+        (
+            "lock_timeout",
+            "LOCK TABLE held IN ACCESS EXCLUSIVE MODE",
+            "canceling statement due to lock timeout",
+        ),
     ],
 )
 def test_a_statement_the_database_cancels_is_a_504_with_its_own_code(fresh_pg, limit, statement, cancelled):
     """A limit the operator set on the database is no outage (a 503 the client would retry): a 504 whose body
     names it, with the code the client reads (wire.DATABASE_TIMEOUT)."""
-    with psycopg.connect(fresh_pg, autocommit=True) as holder, psycopg.connect(fresh_pg, autocommit=True) as conn:
+    with (
+        psycopg.connect(fresh_pg, autocommit=True) as holder,
+        psycopg.connect(fresh_pg, autocommit=True) as conn,
+    ):
         holder.execute("CREATE TABLE held (x int)")
         holder.execute("BEGIN")
         holder.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
@@ -85,12 +95,15 @@ def test_other_postgres_errors_pass_unchanged(fresh_pg):
 
 def test_a_locked_sqlite_file_is_a_503(tmp_path):
     path = tmp_path / "x.sqlite"
-    with closing(sqlite3.connect(path, isolation_level=None)) as holder, closing(
-        sqlite3.connect(path, isolation_level=None, timeout=0.05)
-    ) as waiter:
+    with (
+        closing(sqlite3.connect(path, isolation_level=None)) as holder,
+        closing(sqlite3.connect(path, isolation_level=None, timeout=0.05)) as waiter,
+    ):
         holder.execute("CREATE TABLE t (x)")
         holder.execute("BEGIN IMMEDIATE")
-        with pytest.raises(DatabaseUnavailable, match="the database is unavailable: SQLite: database is locked") as raised:
+        with pytest.raises(
+            DatabaseUnavailable, match="the database is unavailable: SQLite: database is locked"
+        ) as raised:
             with sqlite_wrap():
                 waiter.execute("BEGIN IMMEDIATE")
         holder.execute("ROLLBACK")

@@ -89,8 +89,13 @@ def _call_root(reference: InMemorySaver, thread_id: str, ns: str) -> str | None:
 
 
 def _readable(t: Any) -> tuple:
-    return (t.checkpoint["id"], t.checkpoint["channel_values"], t.checkpoint["channel_versions"],
-            t.metadata, sorted(t.pending_writes))
+    return (
+        t.checkpoint["id"],
+        t.checkpoint["channel_values"],
+        t.checkpoint["channel_versions"],
+        t.metadata,
+        sorted(t.pending_writes),
+    )
 
 
 def check_thread(saver: Any, reference: InMemorySaver, kind: str, thread_id: str, keep: int) -> int:
@@ -125,14 +130,20 @@ def _check_nothing_unreferenced(saver: Any, kind: str, thread_id: str) -> None:
     for t in saver.list({"configurable": {"thread_id": thread_id}}):
         ns = t.config["configurable"]["checkpoint_ns"]
         kept.add((ns, t.checkpoint["id"]))
-        referenced |= {(ns, channel, str(version)) for channel, version in t.checkpoint["channel_versions"].items()}
+        referenced |= {
+            (ns, channel, str(version)) for channel, version in t.checkpoint["channel_versions"].items()
+        }
     if kind == "postgres":
         with saver._cursor() as cur:
             cur.execute(
-                "SELECT checkpoint_ns, channel, version FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)
+                "SELECT checkpoint_ns, channel, version FROM checkpoint_blobs WHERE thread_id = %s",
+                (thread_id,),
             )
             blobs = {(r["checkpoint_ns"], r["channel"], r["version"]) for r in cur.fetchall()}
-            cur.execute("SELECT checkpoint_ns, checkpoint_id FROM checkpoint_writes WHERE thread_id = %s", (thread_id,))
+            cur.execute(
+                "SELECT checkpoint_ns, checkpoint_id FROM checkpoint_writes WHERE thread_id = %s",
+                (thread_id,),
+            )
             writes = {(r["checkpoint_ns"], r["checkpoint_id"]) for r in cur.fetchall()}
     elif kind == "memory":
         with saver.lock:
@@ -173,13 +184,22 @@ class History:
         new_versions = {}
         for bit, channel in enumerate(CHANNELS):
             if mask & (1 << bit) or channel not in versions:
-                new_versions[channel] = versions[channel] = saver.get_next_version(versions.get(channel), None)
+                new_versions[channel] = versions[channel] = saver.get_next_version(
+                    versions.get(channel), None
+                )
                 values[channel] = (
-                    len(values) if channel == "count" else [f"{channel} of {checkpoint_id}", {"at": checkpoint_id}]
+                    len(values)
+                    if channel == "count"
+                    else [f"{channel} of {checkpoint_id}", {"at": checkpoint_id}]
                 )
         checkpoint = {
-            "v": 4, "id": checkpoint_id, "ts": "2026-01-01T00:00:00+00:00", "channel_values": values,
-            "channel_versions": versions, "versions_seen": {}, "updated_channels": sorted(new_versions),
+            "v": 4,
+            "id": checkpoint_id,
+            "ts": "2026-01-01T00:00:00+00:00",
+            "channel_values": values,
+            "channel_versions": versions,
+            "versions_seen": {},
+            "updated_channels": sorted(new_versions),
         }
         metadata = {"source": "loop", "step": len(versions), "parents": {"": root or "root"} if ns else {}}
         saved = self.tee.put(_config(self.thread_id, ns, parent_id), checkpoint, metadata, new_versions)
@@ -188,7 +208,9 @@ class History:
     def writes(self, ns: str, checkpoint_id: str) -> None:
         task = next(self.tasks)
         self.tee.put_writes(
-            _config(self.thread_id, ns, checkpoint_id), [("messages", [f"w{task}"]), ("count", task)], f"task-{task}"
+            _config(self.thread_id, ns, checkpoint_id),
+            [("messages", [f"w{task}"]), ("count", task)],
+            f"task-{task}",
         )
 
 
@@ -251,13 +273,21 @@ def test_the_config_overrides_the_saver_and_zero_keeps_everything(kept_saver) ->
     saver.keep_checkpoints = None
     per_thread = {"configurable": {"thread_id": "own", "checkpoint_ns": "", "keep_checkpoints": 3}}
     checkpoint = tee.reference.get_tuple(_config("own", "", last)).checkpoint
-    tee.put({**per_thread, "configurable": {**per_thread["configurable"], "checkpoint_id": last}},
-            {**checkpoint, "id": _new_id()}, {}, {})
+    tee.put(
+        {**per_thread, "configurable": {**per_thread["configurable"], "checkpoint_id": last}},
+        {**checkpoint, "id": _new_id()},
+        {},
+        {},
+    )
     assert len(stored_ids(saver, "own", "")) == 3
     for value in (-1, 1.5, "3", True):
         with pytest.raises(ValueError, match="keep_checkpoints must be a whole number >= 0"):
-            saver.put({"configurable": {"thread_id": "own", "checkpoint_ns": "", "keep_checkpoints": value}},
-                      {**checkpoint, "id": _new_id()}, {}, {})
+            saver.put(
+                {"configurable": {"thread_id": "own", "checkpoint_ns": "", "keep_checkpoints": value}},
+                {**checkpoint, "id": _new_id()},
+                {},
+                {},
+            )
     saver.keep_checkpoints = 1
     zero = {"configurable": {"thread_id": "all", "checkpoint_ns": "", "keep_checkpoints": 0}}
     for _ in range(4):
@@ -402,8 +432,13 @@ def test_two_replicas_writing_and_pruning_one_thread_lose_nothing_kept(
     root = history.put("", None, 7)
     # Each writer's branches start before the race and before any prune: once the root has a child, a
     # prune may delete it, and a fork from it after that would be a fork from a deleted checkpoint.
-    heads = [[(NAMESPACES[b % 2], history.put(NAMESPACES[b % 2], root if b % 2 == 0 else None, b)) for b in range(3)]
-             for _ in replicas]
+    heads = [
+        [
+            (NAMESPACES[b % 2], history.put(NAMESPACES[b % 2], root if b % 2 == 0 else None, b))
+            for b in range(3)
+        ]
+        for _ in replicas
+    ]
     for replica in replicas:
         replica.keep_checkpoints = keep
     errors: list[BaseException] = []
@@ -452,13 +487,14 @@ def test_a_count_beyond_64_bits_is_refused_at_start_naming_the_setting(capsys: p
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_threads_count_beyond_64_bits_is_a_422_naming_the_field(kind: str, request: pytest.FixtureRequest, tmp_path) -> None:
+def test_a_threads_count_beyond_64_bits_is_a_422_naming_the_field(
+    kind: str, request: pytest.FixtureRequest, tmp_path
+) -> None:
     """The documented 422 naming ``config.configurable.keep_checkpoints``, on every backend (PostgreSQL
     used to answer "bigint out of range"); the largest count that fits keeps everything, as it says."""
     from fastapi.testclient import TestClient
 
-    from reducing_saver.client import RemoteReducingSaver
-    from reducing_saver.client import BadRequestError
+    from reducing_saver.client import BadRequestError, RemoteReducingSaver
     from reducing_saver.service.configuration.settings import Settings
     from reducing_saver.service.http.app import create_app
 
@@ -468,9 +504,19 @@ def test_a_threads_count_beyond_64_bits_is_a_422_naming_the_field(kind: str, req
         "memory": "memory://",
     }[kind]
     app = create_app(Settings(database=database, extract=False, sweep=False, keep_checkpoints=2))
-    with TestClient(app) as client, RemoteReducingSaver("http://testserver", transport=client._transport) as saver:
-        checkpoint = {"v": 4, "id": _new_id(), "ts": "2026-01-01T00:00:00+00:00", "channel_values": {},
-                      "channel_versions": {}, "versions_seen": {}, "updated_channels": []}
+    with (
+        TestClient(app) as client,
+        RemoteReducingSaver("http://testserver", transport=client._transport) as saver,
+    ):
+        checkpoint = {
+            "v": 4,
+            "id": _new_id(),
+            "ts": "2026-01-01T00:00:00+00:00",
+            "channel_values": {},
+            "channel_versions": {},
+            "versions_seen": {},
+            "updated_channels": [],
+        }
         for count in (2**63, 2**64, 10**30):
             config = {"configurable": {"thread_id": "big", "checkpoint_ns": "", "keep_checkpoints": count}}
             with pytest.raises(BadRequestError) as refused:

@@ -70,9 +70,13 @@ def database(request, tmp_path) -> str:
 
 
 @pytest.mark.parametrize("mode", ["off", "required"])
-def test_a_delta_channel_thread_keeps_a_flat_history_that_reads_as_the_reference(database: str, mode: str) -> None:
+def test_a_delta_channel_thread_keeps_a_flat_history_that_reads_as_the_reference(
+    database: str, mode: str
+) -> None:
     keys = {} if mode == "off" else {"encryption_keys": ring_json("k1", k1=new_key())}
-    settings = Settings(database=database, keep_checkpoints=KEEP, encryption=mode, extract=False, sweep=False, **keys)
+    settings = Settings(
+        database=database, keep_checkpoints=KEEP, encryption=mode, extract=False, sweep=False, **keys
+    )
     reference = _graph(InMemorySaver())
     config = {"configurable": {"thread_id": "keep-delta"}}
     with TestClient(create_app(settings)) as client:
@@ -89,13 +93,21 @@ def test_a_delta_channel_thread_keeps_a_flat_history_that_reads_as_the_reference
             # strict=False: the reference keeps every checkpoint, the kept history only the newest.
             for snapshot, expected in zip(history, reference.get_state_history(config), strict=False):
                 assert snapshot.values == expected.values, (turn, snapshot.metadata)
-                assert (snapshot.next, snapshot.metadata["step"]) == (expected.next, expected.metadata["step"])
+                assert (snapshot.next, snapshot.metadata["step"]) == (
+                    expected.next,
+                    expected.metadata["step"],
+                )
         # What the storage route says of it, and of a thread whose messages are a plain list.
-        build_chat_graph(saver, prefix="p").invoke({"messages": [human(0, "p")]}, {"configurable": {"thread_id": "plain"}})
+        build_chat_graph(saver, prefix="p").invoke(
+            {"messages": [human(0, "p")]}, {"configurable": {"thread_id": "plain"}}
+        )
         saver.close()
         said = client.get("/v1/threads/keep-delta/storage").json()
         assert said["delta_channels"] == ["messages", "notes"]
-        assert {name: use["kind"] for name, use in said["channels"].items()} == {"messages": "delta", "notes": "delta"}
+        assert {name: use["kind"] for name, use in said["channels"].items()} == {
+            "messages": "delta",
+            "notes": "delta",
+        }
         assert "does not apply" in said["channels"]["messages"]["service"]
         assert f"keep_checkpoints={KEEP}" in said["channels"]["notes"]["service"]
         plain = client.get("/v1/threads/plain/storage").json()

@@ -268,9 +268,10 @@ def test_an_agent_run_starts_from_memory_and_sees_what_a_full_read_sees(fresh_pg
         ring = ring_json("k1", k1=new_key())
         settings.update(api_keys=f"acme={key}", encryption="required", encryption_keys=ring)
     api_key = key if mode != "plain" else None
-    with _service(fresh_pg, **settings) as (service, http), _service(
-        fresh_pg, latest_cache_threads=0, **settings
-    ) as (_, plain_http):
+    with (
+        _service(fresh_pg, **settings) as (service, http),
+        _service(fresh_pg, latest_cache_threads=0, **settings) as (_, plain_http),
+    ):
         graph = build_chat_graph(_remote(http, api_key), prefix="lc", with_tools=True)
         plain = build_chat_graph(_remote(plain_http, api_key), prefix="lc", with_tools=True)
         config = {"configurable": {"thread_id": "agent"}}

@@ -81,12 +81,16 @@ def test_a_database_of_the_first_release_keeps_its_rows(database):
         if statement.lstrip().upper().startswith("CREATE"):
             run(statement)
     if url.startswith("sqlite"):
-        run("INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at, available_at) "
-            "VALUES ('[\"m\"]', 'k', 't', '{}', 0, 0)")
+        run(
+            "INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at, available_at) "
+            "VALUES ('[\"m\"]', 'k', 't', '{}', 0, 0)"
+        )
         run("INSERT INTO reducing_saver_threads (thread_id, last_write_at) VALUES ('t', 0)")
     else:
-        run("INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at) "
-            "VALUES ('{m}', 'k', 't', '{}', now())")
+        run(
+            "INSERT INTO reducing_saver_outbox (namespace, key, thread_id, message, pruned_at) "
+            "VALUES ('{m}', 'k', 't', '{}', now())"
+        )
         run("INSERT INTO reducing_saver_threads (thread_id) VALUES ('t')")
     backend = open_backend(url, pool_size=2, timeout=10)
     try:
@@ -150,7 +154,10 @@ def test_without_migrating_a_database_that_is_behind_is_refused(database):
     url, migrations, run = database
     backend = open_backend(url, pool_size=1, timeout=10, migrate=False)
     try:
-        with pytest.raises(SchemaError, match=r"version none, this reducing-saver needs version \d+: run `reducing-saver migrate`"):
+        with pytest.raises(
+            SchemaError,
+            match=r"version none, this reducing-saver needs version \d+: run `reducing-saver migrate`",
+        ):
             backend.setup()
         with pytest.raises(SchemaError, match="run `reducing-saver migrate`"):
             backend.outbox()
@@ -265,8 +272,11 @@ def test_every_command_refuses_a_database_of_a_later_release_and_changes_nothing
         backend.close()
     newer = migrations.LATEST + 1
     run("INSERT INTO reducing_saver_migrations (v) VALUES (%s)", (newer,))
-    before = run("SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints" if url.startswith("postgres")
-                 else "SELECT thread_id, checkpoint, metadata FROM checkpoints")
+    before = run(
+        "SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints"
+        if url.startswith("postgres")
+        else "SELECT thread_id, checkpoint, metadata FROM checkpoints"
+    )
     for name in list(__import__("os").environ):
         if name.startswith("REDUCING_SAVER_"):
             monkeypatch.delenv(name)
@@ -275,11 +285,17 @@ def test_every_command_refuses_a_database_of_a_later_release_and_changes_nothing
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("reducing-saver: "), err
-    assert f"schema version {newer}, newer than this reducing-saver knows (version {migrations.LATEST})" in lines[-1]
+    assert (
+        f"schema version {newer}, newer than this reducing-saver knows (version {migrations.LATEST})"
+        in lines[-1]
+    )
     assert "Traceback" not in err
     assert recorded(run)[-1] == newer
-    after = run("SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints" if url.startswith("postgres")
-                else "SELECT thread_id, checkpoint, metadata FROM checkpoints")
+    after = run(
+        "SELECT thread_id, checkpoint::text, metadata::text FROM checkpoints"
+        if url.startswith("postgres")
+        else "SELECT thread_id, checkpoint, metadata FROM checkpoints"
+    )
     assert after == before  # nothing rewritten
 
 

@@ -54,7 +54,10 @@ def test_the_lock_lives_and_dies_with_a_transaction_not_a_session(fresh_pg):
     """A pooler in transaction mode may run each transaction of one client on another server connection: a
     session-level lock would stay held by whichever took it. The set-up lock is held by one open
     transaction: released when the block ends, and when its connection is lost mid-block."""
-    with psycopg.connect(fresh_pg, autocommit=True) as holder, psycopg.connect(fresh_pg, autocommit=True) as other:
+    with (
+        psycopg.connect(fresh_pg, autocommit=True) as holder,
+        psycopg.connect(fresh_pg, autocommit=True) as other,
+    ):
         with setup_lock(holder, KEY):
             assert _advisory_holders(other, KEY) == [holder.info.backend_pid]
             assert holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS

@@ -22,7 +22,10 @@ class _Backend:
         self.backend = open_backend(database, pool_size=pool_size, timeout=5.0)
         self.backend.setup()
         reducer = MessageReducer(max_messages=4)
-        savers = [ReducingSaver(inner, reducer, codec=SafeMessagesCodec()) for inner in self.backend.savers(pool_size)]
+        savers = [
+            ReducingSaver(inner, reducer, codec=SafeMessagesCodec())
+            for inner in self.backend.savers(pool_size)
+        ]
         self.savers = SaverPool(savers, timeout=5.0)
         self.borrow = self.savers.borrow
 
@@ -66,9 +69,7 @@ def test_one_saver_serializes_calls(fresh_pg):
     try:
         done = threading.Event()
         with backend.borrow():
-            threading.Thread(
-                target=lambda: (backend.borrow().__enter__(), done.set()), daemon=True
-            ).start()
+            threading.Thread(target=lambda: (backend.borrow().__enter__(), done.set()), daemon=True).start()
             assert not done.wait(timeout=0.5)  # the only saver is lent out
         assert done.wait(timeout=5)
     finally:
@@ -82,14 +83,18 @@ def test_client_bytes_are_stored_verbatim(fresh_pg):
     other = {"a", "set"}
     try:
         checkpoint = empty_checkpoint()
-        checkpoint["channel_values"] = {"messages": Blob(*serde.dumps_typed(messages)),
-                                        "other": Blob(*serde.dumps_typed(other))}
+        checkpoint["channel_values"] = {
+            "messages": Blob(*serde.dumps_typed(messages)),
+            "other": Blob(*serde.dumps_typed(other)),
+        }
         checkpoint["channel_versions"] = {"messages": "1", "other": "1"}
         config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         with backend.borrow() as saver:
             saver.put(config, checkpoint, {}, {"messages": "1", "other": "1"})
         with psycopg.connect(fresh_pg) as conn:
-            rows = dict(conn.execute("SELECT channel, blob FROM checkpoint_blobs WHERE thread_id = 't'").fetchall())
+            rows = dict(
+                conn.execute("SELECT channel, blob FROM checkpoint_blobs WHERE thread_id = 't'").fetchall()
+            )
         assert rows == {"messages": serde.dumps_typed(messages)[1], "other": serde.dumps_typed(other)[1]}
     finally:
         backend.close()

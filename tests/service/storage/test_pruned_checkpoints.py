@@ -38,7 +38,10 @@ def _service(database: str) -> Iterator[RemoteReducingSaver]:
     app = create_app(Settings(database=database, keep_checkpoints=KEEP, extract=False, sweep=False))
     with TestClient(app) as client:
         saver = RemoteReducingSaver(
-            "http://testserver", transport=client._transport, async_transport=httpx.ASGITransport(app), max_retries=0
+            "http://testserver",
+            transport=client._transport,
+            async_transport=httpx.ASGITransport(app),
+            max_retries=0,
         )
         with saver:
             yield saver
@@ -125,7 +128,10 @@ def test_the_service_knows_after_a_restart_and_on_another_replica(kind: str, req
     database = request.getfixturevalue("fresh_pg") if kind == "postgres" else f"sqlite:///{tmp_path}/r.sqlite"
     with _service(database) as first:
         _, ever = _chat(first, "r")
-        kept = {t.config["configurable"]["checkpoint_id"] for t in first.list({"configurable": {"thread_id": "r"}})}
+        kept = {
+            t.config["configurable"]["checkpoint_id"]
+            for t in first.list({"configurable": {"thread_id": "r"}})
+        }
         pruned = sorted(set(ever) - kept)
         with _service(database) as second, pytest.raises(CheckpointPrunedError) as error:
             second.get_tuple(_at("r", pruned[-1]))
@@ -145,7 +151,10 @@ def test_a_stock_saver_reads_a_pruned_checkpoint_as_none(fresh_pg: str) -> None:
 
     with _service(fresh_pg) as saver:
         _, ever = _chat(saver, "s")
-        kept = {t.config["configurable"]["checkpoint_id"] for t in saver.list({"configurable": {"thread_id": "s"}})}
+        kept = {
+            t.config["configurable"]["checkpoint_id"]
+            for t in saver.list({"configurable": {"thread_id": "s"}})
+        }
     pruned = sorted(set(ever) - kept)[0]
     with PostgresSaver.from_conn_string(fresh_pg) as stock:
         assert stock.get_tuple(_at("s", pruned)) is None

@@ -9,8 +9,8 @@ import pytest
 
 from reducing_saver.service.cli import main
 from reducing_saver.service.storage import open_backend
-from reducing_saver.service.storage.usage import Selection
 from reducing_saver.service.storage.report import NO_MATPLOTLIB, human_bytes
+from reducing_saver.service.storage.usage import Selection
 from tests.service.storage.test_usage import KEYS, converse, running
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,13 +114,17 @@ def test_the_charts_legend_covers_no_bar(count: int, tmp_path, monkeypatch) -> N
     def savefig(figure, *args, **kwargs):
         save(figure, *args, **kwargs)
         renderer = figure.canvas.get_renderer()  # the Agg canvas, while the figure is still open
-        legends = [legend for legend in (*figure.legends, *(axes.get_legend() for axes in figure.axes)) if legend]
+        legends = [
+            legend for legend in (*figure.legends, *(axes.get_legend() for axes in figure.axes)) if legend
+        ]
         bars = [patch.get_window_extent(renderer) for axes in figure.axes for patch in axes.patches]
         seen.append((figure.bbox, [legend.get_window_extent(renderer) for legend in legends], bars))
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     threads = [
-        ThreadStorage(f"thread-{n}", checkpoints=3, checkpoint_bytes=10_000 * (n + 1), plain_estimate=90_000 * (n + 1))
+        ThreadStorage(
+            f"thread-{n}", checkpoints=3, checkpoint_bytes=10_000 * (n + 1), plain_estimate=90_000 * (n + 1)
+        )
         for n in range(count)
     ]
     chart(threads, str(tmp_path / "chart.png"))

@@ -27,8 +27,8 @@ from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.storage.inmemory.saver import InMemoryLifecycleSaver
+from reducing_saver.service.storage.lifecycle import ThreadNotEmptyError
 from reducing_saver.service.storage.postgres.saver import PostgresLifecycleSaver
 from reducing_saver.service.storage.serde import VerbatimSerde
 from reducing_saver.service.storage.sqlite.saver import SqliteLifecycleSaver

@@ -86,7 +86,7 @@ def test_paging_through_namespaces_finds_each_once(store: RemoteStore) -> None:
     listed: list[tuple[str, ...]] = []
     while page := store.list_namespaces(prefix=("users",), limit=6, offset=len(listed)):
         listed += page
-    assert listed == sorted((("users", f"u{i:02}", "facts") for i in range(50)))
+    assert listed == sorted(("users", f"u{i:02}", "facts") for i in range(50))
 
 
 def test_a_query_search_pages_in_memory(tmp_path) -> None:
@@ -95,7 +95,9 @@ def test_a_query_search_pages_in_memory(tmp_path) -> None:
     index = '{"dims": 64, "embed": "tests.support.embeddings:embed", "fields": ["text"]}'
     app = create_app(Settings(database="memory://", extract=False, sweep=False, store_index=index))
     with TestClient(app) as client, RemoteStore("http://testserver", transport=client._transport) as store:
-        store.batch([PutOp(("paged",), f"p{i:02}", {"text": "same" if i % 3 else f"t{i}"}) for i in range(30)])
+        store.batch(
+            [PutOp(("paged",), f"p{i:02}", {"text": "same" if i % 3 else f"t{i}"}) for i in range(30)]
+        )
         found = _page_through(lambda **page: store.search(("paged",), query="same", **page), 4)
         assert sorted(_ids(found)) == [(("paged",), f"p{i:02}") for i in range(30)]
         assert [item.key for item in found[:20]] == [f"p{i:02}" for i in range(30) if i % 3]
@@ -125,6 +127,9 @@ def test_the_sql_stores_extend_langgraphs_own_search_queries(caplog: pytest.LogC
     sqlite = PagingSqliteStore(sqlite3.connect(":memory:"), index={**index, "text_fields": ["text"]})
     (newest, _, _), (best, params, _) = sqlite._prepare_batch_search_queries([(0, plain), (1, query)])[0]
     assert "ORDER BY updated_at DESC, prefix, key" in newest
-    assert best.count("ORDER BY score DESC, s.prefix, s.key") == 1 and best.rstrip().count("ORDER BY score DESC, prefix, key") == 1
+    assert (
+        best.count("ORDER BY score DESC, s.prefix, s.key") == 1
+        and best.rstrip().count("ORDER BY score DESC, prefix, key") == 1
+    )
     assert params[-3:] == [(8 + 4) * 2, 4, 8]
     assert "store search" not in caplog.text

@@ -26,8 +26,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from reducing_saver.client import NotFoundError, RemoteReducingSaver
-from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.configuration.settings import Settings
+from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.storage.usage import Head, plain_messages
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}
@@ -387,7 +387,9 @@ def test_bad_input_gets_a_4xx_naming_it() -> None:
     ],
     ids=["nul", "control", "slash", "dot-dot", "too-long"],
 )
-def test_the_thread_route_checks_the_thread_id_as_every_route_does(database: str, path_id: str, why: str) -> None:
+def test_the_thread_route_checks_the_thread_id_as_every_route_does(
+    database: str, path_id: str, why: str
+) -> None:
     """The same refusal a put of that thread id gets (422 naming thread_id), before any database work:
     never the database's own error text."""
     with running(database) as run:

@@ -70,7 +70,11 @@ def test_a_chain_of_lagging_steps_is_read_back_from_its_tip_in_one_call(backend)
 @pytest.fixture(params=["sqlite", "postgres"])
 def sql_backend(request, tmp_path):
     """The backends whose book keeps batches as bytes (memory:// keeps objects: nothing to corrupt)."""
-    url = f"sqlite:///{tmp_path}/service.sqlite" if request.param == "sqlite" else request.getfixturevalue("fresh_pg")
+    url = (
+        f"sqlite:///{tmp_path}/service.sqlite"
+        if request.param == "sqlite"
+        else request.getfixturevalue("fresh_pg")
+    )
     opened = open_backend(url, pool_size=2, timeout=10.0)
     opened.setup()
     yield opened
@@ -85,7 +89,10 @@ def test_a_batch_that_cannot_be_read_is_a_dead_letter_and_the_next_step_is_claim
     book.request(broken)
     book.request(fine)
     with book._tx() as cur:
-        cur.execute(f"UPDATE reducing_saver_summaries SET batch = {book.sql.mark} WHERE thread_id = 'broken'", (b"\x00not json",))
+        cur.execute(
+            f"UPDATE reducing_saver_summaries SET batch = {book.sql.mark} WHERE thread_id = 'broken'",
+            (b"\x00not json",),
+        )
     claimed = book.claim("w", 60)
     assert claimed is not None and claimed.request.thread_id == "fine"
     (dead,) = book.dead_letters()

@@ -4,9 +4,9 @@ and the worker's once-per-batch advance under failures and double calls."""
 from __future__ import annotations
 
 import random
-from collections import Counter
 import threading
 import time
+from collections import Counter
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -343,7 +343,9 @@ def test_an_empty_answer_is_a_failed_attempt_never_a_summary(kind, answer):
         model = FakeListChatModel(responses=[answer] * 10)
         summarizer = ModelSummarizer(model, "fake", max_input_tokens=1000, max_tokens=100)
     else:
-        summarizer = CallableSummarizer(lambda previous, messages: calls.append(previous) or answer, "blank", max_tokens=100)
+        summarizer = CallableSummarizer(
+            lambda previous, messages: calls.append(previous) or answer, "blank", max_tokens=100
+        )
     worker = SummaryWorker(book, summarizer, max_attempts=3, base_backoff=0, max_backoff=0)
     while worker.run_once():
         pass
@@ -363,7 +365,11 @@ def sql_book(request, tmp_path):
     """The book of a set-up backend that stores text (the answer goes through the database's driver)."""
     from reducing_saver.service.storage import open_backend
 
-    url = request.getfixturevalue("fresh_pg") if request.param == "postgres" else f"sqlite:///{tmp_path}/s.sqlite"
+    url = (
+        request.getfixturevalue("fresh_pg")
+        if request.param == "postgres"
+        else f"sqlite:///{tmp_path}/s.sqlite"
+    )
     backend = open_backend(url, pool_size=2, timeout=10.0)
     backend.setup()
     yield backend.summaries()
@@ -374,8 +380,16 @@ def test_an_answer_the_database_cannot_store_fails_that_step_alone(sql_book):
     """A lone surrogate cannot be encoded for the database: that answer is a failed attempt of its own step
     (a dead letter after the last attempt), not an outage; the other threads' steps are summarized."""
     poisoned, *others = [
-        StepRequest(thread, "", step_id(None, [f"{thread}-m"]), None, 1, (f"{thread}-m",),
-                    [HumanMessage(f"FACT: {thread}", id=f"{thread}-m")], 1)
+        StepRequest(
+            thread,
+            "",
+            step_id(None, [f"{thread}-m"]),
+            None,
+            1,
+            (f"{thread}-m",),
+            [HumanMessage(f"FACT: {thread}", id=f"{thread}-m")],
+            1,
+        )
         for thread in ("a-poisoned", "b", "c")
     ]
     for request in (poisoned, *others):
@@ -393,8 +407,12 @@ def test_an_answer_the_database_cannot_store_fails_that_step_alone(sql_book):
         return f"summary of {thread}"
 
     worker = SummaryWorker(
-        sql_book, CallableSummarizer(answer, "surrogates", max_tokens=100),
-        max_attempts=3, base_backoff=0, max_backoff=0, idle_sleep=0.02,
+        sql_book,
+        CallableSummarizer(answer, "surrogates", max_tokens=100),
+        max_attempts=3,
+        base_backoff=0,
+        max_backoff=0,
+        idle_sleep=0.02,
     )
     worker.start()
     try:

@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from reducing_saver.client import BadRequestError, RemoteReducingSaver
-from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.configuration.settings import Settings
-from reducing_saver.service.ttl.durations import format_duration, parse_duration
+from reducing_saver.service.http.app import Service, create_app
 from reducing_saver.service.storage.ledger import uuid6_time
+from reducing_saver.service.ttl.durations import format_duration, parse_duration
 from reducing_saver.service.ttl.sweeper import Sweeper
 from tests.support.agents import build_agent, user_line
 
@@ -56,7 +56,9 @@ def running(database: str, *, api_key: str | None = None, **settings: Any) -> It
     settings = {"max_messages": 6, "min_messages": 4, "sweep": False, "extract": False, **settings}
     app = create_app(Settings(database=database, **settings))
     with TestClient(app) as http:
-        saver = RemoteReducingSaver("http://testserver", transport=http._transport, max_retries=0, api_key=api_key)
+        saver = RemoteReducingSaver(
+            "http://testserver", transport=http._transport, max_retries=0, api_key=api_key
+        )
         try:
             yield Running(app.state.service, saver, http)
         finally:
@@ -81,7 +83,11 @@ def history(saver: Any, thread_id: str) -> list:
 def message_ids(saver: Any, thread_id: str) -> set[str]:
     """Every message id in any stored checkpoint of the thread: all it ever had (each message is in the
     window of the put that added it)."""
-    return {m.id for item in history(saver, thread_id) for m in item.checkpoint["channel_values"].get("messages", [])}
+    return {
+        m.id
+        for item in history(saver, thread_id)
+        for m in item.checkpoint["channel_values"].get("messages", [])
+    }
 
 
 def stored(service: Service, thread_id: str) -> dict[str, Any]:
@@ -97,14 +103,33 @@ def stored(service: Service, thread_id: str) -> dict[str, Any]:
     elif kind == "sqlite":
         with inner.lock:
             conn = inner.conn
-            checkpoints = set(conn.execute("SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = ?", (thread_id,)))
-            writes = set(conn.execute("SELECT checkpoint_ns, checkpoint_id FROM writes WHERE thread_id = ?", (thread_id,)))
+            checkpoints = set(
+                conn.execute(
+                    "SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = ?", (thread_id,)
+                )
+            )
+            writes = set(
+                conn.execute(
+                    "SELECT checkpoint_ns, checkpoint_id FROM writes WHERE thread_id = ?", (thread_id,)
+                )
+            )
             blobs = 0
     else:
         with psycopg.connect(service.settings.database) as conn:
-            checkpoints = set(conn.execute("SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = %s", (thread_id,)))
-            writes = set(conn.execute("SELECT checkpoint_ns, checkpoint_id FROM checkpoint_writes WHERE thread_id = %s", (thread_id,)))
-            blobs = conn.execute("SELECT count(*) FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)).fetchone()[0]
+            checkpoints = set(
+                conn.execute(
+                    "SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = %s", (thread_id,)
+                )
+            )
+            writes = set(
+                conn.execute(
+                    "SELECT checkpoint_ns, checkpoint_id FROM checkpoint_writes WHERE thread_id = %s",
+                    (thread_id,),
+                )
+            )
+            blobs = conn.execute(
+                "SELECT count(*) FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)
+            ).fetchone()[0]
     return {"checkpoints": checkpoints, "writes": writes, "blobs": blobs}
 
 
@@ -148,7 +173,9 @@ def test_keep_latest_leaves_each_expired_thread_its_head_and_its_writes(database
             rows = stored(run.service, thread_id)
             assert rows["checkpoints"] == {("", head.checkpoint["id"])}
             assert rows["writes"] == {("", head.checkpoint["id"])}  # only the head's writes are left
-            assert [item.checkpoint["id"] for item in history(run.saver, thread_id)] == [head.checkpoint["id"]]
+            assert [item.checkpoint["id"] for item in history(run.saver, thread_id)] == [
+                head.checkpoint["id"]
+            ]
             same_state(head, run.saver.get_tuple(cfg(thread_id)))
             assert ("interrupted", "note", f"pending on {thread_id}") in head.pending_writes
         if run.service.backend.kind != "sqlite":  # SqliteSaver keeps values inside the checkpoint row
@@ -161,7 +188,9 @@ def test_keep_latest_leaves_each_expired_thread_its_head_and_its_writes(database
         chat(run.saver, "old-1", 1, start=6)  # a plain turn: two messages, the old window stays
         assert len(history(run.saver, "old-1")) > 1
         messages = run.saver.get_tuple(cfg("old-1")).checkpoint["channel_values"]["messages"]
-        assert {m.id for m in before["old-1"].checkpoint["channel_values"]["messages"]} & {m.id for m in messages}
+        assert {m.id for m in before["old-1"].checkpoint["channel_values"]["messages"]} & {
+            m.id for m in messages
+        }
 
 
 # -- delete ----------------------------------------------------------------------------------------
@@ -263,7 +292,9 @@ def test_dry_run_changes_nothing_and_reports_the_bytes(database, strategy):
         estimate = sum(t["bytes"] for t in dry.threads)
         # keep_latest detaches the head from its parent, which frees a few bytes more.
         assert estimate <= real.bytes_reclaimed <= estimate * 1.01 + 100
-        print(f"\n{run.service.backend.kind} {strategy}: dry run {estimate} bytes, sweep {real.bytes_reclaimed} bytes")
+        print(
+            f"\n{run.service.backend.kind} {strategy}: dry run {estimate} bytes, sweep {real.bytes_reclaimed} bytes"
+        )
 
 
 def test_a_checkpoint_ttl_that_is_not_a_duration_is_refused():
@@ -294,7 +325,9 @@ def test_a_clients_delete_extracts_only_with_extract_on_delete(database, extract
 
 def test_tenant_mode_sends_a_deleted_threads_window_to_its_tenants_memory():
     key = "acme-key-0123456789abcdef"
-    with running("memory://", api_key=key, api_keys=f"acme={key}", default_ttl=TTL, ttl_strategy="delete") as run:
+    with running(
+        "memory://", api_key=key, api_keys=f"acme={key}", default_ttl=TTL, ttl_strategy="delete"
+    ) as run:
         chat(run.saver, "t", 6)
         everything = message_ids(run.saver, "t")
         time.sleep(EXPIRE)
@@ -332,7 +365,9 @@ def test_each_tenant_sees_only_its_own_sweep_figures(database):
     keys = {"a_": "key-of-tenant-a-0123456789", "ab": "key-of-tenant-b-0123456789"}
     api_keys = ",".join(f"{tenant}={key}" for tenant, key in keys.items())
     with running(database, api_key=keys["a_"], api_keys=api_keys, default_ttl=TTL) as run:
-        other = RemoteReducingSaver("http://testserver", transport=run.http._transport, max_retries=0, api_key=keys["ab"])
+        other = RemoteReducingSaver(
+            "http://testserver", transport=run.http._transport, max_retries=0, api_key=keys["ab"]
+        )
         chat(run.saver, "t1", 3)
         chat(run.saver, "t2", 3)
         chat(other, "t1", 3)
@@ -354,7 +389,9 @@ def test_each_tenant_sees_only_its_own_sweep_figures(database):
         mine, theirs = status("a_"), status("ab")
     for section in ("database", "process"):  # the sweep log's figures, and this process's
         assert (mine[section]["threads_pruned"], theirs[section]["threads_pruned"]) == (2, 1), section
-        assert 0 < theirs[section]["bytes_reclaimed"] < mine[section]["bytes_reclaimed"] < report.bytes_reclaimed
+        assert (
+            0 < theirs[section]["bytes_reclaimed"] < mine[section]["bytes_reclaimed"] < report.bytes_reclaimed
+        )
         assert mine[section]["bytes_reclaimed"] + theirs[section]["bytes_reclaimed"] == report.bytes_reclaimed
     assert (mine["database"]["threads_expired"], theirs["database"]["threads_expired"]) == (0, 0)
     assert mine["process"]["sweeps"] == theirs["process"]["sweeps"] == 1
@@ -402,7 +439,14 @@ def test_two_sweepers_at_once_handle_each_expired_thread_once(fresh_pg):
 
 def test_durations():
     assert [parse_duration(v) for v in (90, "90", "90s", "15m", "2h", "7d", "1h30m", " 1.5 h ")] == [
-        90, 90, 90, 900, 7200, 604800, 5400, 5400
+        90,
+        90,
+        90,
+        900,
+        7200,
+        604800,
+        5400,
+        5400,
     ]
     for bad in ("", "soon", "5x", "1h 3", 0, -1, "nan", True, None, [1]):
         with pytest.raises(ValueError, match="default_ttl"):
