@@ -175,6 +175,10 @@ def test_a_server_that_stops_taking_writes_is_an_outage_of_its_connections(pair,
             pair.primary.sql("SELECT pg_reload_conf()")
             turned = time.monotonic()
             time.sleep(OUTAGE_SECONDS)
+            # Read-only until a probe put asked meanwhile was answered (a busy machine slows the probe).
+            deadline = time.monotonic() + 30
+            while not any(asked >= turned for asked, *_ in answers) and time.monotonic() < deadline:
+                time.sleep(0.1)
             restoring = time.monotonic()
             pair.primary.sql("ALTER SYSTEM RESET default_transaction_read_only")
             pair.primary.sql("SELECT pg_reload_conf()")
