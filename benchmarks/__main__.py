@@ -129,6 +129,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "cores, %(default)s); the other sections use one")
     parser.add_argument("--pool-size", type=int, default=2,
                         help="the service's PostgreSQL connections per worker (default: %(default)s)")
+    parser.add_argument("--conditions", default="quiet",
+                        help="throughput: comma-separated, quiet and/or contended (each level again with a "
+                        "CPU-hungry process beside it); default: %(default)s")
+    parser.add_argument("--throughput-modes", default=",".join(("service", "inprocess", "plain", "stock_service")),
+                        help="throughput: the modes to run (default: %(default)s)")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="throughput: run the services without the per-stage trace (benchmarks/stages.py)")
     parser.add_argument("--serve-args", default="",
                         help="more `reducing-saver serve` flags for the throughput section's service, "
                         "e.g. \"--no-extract --pool-size 4\"")
@@ -189,7 +196,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     if "throughput" in results:
         levels = results["throughput"]["levels"]
         single = [level for level in levels if level["agents_per_process"] == 1]
-        if single:
+        if single and "inprocess" in single[-1] and "plain" in single[-1]:
             level = single[-1]
             out["agents_level"] = level["agents"]
             for mode in ("inprocess", "plain"):
@@ -201,14 +208,20 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out["floor_stock_service_vs_inprocess_turns_per_s"] = (
                     level["ratios"]["stock_service_vs_inprocess_turns_per_s"]
                 )
-        many = [level for level in levels if level["agents_per_process"] > 1]
+        many = [level for level in levels if level["agents_per_process"] > 1 and level.get("condition") != "contended"]
         if many:
             level = many[-1]
             out["many_agents_level"] = f"{level['agents']} agents in {level['processes']} processes"
             out["many_agents_service_errors"] = sum(level["service"]["errors"].values())
             out["many_agents_service_connections_max"] = level["service"]["connections_max"]
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
-                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in ("service", "inprocess", "plain")}
+                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]}
+        for grown in results["throughput"].get("growth", []):
+            for mode in ("service", "stock_service"):
+                if mode in grown:
+                    name = f"growth_{grown['from_agents']}_to_{grown['to_agents']}_{grown['condition']}_{mode}"
+                    out[f"{name}_turns_per_s"] = grown[mode]["turns_per_s"]
+                    out[f"{name}_p95"] = grown[mode]["p95"]
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
         if "stock_service" in results["service_cost"]:
@@ -376,35 +389,57 @@ def print_summary(results: dict[str, Any]) -> None:
               "(the floor under the service)")
         print("  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
               "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes")
-        print(f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
+        from benchmarks import stages as stages_module
+
+        print(f"  {'':27}{'':14}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL")
         for level in tp["levels"]:
             label = f"{level['agents']} agents" + (
                 f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
+            label += f", {level.get('condition', 'quiet')}"
             for index, mode in enumerate(tp["modes"]):
                 f = level[mode]
                 cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
                        f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
                        f"{f['machine_cpu_us_per_turn']:.0f}")
                 wal = f["wal_per_turn"]
-                print(f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
+                print(f"  {label if index == 0 else '':27}{mode:14}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
                       f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
                       f"{wal['syncs']:.2f}, {wal['bytes']}")
             r = level["ratios"]
-            print(f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
-                  f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
-                  f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
-                  f"{r['service_vs_plain_connections_max']:.2f}x")
+            if "service_vs_inprocess_turns_per_s" in r:
+                print(f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
+                      f"{r['service_vs_inprocess_p95']:.2f}x, connections "
+                      f"{r['service_vs_inprocess_connections_max']:.2f}x, machine CPU per turn "
+                      f"{r['service_vs_inprocess_machine_cpu_per_turn']:.2f}x")
             if "stock_service_vs_inprocess_turns_per_s" in r:
                 print(f"  {'':27}floor, stock_service / inprocess: turns/s "
                       f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
-                      f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x; service / stock_service: "
-                      f"turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
+                      f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x")
+            if "service_vs_stock_service_turns_per_s" in r:
+                print(f"  {'':27}service / stock_service: turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
             for mode in tp["modes"]:
                 f = level[mode]
+                spread = f["turns_by_agent"]
+                print(f"  {'':27}{mode}: p99 {f['p99_ms']:.0f} ms, max {f['max_ms']:.0f} ms; turns per agent "
+                      f"{spread['min']} / {spread['median']} / {spread['max']} (fewest / median / most)")
+                if "stages" in f:
+                    st = f["stages"]
+                    cells = ", ".join(f"{name} {st['stages_ms'][name]['median']:.2f}/{st['stages_ms'][name]['p95']:.2f}"
+                                      for name in stages_module.STAGES)
+                    print(f"  {'':29}stages ms median/p95: {cells}")
+                    workers = "; ".join(f"{w['share'] * 100:.0f}% of requests, {w['agents']} agents"
+                                        for w in st["by_worker"].values())
+                    print(f"  {'':29}round trip {st['stages_ms']['round_trip']['median']:.2f}/"
+                          f"{st['stages_ms']['round_trip']['p95']:.2f}, op CPU "
+                          f"{st['stages_ms']['op_cpu']['median']:.2f}; by worker: {workers}")
                 if f["errors"]:
                     errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
                     print(f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
                           f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}")
+        for grown in tp.get("growth", []):
+            cells = "; ".join(f"{mode} turns/s {g['turns_per_s']:.2f}x, p95 {g['p95']:.2f}x"
+                              for mode, g in grown.items() if isinstance(g, dict))
+            print(f"  {grown['from_agents']} -> {grown['to_agents']} agents, {grown['condition']}: {cells}")
     if "service_cost" in results:
         cost = results["service_cost"]
         print(f"\nService CPU per request ({cost['requests_per_route']} requests per route, concurrency "
@@ -473,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         long_thread,
         real_turn,
         service_cost,
+        stages,
         stock_service,
         storage,
         throughput,
@@ -565,9 +601,18 @@ def main(argv: list[str] | None = None) -> int:
                     )
         if "throughput" in sections:
             stock_url = throughput.with_application_name(database, throughput.STOCK_APP)
+            stages_dir = None if args.no_stages else out / "stages"
+            traced: dict[str, Any] = {}
+            if stages_dir is not None:
+                stages_dir.mkdir(exist_ok=True)
+                for old in stages_dir.glob("*.tsv"):
+                    old.unlink()
+                traced = {"program": (sys.executable, "-m", "benchmarks.stages"),
+                          "env": {stages.ENV: str(stages_dir)}}
             with (
-                run_service(out, "--database", url, *scaled_args) as service,
-                stock_service.run(out, "--database", stock_url, *scaled_args) as stock,
+                run_service(out, "--database", url, *scaled_args, **traced) as service,
+                stock_service.run(out, "--database", stock_url, *scaled_args,
+                                  env=traced.get("env")) as stock,
             ):
                 log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
                     f"stock-saver service pid {stock.process.pid} at {stock.url}")
@@ -576,7 +621,10 @@ def main(argv: list[str] | None = None) -> int:
                     service.url, service.process.pid, args.postgres, database, levels=levels,
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
                     turns_per_thread=settings["turns_per_thread"], window=settings["window"],
-                    stock=(stock.url, stock.process.pid), log=log,
+                    stock=(stock.url, stock.process.pid), stages_dir=stages_dir,
+                    conditions=tuple(c.strip() for c in args.conditions.split(",") if c.strip()),
+                    modes=tuple(m.strip() for m in args.throughput_modes.split(",") if m.strip()),
+                    log=log,
                 )
     results["targets"] = targets(results)
     results["meta"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]

@@ -17,6 +17,9 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   ``end_at`` count; an agent whose turn fails stops, and its error is in ``stats["errors"]``;
 * ``("stop",)``: exit.
 
+With ``stages``, each agent of a service mode sends every request with its send time (``benchmarks.stages``)
+and notes when the answer came; ``stats["requests"]`` holds ``(sent, received, agent)`` per request.
+
 Once it has imported what the modes run and run a turn in memory, a process answers ``("started", process)``.
 
 Anything else that fails is answered with ``("error", process, text)``.
@@ -39,13 +42,36 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
+class TimedTransport:
+    """The client's async transport, sending each request's send time and noting when its answer came."""
+
+    def __init__(self, inner: Any, number: int) -> None:
+        from benchmarks.stages import HEADER
+
+        self.inner, self.number, self.header = inner, number, HEADER
+        self.notes: list[tuple[int, int, int]] = []
+
+    async def exchange(self, request: Any) -> Any:
+        sent = time.monotonic_ns()
+        headers = dict(request.headers)
+        headers[self.header] = str(sent)
+        try:
+            return await self.inner.exchange(request._replace(headers=headers))
+        finally:
+            self.notes.append((sent, time.monotonic_ns(), self.number))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class Agent:
     """One agent: its checkpointer (and store), and the resources to close after a phase."""
 
-    def __init__(self, number: int, window: int) -> None:
-        self.number, self.window = number, window
+    def __init__(self, number: int, window: int, stages: bool = False) -> None:
+        self.number, self.window, self.stages = number, window, stages
         self.stack = AsyncExitStack()
         self.graph: Any = None
+        self.timed: TimedTransport | None = None
 
     async def open(self, mode: str, target: str) -> None:
         from benchmarks._common import AsyncStoreHook, chat_graph
@@ -54,6 +80,9 @@ class Agent:
             from reducing_saver.client import RemoteReducingSaver
 
             saver = await self.stack.enter_async_context(await RemoteReducingSaver.aopen(target))
+            if self.stages:
+                http = saver._http  # the client's connection: its async transport is timed in place
+                self.timed = http._async = TimedTransport(http._async, self.number)
         elif mode == "inprocess":
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
             from langgraph.store.postgres.aio import AsyncPostgresStore
@@ -94,6 +123,9 @@ class Agent:
         late = 0
         error = None
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        timed, self.timed = self.timed, None
+        if timed is not None:
+            timed.notes.clear()
         turn = 0
         try:
             while time.time() < end_at:
@@ -113,7 +145,8 @@ class Agent:
             await self.close()
         except Exception as exc:  # noqa: BLE001 - a failed store write, say
             error = error or error_text(exc)
-        return {"latencies_ms": latencies, "late_turns": late, "error": error}
+        requests = timed.notes if timed is not None else []
+        return {"latencies_ms": latencies, "late_turns": late, "error": error, "requests": requests}
 
 
 async def _prepare(agents: list[Agent], mode: str, target: str, phase: str) -> dict[str, Any]:
@@ -132,6 +165,8 @@ async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
         "agents": len(agents),
         "latencies_ms": [value for agent in stats for value in agent["latencies_ms"]],
         "late_turns": sum(agent["late_turns"] for agent in stats),
+        "turns_by_agent": [len(agent["latencies_ms"]) for agent in stats],
+        "requests": [note for agent in stats for note in agent["requests"]],
         # This process's CPU (all threads) over every turn its agents ran, the late ones and the store
         # writes they left pending included.
         "cpu_s": time.process_time() - cpu_started,
@@ -157,10 +192,10 @@ async def _warm_up() -> None:
 
 
 async def _loop(process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int,
-                window: int) -> None:
+                window: int, stages: bool) -> None:
     await _warm_up()
     results.put(("started", process))
-    agents = [Agent(number, window) for number in numbers]
+    agents = [Agent(number, window, stages) for number in numbers]
     ready: list[Agent] = []
     phase = ""
     while True:
@@ -185,6 +220,6 @@ async def _loop(process: int, numbers: list[int], commands: Any, results: Any, t
 
 
 def main(process: int, agents: list[int], commands: Any, results: Any, turns_per_thread: int,
-         window: int) -> None:
+         window: int, stages: bool = False) -> None:
     """The process target (multiprocessing, spawn): agents number ``agents`` in process ``process``."""
-    asyncio.run(_loop(process, agents, commands, results, turns_per_thread, window))
+    asyncio.run(_loop(process, agents, commands, results, turns_per_thread, window, stages))

@@ -37,16 +37,29 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Self
 
 import psycopg
 
 from benchmarks import agent as agent_module
-from benchmarks._common import cpu_seconds, machine_cpu_seconds, postgres_cpu_seconds, ratio, summary
+from benchmarks import stages
+from benchmarks._common import (
+    cpu_seconds,
+    machine_cpu_seconds,
+    percentile,
+    postgres_cpu_seconds,
+    process_cpu_seconds,
+    ratio,
+    summary,
+)
 
 MODES = agent_module.MODES
 #: The modes whose agents talk to PostgreSQL themselves.
@@ -147,7 +160,8 @@ class ConnectionSampler:
 class Agents:
     """``processes`` spawned agent processes of ``per_process`` agents each, and their queues."""
 
-    def __init__(self, processes: int, per_process: int, turns_per_thread: int, window: int) -> None:
+    def __init__(self, processes: int, per_process: int, turns_per_thread: int, window: int,
+                 stages: bool = False) -> None:
         context = multiprocessing.get_context("spawn")
         self.per_process = per_process
         self.results = context.Queue()
@@ -156,7 +170,7 @@ class Agents:
             context.Process(
                 target=agent_module.main,
                 args=(index, list(range(index * per_process, (index + 1) * per_process)), self.commands[index],
-                      self.results, turns_per_thread, window),
+                      self.results, turns_per_thread, window, stages),
                 daemon=True,
             )
             for index in range(processes)
@@ -211,6 +225,14 @@ class Monitor:
         self.database_name, self.sampler = database_name, sampler
         self.conn = psycopg.connect(f"{server}/postgres", autocommit=True)
 
+    def backend_pids(self, application: str) -> list[int]:
+        """The server processes of this database's connections named ``application``."""
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            (self.database_name, application),
+        ).fetchall()
+        return [int(row[0]) for row in rows]
+
     def agent_connections(self) -> int:
         return int(self.conn.execute(AGENT_CONNECTIONS, (self.database_name, AGENT_APP)).fetchone()[0])
 
@@ -223,10 +245,26 @@ class Monitor:
         return left
 
 
+class Neighbour:
+    """A CPU-hungry process beside the benchmark (a busy loop, one core's worth), until the block ends."""
+
+    def __enter__(self) -> Self:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.process.pid)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase: str, duration: float,
-           monitor: Monitor, service_pid: int) -> dict[str, Any]:
+           monitor: Monitor, service_pid: int, stages_dir: Path | None = None,
+           neighbour: Neighbour | None = None) -> dict[str, Any]:
     """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
-    service, when it has one)."""
+    service, when it has one); ``stages_dir``: where the services' workers write their stage records."""
     count, processes = level
     agents.broadcast(("prepare", mode, target, phase), processes)
     prepared = agents.collect("ready", timeout=120 + 2 * count, count=processes)
@@ -234,24 +272,40 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     ready = sum(len(answer["agents"]) for answer in prepared.values())
     start_at = time.time() + 0.3
     end_at = start_at + duration
+    offset_ns = time.monotonic_ns() - time.time_ns()
+    start_ns, end_ns = int(start_at * 1e9) + offset_ns, int(end_at * 1e9) + offset_ns
     agents.broadcast(("go", start_at, end_at), processes)
     time.sleep(max(0.0, start_at - time.time()))
     monitor.sampler.reset()
     wal_before = wal_counters(monitor.conn)
-    before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    neighbour_cpu = neighbour.cpu_seconds if neighbour is not None else float
+    # This mode's own PostgreSQL backends (the cluster-wide figure holds whatever else the server runs).
+    backends = monitor.backend_pids(SERVICE_MODES.get(mode, AGENT_APP))
+    backends_before = {pid: cpu for pid in backends if (cpu := process_cpu_seconds(pid)) is not None}
+    before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds(), neighbour_cpu()
     time.sleep(max(0.0, end_at - time.time()))
-    after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds(), neighbour_cpu()
+    backends_cpu = sum(cpu - backends_before[pid] for pid in backends_before
+                       if (cpu := process_cpu_seconds(pid)) is not None)
     wal_after = wal_counters(monitor.conn)
     connections = monitor.sampler.figures(SERVICE_MODES.get(mode, AGENT_APP))
     database_connections = monitor.sampler.figures(None)["connections_max"]
-    (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
+    (service_cpu, postgres_cpu, machine_cpu, neighbour_s) = (b - a for a, b in zip(before, after, strict=True))
+    machine_cpu -= neighbour_s  # the machine's busy time for the benchmark's own processes
     stats = agents.collect("done", timeout=duration + 120, count=processes)
     # A failed phase must not leave connections to the next one.
     leftover = monitor.wait_agents_gone() if mode in DIRECT_MODES else 0
     turn_errors = Counter(error for answer in stats.values() for error in answer["errors"].values())
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
     late = sum(answer["late_turns"] for answer in stats.values())
+    records: list[tuple[int, ...]] = []
+    if stages_dir is not None and mode in SERVICE_MODES:
+        time.sleep(0.6)  # the workers write their records every half second
+        records = stages.read(stages_dir, mode, start_ns, end_ns, clear=True)
     return {
+        "stage_records": records,
+        "agent_requests": [note for answer in stats.values() for note in answer.get("requests", ())],
+        "turns_by_agent": [n for answer in stats.values() for n in answer.get("turns_by_agent", ())],
         "latencies_ms": latencies,
         "late_turns": late,
         "agents_connected": ready,
@@ -262,6 +316,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
         "leftover_agent_connections": leftover,
         "service_cpu_s": service_cpu,
         "postgres_cpu_s": postgres_cpu,
+        "backends_cpu_s": backends_cpu,
         "machine_cpu_s": machine_cpu,
         "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
         "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
@@ -315,9 +370,13 @@ def _failures(figures: dict[str, Any]) -> str:
 
 def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
         duration: float, rounds: int, turns_per_thread: int, window: int,
-        stock: tuple[str, int] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+        stock: tuple[str, int] | None = None, stages_dir: Path | None = None,
+        conditions: tuple[str, ...] = ("quiet",), modes: tuple[str, ...] = MODES,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
-    more mode (``stock_service``), the floor under the service's."""
+    more mode (``stock_service``), the floor under the service's; ``stages_dir``: where the services'
+    workers write their stage records (``benchmarks.stages``), else none are read; ``conditions``:
+    ``quiet``, and ``contended`` (each level again with a :class:`Neighbour` running)."""
     results = []
     started = time.monotonic()
     database_name = database.rsplit("/", 1)[1]
@@ -325,7 +384,7 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     services = {"service": (service_url, service_pid)}
     if stock is not None:
         services["stock_service"] = stock
-    modes = tuple(mode for mode in MODES if mode in DIRECT_MODES or mode in services)
+    modes = tuple(mode for mode in MODES if mode in modes and (mode in DIRECT_MODES or mode in services))
     for url, _ in services.values():
         _warm_service(url)
     agents: Agents | None = None
@@ -339,16 +398,20 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
                         agents.close()
                     # As many processes as the largest level of this layout needs, spawned once.
                     spawn = max(p for n, p in levels if n // p == per_process)
-                    agents = Agents(spawn, per_process, turns_per_thread, window)
-                level = _level(agents, (count, processes), services, database, monitor, modes=modes,
-                               duration=duration, rounds=rounds)
-                results.append(level)
-                cells = ", ".join(
-                    f"{mode} {level[mode]['turns_per_s']:.1f} turns/s ({level[mode]['connections_max']} conns, "
-                    f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
-                    for mode in modes
-                )
-                log(f"  throughput {_describe(level)}: {cells} [{time.monotonic() - started:.0f} s]")
+                    agents = Agents(spawn, per_process, turns_per_thread, window, stages_dir is not None)
+                for condition in conditions:
+                    with Neighbour() if condition == "contended" else nullcontext() as neighbour:
+                        level = _level(agents, (count, processes), services, database, monitor, modes=modes,
+                                       duration=duration, rounds=rounds, stages_dir=stages_dir,
+                                       condition=condition, neighbour=neighbour)
+                    results.append(level)
+                    cells = ", ".join(
+                        f"{mode} {level[mode]['turns_per_s']:.1f} turns/s p95 {level[mode]['p95_ms']:.0f} ms "
+                        f"({level[mode]['connections_max']} conns, "
+                        f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
+                        for mode in modes
+                    )
+                    log(f"  throughput {_describe(level)}, {condition}: {cells} [{time.monotonic() - started:.0f} s]")
         finally:
             if agents is not None:
                 agents.close()
@@ -359,8 +422,30 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
         "turns_per_thread": turns_per_thread,
         "window": window,
         "modes": list(modes),
+        "conditions": list(conditions),
         "levels": results,
+        "growth": growth(results, modes),
     }
+
+
+def growth(levels: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """For each condition, from its smallest level of several agents per process to its largest: turns/s
+    and p95 at the largest over the smallest, per mode."""
+    out = []
+    for condition in dict.fromkeys(level["condition"] for level in levels):
+        many = [level for level in levels if level["condition"] == condition and level["agents_per_process"] > 1]
+        if len(many) < 2:
+            continue
+        low, high = many[0], many[-1]
+        out.append({
+            "condition": condition,
+            "from_agents": low["agents"],
+            "to_agents": high["agents"],
+            **{mode: {"turns_per_s": ratio(high[mode]["turns_per_s"], low[mode]["turns_per_s"]),
+                      "p95": ratio(high[mode]["p95_ms"], low[mode]["p95_ms"])}
+               for mode in modes if low[mode]["turns"] and high[mode]["turns"]},
+        })
+    return out
 
 
 def _us_per(seconds: float, turns: int) -> float:
@@ -368,8 +453,18 @@ def _us_per(seconds: float, turns: int) -> float:
     return round(seconds * 1e6 / turns, 1) if turns else 0.0
 
 
+def _spread(values: list[int]) -> dict[str, float]:
+    """Turns per agent over a phase: fewest, median, most (an unfair service spreads them)."""
+    if not values:
+        return {"min": 0, "median": 0, "max": 0}
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
+
+
 def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tuple[str, int]], database: str,
-           monitor: Monitor, *, modes: tuple[str, ...], duration: float, rounds: int) -> dict[str, Any]:
+           monitor: Monitor, *, modes: tuple[str, ...], duration: float, rounds: int,
+           stages_dir: Path | None = None, condition: str = "quiet",
+           neighbour: Neighbour | None = None) -> dict[str, Any]:
     count, processes = level_spec
     phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     service_pid = services["service"][1]
@@ -377,10 +472,12 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
         for mode in modes if round_index % 2 == 0 else modes[::-1]:
             target, pid = services.get(mode, (with_application_name(database, AGENT_APP), service_pid))
             phases[mode].append(
-                _phase(agents, level_spec, mode, target, f"{count}-{processes}-{mode}-{round_index}", duration,
-                       monitor, pid)
+                _phase(agents, level_spec, mode, target,
+                       f"{count}-{processes}-{condition}-{mode}-{round_index}", duration, monitor, pid, stages_dir,
+                       neighbour)
             )
-    level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes}
+    level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes,
+                             "condition": condition}
     for mode, runs in phases.items():
         latencies = [value for run_ in runs for value in run_["latencies_ms"]]
         seconds = duration * len(runs)
@@ -394,6 +491,10 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
             "turns_per_s": round(turns / seconds, 2),
             "median_ms": figures["median_ms"],
             "p95_ms": figures["p95_ms"],
+            "p99_ms": round(percentile(latencies, 0.99), 3) if latencies else 0.0,
+            "max_ms": round(max(latencies), 3) if latencies else 0.0,
+            # Turns per agent in a phase (every round's agents): fewest, median, most.
+            "turns_by_agent": _spread([n for r in runs for n in r["turns_by_agent"]]),
             # The agents that ran (and finished) the phase, the smallest of the rounds; turns/s are theirs.
             "agents_connected": min(r["agents_connected"] for r in runs),
             "agents_completed": min(r["agents_completed"] for r in runs),
@@ -408,6 +509,9 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
             "database_connections_max": max(r["database_connections_max"] for r in runs),
             "turns_per_s_by_round": [round(len(r["latencies_ms"]) / duration, 2) for r in runs],
         }
+        if mode in SERVICE_MODES and stages_dir is not None:
+            client = {sent: (received, agent) for r in runs for sent, received, agent in r["agent_requests"]}
+            level[mode]["stages"] = stages.summarize((rec for r in runs for rec in r["stage_records"]), client)
         if mode in SERVICE_MODES:
             cpu = sum(r["service_cpu_s"] for r in runs)
             level[mode]["service_cpu_us_per_turn"] = _us_per(cpu, turns)
@@ -416,6 +520,8 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
         all_turns = sum(r["all_turns"] for r in runs)
         level[mode]["agent_cpu_us_per_turn"] = _us_per(sum(r["agents_cpu_s"] for r in runs), all_turns)
         level[mode]["postgres_cpu_us_per_turn"] = _us_per(sum(r["postgres_cpu_s"] for r in runs), turns)
+        # Of which this mode's own connections' backends (what a busy shared server cannot blur).
+        level[mode]["postgres_backends_cpu_us_per_turn"] = _us_per(sum(r["backends_cpu_s"] for r in runs), turns)
         level[mode]["machine_cpu_us_per_turn"] = _us_per(sum(r["machine_cpu_s"] for r in runs), turns)
         records, syncs, written = (sum(r["wal"][i] for r in runs) for i in range(3))
         level[mode]["wal_per_turn"] = {
@@ -431,7 +537,7 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
         )
     service = level["service"]
     level["ratios"] = {}
-    for mode in DIRECT_MODES:
+    for mode in (mode for mode in DIRECT_MODES if mode in level):
         level["ratios"].update({
             f"service_vs_{mode}_turns_per_s": ratio(service["turns_per_s"], level[mode]["turns_per_s"]),
             f"service_vs_{mode}_p95": ratio(service["p95_ms"], level[mode]["p95_ms"]),
@@ -441,12 +547,15 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
             ),
         })
     if "stock_service" in level:
+        level["ratios"]["service_vs_stock_service_turns_per_s"] = ratio(
+            service["turns_per_s"], level["stock_service"]["turns_per_s"]
+        )
+    if "stock_service" in level and "inprocess" in level:
         stock, inprocess = level["stock_service"], level["inprocess"]
         level["ratios"].update({
             "stock_service_vs_inprocess_turns_per_s": ratio(stock["turns_per_s"], inprocess["turns_per_s"]),
             "stock_service_vs_inprocess_machine_cpu_per_turn": ratio(
                 stock["machine_cpu_us_per_turn"], inprocess["machine_cpu_us_per_turn"]
             ),
-            "service_vs_stock_service_turns_per_s": ratio(service["turns_per_s"], stock["turns_per_s"]),
         })
     return level
