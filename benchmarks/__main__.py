@@ -134,6 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "CPU-hungry process beside it); default: %(default)s")
     parser.add_argument("--throughput-modes", default=",".join(("service", "inprocess", "plain", "stock_service")),
                         help="throughput: the modes to run (default: %(default)s)")
+    parser.add_argument("--ab-args", default=None,
+                        help="throughput: run a second service, the throughput section's plus these `serve` flags, "
+                        "as one more mode (service_b), interleaved with the others: an A/B of a setting")
     parser.add_argument("--no-stages", action="store_true",
                         help="throughput: run the services without the per-stage trace (benchmarks/stages.py)")
     parser.add_argument("--serve-args", default="",
@@ -217,7 +220,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]}
         for grown in results["throughput"].get("growth", []):
-            for mode in ("service", "stock_service"):
+            for mode in ("service", "stock_service", "service_b"):
                 if mode in grown:
                     name = f"growth_{grown['from_agents']}_to_{grown['to_agents']}_{grown['condition']}_{mode}"
                     out[f"{name}_turns_per_s"] = grown[mode]["turns_per_s"]
@@ -415,6 +418,11 @@ def print_summary(results: dict[str, Any]) -> None:
                 print(f"  {'':27}floor, stock_service / inprocess: turns/s "
                       f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
                       f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x")
+            if "service_b_vs_service_turns_per_s" in r:
+                print(f"  {'':27}service_b / service: turns/s {r['service_b_vs_service_turns_per_s']:.2f}x, p95 "
+                      f"{r['service_b_vs_service_p95']:.2f}x, service CPU per turn "
+                      f"{r['service_b_vs_service_service_cpu_per_turn']:.2f}x, machine CPU per turn "
+                      f"{r['service_b_vs_service_machine_cpu_per_turn']:.2f}x")
             if "service_vs_stock_service_turns_per_s" in r:
                 print(f"  {'':27}service / stock_service: turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
             for mode in tp["modes"]:
@@ -613,7 +621,18 @@ def main(argv: list[str] | None = None) -> int:
                 run_service(out, "--database", url, *scaled_args, **traced) as service,
                 stock_service.run(out, "--database", stock_url, *scaled_args,
                                   env=traced.get("env")) as stock,
+                ExitStack() as b_stack,
             ):
+                service_b = None
+                if args.ab_args is not None:
+                    b_url = throughput.with_application_name(database, throughput.SERVICE_B_APP)
+                    b_traced = {**traced, "env": {**traced["env"], stages.ROLE_ENV: "service_b",
+                                                  **({"RS_BENCH_CLOSE_EVERY": os.environ["RS_BENCH_B_CLOSE_EVERY"]}
+                                                     if "RS_BENCH_B_CLOSE_EVERY" in os.environ else {})}} if traced else {}
+                    b = b_stack.enter_context(run_service(out, "--database", b_url, *scaled_args,
+                                                          *shlex.split(args.ab_args), **b_traced))
+                    service_b = (b.url, b.process.pid)
+                    results["meta"]["service_args"]["throughput, service_b"] = [*scaled_args, *shlex.split(args.ab_args)]
                 log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
                     f"stock-saver service pid {stock.process.pid} at {stock.url}")
                 section("throughput")
@@ -621,9 +640,9 @@ def main(argv: list[str] | None = None) -> int:
                     service.url, service.process.pid, args.postgres, database, levels=levels,
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
                     turns_per_thread=settings["turns_per_thread"], window=settings["window"],
-                    stock=(stock.url, stock.process.pid), stages_dir=stages_dir,
+                    stock=(stock.url, stock.process.pid), service_b=service_b, stages_dir=stages_dir,
                     conditions=tuple(c.strip() for c in args.conditions.split(",") if c.strip()),
-                    modes=tuple(m.strip() for m in args.throughput_modes.split(",") if m.strip()),
+                    modes=(*(m.strip() for m in args.throughput_modes.split(",") if m.strip()), "service_b"),
                     log=log,
                 )
     results["targets"] = targets(results)

@@ -3,7 +3,8 @@
 A process hosts ``agents`` (a list of agent numbers), each an asyncio task with a checkpointer of its own.
 The parent (``benchmarks.throughput``) talks to it through two queues:
 
-* ``("prepare", mode, target, phase)``: open every agent's checkpointer, concurrently (``"service"``: a
+* ``("prepare", mode, target, phase, count)``: open the checkpointers of the first ``count`` agents (every
+  agent's when ``None``), concurrently (``"service"``: a
   ``RemoteReducingSaver(target)`` per agent; ``"inprocess"``: ``ReducingSaver(AsyncPostgresSaver)`` on
   database ``target`` with an ``on_prune`` hook writing the pruned messages into an
   ``AsyncPostgresStore`` of the agent's own; ``"plain"``: an ``AsyncPostgresSaver`` on database
@@ -33,7 +34,9 @@ import traceback
 from contextlib import AsyncExitStack
 from typing import Any
 
-MODES = ("service", "inprocess", "plain", "stock_service")
+MODES = ("service", "inprocess", "plain", "stock_service", "service_b")
+#: The modes whose agents talk to a service (``service_b``: a second service, the B of an A/B).
+REMOTE_MODES = ("service", "stock_service", "service_b")
 
 
 def error_text(exc: BaseException) -> str:
@@ -76,7 +79,7 @@ class Agent:
     async def open(self, mode: str, target: str) -> None:
         from benchmarks._common import AsyncStoreHook, chat_graph
 
-        if mode in ("service", "stock_service"):
+        if mode in REMOTE_MODES:
             from reducing_saver.client import RemoteReducingSaver
 
             saver = await self.stack.enter_async_context(await RemoteReducingSaver.aopen(target))
@@ -166,6 +169,7 @@ async def _run(agents: list[Agent], phase: str, start_at: float, end_at: float,
         "latencies_ms": [value for agent in stats for value in agent["latencies_ms"]],
         "late_turns": sum(agent["late_turns"] for agent in stats),
         "turns_by_agent": [len(agent["latencies_ms"]) for agent in stats],
+        "turns_of": {agent.number: stat["latencies_ms"] for agent, stat in zip(agents, stats, strict=True)},
         "requests": [note for agent in stats for note in agent["requests"]],
         # This process's CPU (all threads) over every turn its agents ran, the late ones and the store
         # writes they left pending included.
@@ -206,8 +210,8 @@ async def _loop(process: int, numbers: list[int], commands: Any, results: Any, t
                     await agent.close()
                 return
             if command[0] == "prepare":
-                _, mode, target, phase = command
-                outcome = await _prepare(agents, mode, target, phase)
+                _, mode, target, phase, count = command
+                outcome = await _prepare(agents[:count], mode, target, phase)
                 ready = [agent for agent in agents if agent.number in outcome["agents"]]
                 results.put(("ready", process, outcome))
             elif command[0] == "go":

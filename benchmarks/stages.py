@@ -86,6 +86,8 @@ def install(folder: str, role: str) -> None:
     threading.Thread(target=flush, name="stage-trace", daemon=True).start()
 
     hot_call = HotPath.__call__
+    close_every = int(os.environ.get("RS_BENCH_CLOSE_EVERY", "0"))
+    import random
 
     async def traced_hot_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
         route = routes.get(scope.get("path")) if scope["type"] == "http" else None
@@ -100,6 +102,13 @@ def install(folder: str, role: str) -> None:
         # route, sent, arrived, wants_saver, picked, borrowed, done, resumed, answered, pool_wait, cpu
         record = [route, sent, arrived, 0, 0, 0, 0, 0, 0, 0, 0]
         token = _record.set(record)
+        if close_every and random.random() * close_every < 1:
+            inner_send = send
+
+            async def send(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
+                await inner_send(message)
         try:
             await hot_call(self, scope, receive, send)
         finally:
@@ -182,6 +191,23 @@ def read(folder: Path, role: str, start_ns: int, end_ns: int, clear: bool = Fals
         if clear:
             os.truncate(path, 0)
     return out
+
+
+def agents_by_worker(records: Iterable[tuple[int, ...]], sent: list[int], agents: list[int]) -> list[int]:
+    """How many agents each worker process served most of the requests of, most first (``sent``, ``agents``:
+    the agents' notes)."""
+    agent_of = dict(zip(sent, agents, strict=True))
+    counts: dict[int, dict[int, int]] = {}
+    for record in records:
+        agent = agent_of.get(record[1])
+        if agent is not None:
+            by_pid = counts.setdefault(agent, {})
+            by_pid[record[-1]] = by_pid.get(record[-1], 0) + 1
+    served: dict[int, int] = {}
+    for by_pid in counts.values():
+        pid = max(by_pid, key=by_pid.__getitem__)
+        served[pid] = served.get(pid, 0) + 1
+    return sorted(served.values(), reverse=True)
 
 
 def _ms(values: list[float]) -> dict[str, float]:

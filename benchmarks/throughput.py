@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import queue
 import subprocess
 import sys
@@ -70,7 +71,9 @@ AGENT_APP = "rs-bench-agent"
 #: ``application_name`` of the stock-saver service's connections (``benchmarks/stock_service.py``).
 STOCK_APP = "rs-bench-stock-service"
 #: The modes whose agents talk to a service, and its connections' ``application_name``.
-SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP}
+#: ``application_name`` of the second service's connections, when an A/B runs one (``--ab-args``).
+SERVICE_B_APP = "rs-bench-service-b"
+SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP, "service_b": SERVICE_B_APP}
 CONNECTIONS = """
     SELECT application_name, count(*), count(*) FILTER (WHERE state = 'active')
     FROM pg_stat_activity
@@ -266,7 +269,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
     service, when it has one); ``stages_dir``: where the services' workers write their stage records."""
     count, processes = level
-    agents.broadcast(("prepare", mode, target, phase), processes)
+    agents.broadcast(("prepare", mode, target, phase, count // processes), processes)
     prepared = agents.collect("ready", timeout=120 + 2 * count, count=processes)
     connect_errors = Counter(error for answer in prepared.values() for error in answer["errors"].values())
     ready = sum(len(answer["agents"]) for answer in prepared.values())
@@ -298,13 +301,24 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     turn_errors = Counter(error for answer in stats.values() for error in answer["errors"].values())
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
     late = sum(answer["late_turns"] for answer in stats.values())
+    agent_notes = [note for answer in stats.values() for note in answer.get("requests", ())]
     records: list[tuple[int, ...]] = []
     if stages_dir is not None and mode in SERVICE_MODES:
         time.sleep(0.6)  # the workers write their records every half second
         records = stages.read(stages_dir, mode, start_ns, end_ns, clear=True)
+        if os.environ.get("RS_BENCH_KEEP_RAW"):
+            import json
+
+            (stages_dir / f"raw-{phase}.json").write_text(json.dumps({
+                "records": records, "agents": agent_notes,
+                "turns": {str(k): v for answer in stats.values() for k, v in answer.get("turns_of", {}).items()},
+            }))
     return {
         "stage_records": records,
-        "agent_requests": [note for answer in stats.values() for note in answer.get("requests", ())],
+        # Agents each worker process served in this phase (a kept-alive connection stays on one worker).
+        "agents_by_worker": stages.agents_by_worker(records, [note[0] for note in agent_notes],
+                                                    [note[2] for note in agent_notes]),
+        "agent_requests": agent_notes,
         "turns_by_agent": [n for answer in stats.values() for n in answer.get("turns_by_agent", ())],
         "latencies_ms": latencies,
         "late_turns": late,
@@ -370,7 +384,8 @@ def _failures(figures: dict[str, Any]) -> str:
 
 def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
         duration: float, rounds: int, turns_per_thread: int, window: int,
-        stock: tuple[str, int] | None = None, stages_dir: Path | None = None,
+        stock: tuple[str, int] | None = None, service_b: tuple[str, int] | None = None,
+        stages_dir: Path | None = None,
         conditions: tuple[str, ...] = ("quiet",), modes: tuple[str, ...] = MODES,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
@@ -384,6 +399,8 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     services = {"service": (service_url, service_pid)}
     if stock is not None:
         services["stock_service"] = stock
+    if service_b is not None:
+        services["service_b"] = service_b
     modes = tuple(mode for mode in MODES if mode in modes and (mode in DIRECT_MODES or mode in services))
     for url, _ in services.values():
         _warm_service(url)
@@ -391,6 +408,20 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     with ConnectionSampler(server, database_name) as sampler:
         monitor = Monitor(server, database_name, sampler)
         try:
+            if len(levels) > 1 and len({processes for _, processes in levels}) == 1:
+                # One set of processes holds the largest level; the smaller ones use the first agents of each.
+                processes = levels[0][1]
+                agents = Agents(processes, max(count for count, _ in levels) // processes, turns_per_thread,
+                                window, stages_dir is not None)
+                for condition in conditions:
+                    with Neighbour() if condition == "contended" else nullcontext() as neighbour:
+                        done = _interleaved(agents, levels, services, database, monitor, modes=modes,
+                                            duration=duration, rounds=rounds, stages_dir=stages_dir,
+                                            condition=condition, neighbour=neighbour)
+                    for level in done:
+                        _log_level(level, modes, log, started)
+                    results += done
+                levels = []
             for count, processes in levels:
                 per_process = count // processes
                 if agents is None or agents.per_process != per_process or len(agents.processes) < processes:
@@ -405,13 +436,7 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
                                        duration=duration, rounds=rounds, stages_dir=stages_dir,
                                        condition=condition, neighbour=neighbour)
                     results.append(level)
-                    cells = ", ".join(
-                        f"{mode} {level[mode]['turns_per_s']:.1f} turns/s p95 {level[mode]['p95_ms']:.0f} ms "
-                        f"({level[mode]['connections_max']} conns, "
-                        f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
-                        for mode in modes
-                    )
-                    log(f"  throughput {_describe(level)}, {condition}: {cells} [{time.monotonic() - started:.0f} s]")
+                    _log_level(level, modes, log, started)
         finally:
             if agents is not None:
                 agents.close()
@@ -426,6 +451,15 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
         "levels": results,
         "growth": growth(results, modes),
     }
+
+
+def _log_level(level: dict[str, Any], modes: tuple[str, ...], log: Callable[[str], None], started: float) -> None:
+    cells = ", ".join(
+        f"{mode} {level[mode]['turns_per_s']:.1f} turns/s p95 {level[mode]['p95_ms']:.0f} ms "
+        f"({level[mode]['connections_max']} conns, {level[mode]['agents_completed']} agents){_failures(level[mode])}"
+        for mode in modes
+    )
+    log(f"  throughput {_describe(level)}, {level['condition']}: {cells} [{time.monotonic() - started:.0f} s]")
 
 
 def growth(levels: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -467,15 +501,43 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
            neighbour: Neighbour | None = None) -> dict[str, Any]:
     count, processes = level_spec
     phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    service_pid = services["service"][1]
     for round_index in range(rounds):
         for mode in modes if round_index % 2 == 0 else modes[::-1]:
-            target, pid = services.get(mode, (with_application_name(database, AGENT_APP), service_pid))
-            phases[mode].append(
-                _phase(agents, level_spec, mode, target,
-                       f"{count}-{processes}-{condition}-{mode}-{round_index}", duration, monitor, pid, stages_dir,
-                       neighbour)
-            )
+            phases[mode].append(_run_phase(agents, level_spec, mode, services, database, monitor, round_index,
+                                           duration, stages_dir, condition, neighbour))
+    return _figures(level_spec, phases, duration=duration, stages_dir=stages_dir, condition=condition)
+
+
+def _run_phase(agents: Agents, level_spec: tuple[int, int], mode: str, services: dict[str, tuple[str, int]],
+               database: str, monitor: Monitor, round_index: int, duration: float, stages_dir: Path | None,
+               condition: str, neighbour: Neighbour | None) -> dict[str, Any]:
+    count, processes = level_spec
+    target, pid = services.get(mode, (with_application_name(database, AGENT_APP), services["service"][1]))
+    return _phase(agents, level_spec, mode, target, f"{count}-{processes}-{condition}-{mode}-{round_index}",
+                  duration, monitor, pid, stages_dir, neighbour)
+
+
+def _interleaved(agents: Agents, levels: list[tuple[int, int]], services: dict[str, tuple[str, int]],
+                 database: str, monitor: Monitor, *, modes: tuple[str, ...], duration: float, rounds: int,
+                 stages_dir: Path | None, condition: str, neighbour: Neighbour | None) -> list[dict[str, Any]]:
+    """Levels of the same processes run round by round, each round every level and mode (the order
+    reversed every other round), so that a machine whose other load drifts shifts every level alike."""
+    phases: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = {
+        level: {mode: [] for mode in modes} for level in levels
+    }
+    for round_index in range(rounds):
+        forward = round_index % 2 == 0
+        for level in levels if forward else levels[::-1]:
+            for mode in modes if forward else modes[::-1]:
+                phases[level][mode].append(_run_phase(agents, level, mode, services, database, monitor, round_index,
+                                                      duration, stages_dir, condition, neighbour))
+    return [_figures(level, phases[level], duration=duration, stages_dir=stages_dir, condition=condition)
+            for level in levels]
+
+
+def _figures(level_spec: tuple[int, int], phases: dict[str, list[dict[str, Any]]], *, duration: float,
+             stages_dir: Path | None, condition: str) -> dict[str, Any]:
+    count, processes = level_spec
     level: dict[str, Any] = {"agents": count, "processes": processes, "agents_per_process": count // processes,
                              "condition": condition}
     for mode, runs in phases.items():
@@ -512,6 +574,7 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
         if mode in SERVICE_MODES and stages_dir is not None:
             client = {sent: (received, agent) for r in runs for sent, received, agent in r["agent_requests"]}
             level[mode]["stages"] = stages.summarize((rec for r in runs for rec in r["stage_records"]), client)
+            level[mode]["stages"]["agents_by_worker_by_round"] = [r["agents_by_worker"] for r in runs]
         if mode in SERVICE_MODES:
             cpu = sum(r["service_cpu_s"] for r in runs)
             level[mode]["service_cpu_us_per_turn"] = _us_per(cpu, turns)
@@ -545,6 +608,16 @@ def _level(agents: Agents, level_spec: tuple[int, int], services: dict[str, tupl
             f"service_vs_{mode}_machine_cpu_per_turn": ratio(
                 service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
             ),
+        })
+    if "service_b" in level:
+        b = level["service_b"]
+        level["ratios"].update({
+            "service_b_vs_service_turns_per_s": ratio(b["turns_per_s"], service["turns_per_s"]),
+            "service_b_vs_service_p95": ratio(b["p95_ms"], service["p95_ms"]),
+            "service_b_vs_service_machine_cpu_per_turn": ratio(b["machine_cpu_us_per_turn"],
+                                                              service["machine_cpu_us_per_turn"]),
+            "service_b_vs_service_service_cpu_per_turn": ratio(b["service_cpu_us_per_turn"],
+                                                              service["service_cpu_us_per_turn"]),
         })
     if "stock_service" in level:
         level["ratios"]["service_vs_stock_service_turns_per_s"] = ratio(
