@@ -137,6 +137,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ab-args", default=None,
                         help="throughput: run a second service, the throughput section's plus these `serve` flags, "
                         "as one more mode (service_b), interleaved with the others: an A/B of a setting")
+    parser.add_argument("--ab-close-every", type=int, default=0,
+                        help="throughput, with --ab-args: the second service's workers answer a random one in N "
+                        "per-step requests with `Connection: close` (the client reconnects, and the new connection "
+                        "may land on another worker): does churn even out connections across workers?")
+    parser.add_argument("--keep-stage-records", action="store_true",
+                        help="throughput: keep every phase's raw stage records and the agents' notes in "
+                        "OUT/stages/raw-PHASE.json")
+    parser.add_argument("--direct-max-agents", type=int, default=0,
+                        help="throughput, levels of the same processes: skip the direct modes (inprocess, plain) at "
+                        "levels of more agents than this (their agents would be refused connections anyway)")
     parser.add_argument("--no-stages", action="store_true",
                         help="throughput: run the services without the per-stage trace (benchmarks/stages.py)")
     parser.add_argument("--serve-args", default="",
@@ -218,7 +228,8 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out["many_agents_service_errors"] = sum(level["service"]["errors"].values())
             out["many_agents_service_connections_max"] = level["service"]["connections_max"]
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
-                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]}
+                out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]
+                                             if mode in level}
         for grown in results["throughput"].get("growth", []):
             for mode in ("service", "stock_service", "service_b"):
                 if mode in grown:
@@ -399,7 +410,7 @@ def print_summary(results: dict[str, Any]) -> None:
             label = f"{level['agents']} agents" + (
                 f" in {level['processes']} processes" if level["processes"] != level["agents"] else "")
             label += f", {level.get('condition', 'quiet')}"
-            for index, mode in enumerate(tp["modes"]):
+            for index, mode in enumerate(mode for mode in tp["modes"] if mode in level):
                 f = level[mode]
                 cpu = (f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
                        f"{f['postgres_cpu_us_per_turn']:.0f} = {f['cpu_us_per_turn']:.0f}, "
@@ -425,11 +436,17 @@ def print_summary(results: dict[str, Any]) -> None:
                       f"{r['service_b_vs_service_machine_cpu_per_turn']:.2f}x")
             if "service_vs_stock_service_turns_per_s" in r:
                 print(f"  {'':27}service / stock_service: turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
-            for mode in tp["modes"]:
+            for mode in (mode for mode in tp["modes"] if mode in level):
                 f = level[mode]
                 spread = f["turns_by_agent"]
                 print(f"  {'':27}{mode}: p99 {f['p99_ms']:.0f} ms, max {f['max_ms']:.0f} ms; turns per agent "
                       f"{spread['min']} / {spread['median']} / {spread['max']} (fewest / median / most)")
+                db = f.get("database_per_turn")
+                if db:
+                    print(f"  {'':29}PostgreSQL, this mode's own backends: {f['postgres_backends_cpu_us_per_turn']:.0f} us "
+                          f"a turn; this database a turn: {db['xact_commit']:.1f} transactions, rows inserted / "
+                          f"updated / deleted {db['tup_inserted']:.1f} / {db['tup_updated']:.1f} / "
+                          f"{db['tup_deleted']:.1f}")
                 if "stages" in f:
                     st = f["stages"]
                     cells = ", ".join(f"{name} {st['stages_ms'][name]['median']:.2f}/{st['stages_ms'][name]['p95']:.2f}"
@@ -626,9 +643,10 @@ def main(argv: list[str] | None = None) -> int:
                 service_b = None
                 if args.ab_args is not None:
                     b_url = throughput.with_application_name(database, throughput.SERVICE_B_APP)
-                    b_traced = {**traced, "env": {**traced["env"], stages.ROLE_ENV: "service_b",
-                                                  **({"RS_BENCH_CLOSE_EVERY": os.environ["RS_BENCH_B_CLOSE_EVERY"]}
-                                                     if "RS_BENCH_B_CLOSE_EVERY" in os.environ else {})}} if traced else {}
+                    b_env = {stages.ROLE_ENV: "service_b"}
+                    if args.ab_close_every:
+                        b_env[stages.CLOSE_EVERY_ENV] = str(args.ab_close_every)
+                    b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {}
                     b = b_stack.enter_context(run_service(out, "--database", b_url, *scaled_args,
                                                           *shlex.split(args.ab_args), **b_traced))
                     service_b = (b.url, b.process.pid)
@@ -641,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
                     turns_per_thread=settings["turns_per_thread"], window=settings["window"],
                     stock=(stock.url, stock.process.pid), service_b=service_b, stages_dir=stages_dir,
+                    keep_stage_records=args.keep_stage_records, direct_max_agents=args.direct_max_agents,
                     conditions=tuple(c.strip() for c in args.conditions.split(",") if c.strip()),
                     modes=(*(m.strip() for m in args.throughput_modes.split(",") if m.strip()), "service_b"),
                     log=log,

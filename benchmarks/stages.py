@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import random
 import statistics
 import threading
 import time
@@ -43,6 +44,9 @@ from typing import Any
 ENV = "RS_BENCH_STAGES_DIR"
 #: The role written into the file names (``service``, ``stock_service``).
 ROLE_ENV = "RS_BENCH_STAGES_ROLE"
+#: An experiment, not the service's behaviour: answer a random one in N per-step requests with
+#: ``Connection: close`` (``--ab-close-every``).
+CLOSE_EVERY_ENV = "RS_BENCH_CLOSE_EVERY"
 #: The header carrying the agent's send time (``time.monotonic_ns()``).
 HEADER = "x-bench-sent"
 _HEADER = HEADER.encode()
@@ -86,8 +90,7 @@ def install(folder: str, role: str) -> None:
     threading.Thread(target=flush, name="stage-trace", daemon=True).start()
 
     hot_call = HotPath.__call__
-    close_every = int(os.environ.get("RS_BENCH_CLOSE_EVERY", "0"))
-    import random
+    close_every = int(os.environ.get(CLOSE_EVERY_ENV, "0"))
 
     async def traced_hot_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
         route = routes.get(scope.get("path")) if scope["type"] == "http" else None

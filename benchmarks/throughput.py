@@ -29,14 +29,27 @@ process's CPU time (the stock-saver service's in its phases) is read from /proc 
 giving its CPU per turn; so is PostgreSQL's (every server process), and each agent process reports its
 own CPU, so each mode's CPU per turn is accounted for: agents + service + PostgreSQL. The whole
 machine's busy time per turn (/proc/stat) is kept too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
-sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s.
+sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s. PostgreSQL's
+figure is every server process of the machine; ``postgres_backends_cpu_us_per_turn`` is the mode's own
+connections' backends alone (what other users of a shared server cannot blur).
+
+Levels of the same processes (``32/4,128/4``) are interleaved: one set of processes holds the largest
+level, a smaller one uses the first agents of each, and every round runs every level and mode. With
+``conditions=("quiet", "contended")`` every level runs again with a CPU-hungry process beside it
+(:class:`Neighbour`, a busy loop; its CPU is taken out of the machine's). ``growth`` compares each
+condition's largest level with its smallest: turns/s and p95, per mode.
+
+With ``stages_dir``, the services run under ``benchmarks.stages``: their workers time every per-step
+request by stage (accept, decode, worker thread, saver, pool, database, resume, answer) and the agents
+note when they sent each request and when its answer came; each service mode gets ``stages`` (per stage
+median, p95, p99 and mean in ms, and each worker's share of the requests) and the turns per agent, so a
+tail is shown by where requests waited, and for whom.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import queue
 import subprocess
 import sys
@@ -90,6 +103,17 @@ def wal_counters(conn: psycopg.Connection) -> tuple[int, int, int]:
     query = "SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal"
     records, syncs, written = conn.execute(query).fetchone()
     return int(records), int(syncs), int(written)
+
+
+DATABASE_COUNTERS = ("xact_commit", "tup_inserted", "tup_updated", "tup_deleted", "tup_fetched", "tup_returned")
+
+
+def database_counters(conn: psycopg.Connection, database_name: str) -> tuple[int, ...]:
+    """This database's own counters from ``pg_stat_database`` (:data:`DATABASE_COUNTERS`): transactions
+    committed and rows written and read, whoever else uses the server. Backends report them at most once a
+    second, so a phase's figures are good to about a second's worth."""
+    query = f"SELECT {', '.join(DATABASE_COUNTERS)} FROM pg_stat_database WHERE datname = %s"
+    return tuple(int(value) for value in conn.execute(query, (database_name,)).fetchone())
 
 
 def with_application_name(url: str, name: str) -> str:
@@ -265,7 +289,7 @@ class Neighbour:
 
 def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase: str, duration: float,
            monitor: Monitor, service_pid: int, stages_dir: Path | None = None,
-           neighbour: Neighbour | None = None) -> dict[str, Any]:
+           neighbour: Neighbour | None = None, keep_stage_records: bool = False) -> dict[str, Any]:
     """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
     service, when it has one); ``stages_dir``: where the services' workers write their stage records."""
     count, processes = level
@@ -281,6 +305,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     time.sleep(max(0.0, start_at - time.time()))
     monitor.sampler.reset()
     wal_before = wal_counters(monitor.conn)
+    database_before = database_counters(monitor.conn, monitor.database_name)
     neighbour_cpu = neighbour.cpu_seconds if neighbour is not None else float
     # This mode's own PostgreSQL backends (the cluster-wide figure holds whatever else the server runs).
     backends = monitor.backend_pids(SERVICE_MODES.get(mode, AGENT_APP))
@@ -291,6 +316,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     backends_cpu = sum(cpu - backends_before[pid] for pid in backends_before
                        if (cpu := process_cpu_seconds(pid)) is not None)
     wal_after = wal_counters(monitor.conn)
+    database_after = database_counters(monitor.conn, monitor.database_name)
     connections = monitor.sampler.figures(SERVICE_MODES.get(mode, AGENT_APP))
     database_connections = monitor.sampler.figures(None)["connections_max"]
     (service_cpu, postgres_cpu, machine_cpu, neighbour_s) = (b - a for a, b in zip(before, after, strict=True))
@@ -306,7 +332,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
     if stages_dir is not None and mode in SERVICE_MODES:
         time.sleep(0.6)  # the workers write their records every half second
         records = stages.read(stages_dir, mode, start_ns, end_ns, clear=True)
-        if os.environ.get("RS_BENCH_KEEP_RAW"):
+        if keep_stage_records:
             import json
 
             (stages_dir / f"raw-{phase}.json").write_text(json.dumps({
@@ -333,6 +359,7 @@ def _phase(agents: Agents, level: tuple[int, int], mode: str, target: str, phase
         "backends_cpu_s": backends_cpu,
         "machine_cpu_s": machine_cpu,
         "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
+        "database": [after - before for before, after in zip(database_before, database_after, strict=True)],
         "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
         "all_turns": len(latencies) + late,
         # The connections this mode uses: the service's pool, or the agents' own.
@@ -382,10 +409,16 @@ def _failures(figures: dict[str, Any]) -> str:
     return f" [failed over the rounds: {errors}]"
 
 
+#: Whether phases keep their raw stage records (``run(keep_stage_records=...)``).
+KEEP_STAGE_RECORDS = [False]
+#: Interleaved levels of more agents than this skip the direct modes (``run(direct_max_agents=...)``).
+DIRECT_MAX_AGENTS = [0]
+
+
 def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
         duration: float, rounds: int, turns_per_thread: int, window: int,
         stock: tuple[str, int] | None = None, service_b: tuple[str, int] | None = None,
-        stages_dir: Path | None = None,
+        stages_dir: Path | None = None, keep_stage_records: bool = False, direct_max_agents: int = 0,
         conditions: tuple[str, ...] = ("quiet",), modes: tuple[str, ...] = MODES,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
@@ -394,6 +427,8 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     ``quiet``, and ``contended`` (each level again with a :class:`Neighbour` running)."""
     results = []
     started = time.monotonic()
+    KEEP_STAGE_RECORDS[0] = keep_stage_records
+    DIRECT_MAX_AGENTS[0] = direct_max_agents
     database_name = database.rsplit("/", 1)[1]
     _setup_store(database)
     services = {"service": (service_url, service_pid)}
@@ -457,7 +492,7 @@ def _log_level(level: dict[str, Any], modes: tuple[str, ...], log: Callable[[str
     cells = ", ".join(
         f"{mode} {level[mode]['turns_per_s']:.1f} turns/s p95 {level[mode]['p95_ms']:.0f} ms "
         f"({level[mode]['connections_max']} conns, {level[mode]['agents_completed']} agents){_failures(level[mode])}"
-        for mode in modes
+        for mode in modes if mode in level
     )
     log(f"  throughput {_describe(level)}, {level['condition']}: {cells} [{time.monotonic() - started:.0f} s]")
 
@@ -477,7 +512,7 @@ def growth(levels: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[st
             "to_agents": high["agents"],
             **{mode: {"turns_per_s": ratio(high[mode]["turns_per_s"], low[mode]["turns_per_s"]),
                       "p95": ratio(high[mode]["p95_ms"], low[mode]["p95_ms"])}
-               for mode in modes if low[mode]["turns"] and high[mode]["turns"]},
+               for mode in modes if mode in low and mode in high and low[mode]["turns"] and high[mode]["turns"]},
         })
     return out
 
@@ -514,7 +549,7 @@ def _run_phase(agents: Agents, level_spec: tuple[int, int], mode: str, services:
     count, processes = level_spec
     target, pid = services.get(mode, (with_application_name(database, AGENT_APP), services["service"][1]))
     return _phase(agents, level_spec, mode, target, f"{count}-{processes}-{condition}-{mode}-{round_index}",
-                  duration, monitor, pid, stages_dir, neighbour)
+                  duration, monitor, pid, stages_dir, neighbour, KEEP_STAGE_RECORDS[0])
 
 
 def _interleaved(agents: Agents, levels: list[tuple[int, int]], services: dict[str, tuple[str, int]],
@@ -529,9 +564,12 @@ def _interleaved(agents: Agents, levels: list[tuple[int, int]], services: dict[s
         forward = round_index % 2 == 0
         for level in levels if forward else levels[::-1]:
             for mode in modes if forward else modes[::-1]:
+                if mode in DIRECT_MODES and DIRECT_MAX_AGENTS[0] and level[0] > DIRECT_MAX_AGENTS[0]:
+                    continue
                 phases[level][mode].append(_run_phase(agents, level, mode, services, database, monitor, round_index,
                                                       duration, stages_dir, condition, neighbour))
-    return [_figures(level, phases[level], duration=duration, stages_dir=stages_dir, condition=condition)
+    return [_figures(level, {mode: runs for mode, runs in phases[level].items() if runs}, duration=duration,
+                     stages_dir=stages_dir, condition=condition)
             for level in levels]
 
 
@@ -591,6 +629,10 @@ def _figures(level_spec: tuple[int, int], phases: dict[str, list[dict[str, Any]]
             "records": round(records / turns, 1) if turns else 0.0,
             "syncs": round(syncs / turns, 2) if turns else 0.0,
             "bytes": round(written / turns) if turns else 0,
+        }
+        level[mode]["database_per_turn"] = {
+            name: round(sum(r["database"][i] for r in runs) / turns, 1) if turns else 0.0
+            for i, name in enumerate(DATABASE_COUNTERS)
         }
         level[mode]["cpu_us_per_turn"] = round(
             level[mode]["agent_cpu_us_per_turn"]
