@@ -31,6 +31,9 @@ import psycopg
 
 from benchmarks._common import DEFAULT_SERVER, scratch_database
 
+#: In ``--ab-args``: the connection-churn experiment (``benchmarks/stages.py``), not a ``serve`` flag.
+CLOSE_EVERY = "--close-every"
+
 # The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
 # re-import this module, and need none of it.
 
@@ -134,13 +137,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "CPU-hungry process beside it); default: %(default)s")
     parser.add_argument("--throughput-modes", default=",".join(("service", "inprocess", "plain", "stock_service")),
                         help="throughput: the modes to run (default: %(default)s)")
-    parser.add_argument("--ab-args", default=None,
-                        help="throughput: run a second service, the throughput section's plus these `serve` flags, "
-                        "as one more mode (service_b), interleaved with the others: an A/B of a setting")
-    parser.add_argument("--ab-close-every", type=int, default=0,
-                        help="throughput, with --ab-args: the second service's workers answer a random one in N "
-                        "per-step requests with `Connection: close` (the client reconnects, and the new connection "
-                        "may land on another worker): does churn even out connections across workers?")
+    parser.add_argument("--ab-args", action="append", default=[],
+                        help="throughput: run the service again with these `serve` flags added, as one more mode "
+                        "(service_b; given twice, service_c too), interleaved with the others: an A/B of a setting. "
+                        f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
+                        "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
+                        "and may land on another worker)")
     parser.add_argument("--keep-stage-records", action="store_true",
                         help="throughput: keep every phase's raw stage records and the agents' notes in "
                         "OUT/stages/raw-PHASE.json")
@@ -231,7 +233,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]
                                              if mode in level}
         for grown in results["throughput"].get("growth", []):
-            for mode in ("service", "stock_service", "service_b"):
+            for mode in ("service", "stock_service", "service_b", "service_c"):
                 if mode in grown:
                     name = f"growth_{grown['from_agents']}_to_{grown['to_agents']}_{grown['condition']}_{mode}"
                     out[f"{name}_turns_per_s"] = grown[mode]["turns_per_s"]
@@ -429,11 +431,12 @@ def print_summary(results: dict[str, Any]) -> None:
                 print(f"  {'':27}floor, stock_service / inprocess: turns/s "
                       f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
                       f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x")
-            if "service_b_vs_service_turns_per_s" in r:
-                print(f"  {'':27}service_b / service: turns/s {r['service_b_vs_service_turns_per_s']:.2f}x, p95 "
-                      f"{r['service_b_vs_service_p95']:.2f}x, service CPU per turn "
-                      f"{r['service_b_vs_service_service_cpu_per_turn']:.2f}x, machine CPU per turn "
-                      f"{r['service_b_vs_service_machine_cpu_per_turn']:.2f}x")
+            for variant in ("service_b", "service_c"):
+                if f"{variant}_vs_service_turns_per_s" in r:
+                    print(f"  {'':27}{variant} / service: turns/s {r[f'{variant}_vs_service_turns_per_s']:.2f}x, p95 "
+                          f"{r[f'{variant}_vs_service_p95']:.2f}x, service CPU per turn "
+                          f"{r[f'{variant}_vs_service_service_cpu_per_turn']:.2f}x, machine CPU per turn "
+                          f"{r[f'{variant}_vs_service_machine_cpu_per_turn']:.2f}x")
             if "service_vs_stock_service_turns_per_s" in r:
                 print(f"  {'':27}service / stock_service: turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x")
             for mode in (mode for mode in tp["modes"] if mode in level):
@@ -527,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks import (
+        agent,
         floors,
         growth,
         latency,
@@ -640,17 +644,19 @@ def main(argv: list[str] | None = None) -> int:
                                   env=traced.get("env")) as stock,
                 ExitStack() as b_stack,
             ):
-                service_b = None
-                if args.ab_args is not None:
-                    b_url = throughput.with_application_name(database, throughput.SERVICE_B_APP)
-                    b_env = {stages.ROLE_ENV: "service_b"}
-                    if args.ab_close_every:
-                        b_env[stages.CLOSE_EVERY_ENV] = str(args.ab_close_every)
+                variants = {}
+                for variant, ab_args in zip(agent.VARIANTS, args.ab_args, strict=False):
+                    flags = shlex.split(ab_args)
+                    b_env = {stages.ROLE_ENV: variant}
+                    if CLOSE_EVERY in flags:
+                        at = flags.index(CLOSE_EVERY)
+                        b_env[stages.CLOSE_EVERY_ENV] = flags[at + 1]
+                        del flags[at:at + 2]
+                    b_url = throughput.with_application_name(database, throughput.SERVICE_MODES[variant])
                     b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {}
-                    b = b_stack.enter_context(run_service(out, "--database", b_url, *scaled_args,
-                                                          *shlex.split(args.ab_args), **b_traced))
-                    service_b = (b.url, b.process.pid)
-                    results["meta"]["service_args"]["throughput, service_b"] = [*scaled_args, *shlex.split(args.ab_args)]
+                    b = b_stack.enter_context(run_service(out, "--database", b_url, *scaled_args, *flags, **b_traced))
+                    variants[variant] = (b.url, b.process.pid)
+                    results["meta"]["service_args"][f"throughput, {variant}"] = [*scaled_args, *shlex.split(ab_args)]
                 log(f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
                     f"stock-saver service pid {stock.process.pid} at {stock.url}")
                 section("throughput")
@@ -658,10 +664,10 @@ def main(argv: list[str] | None = None) -> int:
                     service.url, service.process.pid, args.postgres, database, levels=levels,
                     duration=settings["duration"], rounds=settings["throughput_rounds"],
                     turns_per_thread=settings["turns_per_thread"], window=settings["window"],
-                    stock=(stock.url, stock.process.pid), service_b=service_b, stages_dir=stages_dir,
+                    stock=(stock.url, stock.process.pid), variants=variants, stages_dir=stages_dir,
                     keep_stage_records=args.keep_stage_records, direct_max_agents=args.direct_max_agents,
                     conditions=tuple(c.strip() for c in args.conditions.split(",") if c.strip()),
-                    modes=(*(m.strip() for m in args.throughput_modes.split(",") if m.strip()), "service_b"),
+                    modes=(*(m.strip() for m in args.throughput_modes.split(",") if m.strip()), *variants),
                     log=log,
                 )
     results["targets"] = targets(results)

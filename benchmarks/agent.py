@@ -34,9 +34,11 @@ import traceback
 from contextlib import AsyncExitStack
 from typing import Any
 
-MODES = ("service", "inprocess", "plain", "stock_service", "service_b")
-#: The modes whose agents talk to a service (``service_b``: a second service, the B of an A/B).
-REMOTE_MODES = ("service", "stock_service", "service_b")
+#: ``service_b`` and ``service_c``: the service with other settings, the B (and C) of an A/B.
+VARIANTS = ("service_b", "service_c")
+MODES = ("service", "inprocess", "plain", "stock_service", *VARIANTS)
+#: The modes whose agents talk to a service.
+REMOTE_MODES = ("service", "stock_service", *VARIANTS)
 
 
 def error_text(exc: BaseException) -> str:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
-from contextlib import AsyncExitStack, nullcontext
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -141,12 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.server import run_service
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with scratch_database(args.postgres) as database, nullcontext():
+    with scratch_database(args.postgres) as database:
         url = f"{database}?application_name={APP}"
         with run_service(args.out.resolve(), "--database", url, "--max-messages", "20", "--pool-size",
                          str(args.pool_size), "--workers", str(args.workers)) as service:
             result = run(service.url, service.process.pid, args.postgres, database, clients=args.clients,
                          idle_seconds=args.idle_seconds)
+    (args.out / "idle_agents.json").write_text(json.dumps(result, indent=1) + "\n")
     for line in lines(result):
         print(line)
     return 0

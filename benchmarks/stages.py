@@ -45,7 +45,7 @@ ENV = "RS_BENCH_STAGES_DIR"
 #: The role written into the file names (``service``, ``stock_service``).
 ROLE_ENV = "RS_BENCH_STAGES_ROLE"
 #: An experiment, not the service's behaviour: answer a random one in N per-step requests with
-#: ``Connection: close`` (``--ab-close-every``).
+#: ``Connection: close`` (``--ab-args "--close-every N"``).
 CLOSE_EVERY_ENV = "RS_BENCH_CLOSE_EVERY"
 #: The header carrying the agent's send time (``time.monotonic_ns()``).
 HEADER = "x-bench-sent"

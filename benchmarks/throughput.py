@@ -83,10 +83,10 @@ SERVICE_APP = "rs-bench-service"
 AGENT_APP = "rs-bench-agent"
 #: ``application_name`` of the stock-saver service's connections (``benchmarks/stock_service.py``).
 STOCK_APP = "rs-bench-stock-service"
-#: The modes whose agents talk to a service, and its connections' ``application_name``.
-#: ``application_name`` of the second service's connections, when an A/B runs one (``--ab-args``).
-SERVICE_B_APP = "rs-bench-service-b"
-SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP, "service_b": SERVICE_B_APP}
+#: The modes whose agents talk to a service, and its connections' ``application_name`` (the variants':
+#: the service with other settings, when an A/B runs them: ``--ab-args``).
+SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP,
+                 **{variant: f"rs-bench-{variant.replace('_', '-')}" for variant in agent_module.VARIANTS}}
 CONNECTIONS = """
     SELECT application_name, count(*), count(*) FILTER (WHERE state = 'active')
     FROM pg_stat_activity
@@ -417,7 +417,7 @@ DIRECT_MAX_AGENTS = [0]
 
 def run(service_url: str, service_pid: int, server: str, database: str, *, levels: list[tuple[int, int]],
         duration: float, rounds: int, turns_per_thread: int, window: int,
-        stock: tuple[str, int] | None = None, service_b: tuple[str, int] | None = None,
+        stock: tuple[str, int] | None = None, variants: dict[str, tuple[str, int]] | None = None,
         stages_dir: Path | None = None, keep_stage_records: bool = False, direct_max_agents: int = 0,
         conditions: tuple[str, ...] = ("quiet",), modes: tuple[str, ...] = MODES,
         log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -434,8 +434,7 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
     services = {"service": (service_url, service_pid)}
     if stock is not None:
         services["stock_service"] = stock
-    if service_b is not None:
-        services["service_b"] = service_b
+    services.update(variants or {})
     modes = tuple(mode for mode in MODES if mode in modes and (mode in DIRECT_MODES or mode in services))
     for url, _ in services.values():
         _warm_service(url)
@@ -651,15 +650,15 @@ def _figures(level_spec: tuple[int, int], phases: dict[str, list[dict[str, Any]]
                 service["machine_cpu_us_per_turn"], level[mode]["machine_cpu_us_per_turn"]
             ),
         })
-    if "service_b" in level:
-        b = level["service_b"]
+    for variant in (variant for variant in agent_module.VARIANTS if variant in level):
+        b = level[variant]
         level["ratios"].update({
-            "service_b_vs_service_turns_per_s": ratio(b["turns_per_s"], service["turns_per_s"]),
-            "service_b_vs_service_p95": ratio(b["p95_ms"], service["p95_ms"]),
-            "service_b_vs_service_machine_cpu_per_turn": ratio(b["machine_cpu_us_per_turn"],
-                                                              service["machine_cpu_us_per_turn"]),
-            "service_b_vs_service_service_cpu_per_turn": ratio(b["service_cpu_us_per_turn"],
-                                                              service["service_cpu_us_per_turn"]),
+            f"{variant}_vs_service_turns_per_s": ratio(b["turns_per_s"], service["turns_per_s"]),
+            f"{variant}_vs_service_p95": ratio(b["p95_ms"], service["p95_ms"]),
+            f"{variant}_vs_service_machine_cpu_per_turn": ratio(b["machine_cpu_us_per_turn"],
+                                                               service["machine_cpu_us_per_turn"]),
+            f"{variant}_vs_service_service_cpu_per_turn": ratio(b["service_cpu_us_per_turn"],
+                                                               service["service_cpu_us_per_turn"]),
         })
     if "stock_service" in level:
         level["ratios"]["service_vs_stock_service_turns_per_s"] = ratio(
