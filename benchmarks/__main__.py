@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 from benchmarks._common import DEFAULT_SERVER, scratch_database
+from benchmarks.agent import VARIANTS
 
 #: In ``--ab-args``: the connection-churn experiment (``benchmarks/stages.py``), not a ``serve`` flag.
 CLOSE_EVERY = "--close-every"
@@ -139,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="throughput: the modes to run (default: %(default)s)")
     parser.add_argument("--ab-args", action="append", default=[],
                         help="throughput: run the service again with these `serve` flags added, as one more mode "
-                        "(service_b; given twice, service_c too), interleaved with the others: an A/B of a setting. "
+                        "(service_b; given again, service_c and service_d), interleaved with the others: an A/B of a setting. "
                         f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
                         "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
                         "and may land on another worker)")
@@ -233,7 +234,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out[f"many_agents_{key}"] = {mode: level[mode][key] for mode in results["throughput"]["modes"]
                                              if mode in level}
         for grown in results["throughput"].get("growth", []):
-            for mode in ("service", "stock_service", "service_b", "service_c"):
+            for mode in ("service", "stock_service", *VARIANTS):
                 if mode in grown:
                     name = f"growth_{grown['from_agents']}_to_{grown['to_agents']}_{grown['condition']}_{mode}"
                     out[f"{name}_turns_per_s"] = grown[mode]["turns_per_s"]
@@ -431,7 +432,7 @@ def print_summary(results: dict[str, Any]) -> None:
                 print(f"  {'':27}floor, stock_service / inprocess: turns/s "
                       f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
                       f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x")
-            for variant in ("service_b", "service_c"):
+            for variant in VARIANTS:
                 if f"{variant}_vs_service_turns_per_s" in r:
                     print(f"  {'':27}{variant} / service: turns/s {r[f'{variant}_vs_service_turns_per_s']:.2f}x, p95 "
                           f"{r[f'{variant}_vs_service_p95']:.2f}x, service CPU per turn "
@@ -530,7 +531,6 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks import (
-        agent,
         floors,
         growth,
         latency,
@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
                 ExitStack() as b_stack,
             ):
                 variants = {}
-                for variant, ab_args in zip(agent.VARIANTS, args.ab_args, strict=False):
+                for variant, ab_args in zip(VARIANTS, args.ab_args, strict=False):
                     flags = shlex.split(ab_args)
                     b_env = {stages.ROLE_ENV: variant}
                     if CLOSE_EVERY in flags:

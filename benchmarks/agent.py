@@ -34,8 +34,8 @@ import traceback
 from contextlib import AsyncExitStack
 from typing import Any
 
-#: ``service_b`` and ``service_c``: the service with other settings, the B (and C) of an A/B.
-VARIANTS = ("service_b", "service_c")
+#: ``service_b``, ``service_c``, ``service_d``: the service with other settings, the B (C, D) of an A/B.
+VARIANTS = ("service_b", "service_c", "service_d")
 MODES = ("service", "inprocess", "plain", "stock_service", *VARIANTS)
 #: The modes whose agents talk to a service.
 REMOTE_MODES = ("service", "stock_service", *VARIANTS)

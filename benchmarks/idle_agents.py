@@ -1,13 +1,13 @@
 """Idle agents: what many open clients that make no calls cost the service.
 
-``python -m benchmarks.idle_agents [--clients 1000]`` (also the ``idle_agents`` section of the suite): one
-process opens ``clients`` ``RemoteReducingSaver`` clients to one service, concurrently; each reads its
-thread once (``aget_tuple``), then all sit idle. Read before they open, once all have read, and after
-``idle_seconds`` of idleness (past the 15 s after which the async client closes an idle connection;
-the service keeps one 75 s): the service's
-resident memory (every process of it), its open connections (TCP sockets), the PostgreSQL connections
+``python -m benchmarks.idle_agents [--clients 1000]``: one process opens ``clients``
+``RemoteReducingSaver`` clients to one service (``--workers 2 --pool-size 2`` by default), concurrently;
+each reads its thread once (``aget_tuple``), then all sit idle. Read before they open, once all have
+read, and after ``idle_seconds`` of idleness (past the 15 s after which the async client closes an idle
+connection; the service keeps one 75 s): the service's resident memory (every process of it), its open connections (TCP sockets), the PostgreSQL connections
 it holds (by ``application_name``) and the CPU it spends while the clients idle. The answer expected: no
-PostgreSQL connection beyond the pool, memory back near its level before the clients, no CPU.
+PostgreSQL connection beyond the pool, memory that grows with the clients open and is reused by the
+next ones (a second wave of as many clients opens after the first has closed), no CPU.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ def run(url: str, pid: int, server: str, database: str, *, clients: int, idle_se
             idle_cpu = cpu_seconds(pid) - cpu_before
             idle = _reading(pid, server, database_name)
         closed = _reading(pid, server, database_name)
+        # A second wave as large: memory freed by the first is reused, not added to.
+        async with AsyncExitStack() as stack:
+            await _open_clients(url, clients, stack)
+            second = _reading(pid, server, database_name)
         return {
             "clients": clients,
             "open_and_read_s": round(open_s, 2),
@@ -113,6 +117,7 @@ def run(url: str, pid: int, server: str, database: str, *, clients: int, idle_se
             "all_open": loaded,
             "idle": idle,
             "clients_closed": closed,
+            "second_wave_open": second,
             "idle_service_cpu_cores": round(idle_cpu / idle_seconds, 4),
             "rss_per_open_client_kb": round((loaded["service_rss_mb"] - before["service_rss_mb"]) * 1024 / clients, 1),
         }
@@ -122,7 +127,8 @@ def run(url: str, pid: int, server: str, database: str, *, clients: int, idle_se
 
 def lines(result: dict[str, Any]) -> list[str]:
     rows = [("before", result["before"]), (f"{result['clients']:,} clients open, each read once", result["all_open"]),
-            (f"after {result['idle_seconds']:g} s idle", result["idle"]), ("clients closed", result["clients_closed"])]
+            (f"after {result['idle_seconds']:g} s idle", result["idle"]), ("clients closed", result["clients_closed"]),
+            (f"{result['clients']:,} other clients open", result["second_wave_open"])]
     out = [f"{label}: service {fig['service_rss_mb']:.1f} MB resident, {fig['service_sockets']} sockets, "
            f"{fig['postgres_connections']} PostgreSQL connections" for label, fig in rows]
     out.append(f"service CPU while idle: {result['idle_service_cpu_cores'] * 100:.2f}% of a core; "
