@@ -204,6 +204,9 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
                 assert 0 <= figures["median"] <= figures["p95"] <= figures["p99"], (mode, name, figures)
             assert positive(stages["stages_ms"]["database"]["median"]) and positive(stages["stages_ms"]["round_trip"]["median"])
             assert level[mode]["turns_by_agent"]["min"] <= level[mode]["turns_by_agent"]["max"]
+            # Every agent is counted on the one worker that served most of its requests, once per round.
+            assert [sum(split) for split in stages["agents_by_worker_by_round"]] == [level["agents"]], mode
+            assert level[mode]["database_per_turn"]["xact_commit"] > 0, mode
 
 
 def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
