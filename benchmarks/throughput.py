@@ -34,7 +34,8 @@ figure is every server process of the machine; ``postgres_backends_cpu_us_per_tu
 connections' backends alone (what other users of a shared server cannot blur).
 
 Levels of the same processes (``32/4,128/4``) are interleaved: one set of processes holds the largest
-level, a smaller one uses the first agents of each, and every round runs every level and mode. With
+level, a smaller one uses the first agents of each, and every round runs every level and mode, after a
+short phase of every mode that is not counted. With
 ``conditions=("quiet", "contended")`` every level runs again with a CPU-hungry process beside it
 (:class:`Neighbour`, a busy loop; its CPU is taken out of the machine's). ``growth`` compares each
 condition's largest level with its smallest: turns/s and p95, per mode.
@@ -447,6 +448,12 @@ def run(service_url: str, service_pid: int, server: str, database: str, *, level
                 processes = levels[0][1]
                 agents = Agents(processes, max(count for count, _ in levels) // processes, turns_per_thread,
                                 window, stages_dir is not None)
+                # A short phase of every mode first, not counted: the run's first phase found colder caches
+                # (PostgreSQL's, the agents' and the services' first turns of the run) than the others.
+                for mode in modes:
+                    if mode not in DIRECT_MODES or not DIRECT_MAX_AGENTS[0] or levels[0][0] <= DIRECT_MAX_AGENTS[0]:
+                        _run_phase(agents, levels[0], mode, services, database, monitor, -1, min(duration, 3.0),
+                                   stages_dir, "warm-up", None)
                 for condition in conditions:
                     with Neighbour() if condition == "contended" else nullcontext() as neighbour:
                         done = _interleaved(agents, levels, services, database, monitor, modes=modes,
