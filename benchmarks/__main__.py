@@ -30,6 +30,10 @@ from typing import Any
 import psycopg
 
 from benchmarks._common import DEFAULT_SERVER, scratch_database
+from benchmarks.agent import VARIANTS
+
+#: In ``--ab-args``: the connection-churn experiment (``benchmarks/stages.py``), not a ``serve`` flag.
+CLOSE_EVERY = "--close-every"
 
 # The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
 # re-import this module, and need none of it.
@@ -148,6 +152,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the service's PostgreSQL connections per worker (default: %(default)s)",
     )
     parser.add_argument(
+        "--conditions",
+        default="quiet",
+        help="throughput: comma-separated, quiet and/or contended (each level again with a "
+        "CPU-hungry process beside it); default: %(default)s",
+    )
+    parser.add_argument(
+        "--throughput-modes",
+        default=",".join(("service", "inprocess", "plain", "stock_service")),
+        help="throughput: the modes to run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ab-args",
+        action="append",
+        default=[],
+        help="throughput: run the service again with these `serve` flags added, as one more mode "
+        "(service_b; given again, service_c and service_d), interleaved with the others: an A/B of a setting. "
+        f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
+        "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
+        "and may land on another worker)",
+    )
+    parser.add_argument(
+        "--keep-stage-records",
+        action="store_true",
+        help="throughput: keep every phase's raw stage records and the agents' notes in "
+        "OUT/stages/raw-PHASE.json",
+    )
+    parser.add_argument(
+        "--direct-max-agents",
+        type=int,
+        default=0,
+        help="throughput, levels of the same processes: skip the direct modes (inprocess, plain) at "
+        "levels of more agents than this (their agents would be refused connections anyway)",
+    )
+    parser.add_argument(
+        "--no-stages",
+        action="store_true",
+        help="throughput: run the services without the per-stage trace (benchmarks/stages.py)",
+    )
+    parser.add_argument(
         "--serve-args",
         default="",
         help="more `reducing-saver serve` flags for the throughput section's service, "
@@ -223,7 +266,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     if "throughput" in results:
         levels = results["throughput"]["levels"]
         single = [level for level in levels if level["agents_per_process"] == 1]
-        if single:
+        if single and "inprocess" in single[-1] and "plain" in single[-1]:
             level = single[-1]
             out["agents_level"] = level["agents"]
             for mode in ("inprocess", "plain"):
@@ -239,7 +282,11 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 out["floor_stock_service_vs_inprocess_turns_per_s"] = level["ratios"][
                     "stock_service_vs_inprocess_turns_per_s"
                 ]
-        many = [level for level in levels if level["agents_per_process"] > 1]
+        many = [
+            level
+            for level in levels
+            if level["agents_per_process"] > 1 and level.get("condition") != "contended"
+        ]
         if many:
             level = many[-1]
             out["many_agents_level"] = f"{level['agents']} agents in {level['processes']} processes"
@@ -247,8 +294,16 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             out["many_agents_service_connections_max"] = level["service"]["connections_max"]
             for key in ("agents_completed", "connect_failures", "turns_per_s", "p95_ms", "connections_max"):
                 out[f"many_agents_{key}"] = {
-                    mode: level[mode][key] for mode in ("service", "inprocess", "plain")
+                    mode: level[mode][key] for mode in results["throughput"]["modes"] if mode in level
                 }
+        for grown in results["throughput"].get("growth", []):
+            for mode in ("service", "stock_service", *VARIANTS):
+                if mode in grown:
+                    name = (
+                        f"growth_{grown['from_agents']}_to_{grown['to_agents']}_{grown['condition']}_{mode}"
+                    )
+                    out[f"{name}_turns_per_s"] = grown[mode]["turns_per_s"]
+                    out[f"{name}_p95"] = grown[mode]["p95"]
     if "service_cost" in results:
         out["service_own_cpu_us_per_turn"] = results["service_cost"]["own_cpu_us_per_turn"]
         if "stock_service" in results["service_cost"]:
@@ -469,14 +524,17 @@ def print_summary(results: dict[str, Any]) -> None:
             "  ran: the agents that ran the whole phase (the fewest of the rounds); CPU per turn in us: agents + "
             "service + PostgreSQL = total, and the whole machine's; WAL per turn: records, syncs, bytes"
         )
+        from benchmarks import stages as stages_module
+
         print(
-            f"  {'':27}{'':10}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL"
+            f"  {'':27}{'':14}{'turns/s':>8}{'p95 ms':>8}{'conns':>6}{'ran':>5}   {'CPU per turn':<40}  WAL"
         )
         for level in tp["levels"]:
             label = f"{level['agents']} agents" + (
                 f" in {level['processes']} processes" if level["processes"] != level["agents"] else ""
             )
-            for index, mode in enumerate(tp["modes"]):
+            label += f", {level.get('condition', 'quiet')}"
+            for index, mode in enumerate(mode for mode in tp["modes"] if mode in level):
                 f = level[mode]
                 cpu = (
                     f"{f['agent_cpu_us_per_turn']:.0f} + {f.get('service_cpu_us_per_turn', 0.0):.0f} + "
@@ -485,32 +543,80 @@ def print_summary(results: dict[str, Any]) -> None:
                 )
                 wal = f["wal_per_turn"]
                 print(
-                    f"  {label if index == 0 else '':27}{mode:10}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
+                    f"  {label if index == 0 else '':27}{mode:14}{f['turns_per_s']:>8.1f}{f['p95_ms']:>8.1f}"
                     f"{f['connections_max']:>6}{f['agents_completed']:>5}   {cpu:<40}  {wal['records']:.1f}, "
                     f"{wal['syncs']:.2f}, {wal['bytes']}"
                 )
             r = level["ratios"]
-            print(
-                f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
-                f"{r['service_vs_inprocess_p95']:.2f}x, connections {r['service_vs_inprocess_connections_max']:.2f}x;"
-                f" / plain: turns/s {r['service_vs_plain_turns_per_s']:.2f}x, connections "
-                f"{r['service_vs_plain_connections_max']:.2f}x"
-            )
+            if "service_vs_inprocess_turns_per_s" in r:
+                print(
+                    f"  {'':27}service / inprocess: turns/s {r['service_vs_inprocess_turns_per_s']:.2f}x, p95 "
+                    f"{r['service_vs_inprocess_p95']:.2f}x, connections "
+                    f"{r['service_vs_inprocess_connections_max']:.2f}x, machine CPU per turn "
+                    f"{r['service_vs_inprocess_machine_cpu_per_turn']:.2f}x"
+                )
             if "stock_service_vs_inprocess_turns_per_s" in r:
                 print(
                     f"  {'':27}floor, stock_service / inprocess: turns/s "
                     f"{r['stock_service_vs_inprocess_turns_per_s']:.2f}x, machine CPU per turn "
-                    f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x; service / stock_service: "
-                    f"turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x"
+                    f"{r['stock_service_vs_inprocess_machine_cpu_per_turn']:.2f}x"
                 )
-            for mode in tp["modes"]:
+            for variant in VARIANTS:
+                if f"{variant}_vs_service_turns_per_s" in r:
+                    print(
+                        f"  {'':27}{variant} / service: turns/s {r[f'{variant}_vs_service_turns_per_s']:.2f}x, p95 "
+                        f"{r[f'{variant}_vs_service_p95']:.2f}x, service CPU per turn "
+                        f"{r[f'{variant}_vs_service_service_cpu_per_turn']:.2f}x, machine CPU per turn "
+                        f"{r[f'{variant}_vs_service_machine_cpu_per_turn']:.2f}x"
+                    )
+            if "service_vs_stock_service_turns_per_s" in r:
+                print(
+                    f"  {'':27}service / stock_service: turns/s {r['service_vs_stock_service_turns_per_s']:.2f}x"
+                )
+            for mode in (mode for mode in tp["modes"] if mode in level):
                 f = level[mode]
+                spread = f["turns_by_agent"]
+                print(
+                    f"  {'':27}{mode}: p99 {f['p99_ms']:.0f} ms, max {f['max_ms']:.0f} ms; turns per agent "
+                    f"{spread['min']} / {spread['median']} / {spread['max']} (fewest / median / most)"
+                )
+                db = f.get("database_per_turn")
+                if db:
+                    print(
+                        f"  {'':29}PostgreSQL, this mode's own backends: {f['postgres_backends_cpu_us_per_turn']:.0f} us "
+                        f"a turn; this database a turn: {db['xact_commit']:.1f} transactions, rows inserted / "
+                        f"updated / deleted {db['tup_inserted']:.1f} / {db['tup_updated']:.1f} / "
+                        f"{db['tup_deleted']:.1f}"
+                    )
+                if "stages" in f:
+                    st = f["stages"]
+                    cells = ", ".join(
+                        f"{name} {st['stages_ms'][name]['median']:.2f}/{st['stages_ms'][name]['p95']:.2f}"
+                        for name in stages_module.STAGES
+                    )
+                    print(f"  {'':29}stages ms median/p95: {cells}")
+                    workers = "; ".join(
+                        f"{w['share'] * 100:.0f}% of requests, {w['agents']} agents"
+                        for w in st["by_worker"].values()
+                    )
+                    print(
+                        f"  {'':29}round trip {st['stages_ms']['round_trip']['median']:.2f}/"
+                        f"{st['stages_ms']['round_trip']['p95']:.2f}, op CPU "
+                        f"{st['stages_ms']['op_cpu']['median']:.2f}; by worker: {workers}"
+                    )
                 if f["errors"]:
                     errors = "; ".join(f"{count} x {error}" for error, count in f["errors"].items())
                     print(
                         f"  {'':27}{mode}: {level['agents'] - f['agents_completed']} of {level['agents']} agents "
                         f"missed a phase ({f['connect_failures']} could not connect); over the rounds: {errors}"
                     )
+        for grown in tp.get("growth", []):
+            cells = "; ".join(
+                f"{mode} turns/s {g['turns_per_s']:.2f}x, p95 {g['p95']:.2f}x"
+                for mode, g in grown.items()
+                if isinstance(g, dict)
+            )
+            print(f"  {grown['from_agents']} -> {grown['to_agents']} agents, {grown['condition']}: {cells}")
     if "service_cost" in results:
         cost = results["service_cost"]
         print(
@@ -597,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         long_thread,
         real_turn,
         service_cost,
+        stages,
         stock_service,
         storage,
         throughput,
@@ -712,10 +819,39 @@ def main(argv: list[str] | None = None) -> int:
                     )
         if "throughput" in sections:
             stock_url = throughput.with_application_name(database, throughput.STOCK_APP)
+            stages_dir = None if args.no_stages else out / "stages"
+            traced: dict[str, Any] = {}
+            if stages_dir is not None:
+                stages_dir.mkdir(exist_ok=True)
+                for old in stages_dir.glob("*.tsv"):
+                    old.unlink()
+                traced = {
+                    "program": (sys.executable, "-m", "benchmarks.stages"),
+                    "env": {stages.ENV: str(stages_dir)},
+                }
             with (
-                run_service(out, "--database", url, *scaled_args) as service,
-                stock_service.run(out, "--database", stock_url, *scaled_args) as stock,
+                run_service(out, "--database", url, *scaled_args, **traced) as service,
+                stock_service.run(out, "--database", stock_url, *scaled_args, env=traced.get("env")) as stock,
+                ExitStack() as b_stack,
             ):
+                variants = {}
+                for variant, ab_args in zip(VARIANTS, args.ab_args, strict=False):
+                    flags = shlex.split(ab_args)
+                    b_env = {stages.ROLE_ENV: variant}
+                    if CLOSE_EVERY in flags:
+                        at = flags.index(CLOSE_EVERY)
+                        b_env[stages.CLOSE_EVERY_ENV] = flags[at + 1]
+                        del flags[at : at + 2]
+                    b_url = throughput.with_application_name(database, throughput.SERVICE_MODES[variant])
+                    b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {}
+                    b = b_stack.enter_context(
+                        run_service(out, "--database", b_url, *scaled_args, *flags, **b_traced)
+                    )
+                    variants[variant] = (b.url, b.process.pid)
+                    results["meta"]["service_args"][f"throughput, {variant}"] = [
+                        *scaled_args,
+                        *shlex.split(ab_args),
+                    ]
                 log(
                     f"service pid {service.process.pid} ({args.workers} worker processes) at {service.url}; "
                     f"stock-saver service pid {stock.process.pid} at {stock.url}"
@@ -732,6 +868,12 @@ def main(argv: list[str] | None = None) -> int:
                     turns_per_thread=settings["turns_per_thread"],
                     window=settings["window"],
                     stock=(stock.url, stock.process.pid),
+                    variants=variants,
+                    stages_dir=stages_dir,
+                    keep_stage_records=args.keep_stage_records,
+                    direct_max_agents=args.direct_max_agents,
+                    conditions=tuple(c.strip() for c in args.conditions.split(",") if c.strip()),
+                    modes=(*(m.strip() for m in args.throughput_modes.split(",") if m.strip()), *variants),
                     log=log,
                 )
     results["targets"] = targets(results)

@@ -139,6 +139,12 @@ def _process_cpu(pid: int | str, reaped_children: bool = False) -> tuple[str, fl
     return head.partition("(")[2], ticks / CLOCK_TICKS
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` alone; ``None`` once it has exited."""
+    found = _process_cpu(pid)
+    return found[1] if found is not None else None
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all its threads) and of its live child processes (the
     worker processes of ``serve --workers N``), from /proc/<pid>/stat."""

@@ -3,7 +3,8 @@
 A process hosts ``agents`` (a list of agent numbers), each an asyncio task with a checkpointer of its own.
 The parent (``benchmarks.throughput``) talks to it through two queues:
 
-* ``("prepare", mode, target, phase)``: open every agent's checkpointer, concurrently (``"service"``: a
+* ``("prepare", mode, target, phase, count)``: open the checkpointers of the first ``count`` agents (every
+  agent's when ``None``), concurrently (``"service"``: a
   ``RemoteReducingSaver(target)`` per agent; ``"inprocess"``: ``ReducingSaver(AsyncPostgresSaver)`` on
   database ``target`` with an ``on_prune`` hook writing the pruned messages into an
   ``AsyncPostgresStore`` of the agent's own; ``"plain"``: an ``AsyncPostgresSaver`` on database
@@ -16,6 +17,9 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   (pending store writes awaited first); answer ``("done", process, stats)``. Only turns that finished by
   ``end_at`` count; an agent whose turn fails stops, and its error is in ``stats["errors"]``;
 * ``("stop",)``: exit.
+
+With ``stages``, each agent of a service mode sends every request with its send time (``benchmarks.stages``)
+and notes when the answer came; ``stats["requests"]`` holds ``(sent, received, agent)`` per request.
 
 Once it has imported what the modes run and run a turn in memory, a process answers ``("started", process)``.
 
@@ -30,7 +34,11 @@ import traceback
 from contextlib import AsyncExitStack
 from typing import Any
 
-MODES = ("service", "inprocess", "plain", "stock_service")
+#: ``service_b``, ``service_c``, ``service_d``: the service with other settings, the B (C, D) of an A/B.
+VARIANTS = ("service_b", "service_c", "service_d")
+MODES = ("service", "inprocess", "plain", "stock_service", *VARIANTS)
+#: The modes whose agents talk to a service.
+REMOTE_MODES = ("service", "stock_service", *VARIANTS)
 
 
 def error_text(exc: BaseException) -> str:
@@ -39,21 +47,47 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
+class TimedTransport:
+    """The client's async transport, sending each request's send time and noting when its answer came."""
+
+    def __init__(self, inner: Any, number: int) -> None:
+        from benchmarks.stages import HEADER
+
+        self.inner, self.number, self.header = inner, number, HEADER
+        self.notes: list[tuple[int, int, int]] = []
+
+    async def exchange(self, request: Any) -> Any:
+        sent = time.monotonic_ns()
+        headers = dict(request.headers)
+        headers[self.header] = str(sent)
+        try:
+            return await self.inner.exchange(request._replace(headers=headers))
+        finally:
+            self.notes.append((sent, time.monotonic_ns(), self.number))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class Agent:
     """One agent: its checkpointer (and store), and the resources to close after a phase."""
 
-    def __init__(self, number: int, window: int) -> None:
-        self.number, self.window = number, window
+    def __init__(self, number: int, window: int, stages: bool = False) -> None:
+        self.number, self.window, self.stages = number, window, stages
         self.stack = AsyncExitStack()
         self.graph: Any = None
+        self.timed: TimedTransport | None = None
 
     async def open(self, mode: str, target: str) -> None:
         from benchmarks._common import AsyncStoreHook, chat_graph
 
-        if mode in ("service", "stock_service"):
+        if mode in REMOTE_MODES:
             from reducing_saver.client import RemoteReducingSaver
 
             saver = await self.stack.enter_async_context(await RemoteReducingSaver.aopen(target))
+            if self.stages:
+                http = saver._http  # the client's connection: its async transport is timed in place
+                self.timed = http._async = TimedTransport(http._async, self.number)
         elif mode == "inprocess":
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
             from langgraph.store.postgres.aio import AsyncPostgresStore
@@ -94,6 +128,9 @@ class Agent:
         late = 0
         error = None
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        timed, self.timed = self.timed, None
+        if timed is not None:
+            timed.notes.clear()
         turn = 0
         try:
             while time.time() < end_at:
@@ -113,7 +150,8 @@ class Agent:
             await self.close()
         except Exception as exc:  # noqa: BLE001 - a failed store write, say
             error = error or error_text(exc)
-        return {"latencies_ms": latencies, "late_turns": late, "error": error}
+        requests = timed.notes if timed is not None else []
+        return {"latencies_ms": latencies, "late_turns": late, "error": error, "requests": requests}
 
 
 async def _prepare(agents: list[Agent], mode: str, target: str, phase: str) -> dict[str, Any]:
@@ -137,6 +175,9 @@ async def _run(
         "agents": len(agents),
         "latencies_ms": [value for agent in stats for value in agent["latencies_ms"]],
         "late_turns": sum(agent["late_turns"] for agent in stats),
+        "turns_by_agent": [len(agent["latencies_ms"]) for agent in stats],
+        "turns_of": {agent.number: stat["latencies_ms"] for agent, stat in zip(agents, stats, strict=True)},
+        "requests": [note for agent in stats for note in agent["requests"]],
         # This process's CPU (all threads) over every turn its agents ran, the late ones and the store
         # writes they left pending included.
         "cpu_s": time.process_time() - cpu_started,
@@ -163,11 +204,17 @@ async def _warm_up() -> None:
 
 
 async def _loop(
-    process: int, numbers: list[int], commands: Any, results: Any, turns_per_thread: int, window: int
+    process: int,
+    numbers: list[int],
+    commands: Any,
+    results: Any,
+    turns_per_thread: int,
+    window: int,
+    stages: bool,
 ) -> None:
     await _warm_up()
     results.put(("started", process))
-    agents = [Agent(number, window) for number in numbers]
+    agents = [Agent(number, window, stages) for number in numbers]
     ready: list[Agent] = []
     phase = ""
     while True:
@@ -178,8 +225,8 @@ async def _loop(
                     await agent.close()
                 return
             if command[0] == "prepare":
-                _, mode, target, phase = command
-                outcome = await _prepare(agents, mode, target, phase)
+                _, mode, target, phase, count = command
+                outcome = await _prepare(agents[:count], mode, target, phase)
                 ready = [agent for agent in agents if agent.number in outcome["agents"]]
                 results.put(("ready", process, outcome))
             elif command[0] == "go":
@@ -192,7 +239,13 @@ async def _loop(
 
 
 def main(
-    process: int, agents: list[int], commands: Any, results: Any, turns_per_thread: int, window: int
+    process: int,
+    agents: list[int],
+    commands: Any,
+    results: Any,
+    turns_per_thread: int,
+    window: int,
+    stages: bool = False,
 ) -> None:
     """The process target (multiprocessing, spawn): agents number ``agents`` in process ``process``."""
-    asyncio.run(_loop(process, agents, commands, results, turns_per_thread, window))
+    asyncio.run(_loop(process, agents, commands, results, turns_per_thread, window, stages))

@@ -88,16 +88,17 @@ def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machi
     latency_axis.set_ylabel("ms per turn (bar: median, whisker: p95)")
     latency_axis.set_title("per-turn latency, one agent")
     latency_axis.legend(fontsize=8)
-    counts = [level["agents"] for level in throughput["levels"]]
+    levels = [level for level in throughput["levels"] if level.get("condition", "quiet") == "quiet"]
+    counts = [level["agents"] for level in levels]
     modes = (
         ("service", "through one service"),
         ("inprocess", "ReducingSaver(AsyncPostgresSaver) + store each"),
         ("plain", "AsyncPostgresSaver each"),
     )
     for mode, label in modes:
-        rates = [level[mode]["turns_per_s"] for level in throughput["levels"]]
+        rates = [level[mode]["turns_per_s"] for level in levels]
         throughput_axis.plot(counts, rates, marker="o", color=COLORS[mode], label=label)
-        for count, level in zip(counts, throughput["levels"], strict=True):
+        for count, level in zip(counts, levels, strict=True):
             note = f"{level[mode]['connections_max']} conn"
             if level[mode]["agents_completed"] < count:  # the others could not connect, or failed
                 note += f", {level[mode]['agents_completed']} ran"
@@ -113,7 +114,7 @@ def performance_chart(latency: dict[str, Any], throughput: dict[str, Any], machi
     throughput_axis.set_xticks(counts, [str(count) for count in counts])
     spread = [
         f"{level['agents']} in {level['processes']}"
-        for level in throughput["levels"]
+        for level in levels
         if level["processes"] != level["agents"]
     ]
     throughput_axis.set_xlabel(

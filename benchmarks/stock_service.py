@@ -75,12 +75,13 @@ def put_writes(service: Any, saver: ReducingSaver, body: Any) -> None:
 
 
 @contextmanager
-def run(log_dir: Path, *args: str) -> Iterator[Any]:
+def run(log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Any]:
     """The stock-saver service with ``serve ARGS`` in a process of its own, until the block ends (the
     suite's ``run_service``, this module standing for ``reducing-saver``)."""
     from tests.support.server import run_service
 
-    with run_service(log_dir, *args, program=(sys.executable, "-m", "benchmarks.stock_service")) as service:
+    program = (sys.executable, "-m", "benchmarks.stock_service")
+    with run_service(log_dir, *args, env=env, program=program) as service:
         yield service
 
 
@@ -95,6 +96,9 @@ def install() -> None:
 # and a spawned process imports its parent's main module (as ``__mp_main__``) before it builds the app.
 if __name__ in ("__main__", "__mp_main__"):
     install()
+    from benchmarks import stages
+
+    stages.install_from_env("stock_service")
 
 if __name__ == "__main__":
     from reducing_saver.service.cli import main

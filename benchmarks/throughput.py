@@ -29,7 +29,22 @@ process's CPU time (the stock-saver service's in its phases) is read from /proc 
 giving its CPU per turn; so is PostgreSQL's (every server process), and each agent process reports its
 own CPU, so each mode's CPU per turn is accounted for: agents + service + PostgreSQL. The whole
 machine's busy time per turn (/proc/stat) is kept too: it also holds what the processes' own figures miss (the kernel's work for their sockets, the
-sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s.
+sampler). On one machine the modes share its cores, so those sums set the ratio of turns/s. PostgreSQL's
+figure is every server process of the machine; ``postgres_backends_cpu_us_per_turn`` is the mode's own
+connections' backends alone (what other users of a shared server cannot blur).
+
+Levels of the same processes (``32/4,128/4``) are interleaved: one set of processes holds the largest
+level, a smaller one uses the first agents of each, and every round runs every level and mode, after a
+short phase of every mode that is not counted. With
+``conditions=("quiet", "contended")`` every level runs again with a CPU-hungry process beside it
+(:class:`Neighbour`, a busy loop; its CPU is taken out of the machine's). ``growth`` compares each
+condition's largest level with its smallest: turns/s and p95, per mode.
+
+With ``stages_dir``, the services run under ``benchmarks.stages``: their workers time every per-step
+request by stage (accept, decode, worker thread, saver, pool, database, resume, answer) and the agents
+note when they sent each request and when its answer came; each service mode gets ``stages`` (per stage
+median, p95, p99 and mean in ms, and each worker's share of the requests) and the turns per agent, so a
+tail is shown by where requests waited, and for whom.
 """
 
 from __future__ import annotations
@@ -37,16 +52,29 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Self
 
 import psycopg
 
 from benchmarks import agent as agent_module
-from benchmarks._common import cpu_seconds, machine_cpu_seconds, postgres_cpu_seconds, ratio, summary
+from benchmarks import stages
+from benchmarks._common import (
+    cpu_seconds,
+    machine_cpu_seconds,
+    percentile,
+    postgres_cpu_seconds,
+    process_cpu_seconds,
+    ratio,
+    summary,
+)
 
 MODES = agent_module.MODES
 #: The modes whose agents talk to PostgreSQL themselves.
@@ -56,8 +84,13 @@ SERVICE_APP = "rs-bench-service"
 AGENT_APP = "rs-bench-agent"
 #: ``application_name`` of the stock-saver service's connections (``benchmarks/stock_service.py``).
 STOCK_APP = "rs-bench-stock-service"
-#: The modes whose agents talk to a service, and its connections' ``application_name``.
-SERVICE_MODES = {"service": SERVICE_APP, "stock_service": STOCK_APP}
+#: The modes whose agents talk to a service, and its connections' ``application_name`` (the variants':
+#: the service with other settings, when an A/B runs them: ``--ab-args``).
+SERVICE_MODES = {
+    "service": SERVICE_APP,
+    "stock_service": STOCK_APP,
+    **{variant: f"rs-bench-{variant.replace('_', '-')}" for variant in agent_module.VARIANTS},
+}
 CONNECTIONS = """
     SELECT application_name, count(*), count(*) FILTER (WHERE state = 'active')
     FROM pg_stat_activity
@@ -74,6 +107,24 @@ def wal_counters(conn: psycopg.Connection) -> tuple[int, int, int]:
     query = "SELECT wal_records, wal_sync, wal_bytes FROM pg_stat_wal"
     records, syncs, written = conn.execute(query).fetchone()
     return int(records), int(syncs), int(written)
+
+
+DATABASE_COUNTERS = (
+    "xact_commit",
+    "tup_inserted",
+    "tup_updated",
+    "tup_deleted",
+    "tup_fetched",
+    "tup_returned",
+)
+
+
+def database_counters(conn: psycopg.Connection, database_name: str) -> tuple[int, ...]:
+    """This database's own counters from ``pg_stat_database`` (:data:`DATABASE_COUNTERS`): transactions
+    committed and rows written and read, whoever else uses the server. Backends report them at most once a
+    second, so a phase's figures are good to about a second's worth."""
+    query = f"SELECT {', '.join(DATABASE_COUNTERS)} FROM pg_stat_database WHERE datname = %s"
+    return tuple(int(value) for value in conn.execute(query, (database_name,)).fetchone())
 
 
 def with_application_name(url: str, name: str) -> str:
@@ -149,7 +200,9 @@ class ConnectionSampler:
 class Agents:
     """``processes`` spawned agent processes of ``per_process`` agents each, and their queues."""
 
-    def __init__(self, processes: int, per_process: int, turns_per_thread: int, window: int) -> None:
+    def __init__(
+        self, processes: int, per_process: int, turns_per_thread: int, window: int, stages: bool = False
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.per_process = per_process
         self.results = context.Queue()
@@ -164,6 +217,7 @@ class Agents:
                     self.results,
                     turns_per_thread,
                     window,
+                    stages,
                 ),
                 daemon=True,
             )
@@ -219,6 +273,14 @@ class Monitor:
         self.database_name, self.sampler = database_name, sampler
         self.conn = psycopg.connect(f"{server}/postgres", autocommit=True)
 
+    def backend_pids(self, application: str) -> list[int]:
+        """The server processes of this database's connections named ``application``."""
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            (self.database_name, application),
+        ).fetchall()
+        return [int(row[0]) for row in rows]
+
     def agent_connections(self) -> int:
         return int(self.conn.execute(AGENT_CONNECTIONS, (self.database_name, AGENT_APP)).fetchone()[0])
 
@@ -231,6 +293,21 @@ class Monitor:
         return left
 
 
+class Neighbour:
+    """A CPU-hungry process beside the benchmark (a busy loop, one core's worth), until the block ends."""
+
+    def __enter__(self) -> Self:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.process.pid)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def _phase(
     agents: Agents,
     level: tuple[int, int],
@@ -240,34 +317,79 @@ def _phase(
     duration: float,
     monitor: Monitor,
     service_pid: int,
+    stages_dir: Path | None = None,
+    neighbour: Neighbour | None = None,
+    keep_stage_records: bool = False,
 ) -> dict[str, Any]:
     """One phase of ``mode``; ``service_pid``: the process whose CPU counts as the service's (the mode's
-    service, when it has one)."""
+    service, when it has one); ``stages_dir``: where the services' workers write their stage records."""
     count, processes = level
-    agents.broadcast(("prepare", mode, target, phase), processes)
+    agents.broadcast(("prepare", mode, target, phase, count // processes), processes)
     prepared = agents.collect("ready", timeout=120 + 2 * count, count=processes)
     connect_errors = Counter(error for answer in prepared.values() for error in answer["errors"].values())
     ready = sum(len(answer["agents"]) for answer in prepared.values())
     start_at = time.time() + 0.3
     end_at = start_at + duration
+    offset_ns = time.monotonic_ns() - time.time_ns()
+    start_ns, end_ns = int(start_at * 1e9) + offset_ns, int(end_at * 1e9) + offset_ns
     agents.broadcast(("go", start_at, end_at), processes)
     time.sleep(max(0.0, start_at - time.time()))
     monitor.sampler.reset()
     wal_before = wal_counters(monitor.conn)
-    before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    database_before = database_counters(monitor.conn, monitor.database_name)
+    neighbour_cpu = neighbour.cpu_seconds if neighbour is not None else float
+    # This mode's own PostgreSQL backends (the cluster-wide figure holds whatever else the server runs).
+    backends = monitor.backend_pids(SERVICE_MODES.get(mode, AGENT_APP))
+    backends_before = {pid: cpu for pid in backends if (cpu := process_cpu_seconds(pid)) is not None}
+    before = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds(), neighbour_cpu()
     time.sleep(max(0.0, end_at - time.time()))
-    after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds()
+    after = cpu_seconds(service_pid), postgres_cpu_seconds(), machine_cpu_seconds(), neighbour_cpu()
+    backends_cpu = sum(
+        cpu - backends_before[pid] for pid in backends_before if (cpu := process_cpu_seconds(pid)) is not None
+    )
     wal_after = wal_counters(monitor.conn)
+    database_after = database_counters(monitor.conn, monitor.database_name)
     connections = monitor.sampler.figures(SERVICE_MODES.get(mode, AGENT_APP))
     database_connections = monitor.sampler.figures(None)["connections_max"]
-    (service_cpu, postgres_cpu, machine_cpu) = (b - a for a, b in zip(before, after, strict=True))
+    (service_cpu, postgres_cpu, machine_cpu, neighbour_s) = (
+        b - a for a, b in zip(before, after, strict=True)
+    )
+    machine_cpu -= neighbour_s  # the machine's busy time for the benchmark's own processes
     stats = agents.collect("done", timeout=duration + 120, count=processes)
     # A failed phase must not leave connections to the next one.
     leftover = monitor.wait_agents_gone() if mode in DIRECT_MODES else 0
     turn_errors = Counter(error for answer in stats.values() for error in answer["errors"].values())
     latencies = [value for answer in stats.values() for value in answer["latencies_ms"]]
     late = sum(answer["late_turns"] for answer in stats.values())
+    agent_notes = [note for answer in stats.values() for note in answer.get("requests", ())]
+    records: list[tuple[int, ...]] = []
+    if stages_dir is not None and mode in SERVICE_MODES:
+        time.sleep(0.6)  # the workers write their records every half second
+        records = stages.read(stages_dir, mode, start_ns, end_ns, clear=True)
+        if keep_stage_records:
+            import json
+
+            (stages_dir / f"raw-{phase}.json").write_text(
+                json.dumps(
+                    {
+                        "records": records,
+                        "agents": agent_notes,
+                        "turns": {
+                            str(k): v
+                            for answer in stats.values()
+                            for k, v in answer.get("turns_of", {}).items()
+                        },
+                    }
+                )
+            )
     return {
+        "stage_records": records,
+        # Agents each worker process served in this phase (a kept-alive connection stays on one worker).
+        "agents_by_worker": stages.agents_by_worker(
+            records, [note[0] for note in agent_notes], [note[2] for note in agent_notes]
+        ),
+        "agent_requests": agent_notes,
+        "turns_by_agent": [n for answer in stats.values() for n in answer.get("turns_by_agent", ())],
         "latencies_ms": latencies,
         "late_turns": late,
         "agents_connected": ready,
@@ -278,8 +400,10 @@ def _phase(
         "leftover_agent_connections": leftover,
         "service_cpu_s": service_cpu,
         "postgres_cpu_s": postgres_cpu,
+        "backends_cpu_s": backends_cpu,
         "machine_cpu_s": machine_cpu,
         "wal": [after - before for before, after in zip(wal_before, wal_after, strict=True)],
+        "database": [after - before for before, after in zip(database_before, database_after, strict=True)],
         "agents_cpu_s": sum(answer["cpu_s"] for answer in stats.values()),
         "all_turns": len(latencies) + late,
         # The connections this mode uses: the service's pool, or the agents' own.
@@ -329,6 +453,12 @@ def _failures(figures: dict[str, Any]) -> str:
     return f" [failed over the rounds: {errors}]"
 
 
+#: Whether phases keep their raw stage records (``run(keep_stage_records=...)``).
+KEEP_STAGE_RECORDS = [False]
+#: Interleaved levels of more agents than this skip the direct modes (``run(direct_max_agents=...)``).
+DIRECT_MAX_AGENTS = [0]
+
+
 def run(
     service_url: str,
     service_pid: int,
@@ -341,24 +471,85 @@ def run(
     turns_per_thread: int,
     window: int,
     stock: tuple[str, int] | None = None,
+    variants: dict[str, tuple[str, int]] | None = None,
+    stages_dir: Path | None = None,
+    keep_stage_records: bool = False,
+    direct_max_agents: int = 0,
+    conditions: tuple[str, ...] = ("quiet",),
+    modes: tuple[str, ...] = MODES,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every level, each mode in turn; ``stock``: ``(url, pid)`` of the stock-saver service, run as one
-    more mode (``stock_service``), the floor under the service's."""
+    more mode (``stock_service``), the floor under the service's; ``stages_dir``: where the services'
+    workers write their stage records (``benchmarks.stages``), else none are read; ``conditions``:
+    ``quiet``, and ``contended`` (each level again with a :class:`Neighbour` running)."""
     results = []
     started = time.monotonic()
+    KEEP_STAGE_RECORDS[0] = keep_stage_records
+    DIRECT_MAX_AGENTS[0] = direct_max_agents
     database_name = database.rsplit("/", 1)[1]
     _setup_store(database)
     services = {"service": (service_url, service_pid)}
     if stock is not None:
         services["stock_service"] = stock
-    modes = tuple(mode for mode in MODES if mode in DIRECT_MODES or mode in services)
+    services.update(variants or {})
+    modes = tuple(mode for mode in MODES if mode in modes and (mode in DIRECT_MODES or mode in services))
     for url, _ in services.values():
         _warm_service(url)
     agents: Agents | None = None
     with ConnectionSampler(server, database_name) as sampler:
         monitor = Monitor(server, database_name, sampler)
         try:
+            if len(levels) > 1 and len({processes for _, processes in levels}) == 1:
+                # One set of processes holds the largest level; the smaller ones use the first agents of each.
+                processes = levels[0][1]
+                agents = Agents(
+                    processes,
+                    max(count for count, _ in levels) // processes,
+                    turns_per_thread,
+                    window,
+                    stages_dir is not None,
+                )
+                # A short phase of every mode first, not counted: the run's first phase found colder caches
+                # (PostgreSQL's, the agents' and the services' first turns of the run) than the others.
+                for mode in modes:
+                    if (
+                        mode not in DIRECT_MODES
+                        or not DIRECT_MAX_AGENTS[0]
+                        or levels[0][0] <= DIRECT_MAX_AGENTS[0]
+                    ):
+                        _run_phase(
+                            agents,
+                            levels[0],
+                            mode,
+                            services,
+                            database,
+                            monitor,
+                            -1,
+                            min(duration, 3.0),
+                            stages_dir,
+                            "warm-up",
+                            None,
+                        )
+                for condition in conditions:
+                    with Neighbour() if condition == "contended" else nullcontext() as neighbour:
+                        done = _interleaved(
+                            agents,
+                            levels,
+                            services,
+                            database,
+                            monitor,
+                            modes=modes,
+                            duration=duration,
+                            rounds=rounds,
+                            stages_dir=stages_dir,
+                            condition=condition,
+                            neighbour=neighbour,
+                        )
+                    for level in done:
+                        _log_level(level, modes, log, started)
+                    results += done
+                levels = []
             for count, processes in levels:
                 per_process = count // processes
                 if agents is None or agents.per_process != per_process or len(agents.processes) < processes:
@@ -366,24 +557,24 @@ def run(
                         agents.close()
                     # As many processes as the largest level of this layout needs, spawned once.
                     spawn = max(p for n, p in levels if n // p == per_process)
-                    agents = Agents(spawn, per_process, turns_per_thread, window)
-                level = _level(
-                    agents,
-                    (count, processes),
-                    services,
-                    database,
-                    monitor,
-                    modes=modes,
-                    duration=duration,
-                    rounds=rounds,
-                )
-                results.append(level)
-                cells = ", ".join(
-                    f"{mode} {level[mode]['turns_per_s']:.1f} turns/s ({level[mode]['connections_max']} conns, "
-                    f"{level[mode]['agents_completed']} agents){_failures(level[mode])}"
-                    for mode in modes
-                )
-                log(f"  throughput {_describe(level)}: {cells} [{time.monotonic() - started:.0f} s]")
+                    agents = Agents(spawn, per_process, turns_per_thread, window, stages_dir is not None)
+                for condition in conditions:
+                    with Neighbour() if condition == "contended" else nullcontext() as neighbour:
+                        level = _level(
+                            agents,
+                            (count, processes),
+                            services,
+                            database,
+                            monitor,
+                            modes=modes,
+                            duration=duration,
+                            rounds=rounds,
+                            stages_dir=stages_dir,
+                            condition=condition,
+                            neighbour=neighbour,
+                        )
+                    results.append(level)
+                    _log_level(level, modes, log, started)
         finally:
             if agents is not None:
                 agents.close()
@@ -394,13 +585,66 @@ def run(
         "turns_per_thread": turns_per_thread,
         "window": window,
         "modes": list(modes),
+        "conditions": list(conditions),
         "levels": results,
+        "growth": growth(results, modes),
     }
+
+
+def _log_level(
+    level: dict[str, Any], modes: tuple[str, ...], log: Callable[[str], None], started: float
+) -> None:
+    cells = ", ".join(
+        f"{mode} {level[mode]['turns_per_s']:.1f} turns/s p95 {level[mode]['p95_ms']:.0f} ms "
+        f"({level[mode]['connections_max']} conns, {level[mode]['agents_completed']} agents){_failures(level[mode])}"
+        for mode in modes
+        if mode in level
+    )
+    log(
+        f"  throughput {_describe(level)}, {level['condition']}: {cells} [{time.monotonic() - started:.0f} s]"
+    )
+
+
+def growth(levels: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """For each condition, from its smallest level of several agents per process to its largest: turns/s
+    and p95 at the largest over the smallest, per mode."""
+    out = []
+    for condition in dict.fromkeys(level["condition"] for level in levels):
+        many = [
+            level for level in levels if level["condition"] == condition and level["agents_per_process"] > 1
+        ]
+        if len(many) < 2:
+            continue
+        low, high = many[0], many[-1]
+        out.append(
+            {
+                "condition": condition,
+                "from_agents": low["agents"],
+                "to_agents": high["agents"],
+                **{
+                    mode: {
+                        "turns_per_s": ratio(high[mode]["turns_per_s"], low[mode]["turns_per_s"]),
+                        "p95": ratio(high[mode]["p95_ms"], low[mode]["p95_ms"]),
+                    }
+                    for mode in modes
+                    if mode in low and mode in high and low[mode]["turns"] and high[mode]["turns"]
+                },
+            }
+        )
+    return out
 
 
 def _us_per(seconds: float, turns: int) -> float:
     """Microseconds per turn (0.0 when no turn counted)."""
     return round(seconds * 1e6 / turns, 1) if turns else 0.0
+
+
+def _spread(values: list[int]) -> dict[str, float]:
+    """Turns per agent over a phase: fewest, median, most (an unfair service spreads them)."""
+    if not values:
+        return {"min": 0, "median": 0, "max": 0}
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
 
 
 def _level(
@@ -413,29 +657,128 @@ def _level(
     modes: tuple[str, ...],
     duration: float,
     rounds: int,
+    stages_dir: Path | None = None,
+    condition: str = "quiet",
+    neighbour: Neighbour | None = None,
 ) -> dict[str, Any]:
     count, processes = level_spec
     phases: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    service_pid = services["service"][1]
     for round_index in range(rounds):
         for mode in modes if round_index % 2 == 0 else modes[::-1]:
-            target, pid = services.get(mode, (with_application_name(database, AGENT_APP), service_pid))
             phases[mode].append(
-                _phase(
+                _run_phase(
                     agents,
                     level_spec,
                     mode,
-                    target,
-                    f"{count}-{processes}-{mode}-{round_index}",
-                    duration,
+                    services,
+                    database,
                     monitor,
-                    pid,
+                    round_index,
+                    duration,
+                    stages_dir,
+                    condition,
+                    neighbour,
                 )
             )
+    return _figures(level_spec, phases, duration=duration, stages_dir=stages_dir, condition=condition)
+
+
+def _run_phase(
+    agents: Agents,
+    level_spec: tuple[int, int],
+    mode: str,
+    services: dict[str, tuple[str, int]],
+    database: str,
+    monitor: Monitor,
+    round_index: int,
+    duration: float,
+    stages_dir: Path | None,
+    condition: str,
+    neighbour: Neighbour | None,
+) -> dict[str, Any]:
+    count, processes = level_spec
+    target, pid = services.get(mode, (with_application_name(database, AGENT_APP), services["service"][1]))
+    return _phase(
+        agents,
+        level_spec,
+        mode,
+        target,
+        f"{count}-{processes}-{condition}-{mode}-{round_index}",
+        duration,
+        monitor,
+        pid,
+        stages_dir,
+        neighbour,
+        KEEP_STAGE_RECORDS[0],
+    )
+
+
+def _interleaved(
+    agents: Agents,
+    levels: list[tuple[int, int]],
+    services: dict[str, tuple[str, int]],
+    database: str,
+    monitor: Monitor,
+    *,
+    modes: tuple[str, ...],
+    duration: float,
+    rounds: int,
+    stages_dir: Path | None,
+    condition: str,
+    neighbour: Neighbour | None,
+) -> list[dict[str, Any]]:
+    """Levels of the same processes run round by round, each round every level and mode (the order
+    reversed every other round), so that a machine whose other load drifts shifts every level alike."""
+    phases: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = {
+        level: {mode: [] for mode in modes} for level in levels
+    }
+    for round_index in range(rounds):
+        forward = round_index % 2 == 0
+        for level in levels if forward else levels[::-1]:
+            for mode in modes if forward else modes[::-1]:
+                if mode in DIRECT_MODES and DIRECT_MAX_AGENTS[0] and level[0] > DIRECT_MAX_AGENTS[0]:
+                    continue
+                phases[level][mode].append(
+                    _run_phase(
+                        agents,
+                        level,
+                        mode,
+                        services,
+                        database,
+                        monitor,
+                        round_index,
+                        duration,
+                        stages_dir,
+                        condition,
+                        neighbour,
+                    )
+                )
+    return [
+        _figures(
+            level,
+            {mode: runs for mode, runs in phases[level].items() if runs},
+            duration=duration,
+            stages_dir=stages_dir,
+            condition=condition,
+        )
+        for level in levels
+    ]
+
+
+def _figures(
+    level_spec: tuple[int, int],
+    phases: dict[str, list[dict[str, Any]]],
+    *,
+    duration: float,
+    stages_dir: Path | None,
+    condition: str,
+) -> dict[str, Any]:
+    count, processes = level_spec
     level: dict[str, Any] = {
         "agents": count,
         "processes": processes,
         "agents_per_process": count // processes,
+        "condition": condition,
     }
     for mode, runs in phases.items():
         latencies = [value for run_ in runs for value in run_["latencies_ms"]]
@@ -452,6 +795,10 @@ def _level(
             "turns_per_s": round(turns / seconds, 2),
             "median_ms": figures["median_ms"],
             "p95_ms": figures["p95_ms"],
+            "p99_ms": round(percentile(latencies, 0.99), 3) if latencies else 0.0,
+            "max_ms": round(max(latencies), 3) if latencies else 0.0,
+            # Turns per agent in a phase (every round's agents): fewest, median, most.
+            "turns_by_agent": _spread([n for r in runs for n in r["turns_by_agent"]]),
             # The agents that ran (and finished) the phase, the smallest of the rounds; turns/s are theirs.
             "agents_connected": min(r["agents_connected"] for r in runs),
             "agents_completed": min(r["agents_completed"] for r in runs),
@@ -466,6 +813,12 @@ def _level(
             "database_connections_max": max(r["database_connections_max"] for r in runs),
             "turns_per_s_by_round": [round(len(r["latencies_ms"]) / duration, 2) for r in runs],
         }
+        if mode in SERVICE_MODES and stages_dir is not None:
+            client = {sent: (received, agent) for r in runs for sent, received, agent in r["agent_requests"]}
+            level[mode]["stages"] = stages.summarize(
+                (rec for r in runs for rec in r["stage_records"]), client
+            )
+            level[mode]["stages"]["agents_by_worker_by_round"] = [r["agents_by_worker"] for r in runs]
         if mode in SERVICE_MODES:
             cpu = sum(r["service_cpu_s"] for r in runs)
             level[mode]["service_cpu_us_per_turn"] = _us_per(cpu, turns)
@@ -474,12 +827,20 @@ def _level(
         all_turns = sum(r["all_turns"] for r in runs)
         level[mode]["agent_cpu_us_per_turn"] = _us_per(sum(r["agents_cpu_s"] for r in runs), all_turns)
         level[mode]["postgres_cpu_us_per_turn"] = _us_per(sum(r["postgres_cpu_s"] for r in runs), turns)
+        # Of which this mode's own connections' backends (what a busy shared server cannot blur).
+        level[mode]["postgres_backends_cpu_us_per_turn"] = _us_per(
+            sum(r["backends_cpu_s"] for r in runs), turns
+        )
         level[mode]["machine_cpu_us_per_turn"] = _us_per(sum(r["machine_cpu_s"] for r in runs), turns)
         records, syncs, written = (sum(r["wal"][i] for r in runs) for i in range(3))
         level[mode]["wal_per_turn"] = {
             "records": round(records / turns, 1) if turns else 0.0,
             "syncs": round(syncs / turns, 2) if turns else 0.0,
             "bytes": round(written / turns) if turns else 0,
+        }
+        level[mode]["database_per_turn"] = {
+            name: round(sum(r["database"][i] for r in runs) / turns, 1) if turns else 0.0
+            for i, name in enumerate(DATABASE_COUNTERS)
         }
         level[mode]["cpu_us_per_turn"] = round(
             level[mode]["agent_cpu_us_per_turn"]
@@ -489,7 +850,7 @@ def _level(
         )
     service = level["service"]
     level["ratios"] = {}
-    for mode in DIRECT_MODES:
+    for mode in (mode for mode in DIRECT_MODES if mode in level):
         level["ratios"].update(
             {
                 f"service_vs_{mode}_turns_per_s": ratio(service["turns_per_s"], level[mode]["turns_per_s"]),
@@ -502,7 +863,25 @@ def _level(
                 ),
             }
         )
+    for variant in (variant for variant in agent_module.VARIANTS if variant in level):
+        b = level[variant]
+        level["ratios"].update(
+            {
+                f"{variant}_vs_service_turns_per_s": ratio(b["turns_per_s"], service["turns_per_s"]),
+                f"{variant}_vs_service_p95": ratio(b["p95_ms"], service["p95_ms"]),
+                f"{variant}_vs_service_machine_cpu_per_turn": ratio(
+                    b["machine_cpu_us_per_turn"], service["machine_cpu_us_per_turn"]
+                ),
+                f"{variant}_vs_service_service_cpu_per_turn": ratio(
+                    b["service_cpu_us_per_turn"], service["service_cpu_us_per_turn"]
+                ),
+            }
+        )
     if "stock_service" in level:
+        level["ratios"]["service_vs_stock_service_turns_per_s"] = ratio(
+            service["turns_per_s"], level["stock_service"]["turns_per_s"]
+        )
+    if "stock_service" in level and "inprocess" in level:
         stock, inprocess = level["stock_service"], level["inprocess"]
         level["ratios"].update(
             {
@@ -512,7 +891,6 @@ def _level(
                 "stock_service_vs_inprocess_machine_cpu_per_turn": ratio(
                     stock["machine_cpu_us_per_turn"], inprocess["machine_cpu_us_per_turn"]
                 ),
-                "service_vs_stock_service_turns_per_s": ratio(service["turns_per_s"], stock["turns_per_s"]),
             }
         )
     return level

@@ -254,6 +254,21 @@ def test_throughput_section(quick_run: tuple[Path, dict, str]) -> None:
             "service_vs_stock_service_turns_per_s",
         ):
             assert positive(level["ratios"][key]), key
+        # Both services' workers traced every request by stage, and the agents' notes found theirs.
+        for mode in ("service", "stock_service"):
+            stages = level[mode]["stages"]
+            assert stages["requests"] >= 6 * level[mode]["turns"] * 0.9, (mode, stages["requests"])
+            assert 0 < stages["joined_with_agents"] <= stages["requests"], mode
+            assert sum(worker["requests"] for worker in stages["by_worker"].values()) == stages["requests"]
+            for name, figures in stages["stages_ms"].items():
+                assert 0 <= figures["median"] <= figures["p95"] <= figures["p99"], (mode, name, figures)
+            assert positive(stages["stages_ms"]["database"]["median"]) and positive(
+                stages["stages_ms"]["round_trip"]["median"]
+            )
+            assert level[mode]["turns_by_agent"]["min"] <= level[mode]["turns_by_agent"]["max"]
+            # Every agent is counted on the one worker that served most of its requests, once per round.
+            assert [sum(split) for split in stages["agents_by_worker_by_round"]] == [level["agents"]], mode
+            assert level[mode]["database_per_turn"]["xact_commit"] > 0, mode
 
 
 def test_service_cost_section(quick_run: tuple[Path, dict, str]) -> None:
