@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from reducing_saver.service.encryption.saver import is_sealed
+from reducing_saver.service.encryption.saver import _DeleteForRuns, is_sealed
 from reducing_saver.service.storage import EncryptedValueRefused
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -104,13 +104,6 @@ class KeylessSaver(BaseCheckpointSaver):
 
     def delete_thread(self, thread_id: str) -> None:
         return self.inner.delete_thread(thread_id)
-
-
-class _DeleteForRuns:
-    inner: BaseCheckpointSaver
-
-    def delete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
-        return self.inner.delete_for_runs(run_ids, **kwargs)
 
 
 class _Prune:
