@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from reducing_saver.service.encryption.saver import _DeleteForRuns, is_sealed
+from reducing_saver.service.encryption.saver import WrappedSaver, _DeleteForRuns, is_sealed
 from reducing_saver.service.storage import EncryptedValueRefused
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -43,7 +43,7 @@ def refuse_sealed(item: CheckpointTuple) -> CheckpointTuple:
     return item
 
 
-class KeylessSaver(BaseCheckpointSaver):
+class KeylessSaver(WrappedSaver):
     """A backend saver behind a process without a key ring (see the module docstring).
 
     Build one with :func:`keyless`, which gives it exactly the inner saver's optional capabilities.
@@ -51,25 +51,8 @@ class KeylessSaver(BaseCheckpointSaver):
 
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, inner: BaseCheckpointSaver) -> None:
-        super().__init__(serde=inner.serde)
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        # The backend's own markers (keeps_big_ints_inline, lists_by_thread_prefix, ...).
-        if name.startswith("_") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
     def __repr__(self) -> str:
         return f"KeylessSaver({self.inner!r})"
-
-    @property
-    def config_specs(self) -> list:
-        return self.inner.config_specs
-
-    def get_next_version(self, current: Any, channel: None) -> Any:
-        return self.inner.get_next_version(current, channel)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         item = self.inner.get_tuple(config)
@@ -101,9 +84,6 @@ class KeylessSaver(BaseCheckpointSaver):
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         return self.inner.put_writes(config, writes, task_id, task_path)
-
-    def delete_thread(self, thread_id: str) -> None:
-        return self.inner.delete_thread(thread_id)
 
 
 class _Prune:

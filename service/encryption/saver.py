@@ -281,7 +281,34 @@ def _split_filter(filter: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
     return plain or None, sealed
 
 
-class EncryptingSaver(BaseCheckpointSaver):
+class WrappedSaver(BaseCheckpointSaver):
+    """A saver over a backend's saver: what it does not define itself, the backend's saver answers."""
+
+    #: Attributes of the wrapper itself, never looked up on the inner saver (while not yet set).
+    own_attributes: tuple[str, ...] = ("inner",)
+
+    def __init__(self, inner: BaseCheckpointSaver) -> None:
+        super().__init__(serde=inner.serde)
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        # The backend's own markers (keeps_big_ints_inline, lists_by_thread_prefix, ...).
+        if name.startswith("_") or name in self.own_attributes:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def config_specs(self) -> list:
+        return self.inner.config_specs
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.inner.get_next_version(current, channel)
+
+    def delete_thread(self, thread_id: str) -> None:
+        return self.inner.delete_thread(thread_id)
+
+
+class EncryptingSaver(WrappedSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
 
     Build one with :func:`encrypting`, which gives it exactly the optional capabilities it supports of
@@ -296,26 +323,14 @@ class EncryptingSaver(BaseCheckpointSaver):
 
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, inner: BaseCheckpointSaver, sealer: Sealer) -> None:
-        super().__init__(serde=inner.serde)
-        self.inner = inner
-        self.sealer = sealer
+    own_attributes = ("inner", "sealer")
 
-    def __getattr__(self, name: str) -> Any:
-        # The backend's own markers (keeps_big_ints_inline, lists_by_thread_prefix, ...).
-        if name.startswith("_") or name in ("inner", "sealer"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def __init__(self, inner: BaseCheckpointSaver, sealer: Sealer) -> None:
+        super().__init__(inner)
+        self.sealer = sealer
 
     def __repr__(self) -> str:
         return f"EncryptingSaver({self.inner!r}, mode={self.sealer.mode!r})"
-
-    @property
-    def config_specs(self) -> list:
-        return self.inner.config_specs
-
-    def get_next_version(self, current: Any, channel: None) -> Any:
-        return self.inner.get_next_version(current, channel)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         item = self.inner.get_tuple(config)
@@ -398,9 +413,6 @@ class EncryptingSaver(BaseCheckpointSaver):
             for index, (channel, value) in enumerate(writes)
         ]
         return self.inner.put_writes(config, sealed, task_id, task_path)
-
-    def delete_thread(self, thread_id: str) -> None:
-        return self.inner.delete_thread(thread_id)
 
 
 class _DeleteForRuns:
