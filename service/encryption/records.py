@@ -24,7 +24,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
 from langgraph.store.memory import _compare_values
@@ -38,6 +38,8 @@ logger = logging.getLogger("reducing_saver.service")
 
 #: Items a filtered search reads per page while it filters after opening.
 _SEARCH_PAGE = 500
+
+_ItemT = TypeVar("_ItemT", bound=Item)
 
 
 def _tenant(sealer: Sealer, namespace: Sequence[str]) -> str:
@@ -185,23 +187,22 @@ class EncryptingStore(_StoreWrapper):
         self.inner = inner
         self.sealer = sealer
 
-    def _open_item(self, item: Item | None) -> Item | None:
-        if item is None:
-            return None
+    def _open_item(self, item: _ItemT) -> _ItemT:
         opened = copy.copy(item)  # an Item or a SearchItem (its score kept)
         opened.value = open_record(self.sealer, "store", item.value, item.namespace, item.key)
         return opened
 
     def _search(self, op: SearchOp) -> list[Item]:
         """A search filtering on value fields: pages of the namespace prefix, opened, then compared."""
+        conditions = op.filter or {}
         found: list[Item] = []
         offset = 0
         while True:
             page_op = SearchOp(op.namespace_prefix, None, _SEARCH_PAGE, offset, op.query, op.refresh_ttl)
-            page = self.inner.batch([page_op])[0]
+            page = _search_result(self.inner.batch([page_op])[0])
             for item in page:
                 opened = self._open_item(item)
-                if all(_compare_values(opened.value.get(k), v) for k, v in op.filter.items()):
+                if all(_compare_values(opened.value.get(k), v) for k, v in conditions.items()):
                     found.append(opened)
             if len(page) < _SEARCH_PAGE or len(found) >= op.offset + op.limit:
                 return found[op.offset : op.offset + op.limit]
@@ -215,9 +216,10 @@ class EncryptingStore(_StoreWrapper):
 
     def _opened_result(self, op: Op, result: Result) -> Result:
         if isinstance(op, GetOp):
-            return self._open_item(result)
+            item = _get_result(result)
+            return None if item is None else self._open_item(item)
         if isinstance(op, SearchOp):
-            return [self._open_item(item) for item in result]
+            return [self._open_item(item) for item in _search_result(result)]
         return result
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -257,14 +259,31 @@ class PlainStore(_StoreWrapper):
         results = self.inner.batch(ops)
         for op, result in zip(ops, results, strict=True):
             if isinstance(op, GetOp):
-                self._checked(result)
+                self._checked(_get_result(result))
             elif isinstance(op, SearchOp):
-                for item in result:
+                for item in _search_result(result):
                     self._checked(item)
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         raise NotImplementedError("the service calls its store synchronously, in worker threads")
+
+
+def _get_result(result: Result) -> Item | None:
+    """A ``GetOp``'s result (``BaseStore.batch`` types each result as any op's)."""
+    if result is None or isinstance(result, Item):
+        return result
+    raise TypeError(f"a store answered a get with a {type(result).__name__}, not an Item or None")
+
+
+def _search_result(result: Result) -> list[Item]:
+    """A ``SearchOp``'s result (``BaseStore.batch`` types each result as any op's): its items."""
+    if not isinstance(result, list):
+        raise TypeError(f"a store answered a search with a {type(result).__name__}, not a list")
+    items = [item for item in result if isinstance(item, Item)]
+    if len(items) != len(result):
+        raise TypeError("a store answered a search with a list holding something other than Items")
+    return items
 
 
 def sealed_store(store: BaseStore, sealer: Sealer | None) -> BaseStore:

@@ -20,6 +20,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_metadata
 from reducing_saver.reducer import (
     UNREADABLE,
     ReducingSaver,
+    Summaries,
     SummaryForgeryError,
     namespace_for,
     validate_namespace,
@@ -29,6 +30,7 @@ from reducing_saver.service.errors import BadRequest, Conflict, NotFound, Unavai
 from reducing_saver.service.security.extensions import UnsafeValueError, check_value
 from reducing_saver.service.storage.ledger import InvalidTTLError
 from reducing_saver.service.storage.lifecycle import (
+    ScopedRunDeletion,
     ThreadNotEmptyError,
     is_snapshot_value,
     keep_checkpoints_of,
@@ -58,6 +60,7 @@ from reducing_saver.wire import (
 
 if TYPE_CHECKING:
     from reducing_saver.service.state import Service
+    from reducing_saver.service.summaries.setup import RunningSummaries
 
 # -- wire conversion ------------------------------------------------------------------------------
 
@@ -142,7 +145,7 @@ def _wire_metadata(metadata: Any, stored_as_wire: bool) -> Any:
 
 
 def _tuple_out(item: CheckpointTuple, stored_as_wire: bool = False) -> bodies.CheckpointTupleBody:
-    checkpoint = dict(item.checkpoint)
+    checkpoint: dict[str, Any] = dict(item.checkpoint)
     values = checkpoint.pop("channel_values", None) or {}
     return bodies.CheckpointTupleBody(
         config=item.config,  # type: ignore[typeddict-item]
@@ -241,7 +244,9 @@ def _scope(service: Service) -> security.TenantScope:
 # -- the per-step operations ----------------------------------------------------------------------
 
 
-def get_checkpoint(service: Service, saver: ReducingSaver, body: bodies.GetCheckpointBody) -> dict[str, Any]:
+def get_checkpoint(
+    service: Service, saver: ReducingSaver, body: bodies.GetCheckpointBody
+) -> bodies.GetCheckpointAnswer:
     scope = _scope(service)
     config = scope.config_in(_run_config(body["config"]), service.settings.namespace_key)
     item = saver.get_tuple(config)
@@ -261,7 +266,9 @@ def get_checkpoint(service: Service, saver: ReducingSaver, body: bodies.GetCheck
     )
 
 
-def put_checkpoint(service: Service, saver: ReducingSaver, body: bodies.PutCheckpointBody) -> dict[str, Any]:
+def put_checkpoint(
+    service: Service, saver: ReducingSaver, body: bodies.PutCheckpointBody
+) -> bodies.PutCheckpointAnswer:
     scope = _scope(service)
     config = run_config = _run_config(body["config"])
     settings = service.settings
@@ -334,12 +341,15 @@ def put_writes(service: Service, saver: ReducingSaver, body: bodies.PutWritesBod
         service,
         ((f"writes[{index}] (channel {channel!r})", value) for index, (channel, value) in enumerate(writes)),
     )
-    if service.running_summaries is not None:
-        _check_summary_writes(service, config, writes)
+    running = service.running_summaries
+    if running is not None:
+        _check_summary_writes(service, running.summaries, config, writes)
     saver.put_writes(config, writes, body["task_id"], body["task_path"])
 
 
-def _check_summary_writes(service: Service, config: RunnableConfig, writes: list[tuple[str, Any]]) -> None:
+def _check_summary_writes(
+    service: Service, summaries: Summaries, config: RunnableConfig, writes: list[tuple[str, Any]]
+) -> None:
     """Refuse a write to the messages channel carrying a summary message the service did not write."""
     configurable = config["configurable"]
     for index, (channel, value) in enumerate(writes):
@@ -349,7 +359,7 @@ def _check_summary_writes(service: Service, config: RunnableConfig, writes: list
         if messages is None:  # one message rather than a list: read it as a list of one
             messages = service.codec.decode(Blob(value.type, b"\x91" + value.data)) or []
         try:
-            service.running_summaries.summaries.check_written(
+            summaries.check_written(
                 messages,
                 thread_id=str(configurable["thread_id"]),
                 checkpoint_ns=str(configurable.get("checkpoint_ns") or ""),
@@ -363,7 +373,7 @@ def _check_summary_writes(service: Service, config: RunnableConfig, writes: list
 
 def list_checkpoints(
     service: Service, saver: ReducingSaver, body: bodies.ListCheckpointsBody
-) -> dict[str, Any]:
+) -> bodies.ListCheckpointsAnswer:
     scope = _scope(service)
     # A config without a thread id used to reach the saver and fail there (500): a config names a thread.
     config = _run_config(body["config"], default_ns=None) if body["config"] else None
@@ -416,10 +426,14 @@ def delete_for_runs(service: Service, saver: ReducingSaver, body: bodies.DeleteR
     if scope.tenant is None:
         saver.delete_for_runs(body["run_ids"])
     else:  # only this tenant's threads (the service's savers take a thread-id prefix)
-        saver.inner.delete_for_runs(body["run_ids"], thread_id_prefix=scope.prefix)
+        inner = saver.inner
+        assert isinstance(inner, ScopedRunDeletion)  # every backend's saver, and the wrappers over them
+        inner.delete_for_runs(body["run_ids"], thread_id_prefix=scope.prefix)
 
 
-def delta_history(service: Service, saver: ReducingSaver, body: bodies.DeltaHistoryBody) -> dict[str, Any]:
+def delta_history(
+    service: Service, saver: ReducingSaver, body: bodies.DeltaHistoryBody
+) -> bodies.DeltaHistoryAnswer:
     config = _scope(service).config_in(_run_config(body["config"]), service.settings.namespace_key)
     history = saver.get_delta_channel_history(config=config, channels=body["channels"])
     channels = {}
@@ -439,7 +453,7 @@ def delta_history(service: Service, saver: ReducingSaver, body: bodies.DeltaHist
 # -- capabilities, memory and sweeps --------------------------------------------------------------
 
 
-def capabilities(service: Service) -> dict[str, Any]:
+def capabilities(service: Service) -> bodies.CapabilitiesAnswer:
     """The backend's optional capabilities and the reducer's configuration."""
     config = service.reducer.config
     savers = service.open_savers()
@@ -502,19 +516,19 @@ def dead_letters(service: Service, limit: int) -> dict[str, Any]:
 def retry_dead(service: Service) -> dict[str, Any]:
     scope = _scope(service)
     answer = {"requeued": service.open_memory().outbox.retry_dead(namespace_prefix=scope.namespace_prefix)}
-    if service.running_summaries is not None:
-        answer["summary_steps_requeued"] = service.running_summaries.book.retry_dead(
-            thread_prefix=scope.prefix
-        )
+    running = service.running_summaries
+    if running is not None:
+        answer["summary_steps_requeued"] = running.book.retry_dead(thread_prefix=scope.prefix)
         if answer["summary_steps_requeued"]:
-            service.running_summaries.wake()
+            running.wake()
     return answer
 
 
-def _summary_book(service: Service) -> Any:
-    if service.running_summaries is None:
+def _running_summaries(service: Service) -> RunningSummaries:
+    running = service.running_summaries
+    if running is None:
         raise NotFound("running summaries are off: this service was started without --summarizer")
-    return service.running_summaries.book
+    return running
 
 
 def summary_dead_steps(service: Service, limit: int) -> dict[str, Any]:
@@ -524,7 +538,7 @@ def summary_dead_steps(service: Service, limit: int) -> dict[str, Any]:
         NotFound: If the service runs without ``--summarizer``.
     """
     scope = _scope(service)
-    steps = _summary_book(service).dead_letters(limit, thread_prefix=scope.prefix)
+    steps = _running_summaries(service).book.dead_letters(limit, thread_prefix=scope.prefix)
     return {
         "dead_steps": [
             {
@@ -546,9 +560,10 @@ def summary_retry_dead(service: Service) -> dict[str, Any]:
     Raises:
         NotFound: If the service runs without ``--summarizer``.
     """
-    requeued = _summary_book(service).retry_dead(thread_prefix=_scope(service).prefix)
+    running = _running_summaries(service)
+    requeued = running.book.retry_dead(thread_prefix=_scope(service).prefix)
     if requeued:
-        service.running_summaries.wake()
+        running.wake()
     return {"requeued": requeued}
 
 

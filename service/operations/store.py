@@ -354,23 +354,30 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
 # -- the wire form of the batch route --------------------------------------------------------------
 
 
-def op_from_json(entry: dict[str, Any]) -> Op:
-    """One entry of ``POST /store/batch``'s ``ops`` (the schema has checked its shape)."""
-    kind = entry["op"]
-    if kind == "get":
-        return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))
-    if kind == "put":
+def op_from_json(
+    entry: bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody,
+) -> Op:
+    """One entry of ``POST /store/batch``'s ``ops`` (the schema has checked its shape).
+
+    A ``refresh_ttl`` the entry leaves open stays ``None`` in the op, for :func:`with_ttl_defaults` to fill
+    in with the store's ``refresh_on_read`` (LangGraph's ``BaseStore`` resolves it before it builds an op,
+    so its ops type the field ``bool``).
+    """
+    if entry["op"] == "get":
+        # refresh_ttl: None when left open, as above.
+        return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))  # type: ignore[arg-type]
+    if entry["op"] == "put":
         return PutOp(
             tuple(entry["namespace"]), entry["key"], entry.get("value"), entry.get("index"), entry.get("ttl")
         )
-    if kind == "search":
+    if entry["op"] == "search":
         return SearchOp(
             tuple(entry.get("namespace_prefix") or ()),
             entry.get("filter"),
             entry.get("limit", 10),
             entry.get("offset", 0),
             entry.get("query"),
-            entry.get("refresh_ttl"),
+            entry.get("refresh_ttl"),  # type: ignore[arg-type]  # None when left open, as above
         )
     conditions = tuple(
         MatchCondition(c["match_type"], tuple(c["path"])) for c in entry.get("match_conditions") or ()

@@ -10,15 +10,19 @@ mode) nothing is mapped: stored ids are the agent's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from contextvars import ContextVar
 from itertools import islice
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+
 from reducing_saver.reducer import namespace_for
 from reducing_saver.service.errors import Unauthorized
 from reducing_saver.service.storage.lifecycle import CHECKPOINT_ID_KEY, THREAD_PREFIX_KEY
+from reducing_saver.wire.bodies import CheckpointTupleBody
 
 #: The 401 detail: which headers carry a key.
 UNAUTHORIZED = "a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
@@ -72,8 +76,8 @@ class TenantScope:
 
     # configs
     def config_in(
-        self, config: dict[str, Any], namespace_key: str, *, namespace: bool = False
-    ) -> dict[str, Any]:
+        self, config: RunnableConfig, namespace_key: str, *, namespace: bool = False
+    ) -> RunnableConfig:
         """``config`` with its thread id stored; with ``namespace``, the memory namespace made explicit
         under ``("tenants", tenant)`` (the fallback from the agent's own thread id)."""
         if self.tenant is None:
@@ -98,7 +102,7 @@ class TenantScope:
             "configurable": {**configurable, "thread_id": self.unthread(configurable["thread_id"])},
         }
 
-    def tuple_out(self, item: dict[str, Any]) -> dict[str, Any]:
+    def tuple_out(self, item: CheckpointTupleBody) -> CheckpointTupleBody:
         if self.tenant is None:
             return item
         return {
@@ -130,12 +134,12 @@ def stored_thread_to_agent(stored: str, tenant_mode: bool) -> str:
 def list_checkpoints(
     saver: Any,
     scope: TenantScope,
-    config: dict[str, Any] | None,
+    config: RunnableConfig | None,
     *,
     filter: dict[str, Any] | None,
-    before: dict[str, Any] | None,
+    before: RunnableConfig | None,
     limit: int | None,
-) -> Iterator[Any]:
+) -> Generator[CheckpointTuple, None, None]:
     """``saver.list`` seen by one tenant, in pages that never skip a checkpoint.
 
     With a thread in ``config`` the thread id is already the stored one, and ``before`` means what it
@@ -200,7 +204,7 @@ def _across(
     scope: TenantScope,
     *,
     filter: dict[str, Any] | None,
-    before: dict[str, Any] | None,
+    before: RunnableConfig | None,
     limit: int | None,
 ) -> Iterator[Any]:
     """The tenant's checkpoints across threads, newest id first: a saver that ``lists_by_thread_prefix``

@@ -9,9 +9,9 @@ run, prune: the same on every backend", "Keep the last K checkpoints") states th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict, runtime_checkable
 
-from langgraph.checkpoint.base import writes_sort_key
+from langgraph.checkpoint.base import CheckpointMetadata, writes_sort_key
 from langgraph.checkpoint.postgres.base import PRUNE_STRATEGIES
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
@@ -88,6 +88,17 @@ def check_run_ids(run_ids: Sequence[str]) -> list[str]:
     if isinstance(run_ids, str):
         raise TypeError("run_ids must be a sequence of run IDs, not a str")
     return list(dict.fromkeys(str(r) for r in run_ids))
+
+
+@runtime_checkable
+class ScopedRunDeletion(Protocol):
+    """A saver whose ``delete_for_runs`` can keep to the threads whose id starts with ``thread_id_prefix``
+    (a tenant's): every backend's saver, and the encryption wrappers over them, which pass it on.
+
+    An ``isinstance`` check sees only that the method exists, not its signature.
+    """
+
+    def delete_for_runs(self, run_ids: Sequence[str], *, thread_id_prefix: str | None = None) -> None: ...
 
 
 def check_copy_ids(source_thread_id: str, target_thread_id: str) -> tuple[str, str]:
@@ -198,8 +209,8 @@ SNAPSHOT_DUE = 2**31 - 1
 
 
 def with_snapshots_due(
-    metadata: Mapping[str, Any], keep: int | None, snapshotted: Iterable[str] = ()
-) -> Mapping[str, Any]:
+    metadata: CheckpointMetadata, keep: int | None, snapshotted: Iterable[str] = ()
+) -> CheckpointMetadata:
     """The latest checkpoint's metadata as the service answers it when a thread keeps ``keep`` checkpoints.
 
     LangGraph's loop snapshots a DeltaChannel when the counters it reads from the checkpoint it starts
@@ -220,7 +231,8 @@ def with_snapshots_due(
 
     if not any(steps(counted) >= keep for counted in counters.values()):
         return metadata
-    due = {channel: [SNAPSHOT_DUE, steps(counted)] for channel, counted in counters.items()}
+    # Pairs as lists, as stored metadata reads back from JSON (LangGraph's type says tuples).
+    due: dict[str, Any] = {channel: [SNAPSHOT_DUE, steps(counted)] for channel, counted in counters.items()}
     due.update({channel: [SNAPSHOT_DUE, 0] for channel in snapshotted if channel not in due})
     return {**metadata, "counters_since_delta_snapshot": due}
 
@@ -243,8 +255,8 @@ def checkpoints_to_drop(
     if needs:
         for checkpoint in list(kept):
             current = checkpoint
-            while needs.get(current) and parents.get(current) in parents:
-                current = parents[current]
+            while needs.get(current) and (parent := parents.get(current)) is not None and parent in parents:
+                current = parent
                 if current in kept and current != checkpoint:
                     break
                 kept.add(current)

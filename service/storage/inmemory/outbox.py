@@ -158,7 +158,7 @@ class MemoryOutbox:
             for row in rows:
                 row.last_error, row.failed_at = error_text(error), time.time()
                 row.claimed_by = row.lease_until = None
-                if dead:
+                if retry_at is None:  # dead (check_fail_args: one of the two)
                     row.status = "dead"
                 else:
                     row.available_at = as_utc(retry_at).timestamp()

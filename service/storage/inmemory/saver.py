@@ -296,8 +296,10 @@ class InMemoryLifecycleSaver(InMemorySaver):
             return
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns") or ""
         through = self.pruned_through.get((thread_id, ns))
-        if was_pruned(checkpoint_id, through) and checkpoint_id not in self.storage.get(thread_id, {}).get(
-            ns, {}
+        if (
+            through is not None
+            and was_pruned(checkpoint_id, through)
+            and checkpoint_id not in self.storage.get(thread_id, {}).get(ns, {})
         ):
             raise CheckpointPrunedError(checkpoint_id, through, as_parent=as_parent)
 

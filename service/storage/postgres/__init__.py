@@ -27,6 +27,7 @@ from reducing_saver.service.storage.postgres.connections import (
     check_database,
     connect,
     locked_setup,
+    one_row,
     open_pool,
     postgres_settings,
     require_pgvector,
@@ -181,7 +182,7 @@ class PostgresBackend:
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
             conn.execute("SELECT 1 FROM checkpoints LIMIT 1")
-            if conn.execute(READ_ONLY_SQL).fetchone()["read_only"]:
+            if one_row(conn.execute(READ_ONLY_SQL))["read_only"]:
                 raise ServerReadOnly("pg_is_in_recovery() or transaction_read_only")
 
     def wrap_exceptions(self) -> Any:

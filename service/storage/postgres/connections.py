@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import DictRow, Row, dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
@@ -165,7 +165,16 @@ def check_database(url: str, *, timeout: float, options: PostgresSettings | None
 
 def _read_only(conn: psycopg.Connection) -> bool:
     with conn.cursor(row_factory=tuple_row) as cur:
-        return bool(cur.execute(READ_ONLY_SQL, prepare=False).fetchone()[0])
+        return bool(one_row(cur.execute(READ_ONLY_SQL, prepare=False))[0])
+
+
+def one_row(cursor: psycopg.Cursor[Row]) -> Row:
+    """The row of a statement that always answers one (``SELECT <expressions>``), which psycopg's
+    ``fetchone`` types as optional."""
+    row = cursor.fetchone()
+    if row is None:
+        raise StorageError("PostgreSQL answered no row to a statement that always answers one")
+    return row
 
 
 def _check_prepared_statements(url: str, kwargs: dict[str, Any], first: psycopg.Connection) -> None:
@@ -184,7 +193,7 @@ def _check_prepared_statements(url: str, kwargs: dict[str, Any], first: psycopg.
         cur.execute("SELECT 1", prepare=True)
         with psycopg.connect(url, **kwargs) as second, second.cursor(row_factory=tuple_row) as other:
             other.execute("SELECT 2", prepare=True)
-        answer = cur.execute("SELECT 1", prepare=True).fetchone()[0]
+        answer = one_row(cur.execute("SELECT 1", prepare=True))[0]
     if answer != 1:
         raise StorageError(
             f"PostgreSQL at {redact_url(url)} ran another connection's prepared statement: "
@@ -209,7 +218,7 @@ class _PromptReconnect(AttemptWithBackoff):
         self.delay = min(self.delay, RECONNECT_MAX_DELAY)
 
 
-class ServicePool(ConnectionPool):
+class ServicePool(ConnectionPool[psycopg.Connection[DictRow]]):
     """A ``ConnectionPool`` that replaces broken connections at most a second apart, checks idle
     connections before lending them, and reconnects when the server stops taking writes.
 
@@ -245,10 +254,10 @@ class ServicePool(ConnectionPool):
             attempt = _PromptReconnect(timeout=self.reconnect_timeout)
         super()._add_connection(attempt, growing=growing)
 
-    def _note_idle(self, conn: psycopg.Connection) -> None:
+    def _note_idle(self, conn: psycopg.Connection[DictRow]) -> None:
         self._idle_since[conn] = time.monotonic()
 
-    def getconn(self, timeout: float | None = None) -> psycopg.Connection:
+    def getconn(self, timeout: float | None = None) -> psycopg.Connection[DictRow]:
         """A connection, checked first if it was idle for ``check_idle`` seconds; broken ones are replaced
         and the next one taken, within the same ``timeout``."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -261,7 +270,7 @@ class ServicePool(ConnectionPool):
             self._putconn(conn, from_getconn=True)
 
     @staticmethod
-    def _works(conn: psycopg.Connection) -> bool:
+    def _works(conn: psycopg.Connection[DictRow]) -> bool:
         try:
             ConnectionPool.check_connection(conn)
         except psycopg.Error:
@@ -270,7 +279,7 @@ class ServicePool(ConnectionPool):
         return True
 
     @contextmanager
-    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[DictRow]]:
         """As ``ConnectionPool.connection``; an error that shows the pool's connections unfit drops them."""
         with super().connection(timeout) as conn:
             try:
@@ -285,17 +294,23 @@ class ServicePool(ConnectionPool):
             finally:
                 self._idle_since[conn] = time.monotonic()
 
-    def _reconnect_all(self, conn: psycopg.Connection) -> None:
+    def _reconnect_all(self, conn: psycopg.Connection[DictRow]) -> None:
         """Close ``conn`` (the pool replaces it when it comes back) and every other connection of the pool
         (idle ones now, lent ones when they come back): they all reached the same server."""
         conn.close()
         self.drain()
 
     def _stop_preparing(self, exc: BaseException) -> None:
-        if self._stopped_preparing or self.kwargs.get("prepare_threshold", 0) is None:
+        # open_pool's kwargs are a dict (psycopg_pool takes a callable too, which this pool is never given).
+        kwargs = self.kwargs
+        if (
+            self._stopped_preparing
+            or not isinstance(kwargs, dict)
+            or kwargs.get("prepare_threshold", 0) is None
+        ):
             return
         self._stopped_preparing = True
-        self.kwargs = {**self.kwargs, "prepare_threshold": None}
+        self.kwargs = {**kwargs, "prepare_threshold": None}
         logger.error(
             "PostgreSQL lost a prepared statement of this process (%s): %s; this process prepares no more "
             "statements",

@@ -141,7 +141,7 @@ class Image:
         metadata: Any,
         blobs: dict[str, BlobRow],
         writes: dict[tuple[str, str], WriteRow] | None,
-        versions: dict[str, str],
+        versions: dict[str, str | None],
         unread: tuple[Any, Any] | None = None,
     ) -> None:
         self.thread_id, self.checkpoint_ns, self.checkpoint_id = thread_id, checkpoint_ns, checkpoint_id
@@ -182,8 +182,9 @@ class Image:
         )
 
     @property
-    def versions(self) -> dict[str, str]:
-        """Channel -> version, as ``jsonb_each_text`` reads the checkpoint's ``channel_versions``."""
+    def versions(self) -> dict[str, str | None]:
+        """Channel -> version, as ``jsonb_each_text`` reads the checkpoint's ``channel_versions``; ``None``
+        for a version whose reading is not known here (:func:`_text`), which matches none."""
         return self._versions
 
     def load(self) -> bool:

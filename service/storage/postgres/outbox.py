@@ -269,7 +269,7 @@ class PostgresOutbox:
         check_fail_args(retry_at, dead)
         namespace, message_key_ = key
         with self._cursor() as cur:
-            if dead:
+            if retry_at is None:  # dead (check_fail_args: one of the two)
                 cur.execute(
                     f"UPDATE {TABLE} SET status = 'dead', last_error = %s, failed_at = now(), "
                     "claimed_by = NULL, lease_until = NULL "

@@ -32,7 +32,8 @@ class PagingPostgresStore(PostgresStore):
         stable = []
         for (sql, params), (_, op) in zip(queries, search_ops, strict=True):
             if op.query and self.index_config:
-                per_item = self.index_config["__estimated_num_vectors"]
+                # PostgresStore adds this key to its index config; its TypedDict does not declare it.
+                per_item = self.index_config["__estimated_num_vectors"]  # type: ignore[typeddict-item]
                 sql = extend_order(sql, _BEST, _BEST_TIES)
                 params = widened_limit(
                     list(params), op.limit * per_item * 2 + 1, (op.offset + op.limit) * per_item * 2 + 1

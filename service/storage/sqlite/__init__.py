@@ -4,6 +4,7 @@ TTL ledger and SqliteStore, all in one file."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from typing import Any
 
@@ -50,7 +51,7 @@ class SqliteBackend:
         self._store_set_up = False
         self._conn = connect(path, create=create)
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
-        self._closers = [self._conn.close]
+        self._closers: list[Callable[[], object]] = [self._conn.close]
         self._store: PagingSqliteStore | None = None
         #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
         self.store_options: dict[str, Any] = {}

@@ -222,7 +222,7 @@ class SqliteOutbox:
         check_fail_args(retry_at, dead)
         now = time.time()
         params: tuple[Any, ...]
-        if dead:
+        if retry_at is None:  # dead (check_fail_args: one of the two)
             sets, params = (
                 "status = 'dead', last_error = ?, failed_at = ?, claimed_by = NULL, lease_until = NULL",
                 (

@@ -151,8 +151,9 @@ class SqliteLifecycleSaver(SqliteSaver):
                 self._refuse_pruned(config)
             return
         # SQLite compares text byte by byte: below the id followed by \x01 lie the id itself, then older ones.
-        at_most = {"configurable": {"checkpoint_id": checkpoint_id + "\x01"}}
-        with closing(super().list(None, filter=filter, before=at_most)) as items:
+        at_most: RunnableConfig = {"configurable": {"checkpoint_id": checkpoint_id + "\x01"}}
+        # SqliteSaver.list is a generator; LangGraph annotates it as an Iterator, which has no close().
+        with closing(super().list(None, filter=filter, before=at_most)) as items:  # type: ignore[type-var]
             for item in items:
                 if item.config["configurable"]["checkpoint_id"] != checkpoint_id:
                     return
