@@ -194,7 +194,7 @@ def validated(body: type) -> Any:
     fields: dict[str, Any] = {}
     for name, hint in hints.items():
         # Read off the hint: with postponed annotations, Python 3.11's __required_keys__ misses NotRequired.
-        required = body.__total__
+        required: bool = getattr(body, "__total__", True)  # every TypedDict has it; mypy's ``type`` does not
         if typing.get_origin(hint) in (NotRequired, typing.Required):
             required = typing.get_origin(hint) is typing.Required
             hint = typing.get_args(hint)[0]
@@ -205,11 +205,18 @@ def validated(body: type) -> Any:
         if metadata:
             checked = Annotated[checked, *metadata]
         fields[name] = checked if required else NotRequired[checked]
-    result: Any = typing_extensions.TypedDict(body.__name__, fields)  # type: ignore[operator]
+    result = _typed_dict(body.__name__, fields)
     result.__doc__ = body.__doc__
-    extra = "allow" if body in OPEN_BODIES else "ignore" if body in ANSWER_BODIES else "forbid"
+    extra: Literal["allow", "ignore", "forbid"] = (
+        "allow" if body in OPEN_BODIES else "ignore" if body in ANSWER_BODIES else "forbid"
+    )
     result.__pydantic_config__ = ConfigDict(extra=extra)
     return result
+
+
+def _typed_dict(name: str, fields: dict[str, Any]) -> Any:
+    """``TypedDict(name, fields)``, a class made at run time."""
+    return typing_extensions.TypedDict(name, fields)  # type: ignore[operator]  # typeshed: a special form, not callable
 
 
 def _service_type(hint: Any) -> Any:
@@ -227,7 +234,7 @@ def _service_type(hint: Any) -> Any:
         inner = _service_type(args[0])
         return Annotated[inner, *kept] if kept else inner
     if origin in (Union, types.UnionType):
-        union = Union[tuple(_service_type(arg) for arg in args)]  # noqa: UP007
+        union: Any = Union[tuple(_service_type(arg) for arg in args)]  # noqa: UP007
         tag = _discriminator(args)
         return Annotated[union, Field(discriminator=tag)] if tag else union
     if origin in (list, dict, tuple):
