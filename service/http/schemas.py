@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
+from reducing_saver.service.operations import store as store_ops
 from reducing_saver.service.security.limits import _limits
 from reducing_saver.wire import bodies
 
@@ -145,21 +146,21 @@ FIELD_RULES: dict[tuple[type, str], tuple[Any, ...]] = {
     (bodies.PutOpBody, "ttl"): (_default(None),),
     (bodies.ListNamespacesOpBody, "match_conditions"): (_default(None),),
     (bodies.ListNamespacesOpBody, "max_depth"): (_default(None),),
-    (bodies.ListNamespacesOpBody, "limit"): (_default(100),),
-    (bodies.ListNamespacesOpBody, "offset"): (_default(0),),
+    (bodies.ListNamespacesOpBody, "limit"): (_default(store_ops.LIST_NAMESPACES_LIMIT),),
+    (bodies.ListNamespacesOpBody, "offset"): (_default(store_ops.DEFAULT_OFFSET),),
     (bodies.ListNamespacesBody, "prefix"): (_default(None),),
     (bodies.ListNamespacesBody, "suffix"): (_default(None),),
     (bodies.ListNamespacesBody, "max_depth"): (_default(None),),
-    (bodies.ListNamespacesBody, "limit"): (_default(100),),
-    (bodies.ListNamespacesBody, "offset"): (_default(0),),
+    (bodies.ListNamespacesBody, "limit"): (_default(store_ops.LIST_NAMESPACES_LIMIT),),
+    (bodies.ListNamespacesBody, "offset"): (_default(store_ops.DEFAULT_OFFSET),),
     **{
         (search, field): (_default(value),)
         for search in (bodies.SearchItemsBody, bodies.SearchOpBody)
         for field, value in (
             ("namespace_prefix", []),
             ("filter", None),
-            ("limit", 10),
-            ("offset", 0),
+            ("limit", store_ops.SEARCH_LIMIT),
+            ("offset", store_ops.DEFAULT_OFFSET),
             ("query", None),
             ("refresh_ttl", None),
         )

@@ -57,6 +57,14 @@ MAX_STORE_OFFSET = 100_000
 MAX_BATCH_OPS = 1000
 #: Longest semantic search query, in characters.
 MAX_QUERY_LENGTH = 10_000
+# What a search or a namespace listing that leaves its paging out gets: Agent Server's defaults (and
+# BaseStore.search's and list_namespaces'). The request bodies' schemas show them (http/schemas.py).
+#: ``limit`` of a search.
+SEARCH_LIMIT = 10
+#: ``limit`` of a namespace listing.
+LIST_NAMESPACES_LIMIT = 100
+#: ``offset`` of either: from the first.
+DEFAULT_OFFSET = 0
 _FILTER_OPS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -387,8 +395,8 @@ def op_from_json(
         return search_op(
             tuple(entry.get("namespace_prefix") or ()),
             entry.get("filter"),
-            entry.get("limit", 10),
-            entry.get("offset", 0),
+            entry.get("limit", SEARCH_LIMIT),
+            entry.get("offset", DEFAULT_OFFSET),
             entry.get("query"),
             entry.get("refresh_ttl"),
         )
@@ -398,6 +406,6 @@ def op_from_json(
     return ListNamespacesOp(
         conditions,
         entry.get("max_depth"),
-        entry.get("limit", 100),
-        entry.get("offset", 0),
+        entry.get("limit", LIST_NAMESPACES_LIMIT),
+        entry.get("offset", DEFAULT_OFFSET),
     )
