@@ -352,9 +352,9 @@ def _check_backend(settings: Settings) -> None:
         timeout=settings.db_timeout_seconds,
         migrate=settings.migrate,
         postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
     try:
-        backend.store_options = store_config.store_options(settings)
         if settings.migrate:
             applied = backend.migrate()
             for line in applied:
@@ -569,8 +569,8 @@ def worker(settings: Settings) -> None:
         timeout=settings.db_timeout_seconds,
         migrate=settings.migrate,
         postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
-    backend.store_options = store_config.store_options(settings)
     try:
         backend.setup()
     except BaseException:
@@ -625,10 +625,13 @@ def migrate(settings: Settings) -> None:
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal, code=2)
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, postgres=settings.postgres
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
     try:
-        backend.store_options = store_config.store_options(settings)
         applied = backend.migrate()
     finally:
         backend.close()
