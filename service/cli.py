@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal, NoReturn, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -35,6 +35,9 @@ from reducing_saver.service.configuration.settings import FLAGS_ENV, KEYS_FOLDER
 from reducing_saver.service.exits import leave_threads_stuck_on_the_database
 from reducing_saver.service.security.environ import blank_initial_value
 from reducing_saver.service.storage import StorageError
+
+if TYPE_CHECKING:
+    from reducing_saver.service.processes import ServerOptions
 
 ENV_PREFIX = "REDUCING_SAVER_"
 #: The key ring's variable: JSON, or the path of a file holding it.
@@ -241,8 +244,8 @@ def _add_flags(parser: argparse.ArgumentParser, flags: dict[str, str]) -> None:
             target.add_argument(flag, dest=field, metavar=_metavar(field), help=_help(field))
 
 
-def flag_overrides(args: argparse.Namespace) -> dict[str, object]:
-    """The settings given as flags on the command line."""
+def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags on the command line (as argparse read them; ``Settings`` checks them)."""
     return {
         field: getattr(args, field) for field in ALL_FLAGS.values() if getattr(args, field, None) is not None
     }
@@ -280,10 +283,12 @@ def _describe(error: ValidationError) -> str:
         if field:
             involved = [field]
         else:
-            found = {name: re.search(rf"\b{name}\b", message) for name in Settings.model_fields}
-            involved = sorted(
-                (name for name, match in found.items() if match), key=lambda n: found[n].start()
-            )
+            found = {
+                name: match.start()
+                for name in Settings.model_fields
+                if (match := re.search(rf"\b{name}\b", message)) is not None
+            }
+            involved = sorted(found, key=found.__getitem__)
         where = ", ".join(_where(name) for name in involved) or "settings"
         shown = ""
         if field and "keys" not in field:
@@ -347,9 +352,9 @@ def _check_backend(settings: Settings) -> None:
         timeout=settings.db_timeout_seconds,
         migrate=settings.migrate,
         postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
     try:
-        backend.store_options = store_config.store_options(settings)
         if settings.migrate:
             applied = backend.migrate()
             for line in applied:
@@ -449,7 +454,7 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_after_shutdown)
-    common = {
+    common: ServerOptions = {
         "log_level": settings.log_level,
         # Every line goes through the handler configure_logging installed; the middleware logs access.
         "log_config": None,
@@ -463,7 +468,9 @@ def serve(settings: Settings, flags: dict[str, object] | None = None) -> None:
         if os.environ.pop(ENCRYPTION_KEYS_ENV, "").strip().startswith("{"):
             blank_initial_value(ENCRYPTION_KEYS_ENV)
         app = create_app(settings)
-        server = uvicorn.Server(uvicorn.Config(app, **common))
+        server = uvicorn.Server(
+            uvicorn.Config(app, **common)  # type: ignore[arg-type]  # uvicorn annotates its timeouts int; asyncio's timers take fractions
+        )
         try:
             server.run(sockets=[sock])
         except SystemExit:  # uvicorn's exit when the app's start-up failed
@@ -562,8 +569,8 @@ def worker(settings: Settings) -> None:
         timeout=settings.db_timeout_seconds,
         migrate=settings.migrate,
         postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
-    backend.store_options = store_config.store_options(settings)
     try:
         backend.setup()
     except BaseException:
@@ -578,8 +585,13 @@ def worker(settings: Settings) -> None:
         running = RunningSummaries(
             settings, backend, wrap=None, registry=None, tenant_mode=settings.api_key_set is not None
         )
+
+    def stop_delivering(signum: int, frame: object) -> None:
+        stop.set()
+        deliverer.wake()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: (stop.set(), deliverer.wake()))
+        signal.signal(signum, stop_delivering)
     logger.info(
         "reducing-saver worker %s delivering from %s", deliverer.worker_id, settings.database_for_display()
     )
@@ -613,10 +625,13 @@ def migrate(settings: Settings) -> None:
     if refusal := store_config.refusal(settings):
         raise CommandError(refusal, code=2)
     backend = open_backend(
-        settings.database, pool_size=1, timeout=settings.db_timeout_seconds, postgres=settings.postgres
+        settings.database,
+        pool_size=1,
+        timeout=settings.db_timeout_seconds,
+        postgres=settings.postgres,
+        store_options=store_config.store_options(settings),
     )
     try:
-        backend.store_options = store_config.store_options(settings)
         applied = backend.migrate()
     finally:
         backend.close()

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from socket import socket
-from typing import Any
+from typing import Any, TypedDict
 
 import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
@@ -48,6 +48,17 @@ WORKER_HEALTHCHECK_SECONDS = 30
 #: Beyond the grace and the database timeout, what a worker's exit may take (its stuck-thread check,
 #: the interpreter's own exit) before the supervisor kills it.
 EXIT_MARGIN_SECONDS = THREAD_END_SECONDS + 2.0
+
+
+class ServerOptions(TypedDict):
+    """What every uvicorn server of ``serve`` is configured with, one process or several: keyword
+    arguments of ``uvicorn.Config``."""
+
+    log_level: str
+    log_config: None
+    access_log: bool
+    timeout_graceful_shutdown: float
+    timeout_keep_alive: float
 
 
 def _exit_with_supervisor(stop_seconds: float) -> None:
@@ -130,7 +141,7 @@ class Supervisor(Multiprocess):
                 process.process.join()
 
 
-def run_workers(settings: Any, common: dict[str, Any], sockets: list[socket]) -> None:
+def run_workers(settings: Any, common: ServerOptions, sockets: list[socket]) -> None:
     """Run ``settings.workers`` worker processes of the app ``app_from_env`` builds, until SIGTERM/SIGINT.
 
     The workers share their metrics through a folder made for this run (``PROMETHEUS_MULTIPROC_DIR`` in
@@ -145,13 +156,13 @@ def run_workers(settings: Any, common: dict[str, Any], sockets: list[socket]) ->
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _supervise(settings: Any, common: dict[str, Any], sockets: list[socket]) -> None:
+def _supervise(settings: Any, common: ServerOptions, sockets: list[socket]) -> None:
     config = WorkerConfig(
         "reducing_saver.service.http.app:app_from_env",
         factory=True,
         workers=settings.workers,
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
-        **common,
+        **common,  # type: ignore[arg-type]  # uvicorn annotates its timeouts int; asyncio's timers take fractions
     )
     stop_seconds = settings.shutdown_grace_seconds + settings.db_timeout_seconds + EXIT_MARGIN_SECONDS
     config.stop_seconds = stop_seconds

@@ -146,9 +146,9 @@ class Service:
             timeout=settings.db_timeout_seconds,
             migrate=settings.migrate,
             postgres=settings.postgres,
+            store_options=store_options(settings),
         )
         try:
-            backend.store_options = store_options(settings)
             backend.setup()
             # Opened here, once, before any request or deliverer can ask for it concurrently; a backend
             # that cannot serve the store's settings refuses to start.

@@ -7,6 +7,7 @@ validates across them, and parses the API keys once (``api_key_set``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -20,7 +21,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from reducing_saver.reducer import ReducerConfig
+from reducing_saver.reducer import PruneHook, ReducerConfig
 from reducing_saver.service.security.extensions import ANY_CLASS, ExtensionPolicy
 from reducing_saver.service.security.keys import ApiKeys, load_api_keys, load_metrics_keys
 
@@ -242,7 +243,7 @@ class ExtractionSettings(BaseModel):
     extraction_idle_seconds: float = Field(
         1.0, gt=0, description="How long a deliverer sleeps when the outbox is empty."
     )
-    outbox_retention: float = Field(
+    outbox_retention: float = Field(  # type: ignore[assignment]  # pydantic types a default as the value; validate_default parses it
         "7d",
         description="How long delivered outbox rows are kept before a TTL sweep (each sweep of this "
         "process, and reducing-saver sweep) deletes them: seconds or 90s, 15m, 2h, 7d. A message pruned "
@@ -312,7 +313,9 @@ class SweepSettings(BaseModel):
         description="TTL of threads whose puts set no checkpoint_ttl, counted from the last write: seconds or "
         "90s, 15m, 2h, 7d; off when unset.",
     )
-    sweep_interval: float = Field("5m", description="Time between TTL sweeps of this process (s, m, h, d).")
+    sweep_interval: float = Field(  # type: ignore[assignment]  # pydantic types a default as the value; validate_default parses it
+        "5m", description="Time between TTL sweeps of this process (s, m, h, d)."
+    )
     sweep: bool = Field(True, description="Run the TTL sweeper in this process.")
     sweep_batch_size: int = Field(100, ge=1, description="Expired threads a sweep lists at a time.")
     extract_on_delete: bool = Field(
@@ -413,7 +416,9 @@ class Settings(
             value is None or str(value).strip().lower() in ("", "off", "none")
         ):
             return None
-        return parse_duration(value, name=info.field_name)
+        name = info.field_name
+        assert name is not None, "a field validator's"
+        return parse_duration(value, name=name)
 
     @model_validator(mode="after")
     def _check_backoff(self) -> Settings:
@@ -544,7 +549,7 @@ class Settings(
         """The input caps alone."""
         return LimitSettings(**{name: getattr(self, name) for name in LimitSettings.model_fields})
 
-    def reducer_config(self, **extra: object) -> ReducerConfig:
+    def reducer_config(self, *, on_prune: Sequence[PruneHook] = ()) -> ReducerConfig:
         return ReducerConfig(
             max_messages=self.max_messages,
             min_messages=self.min_messages,
@@ -553,7 +558,7 @@ class Settings(
             preserve_first=self.preserve_first,
             start_on="human" if self.start_on_human else None,
             namespace_key=self.namespace_key,
-            **extra,
+            on_prune=on_prune,
         )
 
     def summary_hard_reducer(self) -> ReducerConfig:

@@ -29,13 +29,24 @@ def entry_message(entry: OutboxEntry) -> BaseMessage | dict[str, Any]:
     Built from the recorded ``module:Class`` through ``messages_codec.to_message`` (nothing is imported),
     or, for entries recorded from plain dicts, from the message's ``type``.
     """
+    message = _recorded(entry)
     if entry.message_class:
         module, _, name = entry.message_class.partition(":")
-        return to_message(EncodedMessage(entry.message, b"", module, name))
+        return to_message(EncodedMessage(message, b"", module, name))
     try:
-        return messages_from_dict([{"type": entry.message.get("type"), "data": entry.message}])[0]
+        return messages_from_dict([{"type": message.get("type"), "data": message}])[0]
     except Exception:
-        return dict(entry.message)
+        return dict(message)
+
+
+def _recorded(entry: OutboxEntry) -> dict[str, Any]:
+    """The message ``entry`` holds: an extractor gets entries that hold one (the deliverer hands those of
+    deleted messages to ``forget``)."""
+    if entry.message is None:
+        raise ValueError(
+            f"outbox entry {entry.key!r} holds no message: a deletion is forgotten, not extracted"
+        )
+    return entry.message
 
 
 class StoreExtractor:
@@ -88,7 +99,8 @@ class StoreExtractor:
         if isinstance(message, BaseMessage):
             body = message_to_dict(message)
         else:
-            body = {"type": entry.message.get("type"), "data": dict(entry.message)}
+            recorded = _recorded(entry)
+            body = {"type": recorded.get("type"), "data": dict(recorded)}
         # PostgreSQL's jsonb cannot hold U+0000 (tool output has it): such a value is stored escaped and
         # marked, losslessly (wire.nul; readers decode with decode_memory_value).
         value = {**body, "thread_id": entry.thread_id, "pruned_at": entry.pruned_at.isoformat()}

@@ -16,13 +16,14 @@ import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reducing_saver.service.configuration.settings import FLAGS_ENV, Settings
@@ -48,6 +49,9 @@ from reducing_saver.service.state import Service
 from reducing_saver.service.storage import StorageError
 from reducing_saver.service.version import __version__
 from reducing_saver.wire import METRICS_PATH
+
+if TYPE_CHECKING:
+    from fastapi.telemetry import TelemetryConfig  # recent FastAPI; an older one takes telemetry= as an extra
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -92,7 +96,7 @@ DOCS_ASSETS_URL = "/docs/assets"
 DOCS_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
 DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 #: FastAPI's native OpenTelemetry, off.
-NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "auto_configure": False}
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "auto_configure": False}
 
 
 def _docs_assets_folder() -> str:
@@ -150,7 +154,7 @@ async def _answer_error(request: Request, exc: Exception) -> Response:
 
 def create_app(
     settings: Settings | None = None, *, on_prune: list[Callable[..., Any]] | None = None
-) -> FastAPI:
+) -> ServiceApp:
     """Build the service app.
 
     Args:
@@ -206,7 +210,10 @@ def create_app(
         summaries.router,
         store.router,
     )
-    paths = frozenset(route.path for router in routers for route in router.routes) | docs
+    paths = (
+        frozenset(route.path for router in routers for route in router.routes if isinstance(route, Route))
+        | docs
+    )
     app.outer_middleware = [
         # Request id, access log and count for everything, refusals included.
         (ObservabilityMiddleware, {"metrics": service.metrics, "paths": paths}),
@@ -243,7 +250,7 @@ def create_app(
     return app
 
 
-def app_from_env() -> FastAPI:
+def app_from_env() -> ServiceApp:
     """uvicorn factory: ``uvicorn --factory reducing_saver.service.http.app:app_from_env``."""
     settings = Settings(**json.loads(os.environ.get(FLAGS_ENV) or "{}"))
     configure_logging(settings)

@@ -75,7 +75,7 @@ def error_answer(exc: BaseException) -> tuple[int, Any] | None:
 
 
 #: The error classes :func:`error_answer` may map (FastAPI gets a handler for each; anything else is a 500).
-ANSWERED: tuple[type[BaseException], ...] = (
+ANSWERED: tuple[type[Exception], ...] = (
     ServiceError,
     UnsafeMessagesError,
     WireError,

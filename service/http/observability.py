@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -288,7 +288,7 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         #: (method, route, status) -> the request counter's and latency histogram's children: looked up
         #: once (prometheus_client validates labels and takes a lock on every ``labels()``).
-        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._request_children: dict[tuple[str, str, int], _RequestChildren] = {}
         self.registry.register(_StorageCollector(self))
 
     def measuring(self) -> MeasuringCodec:
@@ -331,7 +331,7 @@ class ServiceMetrics:
         if measure.kept is not None:
             self.pruned.inc(measure.decoded - measure.kept)
 
-    def _gauge(self, name: str, help_text: str, mode: str) -> Gauge:
+    def _gauge(self, name: str, help_text: str, mode: Literal["livesum", "livemostrecent"]) -> Gauge:
         """The gauge ``name``, registered on first use (absent from scrapes until then)."""
         gauge = self._gauges.get(name)
         if gauge is None:
@@ -489,7 +489,14 @@ class _StorageCollector(Collector):
             yield from self._metrics._storage.collect()
 
 
-def _request_children(counter: Any, latency: Any) -> tuple[Any, Any, list[Any], list[float]]:
+#: What one request adds to (:func:`_request_children`): the request count, the latency sum, each latency
+#: bucket (with the buckets' upper bounds).
+_RequestChildren = tuple[
+    Callable[[float], object], Callable[[float], object], list[Callable[[float], object]], list[float]
+]
+
+
+def _request_children(counter: Any, latency: Any) -> _RequestChildren:
     """What one request adds to: the counter's value, the histogram's sum and buckets (with their upper
     bounds), taken from the labelled children once. ``Counter.inc`` and ``Histogram.observe`` check that
     the metric is a child and look for exemplars, then walk the buckets in Python, on every call; these are

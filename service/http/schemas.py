@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reducing_saver.service import security
+from reducing_saver.service.operations import store as store_ops
 from reducing_saver.service.security.limits import _limits
 from reducing_saver.wire import bodies
 
@@ -145,21 +146,21 @@ FIELD_RULES: dict[tuple[type, str], tuple[Any, ...]] = {
     (bodies.PutOpBody, "ttl"): (_default(None),),
     (bodies.ListNamespacesOpBody, "match_conditions"): (_default(None),),
     (bodies.ListNamespacesOpBody, "max_depth"): (_default(None),),
-    (bodies.ListNamespacesOpBody, "limit"): (_default(100),),
-    (bodies.ListNamespacesOpBody, "offset"): (_default(0),),
+    (bodies.ListNamespacesOpBody, "limit"): (_default(store_ops.LIST_NAMESPACES_LIMIT),),
+    (bodies.ListNamespacesOpBody, "offset"): (_default(store_ops.DEFAULT_OFFSET),),
     (bodies.ListNamespacesBody, "prefix"): (_default(None),),
     (bodies.ListNamespacesBody, "suffix"): (_default(None),),
     (bodies.ListNamespacesBody, "max_depth"): (_default(None),),
-    (bodies.ListNamespacesBody, "limit"): (_default(100),),
-    (bodies.ListNamespacesBody, "offset"): (_default(0),),
+    (bodies.ListNamespacesBody, "limit"): (_default(store_ops.LIST_NAMESPACES_LIMIT),),
+    (bodies.ListNamespacesBody, "offset"): (_default(store_ops.DEFAULT_OFFSET),),
     **{
         (search, field): (_default(value),)
         for search in (bodies.SearchItemsBody, bodies.SearchOpBody)
         for field, value in (
             ("namespace_prefix", []),
             ("filter", None),
-            ("limit", 10),
-            ("offset", 0),
+            ("limit", store_ops.SEARCH_LIMIT),
+            ("offset", store_ops.DEFAULT_OFFSET),
             ("query", None),
             ("refresh_ttl", None),
         )
@@ -194,7 +195,7 @@ def validated(body: type) -> Any:
     fields: dict[str, Any] = {}
     for name, hint in hints.items():
         # Read off the hint: with postponed annotations, Python 3.11's __required_keys__ misses NotRequired.
-        required = body.__total__
+        required: bool = getattr(body, "__total__", True)  # every TypedDict has it; mypy's ``type`` does not
         if typing.get_origin(hint) in (NotRequired, typing.Required):
             required = typing.get_origin(hint) is typing.Required
             hint = typing.get_args(hint)[0]
@@ -205,11 +206,18 @@ def validated(body: type) -> Any:
         if metadata:
             checked = Annotated[checked, *metadata]
         fields[name] = checked if required else NotRequired[checked]
-    result: Any = typing_extensions.TypedDict(body.__name__, fields)  # type: ignore[operator]
+    result = _typed_dict(body.__name__, fields)
     result.__doc__ = body.__doc__
-    extra = "allow" if body in OPEN_BODIES else "ignore" if body in ANSWER_BODIES else "forbid"
+    extra: Literal["allow", "ignore", "forbid"] = (
+        "allow" if body in OPEN_BODIES else "ignore" if body in ANSWER_BODIES else "forbid"
+    )
     result.__pydantic_config__ = ConfigDict(extra=extra)
     return result
+
+
+def _typed_dict(name: str, fields: dict[str, Any]) -> Any:
+    """``TypedDict(name, fields)``, a class made at run time."""
+    return typing_extensions.TypedDict(name, fields)  # type: ignore[operator]  # typeshed: a special form, not callable
 
 
 def _service_type(hint: Any) -> Any:
@@ -227,7 +235,7 @@ def _service_type(hint: Any) -> Any:
         inner = _service_type(args[0])
         return Annotated[inner, *kept] if kept else inner
     if origin in (Union, types.UnionType):
-        union = Union[tuple(_service_type(arg) for arg in args)]  # noqa: UP007
+        union: Any = Union[tuple(_service_type(arg) for arg in args)]  # noqa: UP007
         tag = _discriminator(args)
         return Annotated[union, Field(discriminator=tag)] if tag else union
     if origin in (list, dict, tuple):

@@ -57,6 +57,14 @@ MAX_STORE_OFFSET = 100_000
 MAX_BATCH_OPS = 1000
 #: Longest semantic search query, in characters.
 MAX_QUERY_LENGTH = 10_000
+# What a search or a namespace listing that leaves its paging out gets: Agent Server's defaults (and
+# BaseStore.search's and list_namespaces'). The request bodies' schemas show them (http/schemas.py).
+#: ``limit`` of a search.
+SEARCH_LIMIT = 10
+#: ``limit`` of a namespace listing.
+LIST_NAMESPACES_LIMIT = 100
+#: ``offset`` of either: from the first.
+DEFAULT_OFFSET = 0
 _FILTER_OPS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -354,34 +362,50 @@ def run_batch(service: Service, scope: StoreScope, ops: Sequence[Op], field: str
 # -- the wire form of the batch route --------------------------------------------------------------
 
 
+def get_op(namespace: tuple[str, ...], key: str, refresh_ttl: bool | None) -> GetOp:
+    """A ``GetOp`` whose ``refresh_ttl`` may be left open: ``None`` until :func:`with_ttl_defaults` gives it
+    the store's ``refresh_on_read``, as Agent Server does (LangGraph's ``BaseStore`` resolves it before it
+    builds an op, so its ops type the field ``bool``)."""
+    return GetOp(namespace, key, refresh_ttl)  # type: ignore[arg-type]  # LangGraph's annotation has no open value
+
+
+def search_op(
+    namespace_prefix: tuple[str, ...],
+    filter: dict[str, Any] | None,
+    limit: int,
+    offset: int,
+    query: str | None,
+    refresh_ttl: bool | None,
+) -> SearchOp:
+    """A ``SearchOp`` whose ``refresh_ttl`` may be left open (``None``), as :func:`get_op`'s."""
+    return SearchOp(namespace_prefix, filter, limit, offset, query, refresh_ttl)  # type: ignore[arg-type]  # as get_op's
+
+
 def op_from_json(
     entry: bodies.GetOpBody | bodies.PutOpBody | bodies.SearchOpBody | bodies.ListNamespacesOpBody,
 ) -> Op:
-    """One entry of ``POST /store/batch``'s ``ops`` (the schema has checked its shape).
-
-    A ``refresh_ttl`` the entry leaves open stays ``None`` in the op, for :func:`with_ttl_defaults` to fill
-    in with the store's ``refresh_on_read`` (LangGraph's ``BaseStore`` resolves it before it builds an op,
-    so its ops type the field ``bool``).
-    """
+    """One entry of ``POST /store/batch``'s ``ops`` (the schema has checked its shape)."""
     if entry["op"] == "get":
-        # refresh_ttl: None when left open, as above.
-        return GetOp(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))  # type: ignore[arg-type]
+        return get_op(tuple(entry["namespace"]), entry["key"], entry.get("refresh_ttl"))
     if entry["op"] == "put":
         return PutOp(
             tuple(entry["namespace"]), entry["key"], entry.get("value"), entry.get("index"), entry.get("ttl")
         )
     if entry["op"] == "search":
-        return SearchOp(
+        return search_op(
             tuple(entry.get("namespace_prefix") or ()),
             entry.get("filter"),
-            entry.get("limit", 10),
-            entry.get("offset", 0),
+            entry.get("limit", SEARCH_LIMIT),
+            entry.get("offset", DEFAULT_OFFSET),
             entry.get("query"),
-            entry.get("refresh_ttl"),  # type: ignore[arg-type]  # None when left open, as above
+            entry.get("refresh_ttl"),
         )
     conditions = tuple(
         MatchCondition(c["match_type"], tuple(c["path"])) for c in entry.get("match_conditions") or ()
     )
     return ListNamespacesOp(
-        conditions, entry.get("max_depth"), entry.get("limit", 100), entry.get("offset", 0)
+        conditions,
+        entry.get("max_depth"),
+        entry.get("limit", LIST_NAMESPACES_LIMIT),
+        entry.get("offset", DEFAULT_OFFSET),
     )

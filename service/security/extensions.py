@@ -70,10 +70,12 @@ class UnsafeValueError(ValueError):
 
     Attributes:
         field: The value's place in the request, e.g. ``"values.notes"`` or ``"writes[2]"``.
-        code: The msgpack extension code.
+        code: The msgpack extension code (:class:`UnreadableValueError`: ``None`` for the value itself).
         module: The module the extension names, or ``None`` when the payload does not name one.
         name: The attribute the extension names, or ``None``.
     """
+
+    code: int | None
 
     def __init__(self, field: str, code: int, module: str | None, name: str | None, reason: str) -> None:
         self.field, self.code, self.module, self.name = field, code, module, name

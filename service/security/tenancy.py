@@ -10,7 +10,7 @@ mode) nothing is mapped: stored ids are the agent's own.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import closing
 from contextvars import ContextVar
 from itertools import islice
@@ -117,7 +117,8 @@ class TenantScope:
         return (TENANTS_LABEL, self.tenant) if self.tenant is not None else None
 
     def namespace(self, namespace: Sequence[str]) -> tuple[str, ...]:
-        return (*self.namespace_prefix, *namespace) if self.tenant is not None else tuple(namespace)
+        prefix = self.namespace_prefix
+        return (*prefix, *namespace) if prefix is not None else tuple(namespace)
 
     def unnamespace(self, namespace: Sequence[str]) -> list[str]:
         labels = list(namespace)
@@ -206,7 +207,7 @@ def _across(
     filter: dict[str, Any] | None,
     before: RunnableConfig | None,
     limit: int | None,
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """The tenant's checkpoints across threads, newest id first: a saver that ``lists_by_thread_prefix``
     (PostgreSQL's) filters in the query (``thread_id LIKE 'tenant:%'``, before ``ORDER BY`` and
     ``LIMIT``); the others' ordered results are filtered here, stopping after ``limit``."""

@@ -13,7 +13,7 @@ import contextvars
 import importlib
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -188,8 +188,6 @@ class Backend(Protocol):
     kind: str
     #: The process's PostgreSQL connection pool (``None`` elsewhere); for metrics.
     pool: Any
-    #: The store's ``index`` and ``ttl`` keyword arguments, set before the first :meth:`store` call.
-    store_options: dict[str, Any]
 
     #: Whether the backend migrates its tables when it sets them up (``False``: ``--no-migrate``).
     migrates: bool
@@ -232,7 +230,8 @@ class Backend(Protocol):
         """The book of running summaries (``storage/summaries.py``), set up."""
 
     def store(self) -> BaseStore:
-        """The long-term memory store, set up (closed with the backend)."""
+        """The long-term memory store, set up (closed with the backend), made with the ``store_options``
+        the backend was opened with."""
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> Any:
         """The TTL ledger (``storage.ledger``), set up."""
@@ -262,6 +261,7 @@ def open_backend(
     create: bool = True,
     migrate: bool = True,
     postgres: Any = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> Backend:
     """Open the backend a database URL names.
 
@@ -276,13 +276,21 @@ def open_backend(
             (``--no-migrate``): change no table, refuse (``SchemaError``) a database that is behind.
         postgres: PostgreSQL: how every connection is opened (``Settings.postgres``: prepared statements,
             idle checks, TCP keepalives); the settings' defaults when omitted. Other backends ignore it.
+        store_options: The store's keyword arguments, ``index`` and ``ttl``
+            (``configuration.store.store_options``); none when omitted. Read by :meth:`Backend.store`.
 
     Raises:
         StorageError: If the database cannot be reached, does not exist (SQLite with ``create=False``;
             PostgreSQL always: the service creates tables, never databases) or is not UTF-8 (PostgreSQL).
     """
     return backend_module(url).open(
-        url, pool_size=pool_size, timeout=timeout, create=create, migrate=migrate, postgres=postgres
+        url,
+        pool_size=pool_size,
+        timeout=timeout,
+        create=create,
+        migrate=migrate,
+        postgres=postgres,
+        store_options=store_options or {},
     )
 
 

@@ -586,4 +586,6 @@ def _encrypt_step(settings: Any, backend: Any, registry: Any, tenant_mode: bool)
         return None
     from reducing_saver.service.encryption.sweep import SweepStep, encrypt_sweep_of
 
-    return SweepStep(encrypt_sweep_of(backend, sealer_for(settings, tenant_mode=tenant_mode)), registry)
+    sealer = sealer_for(settings, tenant_mode=tenant_mode)
+    assert sealer is not None, "--encryption migrate has a key ring"
+    return SweepStep(encrypt_sweep_of(backend, sealer), registry)

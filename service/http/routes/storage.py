@@ -15,8 +15,10 @@ from reducing_saver.wire import STORAGE_PATH, THREAD_STORAGE_PATH
 
 router = APIRouter(tags=["storage"])
 
-_NOT_FOUND = {404: {"model": schemas.ErrorBody, "description": "The caller has no thread of that id."}}
-_BAD_ID = {
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": schemas.ErrorBody, "description": "The caller has no thread of that id."}
+}
+_BAD_ID: dict[int | str, dict[str, Any]] = {
     422: {
         "model": schemas.ErrorBody,
         "description": "The thread id breaks the rule of every route: control characters (NUL included), "

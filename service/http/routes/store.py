@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp, SearchOp
+from langgraph.store.base import ListNamespacesOp, MatchCondition, PutOp
 
 from reducing_saver.service.errors import BadRequest
 from reducing_saver.service.http.routes import ERRORS, ServiceDep
@@ -76,7 +76,7 @@ async def get_item(
     labels = tuple(namespace.split(".")) if namespace else ()
     if not labels:
         raise BadRequest("query.namespace: give at least one label (labels joined by '.')")
-    (item,) = await _run(service, [GetOp(labels, key, refresh_ttl)], "query")
+    (item,) = await _run(service, [store_ops.get_op(labels, key, refresh_ttl)], "query")
     return item
 
 
@@ -101,7 +101,7 @@ async def other_methods() -> Response:
     summary="Items under a namespace prefix: filtered by value, or ranked by a semantic query.",
 )
 async def search_items(body: SearchItemsBody, service: ServiceDep) -> Any:
-    op = SearchOp(
+    op = store_ops.search_op(
         tuple(body["namespace_prefix"]),
         body["filter"],
         body["limit"],

@@ -13,7 +13,9 @@ from reducing_saver.wire import SUMMARY_DEAD_PATH, SUMMARY_RETRY_DEAD_PATH
 
 router = APIRouter(tags=["summaries"])
 
-_OFF = {404: {"model": schemas.ErrorBody, "description": "Running summaries are off (no --summarizer)."}}
+_OFF: dict[int | str, dict[str, Any]] = {
+    404: {"model": schemas.ErrorBody, "description": "Running summaries are off (no --summarizer)."}
+}
 
 
 @router.get(

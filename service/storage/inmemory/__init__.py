@@ -3,6 +3,7 @@ TTL ledger and InMemoryStore, all inside the service process."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
@@ -23,13 +24,13 @@ class MemoryBackend:
     pool = None
     migrates = True
 
-    def __init__(self) -> None:
+    def __init__(self, store_options: Mapping[str, Any] | None = None) -> None:
         self.saver = InMemoryLifecycleSaver(serde=VerbatimSerde())
         self._outbox = MemoryOutbox()
         self._summaries: MemoryBook | None = None
         self._store: PagingInMemoryStore | None = None
-        #: InMemoryStore's ``index`` (``service/configuration/store.py``), set before the first store().
-        self.store_options: dict[str, Any] = {}
+        #: InMemoryStore's ``index`` (``service/configuration/store.py``).
+        self._store_options = dict(store_options or {})
 
     def setup(self) -> None:
         """Nothing to create."""
@@ -65,9 +66,9 @@ class MemoryBackend:
 
     def store(self) -> PagingInMemoryStore:
         if self._store is None:
-            if "ttl" in self.store_options:
+            if "ttl" in self._store_options:
                 raise RuntimeError("--store-ttl needs PostgreSQL or SQLite: InMemoryStore has no TTL")
-            self._store = PagingInMemoryStore(**self.store_options)
+            self._store = PagingInMemoryStore(**self._store_options)
         return self._store
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> MemoryLedger:
@@ -108,5 +109,6 @@ def open(  # noqa: A001
     create: bool = True,
     migrate: bool = True,
     postgres: Any = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> MemoryBackend:
-    return MemoryBackend()
+    return MemoryBackend(store_options)

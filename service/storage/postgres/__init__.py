@@ -3,6 +3,7 @@ PostgresStore, all on the process's one connection pool."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -49,7 +50,14 @@ class PostgresBackend:
     kind = "postgres"
 
     def __init__(
-        self, url: str, *, pool_size: int, timeout: float, migrate: bool = True, options: Any = None
+        self,
+        url: str,
+        *,
+        pool_size: int,
+        timeout: float,
+        migrate: bool = True,
+        options: Any = None,
+        store_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = url
         #: The ``postgres_*`` settings every connection of this backend is opened with.
@@ -59,8 +67,8 @@ class PostgresBackend:
         with refused_at_start(self._where):
             self.pool = open_pool(url, size=pool_size, timeout=timeout, options=self.options)
         self._store: PagingPostgresStore | None = None
-        #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
-        self.store_options: dict[str, Any] = {}
+        #: PostgresStore's ``index`` and ``ttl`` (``service/configuration/store.py``).
+        self._store_options = dict(store_options or {})
         self.migrates = migrate
         self._schema_checked = False
         self._store_set_up = False
@@ -133,12 +141,12 @@ class PostgresBackend:
         return PostgresOutbox(self.pool)
 
     def _new_store(self) -> PagingPostgresStore:
-        if "index" in self.store_options:
+        if "index" in self._store_options:
             require_pgvector(self.pool)
-        default_ttl = (self.store_options.get("ttl") or {}).get("default_ttl")
+        default_ttl = (self._store_options.get("ttl") or {}).get("default_ttl")
         if default_ttl is not None and default_ttl != int(default_ttl):
             raise RuntimeError(f"store default_ttl {default_ttl:g}: PostgresStore keeps whole minutes")
-        return PagingPostgresStore(self.pool, **self.store_options)
+        return PagingPostgresStore(self.pool, **self._store_options)
 
     def _setup_store(self, store: PagingPostgresStore) -> list[str]:
         """The store's ``setup()`` under its lock; one line per langgraph migration it applied."""
@@ -159,7 +167,7 @@ class PostgresBackend:
             store = self._new_store()
             if self.migrates and not self._store_set_up:
                 self._setup_store(store)
-            if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
+            if (self._store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
             self._store = store
         return self._store
@@ -222,5 +230,13 @@ def open(  # noqa: A001
     create: bool = True,
     migrate: bool = True,
     postgres: Any = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> PostgresBackend:
-    return PostgresBackend(url, pool_size=pool_size, timeout=timeout, migrate=migrate, options=postgres)
+    return PostgresBackend(
+        url,
+        pool_size=pool_size,
+        timeout=timeout,
+        migrate=migrate,
+        options=postgres,
+        store_options=store_options,
+    )

@@ -4,7 +4,7 @@ TTL ledger and SqliteStore, all in one file."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from typing import Any
 
@@ -44,7 +44,14 @@ class SqliteBackend:
     kind = "sqlite"
     pool = None
 
-    def __init__(self, path: str, *, create: bool, migrate: bool = True) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        create: bool,
+        migrate: bool = True,
+        store_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.path = path
         self.migrates = migrate
         self._schema_checked = False
@@ -53,8 +60,8 @@ class SqliteBackend:
         self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
         self._closers: list[Callable[[], object]] = [self._conn.close]
         self._store: PagingSqliteStore | None = None
-        #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``), set before the first store().
-        self.store_options: dict[str, Any] = {}
+        #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``).
+        self._store_options = dict(store_options or {})
 
     def setup(self) -> None:
         if self.migrates:
@@ -134,9 +141,9 @@ class SqliteBackend:
         return book
 
     def _new_store(self, conn: sqlite3.Connection) -> PagingSqliteStore:
-        if "index" in self.store_options and not hasattr(conn, "enable_load_extension"):
+        if "index" in self._store_options and not hasattr(conn, "enable_load_extension"):
             raise RuntimeError(NO_LOADABLE_EXTENSIONS)
-        options = dict(self.store_options)
+        options = dict(self._store_options)
         if "index" in options:
             # SqliteStore reads the paths to embed from "text_fields", not from IndexConfig's "fields" as
             # PostgresStore and InMemoryStore do (langgraph#8808): with "fields" alone it embeds whole
@@ -152,7 +159,7 @@ class SqliteBackend:
             if self.migrates and not self._store_set_up:
                 with setup_lock(self.path):
                     store.setup()
-            if (self.store_options.get("ttl") or {}).get("sweep_interval_minutes"):
+            if (self._store_options.get("ttl") or {}).get("sweep_interval_minutes"):
                 store.start_ttl_sweeper()
                 self._closers.append(store.stop_ttl_sweeper)
             self._store = store
@@ -207,5 +214,6 @@ def open(  # noqa: A001
     create: bool = True,
     migrate: bool = True,
     postgres: Any = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> SqliteBackend:
-    return SqliteBackend(sqlite_path(url), create=create, migrate=migrate)
+    return SqliteBackend(sqlite_path(url), create=create, migrate=migrate, store_options=store_options)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import typing
 
 from fastapi.testclient import TestClient
+from langgraph.store.base import BaseStore, ListNamespacesOp, SearchOp
 from pydantic import TypeAdapter
 
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http import schemas
 from reducing_saver.service.http.app import create_app
+from reducing_saver.service.operations import store as store_ops
 from reducing_saver.wire import bodies
 
 
@@ -65,3 +68,28 @@ def test_an_absent_field_takes_its_default_and_a_new_one_each_time() -> None:
     assert first["metadata"] is not second["metadata"]
     assert first["checkpoint"]["updated_channels"] is None
     assert first["checkpoint"]["pending_sends"] == []  # a checkpoint keeps the keys it brings
+
+
+def test_store_paging_left_out_is_the_store_operations_default_everywhere() -> None:
+    """A search or namespace listing without ``limit``/``offset`` gets the same paging through the routes'
+    bodies, the batch route's ops and the document, and it is what ``BaseStore`` gives."""
+    search, listing = store_ops.SEARCH_LIMIT, store_ops.LIST_NAMESPACES_LIMIT
+    offset = store_ops.DEFAULT_OFFSET
+    assert TypeAdapter(schemas.SearchItemsBody).validate_python({})["limit"] == search
+    assert TypeAdapter(schemas.ListNamespacesBody).validate_python({})["limit"] == listing
+    ops = TypeAdapter(schemas.StoreBatchBody).validate_python(
+        {"ops": [{"op": "search"}, {"op": "list_namespaces"}]}
+    )["ops"]
+    assert [(op["limit"], op["offset"]) for op in ops] == [(search, offset), (listing, offset)]
+    assert store_ops.op_from_json({"op": "search"}) == SearchOp((), None, search, offset, None, None)
+    assert store_ops.op_from_json({"op": "list_namespaces"}) == ListNamespacesOp((), None, listing, offset)
+    with TestClient(create_app(Settings(database="memory://", sweep=False, extract=False))) as http:
+        components = http.get("/openapi.json").json()["components"]["schemas"]
+    assert components["SearchItemsBody"]["properties"]["limit"]["default"] == search
+    assert components["ListNamespacesBody"]["properties"]["limit"]["default"] == listing
+    store = (
+        inspect.signature(BaseStore.search).parameters,
+        inspect.signature(BaseStore.list_namespaces).parameters,
+    )
+    assert (store[0]["limit"].default, store[0]["offset"].default) == (search, offset)
+    assert (store[1]["limit"].default, store[1]["offset"].default) == (listing, offset)
