@@ -50,6 +50,7 @@ from reducing_saver.service.storage.lifecycle import (
     is_snapshot_value,
     refuse_delta_threads,
 )
+from reducing_saver.service.storage.outbox import CheckpointRecords
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -307,6 +308,21 @@ class WrappedSaver(BaseCheckpointSaver):
     def delete_thread(self, thread_id: str) -> None:
         return self.inner.delete_thread(thread_id)
 
+    def inner_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+        records: CheckpointRecords | None,
+    ) -> RunnableConfig:
+        """The inner saver's ``put``, given ``records`` when the caller passed them: a put's outbox entries,
+        which the service passes only where the backend writes them with the checkpoint
+        (``Memory.with_checkpoint``); without them, ``put`` is called as LangGraph calls it."""
+        if records is None:
+            return self.inner.put(config, checkpoint, metadata, new_versions)
+        return self.inner.put(config, checkpoint, metadata, new_versions, records=records)  # type: ignore[call-arg]
+
 
 class EncryptingSaver(WrappedSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
@@ -362,7 +378,11 @@ class EncryptingSaver(WrappedSaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        records: CheckpointRecords | None = None,
     ) -> RunnableConfig:
+        """The checkpoint and its metadata sealed, stored by the inner saver; ``records`` (the put's outbox
+        entries, sealed already) go to its ``put`` as they are (see ``WrappedSaver.inner_put``)."""
         configurable = config["configurable"]
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         # Merged here, as the inner saver would, so configurable values are sealed too (it then adds none).
@@ -370,7 +390,7 @@ class EncryptingSaver(WrappedSaver):
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         channels, new_versions = self._stored_channels(checkpoint, new_versions)
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)
-        return self.inner.put(config, sealed, sealed_metadata, new_versions)
+        return self.inner_put(config, sealed, sealed_metadata, new_versions, records)
 
     def _stored_channels(
         self, checkpoint: Checkpoint, new_versions: ChannelVersions
