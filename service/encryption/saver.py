@@ -27,7 +27,7 @@ import json
 import struct
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import closing
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -265,7 +265,10 @@ class Sealer:
             writes.append((task_id, channel, opened))
         return item._replace(
             checkpoint={**item.checkpoint, "channel_values": values},
-            metadata=self.open_metadata(dict(item.metadata or {}), thread_id, ns, checkpoint_id),
+            metadata=cast(
+                CheckpointMetadata,
+                self.open_metadata(dict(item.metadata or {}), thread_id, ns, checkpoint_id),
+            ),
             pending_writes=writes,
         )
 
@@ -362,13 +365,15 @@ class EncryptingSaver(WrappedSaver):
     ) -> Iterator[CheckpointTuple]:
         plain, sealed = _split_filter(filter)
         inner_limit = limit if not sealed else None
-        with closing(self.inner.list(config, filter=plain, before=before, limit=inner_limit)) as found:
+        listed = self.inner.list(config, filter=plain, before=before, limit=inner_limit)
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             count = 0
             for item in found:
                 if limit is not None and count >= limit:
                     return
                 opened = self.sealer.open_tuple(item)
-                if all(k in opened.metadata and opened.metadata[k] == v for k, v in sealed.items()):
+                metadata: Mapping[str, Any] = opened.metadata
+                if all(k in metadata and metadata[k] == v for k, v in sealed.items()):
                     count += 1
                     yield opened
 
@@ -390,7 +395,9 @@ class EncryptingSaver(WrappedSaver):
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         channels, new_versions = self._stored_channels(checkpoint, new_versions)
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)
-        return self.inner_put(config, sealed, sealed_metadata, new_versions, records)
+        return self.inner_put(
+            config, sealed, cast(CheckpointMetadata, sealed_metadata), new_versions, records
+        )
 
     def _stored_channels(
         self, checkpoint: Checkpoint, new_versions: ChannelVersions
@@ -481,7 +488,8 @@ class _CopyThread:
             ThreadNotEmptyError: If the target already holds checkpoints (nothing copied).
         """
         source, target = check_copy_ids(source_thread_id, target_thread_id)
-        with closing(self.inner.list({"configurable": {"thread_id": target}}, limit=1)) as found:
+        listed = self.inner.list({"configurable": {"thread_id": target}}, limit=1)
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             if next(found, None) is not None:
                 raise ThreadNotEmptyError(target)
         with closing(self.list({"configurable": {"thread_id": source}})) as found:  # type: ignore[attr-defined]

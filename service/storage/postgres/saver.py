@@ -308,7 +308,8 @@ class PostgresLifecycleSaver(PostgresSaver):
         """PostgresSaver's ``list``; a checkpoint the keep-checkpoints policy deleted raises
         ``CheckpointPrunedError`` (with ``pruned_table``) rather than listing nothing."""
         found = False
-        with closing(super().list(config, filter=filter, before=before, limit=limit)) as items:
+        listed = super().list(config, filter=filter, before=before, limit=limit)
+        with closing(listed) as items:  # type: ignore[type-var]  # PostgresSaver's list is a generator
             for item in items:
                 found = True
                 yield item
@@ -444,7 +445,9 @@ class PostgresLifecycleSaver(PostgresSaver):
             if cache is not None:
                 cache.put(thread_id, ns, None)
             if isinstance(exc, psycopg.Error) and exc.sqlstate == PRUNED_PARENT_SQLSTATE:
-                raise CheckpointPrunedError(parent, exc.diag.message_detail or "", as_parent=True) from None
+                raise CheckpointPrunedError(
+                    str(parent), exc.diag.message_detail or "", as_parent=True
+                ) from None
             raise
         if cache is not None and probe is not None:
             row = probe.row
