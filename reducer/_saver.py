@@ -216,7 +216,8 @@ class ReducingSaver(BaseCheckpointSaver):
         messages_key: The channel holding the messages list.
         codec: Reads and writes the stored form of the messages channel (default: plain lists).
         record_pruned: Called with every pruned message before the put is stored (see
-            ``apply_reducer``); the service records them in its extraction outbox here.
+            ``apply_reducer``), unless the put brings its own recorder (``put(records=...)``); the
+            service records them in its extraction outbox here.
         summaries: Keep a running summary in every window: cut messages leave it only once the
             summary covers them (:class:`Summaries`).
         removals: What to do with the messages the agent removes itself (``RemoveMessage``): trimmed ones

@@ -590,10 +590,9 @@ class PostgresLifecycleSaver(PostgresSaver):
             cur.execute(
                 f"DELETE FROM {self.pruned_table} WHERE thread_id = %s", (plan.forget_pruned,), prepare=False
             )
-        records = plan.records
-        if records is not None and records.entries and not records.written:
-            insert_entries(cur, records.entries)
-            records.written = True
+        if plan.records is not None:
+            insert_entries(cur, plan.records.entries)
+            plan.records.written = True
         yield
         if plan.keep is not None:
             thread_id, ns, count = plan.keep
