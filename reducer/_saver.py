@@ -216,7 +216,8 @@ class ReducingSaver(BaseCheckpointSaver):
         messages_key: The channel holding the messages list.
         codec: Reads and writes the stored form of the messages channel (default: plain lists).
         record_pruned: Called with every pruned message before the put is stored (see
-            ``apply_reducer``); the service records them in its extraction outbox here.
+            ``apply_reducer``), unless the put brings its own recorder (``put(records=...)``); the
+            service records them in its extraction outbox here.
         summaries: Keep a running summary in every window: cut messages leave it only once the
             summary covers them (:class:`Summaries`).
         removals: What to do with the messages the agent removes itself (``RemoveMessage``): trimmed ones
@@ -296,17 +297,19 @@ class ReducingSaver(BaseCheckpointSaver):
         checkpoint: Checkpoint,
         new_versions: ChannelVersions,
         decoded: Any = None,
+        records: RecordPruned | None = None,
     ) -> Checkpoint:
         if self.passthrough or self.messages_key not in new_versions:
             return checkpoint
-        decoded = self._removed(config, checkpoint, new_versions, decoded)
+        record_pruned = self.record_pruned if records is None else records
+        decoded = self._removed(config, checkpoint, new_versions, decoded, record_pruned)
         return apply_reducer(
             self.reducer,
             checkpoint,
             config,
             self.messages_key,
             codec=self.codec,
-            record_pruned=self.record_pruned,
+            record_pruned=record_pruned,
             summaries=self.summaries,
             decoded=decoded,
         )
@@ -317,9 +320,11 @@ class ReducingSaver(BaseCheckpointSaver):
         checkpoint: Checkpoint,
         new_versions: ChannelVersions,
         decoded: Any = None,
+        record_pruned: RecordPruned | None = None,
     ) -> Any:
-        """Record (and hand to the hooks) the messages the agent trimmed from its state in the step this put
-        ends, and forget the ones it deleted (:mod:`reducing_saver.reducer._removals`).
+        """Record (with ``record_pruned``, the put's) and hand to the hooks the messages the agent trimmed
+        from its state in the step this put ends, and forget the ones it deleted
+        (:mod:`reducing_saver.reducer._removals`).
 
         The state before the step: for a messages list stored whole, this process's note of the parent's
         list, else the parent's stored window (messages older than it left through the window's cut, and
@@ -378,8 +383,8 @@ class ReducingSaver(BaseCheckpointSaver):
             # A message missing from the stored window left it through the window's cut: in memory already.
             found = [content[k] for k in remembered if k in content]
             if found:
-                if self.record_pruned is not None:
-                    self.record_pruned(found, namespace, config, checkpoint)
+                if record_pruned is not None:
+                    record_pruned(found, namespace, config, checkpoint)
                 self.reducer.deliver(found, namespace)
         if forgotten and removals.forget is not None:
             removals.forget(forgotten, namespace, config)
@@ -437,14 +442,23 @@ class ReducingSaver(BaseCheckpointSaver):
         new_versions: ChannelVersions,
         *,
         decoded: Any = None,
+        records: RecordPruned | None = None,
     ) -> RunnableConfig:
         """Store ``checkpoint`` with its messages channel reduced (when ``new_versions`` writes it).
 
         ``decoded``: ``codec.decode`` of the messages channel's value, when the caller has decoded it
         already (a list, or :data:`UNREADABLE` for ``None``): the value is then not decoded again.
+
+        ``records``: this put's own recorder, called in place of ``record_pruned`` (the same way) with the
+        messages the put prunes, and handed to the inner saver's ``put`` as ``records=``: for an inner
+        saver that stores what was recorded with the checkpoint, in its transaction (the service's
+        PostgreSQL saver, given them by ``Memory.with_checkpoint``), which must take that keyword.
+        ``None`` (the default): ``record_pruned``, and the inner ``put`` called as LangGraph calls it.
         """
-        reduced = self._reduce(config, checkpoint, new_versions, decoded)
-        return self.inner.put(config, reduced, metadata, new_versions)
+        reduced = self._reduce(config, checkpoint, new_versions, decoded, records)
+        if records is None:
+            return self.inner.put(config, reduced, metadata, new_versions)
+        return self.inner.put(config, reduced, metadata, new_versions, records=records)  # type: ignore[call-arg]
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""

@@ -24,7 +24,7 @@ from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.configuration.store import store_options
 from reducing_saver.service.encryption import Sealer, encrypting, keyless, sealer_for
 from reducing_saver.service.errors import Unavailable
-from reducing_saver.service.extraction.recorder import Memory
+from reducing_saver.service.extraction.recorder import Memory, PutRecords
 from reducing_saver.service.imports import import_callable
 from reducing_saver.service.messages_codec import SafeMessagesCodec, to_message
 from reducing_saver.service.security.extensions import ExtensionPolicy
@@ -239,9 +239,10 @@ class Service:
         assert self.memory is not None, "the backend records only while the service is open"
         self.memory.forget(keys, namespace, config)
 
-    def recording_with_checkpoint(self) -> AbstractContextManager[None]:
-        """Around a put: messages it prunes are recorded in the checkpoint's own transaction where the
-        backend can (``Memory.with_checkpoint``)."""
+    def recording_with_checkpoint(self) -> AbstractContextManager[PutRecords | None]:
+        """Around a put: the records to pass as its ``records=``, so the messages it prunes are recorded
+        in the checkpoint's own transaction, where the backend can (``Memory.with_checkpoint``); ``None``
+        elsewhere."""
         return self.memory.with_checkpoint() if self.memory is not None else nullcontext()
 
     def close(self) -> None:

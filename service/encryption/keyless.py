@@ -24,6 +24,7 @@ from langgraph.checkpoint.base import (
 
 from reducing_saver.service.encryption.saver import WrappedSaver, _DeleteForRuns, is_sealed
 from reducing_saver.service.storage import EncryptedValueRefused
+from reducing_saver.service.storage.outbox import CheckpointRecords
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
 
@@ -77,8 +78,10 @@ class KeylessSaver(WrappedSaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        records: CheckpointRecords | None = None,
     ) -> RunnableConfig:
-        return self.inner.put(config, checkpoint, metadata, new_versions)
+        return self.inner_put(config, checkpoint, metadata, new_versions, records)
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""

@@ -27,7 +27,7 @@ import json
 import struct
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import closing
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -50,6 +50,7 @@ from reducing_saver.service.storage.lifecycle import (
     is_snapshot_value,
     refuse_delta_threads,
 )
+from reducing_saver.service.storage.outbox import CheckpointRecords
 from reducing_saver.wire import RESERVED_TYPE_PREFIX, Blob
 from reducing_saver.wire.capabilities import saver_capabilities, with_capabilities
 
@@ -264,7 +265,10 @@ class Sealer:
             writes.append((task_id, channel, opened))
         return item._replace(
             checkpoint={**item.checkpoint, "channel_values": values},
-            metadata=self.open_metadata(dict(item.metadata or {}), thread_id, ns, checkpoint_id),
+            metadata=cast(
+                CheckpointMetadata,
+                self.open_metadata(dict(item.metadata or {}), thread_id, ns, checkpoint_id),
+            ),
             pending_writes=writes,
         )
 
@@ -307,6 +311,21 @@ class WrappedSaver(BaseCheckpointSaver):
     def delete_thread(self, thread_id: str) -> None:
         return self.inner.delete_thread(thread_id)
 
+    def inner_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+        records: CheckpointRecords | None,
+    ) -> RunnableConfig:
+        """The inner saver's ``put``, given ``records`` when the caller passed them: a put's outbox entries,
+        which the service passes only where the backend writes them with the checkpoint
+        (``Memory.with_checkpoint``); without them, ``put`` is called as LangGraph calls it."""
+        if records is None:
+            return self.inner.put(config, checkpoint, metadata, new_versions)
+        return self.inner.put(config, checkpoint, metadata, new_versions, records=records)  # type: ignore[call-arg]
+
 
 class EncryptingSaver(WrappedSaver):
     """A backend saver whose stored values are envelopes (see the module docstring).
@@ -346,13 +365,15 @@ class EncryptingSaver(WrappedSaver):
     ) -> Iterator[CheckpointTuple]:
         plain, sealed = _split_filter(filter)
         inner_limit = limit if not sealed else None
-        with closing(self.inner.list(config, filter=plain, before=before, limit=inner_limit)) as found:
+        listed = self.inner.list(config, filter=plain, before=before, limit=inner_limit)
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             count = 0
             for item in found:
                 if limit is not None and count >= limit:
                     return
                 opened = self.sealer.open_tuple(item)
-                if all(k in opened.metadata and opened.metadata[k] == v for k, v in sealed.items()):
+                metadata: Mapping[str, Any] = opened.metadata
+                if all(k in metadata and metadata[k] == v for k, v in sealed.items()):
                     count += 1
                     yield opened
 
@@ -362,7 +383,11 @@ class EncryptingSaver(WrappedSaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        records: CheckpointRecords | None = None,
     ) -> RunnableConfig:
+        """The checkpoint and its metadata sealed, stored by the inner saver; ``records`` (the put's outbox
+        entries, sealed already) go to its ``put`` as they are (see ``WrappedSaver.inner_put``)."""
         configurable = config["configurable"]
         thread_id, ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         # Merged here, as the inner saver would, so configurable values are sealed too (it then adds none).
@@ -370,7 +395,9 @@ class EncryptingSaver(WrappedSaver):
         sealed_metadata = self.sealer.seal_metadata(dict(merged), thread_id, ns, checkpoint["id"])
         channels, new_versions = self._stored_channels(checkpoint, new_versions)
         sealed = self.sealer.seal_checkpoint(config, checkpoint, new_versions, channels)
-        return self.inner.put(config, sealed, sealed_metadata, new_versions)
+        return self.inner_put(
+            config, sealed, cast(CheckpointMetadata, sealed_metadata), new_versions, records
+        )
 
     def _stored_channels(
         self, checkpoint: Checkpoint, new_versions: ChannelVersions
@@ -461,7 +488,8 @@ class _CopyThread:
             ThreadNotEmptyError: If the target already holds checkpoints (nothing copied).
         """
         source, target = check_copy_ids(source_thread_id, target_thread_id)
-        with closing(self.inner.list({"configurable": {"thread_id": target}}, limit=1)) as found:
+        listed = self.inner.list({"configurable": {"thread_id": target}}, limit=1)
+        with closing(listed) as found:  # type: ignore[type-var]  # the backends' list is a generator
             if next(found, None) is not None:
                 raise ThreadNotEmptyError(target)
         with closing(self.list({"configurable": {"thread_id": source}})) as found:  # type: ignore[attr-defined]

@@ -2,9 +2,9 @@
 
 Every message that leaves the window is recorded in the outbox *before* the checkpoint that drops it
 is stored, or on PostgreSQL in the same transaction (``record`` is the ``ReducingSaver``'s
-``record_pruned``; ``with_checkpoint`` defers it into the put's pipeline): at every instant a message is in
-the thread's latest checkpoint, pending in the outbox, or extracted. The outbox's key
-``(namespace, message key)`` makes the several puts of one turn, and several replicas, record a message
+``record_pruned``; ``with_checkpoint`` gives a put records that its saver writes in its pipeline): at every
+instant a message is in the thread's latest checkpoint, pending in the outbox, or extracted. The outbox's
+key ``(namespace, message key)`` makes the several puts of one turn, and several replicas, record a message
 once; the deliverer hands each row to the extractor and marks it done.
 """
 
@@ -35,7 +35,6 @@ from reducing_saver.service.security import stored_thread_to_agent
 from reducing_saver.service.storage.outbox import (
     CheckpointRecords,
     OutboxEntry,
-    checkpoint_records,
     make_entries,
     message_fingerprint,
 )
@@ -72,12 +71,19 @@ class Memory:
         self._recorded_lock = threading.Lock()
 
     def record(
-        self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint
+        self,
+        pruned: list[Any],
+        namespace: tuple[str, ...],
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        *,
+        records: CheckpointRecords | None = None,
     ) -> None:
         """Durably record pruned messages before their checkpoint is stored (raises on failure).
 
-        Inside :meth:`with_checkpoint` on a backend that can, the entries go into the checkpoint's own
-        transaction instead (committed with it, or not at all).
+        With ``records`` (a put's, from :meth:`with_checkpoint`), the entries are added to them instead:
+        the put's saver writes them in the checkpoint's own transaction (committed with it, or not at
+        all).
         """
         # In tenant mode the config holds the stored id (tenant:thread); rows carry the agent's own.
         thread_id = stored_thread_to_agent(str(config["configurable"]["thread_id"]), self._tenant_mode)
@@ -96,7 +102,6 @@ class Memory:
             return
         fresh = make_entries(unseen, namespace, thread_id=thread_id, checkpoint_id=checkpoint["id"])
         fresh = seal_entries(self.sealer, fresh)  # the saver's pipeline inserts them as they are
-        records = checkpoint_records.get()
         if records is not None:
             records.entries += fresh
             return
@@ -115,18 +120,20 @@ class Memory:
         self._committed(entries)
 
     @contextmanager
-    def with_checkpoint(self) -> Iterator[None]:
-        """Around one put: what it records is written in the checkpoint's own transaction, where the
-        backend's saver can (``records_with_checkpoint``); elsewhere this does nothing."""
+    def with_checkpoint(self) -> Iterator[PutRecords | None]:
+        """Around one put: the records it takes, where the backend's saver writes them in the checkpoint's
+        own transaction (``records_with_checkpoint``); ``None`` elsewhere (the put records through its
+        ``record_pruned``, before the checkpoint).
+
+        Pass them as the put's ``records=`` (``ReducingSaver.put``): what the put prunes is recorded into
+        them, and its saver inserts them in its pipeline. Once the put returns, their keys count as
+        committed; entries the saver did not write are recorded then (an error is logged).
+        """
         if not self.outbox.records_with_checkpoint:
-            yield
+            yield None
             return
-        records = CheckpointRecords()
-        token = checkpoint_records.set(records)
-        try:
-            yield
-        finally:
-            checkpoint_records.reset(token)
+        records = PutRecords(self)
+        yield records
         if not records.entries:
             return
         if not records.written:  # a put that reached no pipeline of the saver: record them now
@@ -182,3 +189,17 @@ class Memory:
             self.deliverer.release()
             self.deliverer = None
         self.outbox.close()
+
+
+class PutRecords(CheckpointRecords):
+    """The records of one put (:meth:`Memory.with_checkpoint`), and its ``record_pruned``: called as the
+    ``ReducingSaver`` calls that, it records the messages into itself (:meth:`Memory.record`)."""
+
+    def __init__(self, memory: Memory) -> None:
+        super().__init__()
+        self._memory = memory
+
+    def __call__(
+        self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint
+    ) -> None:
+        self._memory.record(pruned, namespace, config, checkpoint, records=self)

@@ -322,8 +322,10 @@ def put_checkpoint(
         # travel back as they are and the client decodes.
         metadata = orjson.loads(orjson.dumps(ints_to_wire(metadata), default=json_default))
     try:
-        with service.recording_with_checkpoint():
-            next_config = saver.put(config, checkpoint, metadata, body["new_versions"], decoded=decoded)
+        with service.recording_with_checkpoint() as records:
+            next_config = saver.put(
+                config, checkpoint, metadata, body["new_versions"], decoded=decoded, records=records
+            )
     except SummaryForgeryError as exc:
         raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None
     return bodies.PutCheckpointAnswer(config=scope.config_out(next_config))

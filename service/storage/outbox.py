@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Protocol, TypeAlias
@@ -191,10 +190,11 @@ class CheckpointRecords:
     """The outbox entries of one put, written in the same transaction as its checkpoint.
 
     Where the backend's saver can (``records_with_checkpoint`` on its outbox: PostgreSQL), the entries a
-    put records are not inserted on their own before the checkpoint: the saver inserts them ahead of the
-    checkpoint, in its pipeline, which PostgreSQL runs as one transaction. The rows and the checkpoint
-    are then stored together or not at all, in one round trip instead of two, and the invariant above
-    holds as before: no checkpoint drops a message that is not in the outbox.
+    put records are not inserted on their own before the checkpoint: they travel with the put, as its
+    ``records=`` argument, and the saver inserts them ahead of the checkpoint, in its pipeline, which
+    PostgreSQL runs as one transaction. The rows and the checkpoint are then stored together or not at
+    all, in one round trip instead of two, and the invariant above holds as before: no checkpoint drops a
+    message that is not in the outbox.
 
     Attributes:
         entries: What the put recorded.
@@ -204,10 +204,6 @@ class CheckpointRecords:
     def __init__(self) -> None:
         self.entries: list[OutboxEntry] = []
         self.written = False
-
-
-#: The records of the put being stored in this context (set around the put, in its worker thread).
-checkpoint_records: ContextVar[CheckpointRecords | None] = ContextVar("checkpoint_records", default=None)
 
 
 def check_fail_args(retry_at: datetime | None, dead: bool) -> None:

@@ -257,6 +257,53 @@ def test_on_prune_without_dedupe_delivers_repeats() -> None:
     assert set(recorder.ids).isdisjoint(stored)
 
 
+class RecordsTakingSaver(InMemorySaver):
+    """Stands for a saver that stores what a put recorded with its checkpoint (the service's PostgreSQL
+    saver): its ``put`` takes the put's recorder as ``records=``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list = []
+
+    def put(self, config, checkpoint, metadata, new_versions, *, records=None):
+        self.given.append(records)
+        return super().put(config, checkpoint, metadata, new_versions)
+
+
+def _window_put(saver: ReducingSaver, thread_id: str, **kwargs) -> None:
+    """One put of 8 messages on a fresh thread: a window of 4 cut to 2 prunes the first 6."""
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"messages": [HumanMessage(f"q{i}", id=f"m{i}") for i in range(8)]}
+    checkpoint["channel_versions"] = {"messages": 1}
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    saver.put(config, checkpoint, {"source": "input", "step": -1}, {"messages": 1}, **kwargs)
+
+
+def test_a_puts_own_recorder_takes_its_pruned_messages_and_reaches_the_inner_put() -> None:
+    by_saver: list[list[str]] = []
+    by_put: list[list[str]] = []
+
+    def record_pruned(pruned, namespace, config, checkpoint) -> None:
+        by_saver.append(ids(pruned))
+
+    def records(pruned, namespace, config, checkpoint) -> None:
+        by_put.append(ids(pruned))
+
+    reducer = MessageReducer(max_messages=4, min_messages=2)
+    inner = RecordsTakingSaver()
+    saver = ReducingSaver(inner, reducer, record_pruned=record_pruned)
+    _window_put(saver, "own", records=records)
+    assert by_put == [["m0", "m1", "m2", "m3", "m4", "m5"]] and by_saver == []
+    assert inner.given == [records]
+    # Without one, the saver's record_pruned records, and a stock inner put is called as LangGraph calls it.
+    plain = ReducingSaver(InMemorySaver(), reducer, record_pruned=record_pruned)
+    _window_put(plain, "plain")
+    assert by_saver == [["m0", "m1", "m2", "m3", "m4", "m5"]] and by_put == [
+        ["m0", "m1", "m2", "m3", "m4", "m5"]
+    ]
+    assert ids(stored_messages(plain, "plain")) == ["m6", "m7"]
+
+
 def test_a_raising_hook_is_logged_and_the_put_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     def broken(messages, namespace):
         raise RuntimeError("memory store unavailable")

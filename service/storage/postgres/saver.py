@@ -6,10 +6,10 @@ latest-checkpoint cache once proven (``postgres/latest.py``); its SQL lives in `
 from __future__ import annotations
 
 import builtins
-import contextvars
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -41,7 +41,7 @@ from reducing_saver.service.storage.lifecycle import (
     refuse_delta_threads,
     was_pruned,
 )
-from reducing_saver.service.storage.outbox import checkpoint_records
+from reducing_saver.service.storage.outbox import CheckpointRecords
 from reducing_saver.service.storage.postgres import latest
 from reducing_saver.service.storage.postgres.outbox import insert_entries
 from reducing_saver.service.storage.postgres.sql import (
@@ -66,11 +66,6 @@ from reducing_saver.service.storage.postgres.sql import (
     THREAD_IN_USE_SQL,
 )
 
-#: The thread, namespace and count a put in progress keeps (read by ``_cursor``, which queues the prune).
-_keep_after_put: contextvars.ContextVar[tuple[str, str, int] | None] = contextvars.ContextVar(
-    "keep_after_put", default=None
-)
-
 
 class _Probe:
     """A statement run last in a write's pipeline (its transaction), and the row it read; with no
@@ -79,24 +74,32 @@ class _Probe:
     __slots__ = ("sql", "params", "row")
 
     def __init__(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
-        self.sql, self.params, self.row = sql, params, None
+        self.sql, self.params = sql, params
+        self.row: dict[str, Any] | None = None
 
 
-#: The thread, namespace and parent of a put in progress whose parent is checked first in its pipeline, and
-#: the thread a delete_thread in progress forgets the record of (both read by ``_queued``).
-_parent_check: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar(
-    "parent_check", default=None
-)
-_forget_pruned: contextvars.ContextVar[str | None] = contextvars.ContextVar("forget_pruned", default=None)
+@dataclass(frozen=True, slots=True)
+class _WritePlan:
+    """What one write's pipeline runs around the write's own statements (``_queued``), in this order.
 
-#: The probe of a put or put_writes in progress (read by ``_cursor``, which runs it last in the pipeline).
-_probe_after_write: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
-    "probe_after_write", default=None
-)
+    Attributes:
+        parent: ``(thread, namespace, parent id)`` of a put whose parent is checked first: one the
+            keep-checkpoints policy deleted fails the pipeline (``REFUSE_PRUNED_PARENT_SQL``).
+        forget_pruned: The thread a ``delete_thread`` takes the record of what the policy deleted along for.
+        records: A put's outbox entries, inserted ahead of its checkpoint (``records.written`` then set).
+        keep: ``(thread, namespace, count)`` of a put whose namespace is pruned after its statements.
+        probe: Read last: the row of the put's checkpoint, for the latest-checkpoint cache.
+    """
 
-#: Set while ``placed_delta_history`` runs PostgresSaver's history queries: their rows are assembled with the
-#: places of their values (``_build_delta_channels_writes_history``).
-_placing: contextvars.ContextVar[bool] = contextvars.ContextVar("placing", default=False)
+    parent: tuple[str, str, str] | None = None
+    forget_pruned: str | None = None
+    records: CheckpointRecords | None = None
+    keep: tuple[str, str, int] | None = None
+    probe: _Probe | None = None
+
+
+#: A write with nothing to run around its statements: PostgresSaver's own, on the saver itself.
+_NO_PLAN = _WritePlan()
 
 
 def forget_summaries(cur: Any, table: str | None, thread_ids: Sequence[str]) -> None:
@@ -144,6 +147,10 @@ class PostgresLifecycleSaver(PostgresSaver):
     #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
     summaries_table: str | None = None
     latest_cache: LatestCache | None = None
+    #: A view's (``_view``): the plan of the write it was made for, until its pipeline runs it.
+    _plan: _WritePlan | None = None
+    #: A view's: ``_build_delta_channels_writes_history`` assembles its rows with their places.
+    _placing: bool = False
     #: PostgresSaver's upsert, returning the row's xmin and parent (read only for the latest cache).
     UPSERT_CHECKPOINTS_SQL = latest.UPSERT_RETURNING_SQL
 
@@ -284,11 +291,10 @@ class PostgresLifecycleSaver(PostgresSaver):
     def delete_thread(self, thread_id: str) -> None:
         """PostgresSaver's ``delete_thread``, with the record of what the policy deleted in the same
         transaction (``pruned_table``); the thread leaves the latest-checkpoint cache too."""
-        forgetting = _forget_pruned.set(str(thread_id) if self.pruned_table is not None else None)
+        saver = self if self.pruned_table is None else self._view(_WritePlan(forget_pruned=str(thread_id)))
         try:
-            super().delete_thread(thread_id)
+            PostgresSaver.delete_thread(saver, thread_id)
         finally:
-            _forget_pruned.reset(forgetting)
             self._forget([str(thread_id)])
 
     def list(
@@ -302,7 +308,8 @@ class PostgresLifecycleSaver(PostgresSaver):
         """PostgresSaver's ``list``; a checkpoint the keep-checkpoints policy deleted raises
         ``CheckpointPrunedError`` (with ``pruned_table``) rather than listing nothing."""
         found = False
-        with closing(super().list(config, filter=filter, before=before, limit=limit)) as items:
+        listed = super().list(config, filter=filter, before=before, limit=limit)
+        with closing(listed) as items:  # type: ignore[type-var]  # PostgresSaver's list is a generator
             for item in items:
                 found = True
                 yield item
@@ -397,11 +404,17 @@ class PostgresLifecycleSaver(PostgresSaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        records: CheckpointRecords | None = None,
     ) -> RunnableConfig:
         """PostgresSaver's ``put``; when a keep-checkpoints count applies, the put's pipeline also prunes
         its namespace (``_cursor``), in the same transaction: one round trip, as without the policy. With
         ``pruned_table``, the pipeline first checks the put's parent: one the policy deleted raises
         ``CheckpointPrunedError``, and nothing of the put is stored.
+
+        ``records``: the put's outbox entries (the service's ``Memory.with_checkpoint``), inserted ahead of
+        the checkpoint in its pipeline, so they are committed with it or not at all; ``records.written``
+        is set once they are queued.
 
         The prune waits for the thread's advisory lock, so prunes of one thread run one after another
         across replicas, each on a snapshot that holds every put committed before it; a put committing
@@ -419,30 +432,31 @@ class PostgresLifecycleSaver(PostgresSaver):
                 _Probe() if keep is None else _Probe(latest.PUT_PROBE_SQL, (thread_id, ns, checkpoint["id"]))
             )
         parent = configurable.get("checkpoint_id")
-        keeping = _keep_after_put.set(None if keep is None else (thread_id, ns, keep))
-        probing = _probe_after_write.set(probe)
-        checking = _parent_check.set(
-            (thread_id, ns, parent) if parent and self.pruned_table is not None else None
+        plan = _WritePlan(
+            parent=(thread_id, ns, parent) if parent and self.pruned_table is not None else None,
+            records=records if records is not None and records.entries and not records.written else None,
+            keep=None if keep is None else (thread_id, ns, keep),
+            probe=probe,
         )
+        saver = self if plan == _NO_PLAN else self._view(plan)
         try:
-            next_config = super().put(config, checkpoint, metadata, new_versions)
+            next_config = PostgresSaver.put(saver, config, checkpoint, metadata, new_versions)
         except BaseException as exc:
             if cache is not None:
                 cache.put(thread_id, ns, None)
             if isinstance(exc, psycopg.Error) and exc.sqlstate == PRUNED_PARENT_SQLSTATE:
-                raise CheckpointPrunedError(parent, exc.diag.message_detail or "", as_parent=True) from None
+                raise CheckpointPrunedError(
+                    str(parent), exc.diag.message_detail or "", as_parent=True
+                ) from None
             raise
-        finally:
-            _parent_check.reset(checking)
-            _probe_after_write.reset(probing)
-            _keep_after_put.reset(keeping)
         if cache is not None and probe is not None:
+            row = probe.row
             cache.update(
                 thread_id,
                 ns,
                 lambda previous: latest.after_put(
                     previous,
-                    probe.row,
+                    row,
                     self.serde,
                     config=config,
                     checkpoint=checkpoint,
@@ -457,11 +471,8 @@ class PostgresLifecycleSaver(PostgresSaver):
     ) -> dict[str, PlacedHistory]:
         """``get_delta_channel_history`` with the place of every value (``lifecycle.PlacedHistory``), read
         by PostgresSaver's own two queries: what ``EncryptingSaver`` needs to open sealed values."""
-        token = _placing.set(True)
-        try:
-            return self.get_delta_channel_history(config=config, channels=channels)  # type: ignore[return-value]
-        finally:
-            _placing.reset(token)
+        history = self._view(placing=True).get_delta_channel_history(config=config, channels=channels)
+        return history  # type: ignore[return-value]
 
     def _build_delta_channels_writes_history(
         self,
@@ -473,7 +484,7 @@ class PostgresLifecycleSaver(PostgresSaver):
         stage2_rows: Sequence[Any],
     ) -> dict[str, Any]:
         """PostgresSaver's assembly of its history rows; under ``placed_delta_history``, with places."""
-        if not _placing.get():
+        if not self._placing:
             return super()._build_delta_channels_writes_history(
                 channels=channels,
                 chain_by_ch=chain_by_ch,
@@ -529,49 +540,62 @@ class PostgresLifecycleSaver(PostgresSaver):
             params = [*params, param]
         return where, params
 
+    def _view(self, plan: _WritePlan | None = None, *, placing: bool = False) -> PostgresLifecycleSaver:
+        """This saver for one call of PostgresSaver's own methods (``put``, ``delete_thread``,
+        ``get_delta_channel_history``), carrying what that call's ``_cursor``, ``_queued`` or
+        ``_build_delta_channels_writes_history`` needs: a shallow copy, sharing the connection, its lock,
+        the pipeline, the serde and every setting (``copy.copy``, without its generic machinery: a
+        fraction of a microsecond). PostgresSaver's methods set nothing on the saver, so the copy sees
+        what the saver sees; the saver itself carries no plan."""
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view._plan, view._placing = plan, placing
+        return view
+
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
-        """PostgresSaver's cursor; a put's outbox entries (``checkpoint_records``) are queued first in its
-        pipeline, its keep-checkpoints prune (``_keep_after_put``) after its statements, and a write's
-        probe (``_probe_after_write``) last. PostgreSQL runs a pipeline up to its sync as one transaction,
-        so the entries, the checkpoint (its blobs and its row) and the prune are committed together, or
-        none is, and the probe sees what that transaction wrote. The probe's row is read once the
-        pipeline is synced: no round trip of its own."""
-        probe = _probe_after_write.get() if pipeline else None
-        if probe is None or self.pipe or not self.supports_pipeline:
-            with super()._cursor(pipeline=pipeline) as cur, self._queued(cur, pipeline, None):
+        """PostgresSaver's cursor; on a view with a write's plan (``_view``), the first pipeline runs the
+        plan's statements around the write's own (``_queued``): a put's parent check and outbox entries
+        first, its keep-checkpoints prune after its statements, its probe last. PostgreSQL runs a pipeline
+        up to its sync as one transaction, so the entries, the checkpoint (its blobs and its row) and the
+        prune are committed together, or none is, and the probe sees what that transaction wrote. The
+        probe's row is read once the pipeline is synced: no round trip of its own."""
+        plan = self._plan if pipeline else None
+        if plan is None:
+            with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
             return
-        _probe_after_write.set(None)  # the write's own pipeline only
+        self._plan = None  # the write's own pipeline only (the view's: see _view)
+        probe = plan.probe
+        if probe is None or self.pipe or not self.supports_pipeline:
+            with super()._cursor(pipeline=pipeline) as cur, self._queued(cur, plan, None):
+                yield cur
+            return
         with (
             self.lock,
             _internal.get_connection(self.conn) as conn,
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
-            with conn.pipeline(), self._queued(cur, pipeline, probe):
+            with conn.pipeline(), self._queued(cur, plan, probe):
                 yield cur
             probe.row = cur.fetchone()
 
     @contextmanager
-    def _queued(self, cur: Any, pipeline: bool, probe: _Probe | None) -> Iterator[None]:
-        """The statements a write's pipeline runs around the write's own (see ``_cursor``)."""
-        check = _parent_check.get() if pipeline else None
-        if check is not None:
-            _parent_check.set(None)
-            cur.execute(REFUSE_PRUNED_PARENT_SQL, check)
-        forgetting = _forget_pruned.get() if pipeline else None
-        if forgetting is not None:
-            _forget_pruned.set(None)
-            cur.execute(f"DELETE FROM {self.pruned_table} WHERE thread_id = %s", (forgetting,), prepare=False)
-        records = checkpoint_records.get() if pipeline else None
-        if records is not None and records.entries and not records.written:
-            insert_entries(cur, records.entries)
-            records.written = True
+    def _queued(self, cur: Any, plan: _WritePlan, probe: _Probe | None) -> Iterator[None]:
+        """The statements of ``plan`` a write's pipeline runs around the write's own (see ``_cursor``);
+        ``probe``: the plan's, when this pipeline reads it."""
+        if plan.parent is not None:
+            cur.execute(REFUSE_PRUNED_PARENT_SQL, plan.parent)
+        if plan.forget_pruned is not None:
+            cur.execute(
+                f"DELETE FROM {self.pruned_table} WHERE thread_id = %s", (plan.forget_pruned,), prepare=False
+            )
+        if plan.records is not None:
+            insert_entries(cur, plan.records.entries)
+            plan.records.written = True
         yield
-        keep = _keep_after_put.get() if pipeline else None
-        if keep is not None:
-            _keep_after_put.set(None)
-            thread_id, ns, count = keep
+        if plan.keep is not None:
+            thread_id, ns, count = plan.keep
             # Prepared as the connection prepares PostgresSaver's own statements: planning the prune
             # takes several times as long as running it on a namespace of K + 1 checkpoints.
             cur.execute(KEEP_LOCK_SQL, (KEEP_LOCK_CLASS, thread_id))
