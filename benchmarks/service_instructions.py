@@ -22,6 +22,9 @@ Modes:
   ``PostgresSaver`` with the service's verbatim serde) making the same calls.
 * ``stock``: the CPU time of those stock saver calls (on PostgreSQL also ``AsyncPostgresSaver`` on the
   event loop).
+* ``statements``: on PostgreSQL, the statements each route's requests send (counted in the process, by
+  their first words) and the transactions they commit (``pg_stat_database.xact_commit`` of the database,
+  read before and after each route's batches, after PostgreSQL's one-second stats interval).
 * ``hop``: the worker-thread hop alone: a no-op through ``SaverPool.call`` and ``loop.run_in_executor``
   against an inline call, wall and CPU time per call.
 
@@ -31,6 +34,7 @@ the worker-thread hop.
     python -m benchmarks.service_instructions --mode cpu
     python -m benchmarks.service_instructions --mode callgrind --database postgresql://postgres@127.0.0.1/db
     python -m benchmarks.service_instructions --mode groups --database postgresql://postgres@127.0.0.1/db
+    python -m benchmarks.service_instructions --mode statements --database postgresql://postgres@127.0.0.1/db
 """
 
 from __future__ import annotations
@@ -184,6 +188,10 @@ async def _measure(
         results = await _stock_cpu(app, batches, database, rounds)
         app.state.service.close()
         return results
+    if mode == "statements":
+        results = await _statements(app, batches, database)
+        app.state.service.close()
+        return results
     if mode == "groups":
         shim = _load_shim()
         shim.rs_start()
@@ -216,6 +224,78 @@ async def _measure(
                 "cpu_us_median": round(statistics.median(per_request), 1),
             }
     app.state.service.close()
+    return results
+
+
+def _statement_kind(query: Any) -> str:
+    """A statement's first words, enough to tell the service's statements apart."""
+    text = query.as_string(None) if hasattr(query, "as_string") else query
+    if isinstance(text, bytes):
+        text = text.decode()
+    words = " ".join(str(text).split()).split(" ")
+    head = " ".join(words[:2])
+    for keyword in ("INTO", "FROM", "UPDATE"):
+        if keyword in words[:12]:
+            at = words.index(keyword)
+            return f"{head} .. {keyword} {words[at + 1] if at + 1 < len(words) else ''}".strip()
+    return " ".join(words[:4])
+
+
+async def _statements(
+    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str
+) -> dict[str, Any]:
+    """``statements`` mode: per route, the statements sent and the transactions committed per request."""
+    import collections
+
+    import psycopg
+
+    if database.startswith("memory"):
+        raise SystemExit("statements mode needs --database postgresql://...")
+    counts: collections.Counter[str] = collections.Counter()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[_statement_kind(query)] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        params_seq = list(params_seq)
+        counts[_statement_kind(query)] += len(params_seq)
+        return executemany(self, query, params_seq, *args, **kwargs)
+
+    name = database.rsplit("/", 1)[1].split("?")[0]
+    server = database.rsplit("/", 1)[0]
+    monitor = psycopg.connect(f"{server}/postgres", autocommit=True)
+
+    def committed() -> int:
+        time.sleep(1.2)  # backends report their counters at most once a second
+        row = monitor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (name,)
+        ).fetchone()
+        return int(row[0])
+
+    for route in ROUTES:  # the warm-up batch, uncounted
+        await _replay(app, batches[route][0])
+    psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
+    results: dict[str, Any] = {}
+    try:
+        for route in ROUTES:
+            requests = [request for batch in batches[route][1:] for request in batch]
+            counts.clear()
+            before = committed()
+            await _replay(app, requests)
+            transactions = committed() - before
+            results[route] = {
+                "requests": len(requests),
+                "transactions": round(transactions / len(requests), 2),
+                "statements": round(sum(counts.values()) / len(requests), 2),
+                "by_statement": {
+                    kind: round(count / len(requests), 2) for kind, count in counts.most_common()
+                },
+            }
+    finally:
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+        monitor.close()
     return results
 
 
@@ -823,7 +903,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--database", default="memory://")
     parser.add_argument(
-        "--mode", choices=("cpu", "callgrind", "profile", "groups", "hop", "stock"), default="cpu"
+        "--mode",
+        choices=("cpu", "callgrind", "profile", "groups", "hop", "stock", "statements"),
+        default="cpu",
     )
     parser.add_argument(
         "--conversations", type=int, default=8, help="recorded conversations of 12 turns each"
