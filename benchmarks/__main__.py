@@ -37,6 +37,9 @@ CLOSE_EVERY = "--close-every"
 #: In ``--ab-args``: run that service from another checkout's packages (an A/B of a code change), not a
 #: ``serve`` flag.
 SOURCE = "--source"
+#: In ``--ab-args``: ``--env NAME=VALUE`` sets an environment variable of that service (e.g. ``PGOPTIONS``
+#: for a server setting its connections take, such as ``-c commit_delay=200``), not a ``serve`` flag.
+ENV = "--env"
 PACKAGES = ("reducer", "wire", "client", "service")
 
 
@@ -190,7 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
         "and may land on another worker). "
         f"`{SOURCE} PATH` runs that service from the packages of the checkout at PATH (e.g. a git worktree "
-        "of the commit before a change): an A/B of code, interleaved",
+        "of the commit before a change): an A/B of code, interleaved; "
+        f"`{ENV} NAME=VALUE` sets an environment variable of that service (e.g. PGOPTIONS)",
     )
     parser.add_argument(
         "--keep-stage-records",
@@ -861,6 +865,11 @@ def main(argv: list[str] | None = None) -> int:
                     if CLOSE_EVERY in flags:
                         at = flags.index(CLOSE_EVERY)
                         b_env[stages.CLOSE_EVERY_ENV] = flags[at + 1]
+                        del flags[at : at + 2]
+                    while ENV in flags:
+                        at = flags.index(ENV)
+                        key, _, value = flags[at + 1].partition("=")
+                        b_env[key] = value
                         del flags[at : at + 2]
                     if SOURCE in flags:
                         at = flags.index(SOURCE)

@@ -227,9 +227,9 @@ async def _measure(
     return results
 
 
-def _statement_kind(query: Any) -> str:
+def _statement_kind(query: Any, cursor: Any = None) -> str:
     """A statement's first words, enough to tell the service's statements apart."""
-    text = query.as_string(None) if hasattr(query, "as_string") else query
+    text = query.as_string(cursor) if hasattr(query, "as_string") else query
     if isinstance(text, bytes):
         text = text.decode()
     words = " ".join(str(text).split()).split(" ")
@@ -255,12 +255,12 @@ async def _statements(
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
     def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        counts[_statement_kind(query)] += 1
+        counts[_statement_kind(query, self)] += 1
         return execute(self, query, *args, **kwargs)
 
     def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
         params_seq = list(params_seq)
-        counts[_statement_kind(query)] += len(params_seq)
+        counts[_statement_kind(query, self)] += len(params_seq)
         return executemany(self, query, params_seq, *args, **kwargs)
 
     name = database.rsplit("/", 1)[1].split("?")[0]
