@@ -25,6 +25,9 @@ Modes:
 * ``statements``: on PostgreSQL, the statements each route's requests send (counted in the process, by
   their first words) and the transactions they commit (``pg_stat_database.xact_commit`` of the database,
   read before and after each route's batches, after PostgreSQL's one-second stats interval).
+* ``delivery``: on PostgreSQL, the deliverer alone: rounds of ``--namespaces`` threads' pruned messages
+  (two each) recorded, then claimed and delivered by the default extractor into the backend's store; the
+  CPU time per delivered message (best and median of ``--rounds``) and the statements a claim sends.
 * ``hop``: the worker-thread hop alone: a no-op through ``SaverPool.call`` and ``loop.run_in_executor``
   against an inline call, wall and CPU time per call.
 
@@ -35,6 +38,7 @@ the worker-thread hop.
     python -m benchmarks.service_instructions --mode callgrind --database postgresql://postgres@127.0.0.1/db
     python -m benchmarks.service_instructions --mode groups --database postgresql://postgres@127.0.0.1/db
     python -m benchmarks.service_instructions --mode statements --database postgresql://postgres@127.0.0.1/db
+    python -m benchmarks.service_instructions --mode delivery --database postgresql://postgres@127.0.0.1/db
 """
 
 from __future__ import annotations
@@ -899,12 +903,78 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
     return out
 
 
+def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
+    """``delivery`` mode (see the module's docstring)."""
+    import collections
+
+    import psycopg
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from reducing_saver.service.extraction.deliverer import Deliverer
+    from reducing_saver.service.extraction.extractors import StoreExtractor
+    from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage.outbox import make_entries
+
+    if database.startswith(("memory", "sqlite")):
+        raise SystemExit("delivery mode needs --database postgresql://...")
+    backend = open_backend(database, pool_size=2, timeout=30.0)
+    outbox, store = backend.outbox(), backend.store()
+    deliverer = Deliverer(outbox, StoreExtractor(store))
+    counts: collections.Counter[str] = collections.Counter()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[_statement_kind(query, self)] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        params_seq = list(params_seq)
+        counts[_statement_kind(query, self)] += len(params_seq)
+        return executemany(self, query, params_seq, *args, **kwargs)
+
+    run = uuid.uuid4().hex[:8]
+    per_message: list[float] = []
+    statements: list[int] = []
+    try:
+        for round_ in range(rounds + 1):  # the first warms up
+            for index in range(namespaces):
+                messages = [
+                    HumanMessage(f"question {round_}-{index} " + "x" * 200, id=f"h-{run}-{round_}-{index}"),
+                    AIMessage(f"answer {round_}-{index} " + "y" * 400, id=f"a-{run}-{round_}-{index}"),
+                ]
+                outbox.record(
+                    make_entries(
+                        messages, ("memories", f"user-{index}"), thread_id=f"t-{index}", checkpoint_id="c"
+                    )
+                )
+            counts.clear()
+            psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
+            used = time.process_time()
+            try:
+                delivered = deliverer.run_once()
+            finally:
+                psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+            if round_ and delivered:
+                per_message.append((time.process_time() - used) * 1e6 / delivered)
+                statements.append(sum(counts.values()))
+    finally:
+        backend.close()
+    return {
+        "messages_a_claim": 2 * namespaces,
+        "namespaces_a_claim": namespaces,
+        "cpu_us_per_message_best": round(min(per_message), 1),
+        "cpu_us_per_message_median": round(statistics.median(per_message), 1),
+        "statements_a_claim": statistics.median(statements),
+        "by_statement_last_claim": dict(counts.most_common()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--database", default="memory://")
     parser.add_argument(
         "--mode",
-        choices=("cpu", "callgrind", "profile", "groups", "hop", "stock", "statements"),
+        choices=("cpu", "callgrind", "profile", "groups", "hop", "stock", "statements", "delivery"),
         default="cpu",
     )
     parser.add_argument(
@@ -920,6 +990,9 @@ def main() -> None:
         action="store_true",
         help="cpu, callgrind: the saver calls on the loop's thread (without the worker-thread hop)",
     )
+    parser.add_argument(
+        "--namespaces", type=int, default=8, help="delivery: threads pruned per claim (two messages each)"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode in ("callgrind", "groups") and not args.inner:
@@ -934,6 +1007,9 @@ def main() -> None:
         runner: Any = uvloop.run
     except ImportError:
         runner = asyncio.run
+    if args.mode == "delivery":
+        print(json.dumps(_delivery(args.database, args.namespaces, max(args.rounds, 5)), indent=1))
+        return
     if args.mode == "hop":
         print(json.dumps(runner(_hop(5000, max(args.rounds, 5))), indent=1))
         return
