@@ -34,6 +34,27 @@ from benchmarks.agent import VARIANTS
 
 #: In ``--ab-args``: the connection-churn experiment (``benchmarks/stages.py``), not a ``serve`` flag.
 CLOSE_EVERY = "--close-every"
+#: In ``--ab-args``: run that service from another checkout's packages (an A/B of a code change), not a
+#: ``serve`` flag.
+SOURCE = "--source"
+#: In ``--ab-args``: ``--env NAME=VALUE`` sets an environment variable of that service (e.g. ``PGOPTIONS``
+#: for a server setting its connections take, such as ``-c commit_delay=200``), not a ``serve`` flag.
+ENV = "--env"
+PACKAGES = ("reducer", "wire", "client", "service")
+
+
+def source_path(checkout: str, out: Path, variant: str) -> str:
+    """A folder holding ``reducing_saver`` made of ``checkout``'s package folders (links), for the front of a
+    variant's ``PYTHONPATH``: that service runs the checkout's code, the benchmark's own modules stay."""
+    folder = out / f"source-{variant}" / "reducing_saver"
+    folder.mkdir(parents=True, exist_ok=True)
+    for package in PACKAGES:
+        link = folder / package
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(checkout).resolve() / package, target_is_directory=True)
+    return str(folder.parent)
+
 
 # The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
 # re-import this module, and need none of it.
@@ -170,7 +191,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(service_b; given again, service_c and service_d), interleaved with the others: an A/B of a setting. "
         f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
         "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
-        "and may land on another worker)",
+        "and may land on another worker). "
+        f"`{SOURCE} PATH` runs that service from the packages of the checkout at PATH (e.g. a git worktree "
+        "of the commit before a change): an A/B of code, interleaved; "
+        f"`{ENV} NAME=VALUE` sets an environment variable of that service (e.g. PGOPTIONS)",
     )
     parser.add_argument(
         "--keep-stage-records",
@@ -842,8 +866,18 @@ def main(argv: list[str] | None = None) -> int:
                         at = flags.index(CLOSE_EVERY)
                         b_env[stages.CLOSE_EVERY_ENV] = flags[at + 1]
                         del flags[at : at + 2]
+                    while ENV in flags:
+                        at = flags.index(ENV)
+                        key, _, value = flags[at + 1].partition("=")
+                        b_env[key] = value
+                        del flags[at : at + 2]
+                    if SOURCE in flags:
+                        at = flags.index(SOURCE)
+                        root = str(Path(stages.__file__).resolve().parents[1])
+                        b_env["PYTHONPATH"] = f"{source_path(flags[at + 1], out, variant)}:{root}"
+                        del flags[at : at + 2]
                     b_url = throughput.with_application_name(database, throughput.SERVICE_MODES[variant])
-                    b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {}
+                    b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {"env": b_env}
                     b = b_stack.enter_context(
                         run_service(out, "--database", b_url, *scaled_args, *flags, **b_traced)
                     )

@@ -22,6 +22,12 @@ Modes:
   ``PostgresSaver`` with the service's verbatim serde) making the same calls.
 * ``stock``: the CPU time of those stock saver calls (on PostgreSQL also ``AsyncPostgresSaver`` on the
   event loop).
+* ``statements``: on PostgreSQL, the statements each route's requests send (counted in the process, by
+  their first words) and the transactions they commit (``pg_stat_database.xact_commit`` of the database,
+  read before and after each route's batches, after PostgreSQL's one-second stats interval).
+* ``delivery``: on PostgreSQL, the deliverer alone: rounds of ``--namespaces`` threads' pruned messages
+  (two each) recorded, then claimed and delivered by the default extractor into the backend's store; the
+  CPU time per delivered message (best and median of ``--rounds``) and the statements a claim sends.
 * ``hop``: the worker-thread hop alone: a no-op through ``SaverPool.call`` and ``loop.run_in_executor``
   against an inline call, wall and CPU time per call.
 
@@ -31,6 +37,8 @@ the worker-thread hop.
     python -m benchmarks.service_instructions --mode cpu
     python -m benchmarks.service_instructions --mode callgrind --database postgresql://postgres@127.0.0.1/db
     python -m benchmarks.service_instructions --mode groups --database postgresql://postgres@127.0.0.1/db
+    python -m benchmarks.service_instructions --mode statements --database postgresql://postgres@127.0.0.1/db
+    python -m benchmarks.service_instructions --mode delivery --database postgresql://postgres@127.0.0.1/db
 """
 
 from __future__ import annotations
@@ -184,6 +192,10 @@ async def _measure(
         results = await _stock_cpu(app, batches, database, rounds)
         app.state.service.close()
         return results
+    if mode == "statements":
+        results = await _statements(app, batches, database)
+        app.state.service.close()
+        return results
     if mode == "groups":
         shim = _load_shim()
         shim.rs_start()
@@ -216,6 +228,78 @@ async def _measure(
                 "cpu_us_median": round(statistics.median(per_request), 1),
             }
     app.state.service.close()
+    return results
+
+
+def _statement_kind(query: Any, cursor: Any = None) -> str:
+    """A statement's first words, enough to tell the service's statements apart."""
+    text = query.as_string(cursor) if hasattr(query, "as_string") else query
+    if isinstance(text, bytes):
+        text = text.decode()
+    words = " ".join(str(text).split()).split(" ")
+    head = " ".join(words[:2])
+    for keyword in ("INTO", "FROM", "UPDATE"):
+        if keyword in words[:12]:
+            at = words.index(keyword)
+            return f"{head} .. {keyword} {words[at + 1] if at + 1 < len(words) else ''}".strip()
+    return " ".join(words[:4])
+
+
+async def _statements(
+    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str
+) -> dict[str, Any]:
+    """``statements`` mode: per route, the statements sent and the transactions committed per request."""
+    import collections
+
+    import psycopg
+
+    if database.startswith("memory"):
+        raise SystemExit("statements mode needs --database postgresql://...")
+    counts: collections.Counter[str] = collections.Counter()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[_statement_kind(query, self)] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        params_seq = list(params_seq)
+        counts[_statement_kind(query, self)] += len(params_seq)
+        return executemany(self, query, params_seq, *args, **kwargs)
+
+    name = database.rsplit("/", 1)[1].split("?")[0]
+    server = database.rsplit("/", 1)[0]
+    monitor = psycopg.connect(f"{server}/postgres", autocommit=True)
+
+    def committed() -> int:
+        time.sleep(1.2)  # backends report their counters at most once a second
+        row = monitor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (name,)
+        ).fetchone()
+        return int(row[0])
+
+    for route in ROUTES:  # the warm-up batch, uncounted
+        await _replay(app, batches[route][0])
+    psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
+    results: dict[str, Any] = {}
+    try:
+        for route in ROUTES:
+            requests = [request for batch in batches[route][1:] for request in batch]
+            counts.clear()
+            before = committed()
+            await _replay(app, requests)
+            transactions = committed() - before
+            results[route] = {
+                "requests": len(requests),
+                "transactions": round(transactions / len(requests), 2),
+                "statements": round(sum(counts.values()) / len(requests), 2),
+                "by_statement": {
+                    kind: round(count / len(requests), 2) for kind, count in counts.most_common()
+                },
+            }
+    finally:
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+        monitor.close()
     return results
 
 
@@ -819,11 +903,79 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
     return out
 
 
+def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
+    """``delivery`` mode (see the module's docstring)."""
+    import collections
+
+    import psycopg
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from reducing_saver.service.extraction.deliverer import Deliverer
+    from reducing_saver.service.extraction.extractors import StoreExtractor
+    from reducing_saver.service.storage import open_backend
+    from reducing_saver.service.storage.outbox import make_entries
+
+    if database.startswith(("memory", "sqlite")):
+        raise SystemExit("delivery mode needs --database postgresql://...")
+    backend = open_backend(database, pool_size=2, timeout=30.0)
+    outbox, store = backend.outbox(), backend.store()
+    deliverer = Deliverer(outbox, StoreExtractor(store))
+    counts: collections.Counter[str] = collections.Counter()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[_statement_kind(query, self)] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        params_seq = list(params_seq)
+        counts[_statement_kind(query, self)] += len(params_seq)
+        return executemany(self, query, params_seq, *args, **kwargs)
+
+    run = uuid.uuid4().hex[:8]
+    per_message: list[float] = []
+    statements: list[int] = []
+    try:
+        for round_ in range(rounds + 1):  # the first warms up
+            for index in range(namespaces):
+                messages = [
+                    HumanMessage(f"question {round_}-{index} " + "x" * 200, id=f"h-{run}-{round_}-{index}"),
+                    AIMessage(f"answer {round_}-{index} " + "y" * 400, id=f"a-{run}-{round_}-{index}"),
+                ]
+                outbox.record(
+                    make_entries(
+                        messages, ("memories", f"user-{index}"), thread_id=f"t-{index}", checkpoint_id="c"
+                    )
+                )
+            counts.clear()
+            psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
+            used = time.process_time()
+            try:
+                delivered = deliverer.run_once()
+            finally:
+                psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+            if round_ and delivered:
+                per_message.append((time.process_time() - used) * 1e6 / delivered)
+                statements.append(sum(counts.values()))
+    finally:
+        backend.close()
+    return {
+        "messages_a_claim": 2 * namespaces,
+        "namespaces_a_claim": namespaces,
+        "cpu_us_per_message_best": round(min(per_message), 1),
+        "cpu_us_per_message_median": round(statistics.median(per_message), 1),
+        "statements_a_claim": statistics.median(statements),
+        "by_statement_last_claim": dict(counts.most_common()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--database", default="memory://")
     parser.add_argument(
-        "--mode", choices=("cpu", "callgrind", "profile", "groups", "hop", "stock"), default="cpu"
+        "--mode",
+        choices=("cpu", "callgrind", "profile", "groups", "hop", "stock", "statements", "delivery"),
+        default="cpu",
     )
     parser.add_argument(
         "--conversations", type=int, default=8, help="recorded conversations of 12 turns each"
@@ -837,6 +989,9 @@ def main() -> None:
         "--inline",
         action="store_true",
         help="cpu, callgrind: the saver calls on the loop's thread (without the worker-thread hop)",
+    )
+    parser.add_argument(
+        "--namespaces", type=int, default=8, help="delivery: threads pruned per claim (two messages each)"
     )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -852,6 +1007,9 @@ def main() -> None:
         runner: Any = uvloop.run
     except ImportError:
         runner = asyncio.run
+    if args.mode == "delivery":
+        print(json.dumps(_delivery(args.database, args.namespaces, max(args.rounds, 5)), indent=1))
+        return
     if args.mode == "hop":
         print(json.dumps(runner(_hop(5000, max(args.rounds, 5))), indent=1))
         return

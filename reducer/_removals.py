@@ -166,6 +166,20 @@ class Removals:
             while len(self._last) > self._threads:
                 self._last.popitem(last=False)
 
+    def carry(self, thread_id: str, checkpoint_ns: str, parent_id: str | None, checkpoint_id: str) -> None:
+        """A put of checkpoint ``checkpoint_id`` that does not write the messages channel keeps its parent's
+        list: the note of ``parent_id``, when it is the one held, stands for the new checkpoint too, and a
+        first checkpoint (no parent) holds no message (so the thread's next put finds its state before the
+        step without reading its parent)."""
+        if parent_id is None:
+            self.note(thread_id, checkpoint_ns, checkpoint_id, ())
+            return
+        with self._lock:
+            held = self._last.get((thread_id, checkpoint_ns))
+            if held is not None and held[0] == parent_id:
+                self._last[(thread_id, checkpoint_ns)] = (checkpoint_id, held[1])
+                self._last.move_to_end((thread_id, checkpoint_ns))
+
     def forget_thread(self, thread_id: str) -> None:
         with self._lock:
             for key in [key for key in self._last if key[0] == thread_id]:

@@ -299,7 +299,17 @@ class ReducingSaver(BaseCheckpointSaver):
         decoded: Any = None,
         records: RecordPruned | None = None,
     ) -> Checkpoint:
-        if self.passthrough or self.messages_key not in new_versions:
+        if self.passthrough:
+            return checkpoint
+        if self.messages_key not in new_versions:
+            if self.removals is not None:  # the list is the parent's: its note carries over
+                configurable = config["configurable"]
+                self.removals.carry(
+                    str(configurable["thread_id"]),
+                    str(configurable.get("checkpoint_ns") or ""),
+                    configurable.get("checkpoint_id"),
+                    checkpoint["id"],
+                )
             return checkpoint
         record_pruned = self.record_pruned if records is None else records
         decoded = self._removed(config, checkpoint, new_versions, decoded, record_pruned)

@@ -124,11 +124,15 @@ class Deliverer(LeasedWorker):
         delivered = 0
         stopped = False
         try:
-            for namespace, group in groupby(entries, key=lambda e: e.namespace):
+            groups = [
+                (namespace, list(group)) for namespace, group in groupby(entries, key=lambda e: e.namespace)
+            ]
+            delivered, groups = self._deliver_together(groups, claim)
+            for namespace, group in groups:
                 if self.stopping():
                     stopped = True
                     break
-                delivered += self._deliver_group(namespace, list(group), claim)
+                delivered += self._deliver_group(namespace, group, claim)
         finally:
             renewer.stop()
         if stopped:
@@ -140,6 +144,34 @@ class Deliverer(LeasedWorker):
         """One :meth:`run_once`; whether it claimed a full batch (more may be waiting)."""
         self.run_once()
         return self.last_claimed >= self.batch_size
+
+    def _deliver_together(
+        self, groups: list[tuple[tuple[str, ...], list[OutboxEntry]]], claim: _Claim
+    ) -> tuple[int, list[tuple[tuple[str, ...], list[OutboxEntry]]]]:
+        """Hand several namespace groups to the extractor at once when it can take them
+        (``extract_groups``, the store extractor's: one store write for them all), and complete them in one
+        statement. Groups holding deletions or rows claimed too often, and every group when that call
+        fails, are left for :meth:`_deliver_group` (one group at a time, as for any extractor).
+
+        Returns:
+            How many rows were delivered, and the groups left.
+        """
+        extract_groups = getattr(self.extractor, "extract_groups", None)
+        plain = [
+            (namespace, group)
+            for namespace, group in groups
+            if all(e.message is not None and e.attempts <= self.max_attempts for e in group)
+        ]
+        if extract_groups is None or len(plain) < 2 or self.stopping():
+            return 0, groups
+        try:
+            extract_groups(plain)
+        except Exception as exc:  # each group again on its own: a failure is then that group's alone
+            logger.debug("extractor %r failed on %d groups at once: %s", self.extractor, len(plain), exc)
+            return 0, groups
+        delivered = self._complete([e for _, group in plain for e in group], claim)
+        together = {namespace for namespace, _ in plain}
+        return delivered, [(namespace, group) for namespace, group in groups if namespace not in together]
 
     def _deliver_group(self, namespace: tuple[str, ...], group: list[OutboxEntry], claim: _Claim) -> int:
         crashed = [e for e in group if e.attempts > self.max_attempts]

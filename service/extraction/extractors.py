@@ -57,7 +57,8 @@ class StoreExtractor:
     (``{"type": ..., "data": <the dict>}`` for message classes the service does not know). A value holding
     U+0000 anywhere is stored escaped and marked ``"nul_escaped": true``
     (``reducing_saver.wire.nul``; ``decode_memory_value`` restores it). Idempotent:
-    delivering a message again overwrites its item. One ``store.batch`` per namespace group.
+    delivering a message again overwrites its item. One ``store.batch`` per namespace group, or for several
+    groups at once (:meth:`extract_groups`).
 
     Args:
         store: Any sync-capable ``BaseStore`` (PostgresStore, SqliteStore, InMemoryStore).
@@ -87,6 +88,17 @@ class StoreExtractor:
             if _is_data_error(exc):
                 raise PermanentExtractionError(f"{type(exc).__name__}: {exc}") from exc
             raise
+
+    def extract_groups(self, groups: list[tuple[tuple[str, ...], list[OutboxEntry]]]) -> None:
+        """Every group's messages in one ``store.batch`` (one transaction on PostgreSQL), as ``__call__``
+        stores each group. The deliverer calls it with the namespace groups of one claim, and on any failure
+        hands each group to ``__call__`` on its own (a put repeated overwrites its item)."""
+        ttl = (getattr(self.store, "ttl_config", None) or {}).get("default_ttl")
+        ops = []
+        for namespace, entries in groups:
+            validate_namespace(namespace)
+            ops += [PutOp(tuple(namespace), entry.key, self.value(entry), ttl=ttl) for entry in entries]
+        self.store.batch(ops)
 
     def forget(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
         """Remove the entries' keys from the store (a message the agent deleted on purpose)."""

@@ -385,6 +385,43 @@ def test_service_instructions_cpu_mode_measures_every_route() -> None:
         assert positive(route["cpu_us_best"]) and route["cpu_us_median"] >= route["cpu_us_best"]
 
 
+def _instructions(*args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.service_instructions", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def test_service_instructions_statements_mode_counts_a_puts_statements(fresh_pg: str) -> None:
+    """`--mode statements` (PostgreSQL): a put sends its blobs and its row, in at least one transaction (the
+    service's work by the second counts too); a read of the latest checkpoint one statement."""
+    figures = _instructions(
+        "--mode", "statements", "--conversations", "2", "--rounds", "1", "--database", fresh_pg
+    )
+    put, get = figures["/v1/checkpoints/put"], figures["/v1/checkpoints/get"]
+    assert put["by_statement"]["INSERT INTO .. INTO checkpoints"] == 1.0
+    assert put["statements"] >= 2 and put["transactions"] >= 1
+    assert get["statements"] >= 1 and positive(get["transactions"])
+
+
+def test_service_instructions_delivery_mode_writes_a_claim_in_three_statements(fresh_pg: str) -> None:
+    """`--mode delivery` (PostgreSQL): a claim over several namespaces is one claim, one store write and
+    one completion."""
+    figures = _instructions(
+        "--mode", "delivery", "--namespaces", "4", "--rounds", "5", "--database", fresh_pg
+    )
+    assert figures["messages_a_claim"] == 8
+    assert figures["statements_a_claim"] == 3
+    assert positive(figures["cpu_us_per_message_best"])
+
+
 @pytest.mark.parametrize("program", ["stock_service", "service"])
 def test_stock_service_does_none_of_the_services_work(program: str, fresh_pg: str, tmp_path: Path) -> None:
     """The stock-saver service (the floor under the service's figures) stores what the client sent through

@@ -150,3 +150,40 @@ def test_a_message_removed_and_added_again_is_delivered_once_per_removal_key() -
     graph.update_state(config, {"messages": [RemoveMessage(id="h-1")]})
     graph.update_state(config, {"messages": [HumanMessage("q 1", id="h-1")]})
     assert memory.delivered == ["h-1"]  # the hooks see each removal; the service's outbox keeps one per key
+
+
+class _CountingSaver(InMemorySaver):
+    """InMemorySaver noting the reads of one named checkpoint (a checkpoint id in the config)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named_reads = 0
+
+    def get_tuple(self, config):
+        if config["configurable"].get("checkpoint_id"):
+            self.named_reads += 1
+        return super().get_tuple(config)
+
+
+def test_the_turns_of_a_thread_this_process_stored_read_no_parent_checkpoint() -> None:
+    # A turn's first put (the input) does not write the messages channel; the note of the list before it
+    # carries over, so the step's puts find the state before them without reading a parent checkpoint.
+    memory = _Memory()
+    inner = _CountingSaver()
+    reducer = MessageReducer(ReducerConfig(max_messages=1000, on_prune=[memory.hook]))
+    graph = _graph(
+        ReducingSaver(inner, reducer, removals=Removals(forget=memory.forget)), _Added, lambda m: []
+    )
+    config = {"configurable": {"thread_id": "t"}}
+    for turn in range(1, 7):
+        graph.invoke({"messages": [HumanMessage(f"q {turn}", id=f"h-{turn}")]}, config)
+    assert inner.named_reads == 0
+    # Another process (no note) reads the parent once, then carries its note; a removal still reaches memory.
+    again = _Memory()
+    reducer = MessageReducer(ReducerConfig(max_messages=1000, on_prune=[again.hook]))
+    fresh = _graph(
+        ReducingSaver(inner, reducer, removals=Removals(forget=again.forget)), _Added, _trim_to_last(4)
+    )
+    fresh.invoke({"messages": [HumanMessage("q 7", id="h-7")]}, config)
+    assert inner.named_reads == 2  # the step's first put, and the trim's content (the note holds keys only)
+    assert again.delivered == ["h-1", "ai-1", "h-2", "ai-2", "h-3", "ai-3", "h-4", "ai-4", "h-5", "ai-5"]

@@ -548,3 +548,44 @@ def test_a_woken_deliverer_lingers_so_one_batch_covers_the_rows_of_many_puts(lin
         assert batches == [10]  # all five puts' rows in one claim
     else:
         assert len(batches) >= 4  # each wake claims what one put recorded
+
+
+class _CountingStore(InMemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def batch(self, ops):
+        self.batches += 1
+        return super().batch(ops)
+
+
+class _CountingCompletions(MemoryOutbox):
+    def __init__(self) -> None:
+        super().__init__()
+        self.completions = 0
+
+    def complete(self, worker_id, keys):
+        self.completions += 1
+        return super().complete(worker_id, keys)
+
+
+def test_the_store_extractor_takes_every_namespace_of_a_claim_in_one_store_write():
+    outbox = _CountingCompletions()
+    outbox.record([e for n in range(5) for e in human_entries(2, namespace=("memories", f"user-{n}"))])
+    store = _CountingStore()
+    assert Deliverer(outbox, StoreExtractor(store)).run_once() == 10
+    assert (store.batches, outbox.completions) == (1, 1)
+    for n in range(5):
+        assert [item.key for item in store.search(("memories", f"user-{n}"))] == ["m-0000", "m-0001"]
+    assert outbox.status()["delivered"] == 10
+
+
+def test_a_namespace_the_store_refuses_among_others_is_a_dead_letter_and_the_others_are_delivered():
+    outbox = MemoryOutbox()
+    outbox.record([*human_entries(2, namespace=("memories", "user.42")), *human_entries(3)])
+    store = InMemoryStore()
+    assert Deliverer(outbox, StoreExtractor(store), max_attempts=5).run_once() == 3
+    assert [item.key for item in store.search(NS)] == ["m-0000", "m-0001", "m-0002"]
+    dead = outbox.dead_letters()
+    assert len(dead) == 2 and all("PermanentExtractionError" in e.last_error for e in dead)
