@@ -34,6 +34,8 @@ from benchmarks.agent import VARIANTS
 
 #: In ``--ab-args``: the connection-churn experiment (``benchmarks/stages.py``), not a ``serve`` flag.
 CLOSE_EVERY = "--close-every"
+#: In ``--ab-args``: a listening socket per worker in one ``SO_REUSEPORT`` group (``benchmarks/stages.py``).
+REUSE_PORT = "--reuse-port"
 
 # The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
 # re-import this module, and need none of it.
@@ -170,7 +172,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(service_b; given again, service_c and service_d), interleaved with the others: an A/B of a setting. "
         f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
         "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
-        "and may land on another worker)",
+        f"and may land on another worker); `{REUSE_PORT}` is one too: each of that service's workers "
+        "listens on a socket of its own, all in one SO_REUSEPORT group (the kernel spreads new "
+        "connections over them)",
     )
     parser.add_argument(
         "--keep-stage-records",
@@ -842,6 +846,9 @@ def main(argv: list[str] | None = None) -> int:
                         at = flags.index(CLOSE_EVERY)
                         b_env[stages.CLOSE_EVERY_ENV] = flags[at + 1]
                         del flags[at : at + 2]
+                    if REUSE_PORT in flags:
+                        b_env[stages.REUSE_PORT_ENV] = "1"
+                        flags.remove(REUSE_PORT)
                     b_url = throughput.with_application_name(database, throughput.SERVICE_MODES[variant])
                     b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {}
                     b = b_stack.enter_context(
