@@ -56,6 +56,9 @@ def source_path(checkout: str, out: Path, variant: str) -> str:
     return str(folder.parent)
 
 
+#: In ``--ab-args``: a listening socket per worker in one ``SO_REUSEPORT`` group (``benchmarks/stages.py``).
+REUSE_PORT = "--reuse-port"
+
 # The sections import LangGraph and the service lazily, in main(): agent processes are spawned and
 # re-import this module, and need none of it.
 
@@ -191,7 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(service_b; given again, service_c and service_d), interleaved with the others: an A/B of a setting. "
         f"`{CLOSE_EVERY} N` among them is an experiment, not a `serve` flag: that service's workers "
         "answer a random one in N per-step requests with `Connection: close` (the client reconnects, "
-        "and may land on another worker). "
+        f"and may land on another worker); `{REUSE_PORT}` is one too: each of that service's workers "
+        "listens on a socket of its own, all in one SO_REUSEPORT group (the kernel spreads new "
+        "connections over them). "
         f"`{SOURCE} PATH` runs that service from the packages of the checkout at PATH (e.g. a git worktree "
         "of the commit before a change): an A/B of code, interleaved; "
         f"`{ENV} NAME=VALUE` sets an environment variable of that service (e.g. PGOPTIONS)",
@@ -876,6 +881,9 @@ def main(argv: list[str] | None = None) -> int:
                         root = str(Path(stages.__file__).resolve().parents[1])
                         b_env["PYTHONPATH"] = f"{source_path(flags[at + 1], out, variant)}:{root}"
                         del flags[at : at + 2]
+                    if REUSE_PORT in flags:
+                        b_env[stages.REUSE_PORT_ENV] = "1"
+                        flags.remove(REUSE_PORT)
                     b_url = throughput.with_application_name(database, throughput.SERVICE_MODES[variant])
                     b_traced = {**traced, "env": {**traced["env"], **b_env}} if traced else {"env": b_env}
                     b = b_stack.enter_context(

@@ -4,7 +4,8 @@
 installed in every worker process (so does ``python -m benchmarks.stock_service`` when :data:`ENV` names a
 folder). The service's code is not changed: the tracing wraps ``HotPath.__call__``, ``SaverPool.call``,
 ``SaverPool.borrow`` and ``psycopg_pool.ConnectionPool.getconn`` in these processes only, so a service run
-the ordinary way carries none of it.
+the ordinary way carries none of it. With :data:`REUSE_PORT_ENV` set it also runs an experiment of the
+accept path, :func:`reuse_port` (a listening socket per worker process).
 
 For each request of ``get_tuple``, ``put`` or ``put_writes`` a worker records, on ``CLOCK_MONOTONIC`` (one
 clock for every process of the machine), in nanoseconds:
@@ -47,6 +48,9 @@ ROLE_ENV = "RS_BENCH_STAGES_ROLE"
 #: An experiment, not the service's behaviour: answer a random one in N per-step requests with
 #: ``Connection: close`` (``--ab-args "--close-every N"``).
 CLOSE_EVERY_ENV = "RS_BENCH_CLOSE_EVERY"
+#: An experiment, not the service's behaviour: each worker process listens on a socket of its own, all of
+#: them in one ``SO_REUSEPORT`` group on the service's port (``--ab-args --reuse-port``; :func:`reuse_port`).
+REUSE_PORT_ENV = "RS_BENCH_REUSE_PORT"
 #: The header carrying the agent's send time (``time.monotonic_ns()``).
 HEADER = "x-bench-sent"
 _HEADER = HEADER.encode()
@@ -189,6 +193,60 @@ def install_from_env(role: str) -> None:
         install(folder, os.environ.get(ROLE_ENV, role))
 
 
+def reuse_port(worker: bool) -> None:
+    """A listening socket per worker process, in one ``SO_REUSEPORT`` group (the kernel hashes each new
+    connection to one of the group's listening sockets), instead of one socket every worker accepts from.
+
+    In the supervisor, ``serve``'s socket is bound with ``SO_REUSEPORT`` and never listens (a socket that
+    does not listen is in no group: it holds the port and gets no connection). In each worker, before
+    uvicorn starts serving, the inherited socket is closed and a new one bound to the same address, which
+    uvicorn then listens on: a worker that dies takes its socket out of the group, its replacement adds one.
+    ``worker``: whether this process is a worker (this module imported as ``__mp_main__``).
+    """
+    import socket
+
+    def reusing(family: int) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        return sock
+
+    if not worker:
+        from reducing_saver.service import cli
+
+        bind = cli._bind
+
+        def reuse_bind(host: str, port: int) -> socket.socket:
+            sock = reusing(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                return bind(host, port)  # its error message
+            sock.set_inheritable(True)
+            return sock
+
+        cli._bind = reuse_bind
+        return
+
+    import uvicorn
+
+    startup = uvicorn.Server.startup
+
+    async def own_socket_startup(self: Any, sockets: list[socket.socket] | None = None) -> None:
+        if sockets:
+            own = []
+            for inherited in sockets:
+                sock = reusing(inherited.family)
+                sock.bind(inherited.getsockname()[:2])
+                inherited.close()
+                own.append(sock)
+            sockets = own
+        await startup(self, sockets)
+
+    uvicorn.Server.startup = own_socket_startup  # type: ignore[method-assign]
+
+
 # -- the parent's side ----------------------------------------------------------------------------------
 
 
@@ -298,6 +356,8 @@ def summarize(records: Iterable[tuple[int, ...]], client: dict[int, tuple[int, i
 # imports its parent's main module as ``__mp_main__`` before it builds the app).
 if __name__ in ("__main__", "__mp_main__"):
     install_from_env("service")
+    if os.environ.get(REUSE_PORT_ENV):
+        reuse_port(worker=__name__ == "__mp_main__")
 
 if __name__ == "__main__":
     import sys

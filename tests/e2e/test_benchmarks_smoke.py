@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -451,3 +452,69 @@ def test_stock_service_does_none_of_the_services_work(program: str, fresh_pg: st
     with running as service:
         counts = asyncio.run(kept(service.url))
     assert counts == ([8] * 8 if program == "stock_service" else [4] * 8)
+
+
+def _listening(port: int) -> dict[int, set[int]]:
+    """The sockets listening on ``port`` (IPv4), by inode, and the processes holding each (from /proc)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            inodes.add(int(fields[9]))
+    holders: dict[int, set[int]] = {inode: set() for inode in inodes}
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            links = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:  # gone, or not ours
+            continue
+        for link in links:
+            if link.startswith("socket:[") and int(link[8:-1]) in holders:
+                holders[int(link[8:-1])].add(int(fd_dir.parent.name))
+    return holders
+
+
+@pytest.mark.parametrize("reuse_port", [True, False])
+def test_reuse_port_experiment_gives_each_worker_a_socket(
+    reuse_port: bool, fresh_pg: str, tmp_path: Path
+) -> None:
+    """`--ab-args --reuse-port` (benchmarks.stages): each worker listens on a socket of its own, the
+    supervisor on none, and new connections reach both workers; without it the processes share one socket."""
+    import asyncio
+
+    from benchmarks import stages
+    from reducing_saver.client import RemoteReducingSaver
+    from tests.support.server import run_service
+
+    records = tmp_path / "stages"
+    records.mkdir()
+    env = {stages.ENV: str(records), **({stages.REUSE_PORT_ENV: "1"} if reuse_port else {})}
+
+    async def read_from_new_clients(url: str) -> None:
+        for number in range(16):  # a client (and connection) each
+            async with RemoteReducingSaver(url) as saver:
+                await saver.aget_tuple(
+                    {"configurable": {"thread_id": f"reuse-{number}", "checkpoint_ns": ""}}
+                )
+
+    program = (sys.executable, "-m", "benchmarks.stages")
+    with run_service(tmp_path, "--database", fresh_pg, "--workers", "2", env=env, program=program) as service:
+        port = int(service.url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while True:  # /readyz answers once one worker is up; wait for both
+            sockets = _listening(port)
+            processes = set().union(*sockets.values())
+            if len(processes - {service.process.pid}) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        asyncio.run(read_from_new_clients(service.url))
+        time.sleep(1.0)  # the workers write their records every half second
+        served = {path.stem for path in records.glob("service-*.tsv") if path.read_text()}
+    supervisor = service.process.pid
+    if reuse_port:
+        assert len(sockets) == 2, sockets
+        holders = [pids for pids in sockets.values()]
+        assert all(len(pids) == 1 for pids in holders) and supervisor not in set().union(*holders), holders
+        assert len(served) == 2, served
+    else:
+        assert len(sockets) == 1, sockets
+        assert supervisor in next(iter(sockets.values())), sockets
