@@ -50,7 +50,7 @@ class MemoryBackend:
     ) -> list[InMemoryLifecycleSaver]:
         """The one saver, keeping ``keep_checkpoints``; ``latest_cache`` is not used: every read is from
         memory already."""
-        self.saver.keep_checkpoints = keep_checkpoints
+        self.saver.set_keep_checkpoints(keep_checkpoints)
         return [self.saver]
 
     def outbox(self) -> MemoryOutbox:

@@ -53,14 +53,21 @@ class _Changes:
 class InMemoryLifecycleSaver(InMemorySaver):
     """InMemorySaver with ``copy_thread``, ``delete_for_runs`` and ``prune`` and their async twins.
 
-    Constructed exactly like InMemorySaver. Every method runs under one re-entrant lock (``lock``), so
-    the lifecycle methods, which compute all their changes before applying any, are atomic to every
-    other call. ``list`` collects its results under the lock and yields them after, newest first across
-    threads and namespaces.
+    Constructed like InMemorySaver (its keyword arguments), plus ``keep_checkpoints``. Every method runs
+    under one re-entrant lock (``lock``), so the lifecycle methods, which compute all their changes before
+    applying any, are atomic to every other call. ``list`` collects its results under the lock and yields
+    them after, newest first across threads and namespaces.
 
     Args:
+        serde: InMemorySaver's: the serializer.
+        factory: InMemorySaver's: the mapping its storage is made of.
         keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
-    was_pruned,
+            branch heads and the ancestors their DeltaChannels are rebuilt from (see ``lifecycle``);
+            ``None`` keeps every one. A put's ``config["configurable"]["keep_checkpoints"]`` overrides it
+            for that thread. ``set_keep_checkpoints`` changes it.
+
+    What the policy deleted stays known (``pruned_through``): ``get_tuple``, ``list`` and a ``put``
+    naming a deleted checkpoint raise ``CheckpointPrunedError`` (see ``lifecycle``).
     """
 
     #: ``put`` stores the values of the channels in ``new_versions``; a read finds every other channel's
@@ -83,6 +90,11 @@ class InMemoryLifecycleSaver(InMemorySaver):
         #: namespace this saver removes (``delete_thread``, ``delete_for_runs``, ``prune``, kept counts)
         #: loses its summary steps under the lock, right after.
         self.summary_book: Any = None
+
+    def set_keep_checkpoints(self, keep_checkpoints: int | None) -> None:
+        """Keep only the newest ``keep_checkpoints`` checkpoints from the next put on (see Args; ``None``:
+        every one). The memory backend's one saver exists before the service's settings reach it."""
+        self.keep_checkpoints = keep_checkpoints
 
     # -- the base methods, under the lock ----------------------------------------------------------
 

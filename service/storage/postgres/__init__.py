@@ -126,15 +126,19 @@ class PostgresBackend:
     def savers(
         self, count: int, latest_cache: LatestCache | None = None, *, keep_checkpoints: int | None = None
     ) -> list[PostgresLifecycleSaver]:
-        savers = [PostgresLifecycleSaver(self.pool, serde=VerbatimSerde()) for _ in range(count)]
-        for saver in savers:
-            # The service's tables are there (setup): a thread's summary steps go with it, and what
-            # --keep-checkpoints deletes is recorded.
-            saver.summaries_table = SUMMARIES_TABLE
-            saver.pruned_table = PRUNED_TABLE
-            saver.latest_cache = latest_cache
-            saver.keep_checkpoints = keep_checkpoints
-        return savers
+        # The service's tables are there (setup): a thread's summary steps go with it, and what
+        # --keep-checkpoints deletes is recorded.
+        return [
+            PostgresLifecycleSaver(
+                self.pool,
+                serde=VerbatimSerde(),
+                keep_checkpoints=keep_checkpoints,
+                pruned_table=PRUNED_TABLE,
+                summaries_table=SUMMARIES_TABLE,
+                latest_cache=latest_cache,
+            )
+            for _ in range(count)
+        ]
 
     def outbox(self) -> PostgresOutbox:
         self._own_schema()

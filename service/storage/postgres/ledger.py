@@ -305,11 +305,15 @@ class _PgSession:
 
         if self._prune_conn is None or self._prune_conn.closed:
             self._prune_conn = connect(self.ledger.database, self.ledger.options)
-            self._saver = PostgresLifecycleSaver(self._prune_conn, serde=VerbatimSerde())
             # The summary steps of the subgraph calls keep_latest deletes go right after it; a deleted
-            # thread's record of what --keep-checkpoints deleted goes with it.
-            self._saver.summaries_table = SUMMARIES_TABLE
-            self._saver.pruned_table = PRUNED_TABLE
+            # thread's record of what --keep-checkpoints deleted goes with it (the ledger's tables are
+            # set up: PostgresBackend.ledger).
+            self._saver = PostgresLifecycleSaver(
+                self._prune_conn,
+                serde=VerbatimSerde(),
+                pruned_table=PRUNED_TABLE,
+                summaries_table=SUMMARIES_TABLE,
+            )
         return self._saver
 
     def measure(self, thread_id: str) -> int:

@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from langgraph.checkpoint.postgres.base import PRUNE_DELETE_THREADS_SQL, PRUNE_DELTA_THREADS_SQL
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.rows import dict_row
 
 from reducing_saver.service.storage.latest import LatestCache
@@ -120,31 +121,40 @@ def _versions_by_group(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str
 
 
 class PostgresLifecycleSaver(PostgresSaver):
-    """PostgresSaver with ``copy_thread`` and ``delete_for_runs``; constructed exactly like it.
+    """PostgresSaver with ``copy_thread`` and ``delete_for_runs``; constructed like it (``conn``, ``pipe``
+    and ``serde`` as PostgresSaver takes them), with the service's settings as keyword arguments.
 
     Each method runs in one transaction on one connection, under the saver's lock, as
     ``PostgresSaver.prune`` does. Only the sync methods exist, as on PostgresSaver.
 
-    ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
-    of each thread and namespace, plus branch heads (see ``lifecycle``); a put's
-    ``config["configurable"]["keep_checkpoints"]`` overrides it for that thread.
-
-    ``latest_cache`` (an attribute, ``None`` by default; the service's savers share one): ``get_tuple``
-    of a thread's latest checkpoint is answered from it when one query proves the database still holds
-    exactly the rows it records (``postgres/latest.py``); puts keep it up to date, put_writes to the
-    checkpoint it holds mark that checkpoint's writes unknown (its next read is a full one).
+    Args:
+        conn: PostgresSaver's: a connection or a connection pool.
+        pipe: PostgresSaver's: a pipeline of ``conn`` (a connection only).
+        serde: PostgresSaver's: the serializer.
+        keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
+            branch heads and the ancestors their DeltaChannels are rebuilt from (see ``lifecycle``);
+            ``None`` keeps every one. A put's ``config["configurable"]["keep_checkpoints"]`` overrides it
+            for that thread.
+        pruned_table: The service's table of what the keep-checkpoints policy deleted
+            (``lifecycle.PRUNED_TABLE``), when the database has it: each prune records there in its
+            transaction, ``get_tuple`` and ``list`` of a deleted checkpoint raise ``CheckpointPrunedError``,
+            and so does a put naming one as parent (checked first in the put's own pipeline);
+            ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take the record along. ``None``:
+            nothing.
+        summaries_table: The service's table of running-summary steps (``service/storage/summaries.py``),
+            when the database has it: ``delete_for_runs`` and ``prune`` then delete the steps of the
+            namespaces they leave without a checkpoint, in their own transaction (``prune("keep_latest")``:
+            right after it). ``None``: nothing.
+        latest_cache: The process's latest-checkpoint cache (the service's savers share one): ``get_tuple``
+            of a thread's latest checkpoint is answered from it when one query proves the database still
+            holds exactly the rows it records (``postgres/latest.py``); puts keep it up to date, put_writes
+            to the checkpoint it holds mark that checkpoint's writes unknown (its next read is a full one).
+            ``None``: every read is from the database.
     """
 
+    #: The settings (see Args).
     keep_checkpoints: int | None = None
-    #: The service's table of what the keep-checkpoints policy deleted (``lifecycle.PRUNED_TABLE``), when
-    #: the database has it: each prune records there in its transaction, ``get_tuple`` and ``list`` of a
-    #: deleted checkpoint raise ``CheckpointPrunedError``, and so does a put naming one as parent (checked
-    #: first in the put's own pipeline); ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take
-    #: the record along. ``None``: nothing.
     pruned_table: str | None = None
-    #: The service's table of running-summary steps (``service/storage/summaries.py``), when the database has
-    #: it: ``delete_for_runs`` and ``prune`` then delete the steps of the namespaces they leave without a
-    #: checkpoint, in their own transaction (``prune("keep_latest")``: right after it). ``None``: nothing.
     summaries_table: str | None = None
     latest_cache: LatestCache | None = None
     #: A view's (``_view``): the plan of the write it was made for, until its pipeline runs it.
@@ -166,6 +176,23 @@ class PostgresLifecycleSaver(PostgresSaver):
     #: Primitive channel values live inline in the checkpoint row, with no blob row: a database of the
     #: plain era may hold a channel's value only in the row of the checkpoint that wrote it.
     inlines_primitive_values = True
+
+    def __init__(
+        self,
+        conn: _internal.Conn,
+        pipe: psycopg.Pipeline | None = None,
+        serde: SerializerProtocol | None = None,
+        *,
+        keep_checkpoints: int | None = None,
+        pruned_table: str | None = None,
+        summaries_table: str | None = None,
+        latest_cache: LatestCache | None = None,
+    ) -> None:
+        super().__init__(conn, pipe, serde)
+        self.keep_checkpoints = keep_checkpoints
+        self.pruned_table = pruned_table
+        self.summaries_table = summaries_table
+        self.latest_cache = latest_cache
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and pending write of a thread to another thread id.

@@ -57,7 +57,11 @@ class SqliteBackend:
         self._schema_checked = False
         self._store_set_up = False
         self._conn = connect(path, create=create)
-        self.saver = SqliteLifecycleSaver(self._conn, serde=VerbatimSerde())
+        # The saver names the service's tables from the start: the backend hands it out only once they
+        # are there (savers() after setup(), ledger() after _own_schema()).
+        self.saver = SqliteLifecycleSaver(
+            self._conn, serde=VerbatimSerde(), pruned_table=PRUNED_TABLE, summaries_table=SUMMARIES_TABLE
+        )
         self._closers: list[Callable[[], object]] = [self._conn.close]
         self._store: PagingSqliteStore | None = None
         #: SqliteStore's ``index`` and ``ttl`` (``service/configuration/store.py``).
@@ -120,11 +124,7 @@ class SqliteBackend:
     ) -> list[SqliteLifecycleSaver]:
         """The one saver (SQLite serializes writers), keeping ``keep_checkpoints``; ``latest_cache`` is not
         used: reads are local."""
-        # The service's tables are there (setup): a thread's summary steps go with its checkpoints, and
-        # what --keep-checkpoints deleted is recorded.
-        self.saver.summaries_table = SUMMARIES_TABLE
-        self.saver.pruned_table = PRUNED_TABLE
-        self.saver.keep_checkpoints = keep_checkpoints
+        self.saver.set_keep_checkpoints(keep_checkpoints)
         return [self.saver]
 
     def outbox(self) -> SqliteOutbox:
@@ -167,8 +167,6 @@ class SqliteBackend:
 
     def ledger(self, *, window: Any, recorder: Any, worker_id: str) -> SqliteLedger:
         self._own_schema()
-        self.saver.summaries_table = SUMMARIES_TABLE
-        self.saver.pruned_table = PRUNED_TABLE
         return SqliteLedger(self.saver, window=window, recorder=recorder, worker_id=worker_id)
 
     def storage(self, selection: Selection, *, messages_key: str) -> list[ThreadStorage]:

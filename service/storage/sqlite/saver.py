@@ -18,6 +18,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_checkpoint_id,
 )
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite._delta import DELTA_STAGE1_SQL, build_delta_stage2_sql
 
@@ -55,7 +56,8 @@ AND json_extract({_SQ_METADATA}, '$.run_id') IN (SELECT value FROM json_each(?))
 
 
 class SqliteLifecycleSaver(SqliteSaver):
-    """SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``; constructed exactly like it.
+    """SqliteSaver with ``copy_thread``, ``delete_for_runs`` and ``prune``; constructed like it (``conn``,
+    and ``serde`` by keyword, as SqliteSaver takes them), with the service's settings as keyword arguments.
 
     Each method is one ``BEGIN IMMEDIATE`` transaction under the saver's lock, rolled back on any error
     (SqliteSaver's own ``cursor()`` commits even when its block raises, so it is not used for these).
@@ -63,19 +65,46 @@ class SqliteLifecycleSaver(SqliteSaver):
     sqlite3's default mode. SqliteSaver keeps the whole checkpoint, values included, in one row: there
     are no blobs to collect. Only the sync methods exist, as on SqliteSaver.
 
-    ``keep_checkpoints`` (an attribute, ``None`` by default) keeps only the newest that many checkpoints
-    was_pruned,
+    Args:
+        conn: SqliteSaver's: the connection.
+        serde: SqliteSaver's: the serializer.
+        keep_checkpoints: Keep only the newest this many checkpoints of each thread and namespace, plus
+            branch heads and the ancestors their DeltaChannels are rebuilt from (see ``lifecycle``);
+            ``None`` keeps every one. A put's ``config["configurable"]["keep_checkpoints"]`` overrides it
+            for that thread. ``set_keep_checkpoints`` changes it.
+        pruned_table: The service's table of what the keep-checkpoints policy deleted
+            (``lifecycle.PRUNED_TABLE``), when the file has it: prunes record there, ``get_tuple``, ``list``
+            and a ``put`` naming a deleted checkpoint raise ``CheckpointPrunedError``, and
+            ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take the record along. ``None``:
+            nothing.
+        summaries_table: The service's table of running-summary steps (``storage/summaries.py``), when the
+            file has it: ``delete_for_runs`` and ``prune`` then delete, in their transaction, the steps of
+            the namespaces they leave without a checkpoint. ``None``: nothing.
     """
 
+    #: The settings (see Args).
     keep_checkpoints: int | None = None
-    #: The service's table of what the keep-checkpoints policy deleted (``lifecycle.PRUNED_TABLE``), when
-    #: the file has it: prunes record there, reads and puts of a deleted checkpoint are refused, and
-    #: ``delete_thread``, ``prune("delete")`` and ``copy_thread`` take the record along. ``None``: nothing.
     pruned_table: str | None = None
-    #: The service's table of running-summary steps (``storage/summaries.py``), when the database has
-    #: it: ``delete_for_runs`` and ``prune`` then delete, in their transaction, the steps of the namespaces
-    #: they leave without a checkpoint. ``None``: nothing.
     summaries_table: str | None = None
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        serde: SerializerProtocol | None = None,
+        keep_checkpoints: int | None = None,
+        pruned_table: str | None = None,
+        summaries_table: str | None = None,
+    ) -> None:
+        super().__init__(conn, serde=serde)
+        self.keep_checkpoints = keep_checkpoints
+        self.pruned_table = pruned_table
+        self.summaries_table = summaries_table
+
+    def set_keep_checkpoints(self, keep_checkpoints: int | None) -> None:
+        """Keep only the newest ``keep_checkpoints`` checkpoints from the next put on (see Args; ``None``:
+        every one). The SQLite backend's one saver exists before the service's settings reach it."""
+        self.keep_checkpoints = keep_checkpoints
 
     def put(
         self,

@@ -295,6 +295,23 @@ def test_the_config_overrides_the_saver_and_zero_keeps_everything(kept_saver) ->
     assert len(stored_ids(saver, "all", "")) == 4
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("keep", [None, 2])
+def test_keep_checkpoints_given_to_the_constructor_applies_from_the_first_put(
+    kind: str, keep: int | None, request: pytest.FixtureRequest, tmp_path
+) -> None:
+    pg_url = request.getfixturevalue("fresh_pg") if kind == "postgres" else None
+    with open_saver(kind, "default", pg_url, str(tmp_path / "c.sqlite"), keep_checkpoints=keep) as saver:
+        tee = Tee(saver)
+        history = History(tee, "built")
+        last = None
+        for _ in range(5):
+            last = history.put("", last, 1)
+        assert len(stored_ids(saver, "built", "")) == (5 if keep is None else keep)
+        if keep is not None:
+            check_thread(saver, tee.reference, kind, "built", keep)
+
+
 # -- a real graph: subgraphs, interrupts, update_state, forks ------------------------------------------
 
 

@@ -48,14 +48,17 @@ def _serde(name: str):
 
 
 @contextmanager
-def open_saver(kind: str, serde: str, pg_url: str | None, sqlite_path: str | None = None) -> Iterator[Any]:
-    """A lifecycle saver built as the service builds its inner savers (a pool for verbatim Postgres)."""
+def open_saver(
+    kind: str, serde: str, pg_url: str | None, sqlite_path: str | None = None, **options: Any
+) -> Iterator[Any]:
+    """A lifecycle saver built as the service builds its inner savers (a pool for verbatim Postgres);
+    ``options``: the saver's keyword settings (``keep_checkpoints``, ...)."""
     if kind == "memory":
-        yield InMemoryLifecycleSaver(serde=_serde(serde))
+        yield InMemoryLifecycleSaver(serde=_serde(serde), **options)
     elif kind == "sqlite":
         conn = sqlite3.connect(sqlite_path or ":memory:", check_same_thread=False, isolation_level=None)
         try:
-            saver = SqliteLifecycleSaver(conn, serde=_serde(serde))
+            saver = SqliteLifecycleSaver(conn, serde=_serde(serde), **options)
             saver.setup()
             yield saver
         finally:
@@ -63,14 +66,14 @@ def open_saver(kind: str, serde: str, pg_url: str | None, sqlite_path: str | Non
     elif serde == "verbatim":
         kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
         with ConnectionPool(pg_url, min_size=1, max_size=2, kwargs=kwargs, open=True) as pool:
-            saver = PostgresLifecycleSaver(pool, serde=VerbatimSerde())
+            saver = PostgresLifecycleSaver(pool, serde=VerbatimSerde(), **options)
             saver.setup()
             yield saver
     else:
         with psycopg.Connection.connect(
             pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn:
-            saver = PostgresLifecycleSaver(conn)
+            saver = PostgresLifecycleSaver(conn, **options)
             saver.setup()
             yield saver
 
@@ -238,6 +241,34 @@ async def test_conformance(kind: str, serde: str, request: pytest.FixtureRequest
 @pytest.mark.parametrize("cls", [PostgresLifecycleSaver, SqliteLifecycleSaver, InMemoryLifecycleSaver])
 def test_capabilities_the_service_sees(cls: type) -> None:
     assert saver_capabilities(cls) == LIFECYCLE | {"delta_channel_history"}
+
+
+def test_postgres_saver_takes_postgres_savers_arguments_in_its_order(fresh_pg: str) -> None:
+    serde = VerbatimSerde()
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    with psycopg.Connection.connect(fresh_pg, **kwargs) as conn, conn.pipeline() as pipe:
+        saver = PostgresLifecycleSaver(conn, pipe, serde)
+        assert (saver.conn, saver.pipe, saver.serde) == (conn, pipe, serde)
+        settings = [saver.keep_checkpoints, saver.pruned_table, saver.summaries_table, saver.latest_cache]
+        assert settings == [None] * 4
+    with ConnectionPool(fresh_pg, min_size=1, max_size=1, kwargs=kwargs, open=True) as pool:
+        with psycopg.Connection.connect(fresh_pg, **kwargs) as conn, conn.pipeline() as pipe:
+            # PostgresSaver's own check: a pipeline belongs to one connection.
+            with pytest.raises(ValueError, match="Pipeline should be used only with a single Connection"):
+                PostgresLifecycleSaver(pool, pipe)
+
+
+def test_sqlite_saver_takes_sqlite_savers_arguments() -> None:
+    serde = VerbatimSerde()
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    try:
+        saver = SqliteLifecycleSaver(conn, serde=serde)
+        assert (saver.conn, saver.serde) == (conn, serde)
+        assert [saver.keep_checkpoints, saver.pruned_table, saver.summaries_table] == [None] * 3
+        with pytest.raises(TypeError):
+            SqliteLifecycleSaver(conn, serde)  # type: ignore[misc]  # keyword-only, as on SqliteSaver
+    finally:
+        conn.close()
 
 
 # -- prune ------------------------------------------------------------------------------------------
