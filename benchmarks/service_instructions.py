@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -55,6 +57,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,17 +248,12 @@ def _statement_kind(query: Any, cursor: Any = None) -> str:
     return " ".join(words[:4])
 
 
-async def _statements(
-    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str
-) -> dict[str, Any]:
-    """``statements`` mode: per route, the statements sent and the transactions committed per request."""
-    import collections
-
+@contextlib.contextmanager
+def _counting_statements(counts: collections.Counter[str]) -> Iterator[None]:
+    """While it runs, every statement a psycopg cursor sends is counted in ``counts`` by its kind
+    (``executemany``: once per parameter set)."""
     import psycopg
 
-    if database.startswith("memory"):
-        raise SystemExit("statements mode needs --database postgresql://...")
-    counts: collections.Counter[str] = collections.Counter()
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
     def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
@@ -267,6 +265,22 @@ async def _statements(
         counts[_statement_kind(query, self)] += len(params_seq)
         return executemany(self, query, params_seq, *args, **kwargs)
 
+    psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+
+
+async def _statements(
+    app: Any, batches: dict[str, list[list[tuple[dict, bytes]]]], database: str
+) -> dict[str, Any]:
+    """``statements`` mode: per route, the statements sent and the transactions committed per request."""
+    import psycopg
+
+    if database.startswith("memory"):
+        raise SystemExit("statements mode needs --database postgresql://...")
+    counts: collections.Counter[str] = collections.Counter()
     name = database.rsplit("/", 1)[1].split("?")[0]
     server = database.rsplit("/", 1)[0]
     monitor = psycopg.connect(f"{server}/postgres", autocommit=True)
@@ -280,25 +294,24 @@ async def _statements(
 
     for route in ROUTES:  # the warm-up batch, uncounted
         await _replay(app, batches[route][0])
-    psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
     results: dict[str, Any] = {}
     try:
-        for route in ROUTES:
-            requests = [request for batch in batches[route][1:] for request in batch]
-            counts.clear()
-            before = committed()
-            await _replay(app, requests)
-            transactions = committed() - before
-            results[route] = {
-                "requests": len(requests),
-                "transactions": round(transactions / len(requests), 2),
-                "statements": round(sum(counts.values()) / len(requests), 2),
-                "by_statement": {
-                    kind: round(count / len(requests), 2) for kind, count in counts.most_common()
-                },
-            }
+        with _counting_statements(counts):
+            for route in ROUTES:
+                requests = [request for batch in batches[route][1:] for request in batch]
+                counts.clear()
+                before = committed()
+                await _replay(app, requests)
+                transactions = committed() - before
+                results[route] = {
+                    "requests": len(requests),
+                    "transactions": round(transactions / len(requests), 2),
+                    "statements": round(sum(counts.values()) / len(requests), 2),
+                    "by_statement": {
+                        kind: round(count / len(requests), 2) for kind, count in counts.most_common()
+                    },
+                }
     finally:
-        psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
         monitor.close()
     return results
 
@@ -905,9 +918,6 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
 
 def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
     """``delivery`` mode (see the module's docstring)."""
-    import collections
-
-    import psycopg
     from langchain_core.messages import AIMessage, HumanMessage
 
     from reducing_saver.service.extraction.deliverer import Deliverer
@@ -921,17 +931,6 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
     outbox, store = backend.outbox(), backend.store()
     deliverer = Deliverer(outbox, StoreExtractor(store))
     counts: collections.Counter[str] = collections.Counter()
-    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
-
-    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        counts[_statement_kind(query, self)] += 1
-        return execute(self, query, *args, **kwargs)
-
-    def counted_executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
-        params_seq = list(params_seq)
-        counts[_statement_kind(query, self)] += len(params_seq)
-        return executemany(self, query, params_seq, *args, **kwargs)
-
     run = uuid.uuid4().hex[:8]
     per_message: list[float] = []
     statements: list[int] = []
@@ -948,12 +947,9 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
                     )
                 )
             counts.clear()
-            psycopg.Cursor.execute, psycopg.Cursor.executemany = counted_execute, counted_executemany  # type: ignore[method-assign]
             used = time.process_time()
-            try:
+            with _counting_statements(counts):
                 delivered = deliverer.run_once()
-            finally:
-                psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
             if round_ and delivered:
                 per_message.append((time.process_time() - used) * 1e6 / delivered)
                 statements.append(sum(counts.values()))
