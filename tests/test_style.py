@@ -64,26 +64,23 @@ def mypy_tree() -> Path:
     return tree
 
 
-def test_mypy_finds_nothing() -> None:
-    """mypy over the four packages with pyproject.toml's ``[tool.mypy]``: no module's errors ignored."""
-    packages = [arg for package in PACKAGES for arg in ("-p", package)]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--cache-dir",
-            str(MYPY_CACHE),
-            *packages,
-        ],
-        cwd=mypy_tree(),
+def mypy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """mypy with pyproject.toml's configuration and the project's cache, on ``args``."""
+    command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
+    return subprocess.run(
+        [*command, "--cache-dir", str(MYPY_CACHE), *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def test_mypy_finds_nothing() -> None:
+    """mypy over the four packages with pyproject.toml's ``[tool.mypy]``: no module's errors ignored."""
+    packages = [arg for package in PACKAGES for arg in ("-p", package)]
+    result = mypy(*packages, cwd=mypy_tree())
     assert result.returncode == 0, result.stdout + result.stderr
     # Every module of every package was read: a mapping that hid a package would pass with nothing checked.
     checked = int(re.search(r"no issues found in (\d+) source files", result.stdout).group(1))
@@ -103,22 +100,6 @@ def test_mypy_sees_an_error(tmp_path: Path) -> None:
     """The control: with the project's configuration, mypy refuses a wrongly typed assignment."""
     module = tmp_path / "wrong.py"
     module.write_text("count: int = 'three'\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--cache-dir",
-            str(MYPY_CACHE),
-            str(module),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = mypy(str(module), cwd=tmp_path)
     assert result.returncode == 1
     assert "[assignment]" in result.stdout, result.stdout
