@@ -634,6 +634,22 @@ def _uncapture() -> None:
     _patched.clear()
 
 
+def _stock_calls(
+    captured: dict[str, Any], route: str, prefix: str, latest_thread: str, gets: int
+) -> list[tuple[str, tuple]]:
+    """The stock saver calls ``route``'s requests made, on threads renamed ``prefix`` + their id; for the
+    latest-checkpoint read, ``gets`` reads of the latest checkpoint of the thread the puts wrote."""
+    calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
+    if route == ROUTES[2]:
+        calls = [("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))] * gets
+    renamed = []
+    for name, args in calls:
+        configurable = {**args[0]["configurable"]}
+        configurable["thread_id"] = prefix + str(configurable["thread_id"])
+        renamed.append((name, ({**args[0], "configurable": configurable}, *args[1:])))
+    return renamed
+
+
 def _stock(
     captured: dict[str, list[tuple[str, tuple]]], database: str, shim: Any, gets: int, rounds: int = 1
 ) -> dict[str, Any]:
@@ -660,27 +676,7 @@ def _stock(
     for prefix in ("stock-warm-", *(f"stock-{index}-" for index in range(rounds))):
         measured = prefix != "stock-warm-"
         for route in ROUTES:
-            calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
-            if route == ROUTES[2]:  # the latest checkpoint of the thread the puts wrote, as many times
-                calls = [
-                    ("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))
-                ] * gets
-            calls = [
-                (
-                    name,
-                    (
-                        {
-                            **args[0],
-                            "configurable": {
-                                **args[0]["configurable"],
-                                "thread_id": prefix + str(args[0]["configurable"]["thread_id"]),
-                            },
-                        },
-                        *args[1:],
-                    ),
-                )
-                for name, args in calls
-            ]
+            calls = _stock_calls(captured, route, prefix, latest_thread, gets)
             if shim is not None:
                 shim.rs_zero()
             used = time.process_time()
@@ -735,27 +731,7 @@ async def _stock_async(captured: dict[str, Any], database: str, gets: int, round
     timings: dict[str, list[float]] = {route: [] for route in ROUTES}
     for prefix in ("astock-warm-", *(f"astock-{index}-" for index in range(rounds))):
         for route in ROUTES:
-            calls = [(name, args) for name, args in captured[route] if name == _STOCK_METHODS[route]]
-            if route == ROUTES[2]:
-                calls = [
-                    ("get_tuple", ({"configurable": {"thread_id": latest_thread, "checkpoint_ns": ""}},))
-                ] * gets
-            calls = [
-                (
-                    name,
-                    (
-                        {
-                            **args[0],
-                            "configurable": {
-                                **args[0]["configurable"],
-                                "thread_id": prefix + str(args[0]["configurable"]["thread_id"]),
-                            },
-                        },
-                        *args[1:],
-                    ),
-                )
-                for name, args in calls
-            ]
+            calls = _stock_calls(captured, route, prefix, latest_thread, gets)
             used = time.process_time()
             for name, args in calls:
                 await getattr(saver, "a" + name)(*args)
