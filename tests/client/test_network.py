@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
-import subprocess
 import threading
 import time
 
@@ -26,7 +25,7 @@ from reducing_saver.client import (
 from reducing_saver.client._calls import Call
 from reducing_saver.client._http import Http
 from tests.support.chat import build_chat_graph, human
-from tests.support.http_app import run_app
+from tests.support.http_app import run_app, self_signed_certificate
 from tests.support.http_proxy import forward_proxy, reverse_proxy
 from tests.support.server import free_port, run_service
 
@@ -106,29 +105,7 @@ def service(tmp_path_factory):
 def self_signed_url(tmp_path_factory):
     """An https URL whose certificate is self-signed (no CA this machine trusts signed it)."""
     folder = tmp_path_factory.mktemp("tls")
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_certificate(folder)
     with run_app(folder, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
         yield url
 
@@ -363,29 +340,7 @@ def test_http_proxy_from_the_environment_is_used_unless_no_proxy_or_trust_env_fa
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_https_goes_through_the_proxy_in_a_connect_tunnel(tmp_path, api, monkeypatch):
     """HTTPS_PROXY: a CONNECT tunnel, TLS to the service inside it (the proxy sees no plain text)."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_certificate(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by both transports
     call = Call("POST", "/echo", orjson.dumps({"token": "tunnelled"}), True, lambda body: body)
     with run_app(tmp_path, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:

@@ -10,7 +10,6 @@ import http.server
 import logging
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from reducing_saver.client import _transport as transport_errors
 from reducing_saver.client._calls import Call
 from reducing_saver.client._http import Http
 from reducing_saver.client._stdlib_http import ConnectionPool
-from tests.support.http_app import run_app
+from tests.support.http_app import run_app, self_signed_certificate
 from tests.support.server import free_port
 
 pytestmark = pytest.mark.e2e
@@ -213,29 +212,7 @@ def self_signed(tmp_path_factory):
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a certificate")
     folder = tmp_path_factory.mktemp("tls")
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_certificate(folder)
     with run_app(folder, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), scheme="https") as url:
         yield url, cert
 

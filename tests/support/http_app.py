@@ -81,3 +81,31 @@ def _wait_listening(port: int, process: subprocess.Popen, log: Path, timeout: fl
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"nothing listens on port {port} after {timeout}s:\n{log.read_text(errors='replace')}")
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A key and a certificate for 127.0.0.1 that no CA signed (``openssl req -x509``), in ``folder``."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return key, cert
