@@ -75,11 +75,8 @@ class StoreExtractor:
             validate_namespace(namespace)
         except ValueError as exc:
             raise PermanentExtractionError(str(exc)) from exc
-        # The store's default TTL (--store-ttl) applies to extracted memories as to any item put without one.
-        ttl = (getattr(self.store, "ttl_config", None) or {}).get("default_ttl")
-        ops = [PutOp(tuple(namespace), entry.key, self.value(entry), ttl=ttl) for entry in entries]
         try:
-            self.store.batch(ops)
+            self.store.batch(self._puts(namespace, entries))
         except InvalidNamespaceError as exc:
             raise PermanentExtractionError(str(exc)) from exc
         except Exception as exc:
@@ -93,12 +90,17 @@ class StoreExtractor:
         """Every group's messages in one ``store.batch`` (one transaction on PostgreSQL), as ``__call__``
         stores each group. The deliverer calls it with the namespace groups of one claim, and on any failure
         hands each group to ``__call__`` on its own (a put repeated overwrites its item)."""
-        ttl = (getattr(self.store, "ttl_config", None) or {}).get("default_ttl")
         ops = []
         for namespace, entries in groups:
             validate_namespace(namespace)
-            ops += [PutOp(tuple(namespace), entry.key, self.value(entry), ttl=ttl) for entry in entries]
+            ops += self._puts(namespace, entries)
         self.store.batch(ops)
+
+    def _puts(self, namespace: tuple[str, ...], entries: list[OutboxEntry]) -> list[PutOp]:
+        """The store writes of one namespace group's messages. The store's default TTL (--store-ttl)
+        applies to extracted memories as to any item put without one."""
+        ttl = (getattr(self.store, "ttl_config", None) or {}).get("default_ttl")
+        return [PutOp(tuple(namespace), entry.key, self.value(entry), ttl=ttl) for entry in entries]
 
     def forget(self, entries: list[OutboxEntry], namespace: tuple[str, ...]) -> None:
         """Remove the entries' keys from the store (a message the agent deleted on purpose)."""
