@@ -27,7 +27,11 @@ Modes:
   read before and after each route's batches, after PostgreSQL's one-second stats interval).
 * ``delivery``: on PostgreSQL, the deliverer alone: rounds of ``--namespaces`` threads' pruned messages
   (two each) recorded, then claimed and delivered by the default extractor into the backend's store; the
-  CPU time per delivered message (best and median of ``--rounds``) and the statements a claim sends.
+  CPU time per delivered message (best and median of ``--rounds``), the statements a claim sends, and per
+  message the WAL of the recording and of the delivery: records, bytes (full-page images apart) and
+  B-tree tuples inserted, of the outbox's table and indexes and of the whole database's relations, and
+  the outbox table's updates and HOT updates (read back with ``pg_walinspect``, which the mode creates
+  in the database: a superuser's database of its own).
 * ``hop``: the worker-thread hop alone: a no-op through ``SaverPool.call`` and ``loop.run_in_executor``
   against an inline call, wall and CPU time per call.
 
@@ -892,6 +896,84 @@ def _group_table(dumps: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
     return out
 
 
+class _OutboxWal:
+    """What the outbox costs PostgreSQL: the WAL records written to its table and indexes (and to the
+    whole database's relations), read back with ``pg_walinspect`` (created in the database: a superuser's
+    work)."""
+
+    #: B-tree records that add a tuple to a leaf page.
+    INDEX_INSERTS = ("INSERT_LEAF", "INSERT_POST", "SPLIT_L", "SPLIT_R")
+
+    def __init__(self, database: str) -> None:
+        import psycopg
+
+        from reducing_saver.service.storage.outbox import TABLE
+
+        self._conn = psycopg.connect(database, autocommit=True)
+        self._conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        self._database_oid = self._conn.execute(
+            "SELECT oid FROM pg_database WHERE datname = current_database()"
+        ).fetchone()[0]
+        # The table, its indexes, its TOAST table and that one's index, by the file their WAL names.
+        self._relations = dict(
+            self._conn.execute(
+                "SELECT c.relfilenode::text, CASE WHEN c.relname LIKE 'pg_toast%%' THEN 'toast' "
+                "ELSE c.relname END FROM pg_class c, pg_class t WHERE t.oid = %s::regclass "
+                "AND (c.oid IN (t.oid, t.reltoastrelid) OR c.oid IN (SELECT indexrelid FROM pg_index "
+                "WHERE indrelid IN (t.oid, t.reltoastrelid)))",
+                (TABLE,),
+            ).fetchall()
+        )
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def lsn(self) -> Any:
+        # Flushed: what a commit wrote is, and a later statement writes beyond it.
+        return self._conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+
+    def since(self, start: Any, end: Any) -> list[tuple[str, str, str, int, int]]:
+        """The WAL records between two LSNs that touched this database's relations (commit records, which
+        name none, left out): ``(relation, resource manager, record type, length, full-page image
+        length)``, the relation the outbox's name for its own, ``"other"`` for the rest."""
+        rows = self._conn.execute(
+            "SELECT substring(block_ref FROM 'rel [0-9]+/[0-9]+/([0-9]+)'), resource_manager, record_type, "
+            "record_length, fpi_length FROM pg_get_wal_records_info(%s, %s) "
+            "WHERE block_ref LIKE %s",
+            (start, end, f"%/{self._database_oid}/%"),
+        ).fetchall()
+        return [(self._relations.get(node, "other"), *rest) for node, *rest in rows]
+
+    @classmethod
+    def per_message(cls, records: list[tuple[str, str, str, int, int]], messages: int) -> dict[str, Any]:
+        """WAL records, bytes (full-page images apart) and index tuples inserted per message: the
+        outbox's relations, and the whole database's; the outbox table's updates and how many of them
+        were HOT; the outbox's records by relation and type."""
+        from reducing_saver.service.storage.outbox import TABLE
+
+        outbox = [r for r in records if r[0] != "other"]
+        kinds = collections.Counter(f"{r[0]} {r[2]}" for r in outbox)
+        updates = [r[2] for r in outbox if r[0] == TABLE and r[1] == "Heap" and "UPDATE" in r[2]]
+
+        def figures(rows: list[tuple[str, str, str, int, int]]) -> dict[str, float]:
+            return {
+                "records": round(len(rows) / messages, 2),
+                "bytes": round(sum(r[3] - r[4] for r in rows) / messages),
+                "fpi_bytes": round(sum(r[4] for r in rows) / messages),
+                "index_inserts": round(
+                    sum(1 for r in rows if r[1] == "Btree" and r[2] in cls.INDEX_INSERTS) / messages, 2
+                ),
+            }
+
+        return {
+            "outbox": figures(outbox),
+            "database": figures(records),
+            "outbox_updates": round(len(updates) / messages, 2),
+            "outbox_hot_updates": round(sum(1 for kind in updates if kind.startswith("HOT")) / messages, 2),
+            "outbox_by_record": {kind: round(n / messages, 2) for kind, n in sorted(kinds.items())},
+        }
+
+
 def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
     """``delivery`` mode (see the module's docstring)."""
     from langchain_core.messages import AIMessage, HumanMessage
@@ -906,12 +988,17 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
     backend = open_backend(database, pool_size=2, timeout=30.0)
     outbox, store = backend.outbox(), backend.store()
     deliverer = Deliverer(outbox, StoreExtractor(store))
+    wal = _OutboxWal(database)
     counts: collections.Counter[str] = collections.Counter()
     run = uuid.uuid4().hex[:8]
     per_message: list[float] = []
     statements: list[int] = []
+    recorded: list[tuple[str, str, str, int, int]] = []
+    claimed: list[tuple[str, str, str, int, int]] = []
+    delivered_total = 0
     try:
         for round_ in range(rounds + 1):  # the first warms up
+            start = wal.lsn()
             for index in range(namespaces):
                 messages = [
                     HumanMessage(f"question {round_}-{index} " + "x" * 200, id=f"h-{run}-{round_}-{index}"),
@@ -922,6 +1009,7 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
                         messages, ("memories", f"user-{index}"), thread_id=f"t-{index}", checkpoint_id="c"
                     )
                 )
+            middle = wal.lsn()
             counts.clear()
             used = time.process_time()
             with _counting_statements(counts):
@@ -929,7 +1017,11 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
             if round_ and delivered:
                 per_message.append((time.process_time() - used) * 1e6 / delivered)
                 statements.append(sum(counts.values()))
+                recorded += wal.since(start, middle)
+                claimed += wal.since(middle, wal.lsn())
+                delivered_total += delivered
     finally:
+        wal.close()
         backend.close()
     return {
         "messages_a_claim": 2 * namespaces,
@@ -938,6 +1030,8 @@ def _delivery(database: str, namespaces: int, rounds: int) -> dict[str, Any]:
         "cpu_us_per_message_median": round(statistics.median(per_message), 1),
         "statements_a_claim": statistics.median(statements),
         "by_statement_last_claim": dict(counts.most_common()),
+        "wal_per_message_recorded": _OutboxWal.per_message(recorded, delivered_total),
+        "wal_per_message_delivered": _OutboxWal.per_message(claimed, delivered_total),
     }
 
 

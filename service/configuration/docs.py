@@ -275,7 +275,7 @@ def render_migrations() -> str:
     )
     out = [*textwrap.wrap(intro, width=105, break_long_words=False, break_on_hyphens=False), ""]
     for name, module in backends.items():
-        out += [f"| {name} version | what it creates |", "|---|---|"]
+        out += [f"| {name} version | what it does |", "|---|---|"]
         out += [
             f"| {version} | {_migration(statement)} |" for version, statement in enumerate(module.MIGRATIONS)
         ]

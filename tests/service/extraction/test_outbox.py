@@ -430,6 +430,43 @@ def test_postgres_outbox_on_a_pool_shaped_like_the_backends(fresh_pg):
         status(box, delivered=6, pending=0)
 
 
+def _updates(pool) -> tuple[int, int]:
+    """The outbox table's ``(updates, HOT updates)`` so far, on a pool of one connection: what that
+    connection did is reported first (``pg_stat_force_next_flush``, done when it goes idle)."""
+    with pool.connection() as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relid = 'reducing_saver_outbox'::regclass"
+        ).fetchone()
+    return row[0], row[1]
+
+
+def test_a_postgres_claim_writes_no_index_entry(fresh_pg):
+    """A claim changes no indexed column and finds room on each row's page: every row it takes is a HOT
+    update (PostgreSQL's own count), however many rows of a page it takes at once."""
+    from psycopg_pool import ConnectionPool
+
+    # Messages of 40 to 2,000 characters (the longest below PostgreSQL's TOAST threshold), in key order.
+    made = make_entries(
+        [HumanMessage("w " * (20 + (i * 37) % 980), id=f"m-{i:04d}") for i in range(300)],
+        NS,
+        thread_id="t-1",
+        checkpoint_id="cp-1",
+    )
+    with ConnectionPool(fresh_pg, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True) as pool:
+        box = PoolOutbox(pool)
+        box.setup()
+        box.record(made)
+        before = _updates(pool)
+        # A worker id as default_worker_id() makes one in a Kubernetes pod (host:pid:random).
+        claimed = [box.claim("reducing-saver-7d9f8b6c5d-x2x4q:4242:1a2b3c4d", 100, 30) for _ in range(3)]
+        after = _updates(pool)
+    assert [len(batch) for batch in claimed] == [100, 100, 100]
+    updates, hot = (now - then for now, then in zip(after, before, strict=True))
+    assert (updates, hot) == (300, 300)
+
+
 # -- PostgreSQL under concurrency -----------------------------------------------------------------
 
 
