@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, Row, dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
@@ -282,7 +283,7 @@ class ServicePool(ConnectionPool[psycopg.Connection[DictRow]]):
         self, timeout: float | None = None
     ) -> AbstractContextManager[psycopg.Connection[DictRow]]:
         """As ``ConnectionPool.connection``; an error that shows the pool's connections unfit drops them."""
-        return _Lent(self, super().connection(timeout))
+        return _Lent(self, timeout)
 
     def _reconnect_all(self, conn: psycopg.Connection[DictRow]) -> None:
         """Close ``conn`` (the pool replaces it when it comes back) and every other connection of the pool
@@ -310,22 +311,27 @@ class ServicePool(ConnectionPool[psycopg.Connection[DictRow]]):
 
 
 class _Lent:
-    """``ServicePool.connection``: ``ConnectionPool.connection`` around the block, and on the way out
-    what an error inside it tells the pool (a server taking no writes, prepared statements lost: every
-    connection is dropped) and when the connection became idle. A class rather than a generator around
-    the pool's own context manager: every saver call enters one (a generator there took a fifth of a
-    checkout's instructions)."""
+    """``ServicePool.connection``: a connection of the pool for the block, given back at its end; an error
+    inside it that shows the pool's connections unfit drops them all (a server taking no writes, prepared
+    statements lost), and the connection's idle time starts.
 
-    __slots__ = ("_conn", "_lent", "_pool")
+    What ``ConnectionPool.connection`` does, by the pool's ``getconn`` and ``putconn``: the connection's
+    own context exit (commit, or roll back after an error) runs when the block leaves a transaction open;
+    on an idle connection (the pool's are autocommit: every block the service runs ends its own
+    transactions) it would do nothing. A class rather than generators around the pool's context manager
+    and the connection's: every saver call borrows a connection, and this way costs half as much.
+    """
 
-    def __init__(self, pool: ServicePool, lent: AbstractContextManager[psycopg.Connection[DictRow]]) -> None:
-        self._pool, self._lent = pool, lent
+    __slots__ = ("_conn", "_pool", "_timeout")
+
+    def __init__(self, pool: ServicePool, timeout: float | None) -> None:
+        self._pool, self._timeout = pool, timeout
 
     def __enter__(self) -> psycopg.Connection[DictRow]:
-        self._conn = self._lent.__enter__()
+        self._conn = self._pool.getconn(self._timeout)
         return self._conn
 
-    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool | None:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
         pool, conn = self._pool, self._conn
         try:
             if isinstance(error, READ_ONLY_ERRORS):
@@ -334,12 +340,18 @@ class _Lent:
                 pool._stop_preparing(error)
                 pool._reconnect_all(conn)
         except BaseException as failed:  # it replaces the block's error, as it would in a generator
-            pool._idle_since[conn] = time.monotonic()
-            if not self._lent.__exit__(type(failed), failed, failed.__traceback__):
-                raise
-            return True
+            self._give_back(type(failed), failed, failed.__traceback__)
+            raise
+        self._give_back(kind, error, traceback)
+
+    def _give_back(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        pool, conn = self._pool, self._conn
         pool._idle_since[conn] = time.monotonic()
-        return self._lent.__exit__(kind, error, traceback)
+        try:
+            if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                conn.__exit__(kind, error, traceback)
+        finally:
+            pool.putconn(conn)
 
 
 def open_pool(
