@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -581,23 +581,28 @@ class PostgresLifecycleSaver(PostgresSaver):
             view.UPSERT_CHECKPOINTS_SQL = latest.UPSERT_CHECKING_PARENT_SQL
         return view
 
-    @contextmanager
-    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
-        """PostgresSaver's cursor; on a view with a write's plan (``_view``), the first pipeline runs the
-        plan's statements around the write's own (``_queued``): a put's outbox entries first, its
-        keep-checkpoints prune after its statements, its probe last (its parent check is in its upsert). PostgreSQL runs a pipeline
-        up to its sync as one transaction, so the entries, the checkpoint (its blobs and its row) and the
-        prune are committed together, or none is, and the probe sees what that transaction wrote. The
-        probe's row is read once the pipeline is synced: no round trip of its own."""
+    def _cursor(  # type: ignore[override]  # PostgresSaver's own context manager, or a generator's
+        self, *, pipeline: bool = False
+    ) -> AbstractContextManager[Any]:
+        """PostgresSaver's cursor (itself, not wrapped: most calls have no plan); on a view with a write's
+        plan (``_view``), :meth:`_planned_cursor`."""
         plan = self._plan if pipeline else None
         if plan is None:
-            with super()._cursor(pipeline=pipeline) as cur:
-                yield cur
-            return
+            return super()._cursor(pipeline=pipeline)
+        return self._planned_cursor(plan)
+
+    @contextmanager
+    def _planned_cursor(self, plan: _WritePlan) -> Iterator[Any]:
+        """PostgresSaver's pipeline cursor, for a view with a write's plan (``_view``): the first pipeline
+        runs the plan's statements around the write's own (``_queued``): a put's outbox entries first, its
+        keep-checkpoints prune after its statements, its probe last (its parent check is in its upsert).
+        PostgreSQL runs a pipeline up to its sync as one transaction, so the entries, the checkpoint (its
+        blobs and its row) and the prune are committed together, or none is, and the probe sees what that
+        transaction wrote. The probe's row is read once the pipeline is synced: no round trip of its own."""
         self._plan = None  # the write's own pipeline only (the view's: see _view)
         probe = plan.probe
         if probe is None or self.pipe or not self.supports_pipeline:
-            with super()._cursor(pipeline=pipeline) as cur, self._queued(cur, plan, None):
+            with super()._cursor(pipeline=True) as cur, self._queued(cur, plan, None):
                 yield cur
             return
         with (
