@@ -279,12 +279,22 @@ def json_image(value: Any) -> Any:
 
 
 def _changes_in_jsonb(value: Any) -> bool:
-    if isinstance(value, float):
+    """Whether ``value``, as ``orjson.loads`` gives it (plain dicts, lists, floats, ...), holds a float JSONB
+    does not read back as it is. Run on every checkpoint a put's image turns into its JSONB reading: the
+    walk only calls itself for containers and floats, never for the strings and ints most values are."""
+    kind = type(value)
+    if kind is float:
         return not math.isfinite(value) or "e" in repr(value) or (value == 0 and math.copysign(1, value) < 0)
-    if isinstance(value, dict):
-        return any(_changes_in_jsonb(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_changes_in_jsonb(item) for item in value)
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return False
+    for item in items:
+        kind = type(item)
+        if (kind is dict or kind is list or kind is float) and _changes_in_jsonb(item):
+            return True
     return False
 
 
