@@ -23,7 +23,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
-from reducing_saver.reducer._window import is_summary_message, message_field, message_key, message_type
+from reducing_saver.reducer._window import (
+    SUMMARY_SOURCE,
+    is_summary_message,
+    message_field,
+    message_key,
+    message_type,
+)
 
 #: The id of ``RemoveMessage(id=REMOVE_ALL_MESSAGES)`` (``langgraph.graph.message``): clear the state.
 REMOVE_ALL_MESSAGES = "__remove_all__"
@@ -75,7 +81,30 @@ def _passed_over(message: Any) -> bool:
 
 def removal_keys(messages: Sequence[Any], namespace: Sequence[str]) -> tuple[tuple[str, bool], ...]:
     """Each message's key (``message_key``) and whether :func:`split_removed` passes it over."""
-    return tuple((message_key(m, namespace), _passed_over(m)) for m in messages)
+    return tuple(_removal_key(m, namespace) for m in messages)
+
+
+#: The types :func:`split_removed` passes over (``message_type`` reads a chunk as its message type).
+_SYSTEM_TYPES = frozenset({"system", "SystemMessageChunk"})
+
+
+def _removal_key(message: Any, namespace: Sequence[str]) -> tuple[str, bool]:
+    """``(message_key(message), _passed_over(message))``. A put reads every message of its list here: a
+    dict with a plain string id, type and ``additional_kwargs`` dict (every message the service decodes)
+    is read with one lookup a field, anything else through ``message_key`` and ``_passed_over``."""
+    if isinstance(message, dict):
+        message_id, kind = message.get("id"), message.get("type")
+        kwargs = message.get("additional_kwargs")
+        if (
+            type(message_id) is str
+            and message_id
+            and "\x00" not in message_id
+            and type(kind) is str
+            and (kwargs is None or type(kwargs) is dict)
+        ):
+            summary = kwargs is not None and kwargs.get("lc_source") == SUMMARY_SOURCE
+            return message_id, kind in _SYSTEM_TYPES or summary
+    return message_key(message, namespace), _passed_over(message)
 
 
 def split_removed(before: Sequence[tuple[str, bool]], kept_keys: set[str]) -> tuple[list[str], list[str]]:

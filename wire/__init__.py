@@ -200,6 +200,28 @@ def ints_from_wire(value: Any, field: str) -> Any:
         WireError: Naming where, for a typed int whose data is not decimal digits, or an escape whose
             data is not an object.
     """
+    if _holds_no_typed(value):  # the common case: walked once, no path of a field named
+        return value
+    return _ints_from_wire(value, field)
+
+
+def _holds_no_typed(value: Any) -> bool:
+    """No object in ``value`` looks typed (``_looks_typed``): :func:`ints_from_wire` has nothing to do."""
+    if type(value) is dict:
+        if _looks_typed(value):
+            return False
+        items: Any = value.values()
+    elif type(value) is list:
+        items = value
+    else:
+        return True
+    for item in items:
+        if (type(item) is dict or type(item) is list) and not _holds_no_typed(item):
+            return False
+    return True
+
+
+def _ints_from_wire(value: Any, field: str) -> Any:
     if type(value) is dict:
         if _looks_typed(value):
             if value["type"] == INT_TYPE:
@@ -208,11 +230,11 @@ def ints_from_wire(value: Any, field: str) -> Any:
                 data = value["data"]
                 if type(data) is not dict:
                     raise WireError(f"{field}.data", f"must be an object (type {LITERAL_TYPE!r})")
-                return {key: ints_from_wire(item, f"{field}.data.{key}") for key, item in data.items()}
-        converted = {key: ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
+                return {key: _ints_from_wire(item, f"{field}.data.{key}") for key, item in data.items()}
+        converted = {key: _ints_from_wire(item, f"{field}.{key}") for key, item in value.items()}
         return value if all(converted[key] is item for key, item in value.items()) else converted
     if type(value) is list:
-        items = [ints_from_wire(item, f"{field}[{index}]") for index, item in enumerate(value)]
+        items = [_ints_from_wire(item, f"{field}[{index}]") for index, item in enumerate(value)]
         return value if all(new is old for new, old in zip(items, value, strict=True)) else items
     return value
 

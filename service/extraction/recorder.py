@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,23 +118,21 @@ class Memory:
         self.outbox.forget(entries)
         self._committed(entries)
 
-    @contextmanager
-    def with_checkpoint(self) -> Iterator[PutRecords | None]:
+    def with_checkpoint(self) -> AbstractContextManager[PutRecords | None]:
         """Around one put: the records it takes, where the backend's saver writes them in the checkpoint's
         own transaction (``records_with_checkpoint``); ``None`` elsewhere (the put records through its
         ``record_pruned``, before the checkpoint).
 
         Pass them as the put's ``records=`` (``ReducingSaver.put``): what the put prunes is recorded into
         them, and its saver inserts them in its pipeline. Once the put returns, their keys count as
-        committed; entries the saver did not write are recorded then (an error is logged).
+        committed; entries the saver did not write are recorded then (an error is logged). The records
+        are their own context manager (every put enters one: no generator).
         """
-        if not self.outbox.records_with_checkpoint:
-            yield None
-            return
-        records = PutRecords(self)
-        yield records
-        if not records.entries:
-            return
+        return PutRecords(self) if self.outbox.records_with_checkpoint else nullcontext()
+
+    def _stored(self, records: PutRecords) -> None:
+        """After a put that returned: its records' keys are committed (recorded now if its saver did not
+        write them)."""
         if not records.written:  # a put that reached no pipeline of the saver: record them now
             logger.error(
                 "the saver stored a checkpoint without its %d outbox entries; recording them now",
@@ -198,6 +195,13 @@ class PutRecords(CheckpointRecords):
     def __init__(self, memory: Memory) -> None:
         super().__init__()
         self._memory = memory
+
+    def __enter__(self) -> PutRecords:
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        if error is None and self.entries:  # the put returned: what it recorded is committed
+            self._memory._stored(self)
 
     def __call__(
         self, pruned: list[Any], namespace: tuple[str, ...], config: RunnableConfig, checkpoint: Checkpoint

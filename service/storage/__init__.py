@@ -392,8 +392,12 @@ class SaverPool:
         while (job := self._jobs.get()) is not None:
             loop, future, fn, context = job
             try:
-                with self.borrow() as saver, self._wrap_exceptions():
-                    result = context.run(fn, saver)
+                saver = self._take()  # borrow(), without its generator: every saver call comes here
+                try:
+                    with self._wrap_exceptions():
+                        result = context.run(fn, saver)
+                finally:
+                    self._idle.put(saver)
             except BaseException as exc:  # handed to the awaiting request, which maps it to a status
                 loop.call_soon_threadsafe(_settle, future, None, exc)
             else:
@@ -406,14 +410,18 @@ class SaverPool:
         Raises:
             SaversBusy: If none is free in time (a sweep or a stuck call holds them).
         """
-        try:
-            saver = self._idle.get(timeout=self.timeout)
-        except queue.Empty:
-            raise SaversBusy(self._busy()) from None
+        saver = self._take()
         try:
             yield saver
         finally:
             self._idle.put(saver)
+
+    def _take(self) -> ReducingSaver:
+        """A free saver, waiting at most ``timeout`` (:class:`SaversBusy` after that)."""
+        try:
+            return self._idle.get(timeout=self.timeout)
+        except queue.Empty:
+            raise SaversBusy(self._busy()) from None
 
     def _busy(self) -> str:
         return (

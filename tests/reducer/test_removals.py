@@ -7,6 +7,7 @@ and on a DeltaChannel.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Annotated, TypedDict
 
 import pytest
@@ -17,7 +18,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, _messages_delta_reducer, add_messages
 
 from reducing_saver.reducer import MessageReducer, ReducerConfig, ReducingSaver, Removals, split_removed
-from reducing_saver.reducer._removals import fold
+from reducing_saver.reducer._removals import _passed_over, fold, removal_keys
+from reducing_saver.reducer._window import SUMMARY_SOURCE, message_key
 
 
 class _Added(TypedDict):
@@ -94,6 +96,50 @@ def test_split_removed_trims_the_oldest_and_deletes_the_rest() -> None:
     assert split_removed(before, {"h2", "h3", "sys", "summary"}) == (["h1", "a1"], ["a2"])
     assert split_removed(before, {"h1", "a1", "h2", "a2", "h3"}) == ([], [])
     assert split_removed(before, set()) == (["h1", "a1", "h2", "a2", "h3"], [])
+
+
+def test_removal_keys_read_dicts_as_message_key_and_passing_over_read_any_message() -> None:
+    """The keys of a put's decoded messages (dicts) are those ``message_key`` and the passing-over rule
+    give, whatever the dict holds; messages as objects too."""
+    summary = {"lc_source": SUMMARY_SOURCE}
+    dicts = [
+        {"type": "human", "id": "h1", "content": "a", "additional_kwargs": {}},
+        {"type": "system", "id": "s1", "content": "rules"},
+        {"type": "SystemMessageChunk", "id": "s2", "content": "rules"},
+        {"type": "ai", "id": "sum", "content": "so far", "additional_kwargs": summary},
+        {"type": "ai", "id": "odd", "content": "x", "additional_kwargs": MappingProxyType(summary)},
+        {"type": "AIMessageChunk", "id": "a1", "content": "b", "additional_kwargs": None},
+        {"type": "human", "id": "", "content": "no id"},
+        {"type": "human", "content": "no id at all"},
+        {"type": "human", "id": "nul\x00id", "content": "c"},
+        {"type": "human", "id": 42, "content": "an int id"},
+        {"type": None, "id": "t1", "content": "no type"},
+        {"id": "t2", "content": "no type key"},
+    ]
+    objects = [
+        HumanMessage("a", id="h2"),
+        SystemMessage("rules", id="s3"),
+        AIMessage("so far", id="sum2", additional_kwargs=summary),
+        HumanMessage("no id"),
+    ]
+    namespace = ("memories", "t")
+    for message in [*dicts, *objects]:
+        expected = (message_key(message, namespace), _passed_over(message))
+        assert removal_keys([message], namespace) == (expected,), message
+    assert [passed for _, passed in removal_keys(dicts, namespace)] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_fold_is_add_messages() -> None:

@@ -19,7 +19,8 @@ no connection in time, refused, broken          ``DatabaseUnavailable``     503,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -87,21 +88,34 @@ def read_only_refusal(where: str) -> str:
     )
 
 
-@contextmanager
-def wrap_exceptions() -> Iterator[None]:
+def wrap_exceptions() -> AbstractContextManager[None]:
     """Raise psycopg's errors of the block as the storage errors a caller can act on (the table above).
     Any other error passes unchanged."""
-    try:
-        yield
-    except psycopg.DataError as exc:
-        raise ValueRefused(refused_value(exc)) from exc
-    except TIMEOUT_ERRORS as exc:
-        raise DatabaseTimeout(timed_out(exc)) from exc
-    except (psycopg.Error, ServerReadOnly) as exc:
-        reason = unavailable(exc)
-        if reason is None:
-            raise
-        raise DatabaseUnavailable(reason) from exc
+    return _WRAPPING
+
+
+class _Wrapping:
+    """:func:`wrap_exceptions`' context manager: a class, not a generator, since every saver call runs in
+    one; it holds nothing, so one serves every block."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        if isinstance(exc, psycopg.DataError):
+            raise ValueRefused(refused_value(exc)) from exc
+        if isinstance(exc, TIMEOUT_ERRORS):
+            raise DatabaseTimeout(timed_out(exc)) from exc
+        if isinstance(exc, (psycopg.Error, ServerReadOnly)):
+            reason = unavailable(exc)
+            if reason is not None:
+                raise DatabaseUnavailable(reason) from exc
+        # Anything else (no error, or one that is none of those) goes on unchanged.
+
+
+_WRAPPING = _Wrapping()
 
 
 def refused_value(exc: Exception) -> str:

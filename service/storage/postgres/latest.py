@@ -91,6 +91,26 @@ UPSERT_RETURNING_SQL = (
     UPSERT_CHECKPOINTS_SQL.strip().rstrip(";") + "\nRETURNING xmin::text AS row_xmin, parent_checkpoint_id"
 )
 
+# The same upsert for a put whose parent is checked (the saver's ``pruned_table``): the row's values go
+# through reducing_saver_refuse_pruned_parent first, which raises for a parent the keep-checkpoints policy
+# deleted (the put's whole pipeline then rolls back). The check is part of the statement that writes the
+# row: no statement of its own. Same parameters, same answer.
+UPSERT_CHECKING_PARENT_SQL = """
+WITH put (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata) AS (
+    VALUES (%s::text, %s::text, %s::text, %s::text, %s::jsonb, %s::jsonb)
+), checked AS MATERIALIZED (
+    SELECT put.*, reducing_saver_refuse_pruned_parent(thread_id, checkpoint_ns, parent_checkpoint_id)
+    FROM put
+)
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata FROM checked
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+DO UPDATE SET
+    checkpoint = EXCLUDED.checkpoint,
+    metadata = EXCLUDED.metadata
+RETURNING xmin::text AS row_xmin, parent_checkpoint_id
+"""
+
 # Last in a put's pipeline when a keep-checkpoints prune follows the upsert: the transaction's xid as
 # row xmins show it, and the new checkpoint's row as the prune leaves it (its parent may be gone).
 PUT_PROBE_SQL = """
@@ -259,12 +279,22 @@ def json_image(value: Any) -> Any:
 
 
 def _changes_in_jsonb(value: Any) -> bool:
-    if isinstance(value, float):
+    """Whether ``value``, as ``orjson.loads`` gives it (plain dicts, lists, floats, ...), holds a float JSONB
+    does not read back as it is. Run on every checkpoint a put's image turns into its JSONB reading: the
+    walk only calls itself for containers and floats, never for the strings and ints most values are."""
+    kind = type(value)
+    if kind is float:
         return not math.isfinite(value) or "e" in repr(value) or (value == 0 and math.copysign(1, value) < 0)
-    if isinstance(value, dict):
-        return any(_changes_in_jsonb(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_changes_in_jsonb(item) for item in value)
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return False
+    for item in items:
+        kind = type(item)
+        if (kind is dict or kind is list or kind is float) and _changes_in_jsonb(item):
+            return True
     return False
 
 
@@ -350,6 +380,7 @@ __all__ = [
     "PUT_PROBE_SQL",
     "READ_SQL",
     "TOKEN_SQL",
+    "UPSERT_CHECKING_PARENT_SQL",
     "UPSERT_RETURNING_SQL",
     "Image",
     "after_put",

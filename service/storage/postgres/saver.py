@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,6 @@ from reducing_saver.service.storage.postgres.sql import (
     PRUNED_PARENT_SQLSTATE,
     PRUNED_THROUGH_SQL,
     REFERENCED_BLOBS_SQL,
-    REFUSE_PRUNED_PARENT_SQL,
     SNAPSHOT_BLOB_THREADS_SQL,
     THREAD_IN_USE_SQL,
 )
@@ -84,15 +83,15 @@ class _WritePlan:
     """What one write's pipeline runs around the write's own statements (``_queued``), in this order.
 
     Attributes:
-        parent: ``(thread, namespace, parent id)`` of a put whose parent is checked first: one the
-            keep-checkpoints policy deleted fails the pipeline (``REFUSE_PRUNED_PARENT_SQL``).
+        check_parent: A put whose checkpoint row is written by ``latest.UPSERT_CHECKING_PARENT_SQL``: a
+            parent the keep-checkpoints policy deleted fails the pipeline, in the upsert's own statement.
         forget_pruned: The thread a ``delete_thread`` takes the record of what the policy deleted along for.
         records: A put's outbox entries, inserted ahead of its checkpoint (``records.written`` then set).
         keep: ``(thread, namespace, count)`` of a put whose namespace is pruned after its statements.
         probe: Read last: the row of the put's checkpoint, for the latest-checkpoint cache.
     """
 
-    parent: tuple[str, str, str] | None = None
+    check_parent: bool = False
     forget_pruned: str | None = None
     records: CheckpointRecords | None = None
     keep: tuple[str, str, int] | None = None
@@ -436,8 +435,9 @@ class PostgresLifecycleSaver(PostgresSaver):
     ) -> RunnableConfig:
         """PostgresSaver's ``put``; when a keep-checkpoints count applies, the put's pipeline also prunes
         its namespace (``_cursor``), in the same transaction: one round trip, as without the policy. With
-        ``pruned_table``, the pipeline first checks the put's parent: one the policy deleted raises
-        ``CheckpointPrunedError``, and nothing of the put is stored.
+        ``pruned_table``, the upsert of the put's row checks its parent first (no statement of its own:
+        ``latest.UPSERT_CHECKING_PARENT_SQL``): one the policy deleted raises ``CheckpointPrunedError``,
+        and nothing of the put is stored.
 
         ``records``: the put's outbox entries (the service's ``Memory.with_checkpoint``), inserted ahead of
         the checkpoint in its pipeline, so they are committed with it or not at all; ``records.written``
@@ -460,7 +460,7 @@ class PostgresLifecycleSaver(PostgresSaver):
             )
         parent = configurable.get("checkpoint_id")
         plan = _WritePlan(
-            parent=(thread_id, ns, parent) if parent and self.pruned_table is not None else None,
+            check_parent=bool(parent) and self.pruned_table is not None,
             records=records if records is not None and records.entries and not records.written else None,
             keep=None if keep is None else (thread_id, ns, keep),
             probe=probe,
@@ -577,25 +577,32 @@ class PostgresLifecycleSaver(PostgresSaver):
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view._plan, view._placing = plan, placing
+        if plan is not None and plan.check_parent:
+            view.UPSERT_CHECKPOINTS_SQL = latest.UPSERT_CHECKING_PARENT_SQL
         return view
 
-    @contextmanager
-    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
-        """PostgresSaver's cursor; on a view with a write's plan (``_view``), the first pipeline runs the
-        plan's statements around the write's own (``_queued``): a put's parent check and outbox entries
-        first, its keep-checkpoints prune after its statements, its probe last. PostgreSQL runs a pipeline
-        up to its sync as one transaction, so the entries, the checkpoint (its blobs and its row) and the
-        prune are committed together, or none is, and the probe sees what that transaction wrote. The
-        probe's row is read once the pipeline is synced: no round trip of its own."""
+    def _cursor(  # type: ignore[override]  # PostgresSaver's own context manager, or a generator's
+        self, *, pipeline: bool = False
+    ) -> AbstractContextManager[Any]:
+        """PostgresSaver's cursor (itself, not wrapped: most calls have no plan); on a view with a write's
+        plan (``_view``), :meth:`_planned_cursor`."""
         plan = self._plan if pipeline else None
         if plan is None:
-            with super()._cursor(pipeline=pipeline) as cur:
-                yield cur
-            return
+            return super()._cursor(pipeline=pipeline)
+        return self._planned_cursor(plan)
+
+    @contextmanager
+    def _planned_cursor(self, plan: _WritePlan) -> Iterator[Any]:
+        """PostgresSaver's pipeline cursor, for a view with a write's plan (``_view``): the first pipeline
+        runs the plan's statements around the write's own (``_queued``): a put's outbox entries first, its
+        keep-checkpoints prune after its statements, its probe last (its parent check is in its upsert).
+        PostgreSQL runs a pipeline up to its sync as one transaction, so the entries, the checkpoint (its
+        blobs and its row) and the prune are committed together, or none is, and the probe sees what that
+        transaction wrote. The probe's row is read once the pipeline is synced: no round trip of its own."""
         self._plan = None  # the write's own pipeline only (the view's: see _view)
         probe = plan.probe
         if probe is None or self.pipe or not self.supports_pipeline:
-            with super()._cursor(pipeline=pipeline) as cur, self._queued(cur, plan, None):
+            with super()._cursor(pipeline=True) as cur, self._queued(cur, plan, None):
                 yield cur
             return
         with (
@@ -611,8 +618,6 @@ class PostgresLifecycleSaver(PostgresSaver):
     def _queued(self, cur: Any, plan: _WritePlan, probe: _Probe | None) -> Iterator[None]:
         """The statements of ``plan`` a write's pipeline runs around the write's own (see ``_cursor``);
         ``probe``: the plan's, when this pipeline reads it."""
-        if plan.parent is not None:
-            cur.execute(REFUSE_PRUNED_PARENT_SQL, plan.parent)
         if plan.forget_pruned is not None:
             cur.execute(
                 f"DELETE FROM {self.pruned_table} WHERE thread_id = %s", (plan.forget_pruned,), prepare=False

@@ -121,9 +121,8 @@ SELECT p.pruned_through FROM {table} AS p WHERE p.thread_id = %s AND p.checkpoin
   AND NOT EXISTS (SELECT 1 FROM checkpoints c
                   WHERE c.thread_id = p.thread_id AND c.checkpoint_ns = p.checkpoint_ns AND c.checkpoint_id = %s)
 """
-# Run first in a put's pipeline: raises SQLSTATE RSP01 (detail: the newest deleted id) for a parent the
-# policy deleted, so the whole put rolls back (a migration defines it).
-REFUSE_PRUNED_PARENT_SQL = "SELECT reducing_saver_refuse_pruned_parent(%s, %s, %s)"
+# reducing_saver_refuse_pruned_parent (a migration defines it) raises SQLSTATE RSP01 (detail: the newest
+# deleted id) for a parent the policy deleted, so the whole put rolls back.
 PRUNED_PARENT_SQLSTATE = "RSP01"
 
 THREAD_IN_USE_SQL = """

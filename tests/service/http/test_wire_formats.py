@@ -217,3 +217,17 @@ def test_metadata_of_any_shape_travels_unchanged(shape, body):
         arrived = ormsgpack.unpackb(ormsgpack.packb(wire, default=msgpack_default))
     assert ints_from_wire(arrived, "metadata") == value
     assert ints_to_wire({"plain": [1, "x"]}) == {"plain": [1, "x"]}
+
+
+def test_metadata_without_typed_values_is_read_as_it_is_and_typed_ones_anywhere_are_found():
+    from reducing_saver.wire import INT_TYPE, WireError, ints_from_wire, ints_to_wire, json_default
+
+    plain = {"parents": {}, "source": "loop", "step": 4, "nested": [{"a": [1, {"type": "x", "data": 2}]}]}
+    assert ints_from_wire(plain, "metadata") is plain
+    deep = {"a": [{"b": [10**20]}], "c": 1, "d": {"type": INT_TYPE, "data": "a look-alike"}}
+    wire = ints_to_wire(deep)
+    assert wire != deep
+    assert ints_from_wire(orjson.loads(orjson.dumps(wire, default=json_default)), "metadata") == deep
+    with pytest.raises(WireError) as error:
+        ints_from_wire({"a": [{"b": {"type": INT_TYPE, "data": "MXg="}}]}, "metadata")
+    assert "metadata.a[0].b" in str(error.value)

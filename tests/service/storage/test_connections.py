@@ -162,6 +162,29 @@ def test_lost_prepared_statements_stop_the_pool_preparing(fresh_pg, caplog):
     assert "REDUCING_SAVER_POSTGRES_PREPARED_STATEMENTS=false" in caplog.text
 
 
+def test_a_block_leaving_a_transaction_open_ends_it_as_a_connection_context_would(fresh_pg, caplog):
+    """The pool's connections are autocommit and every block the service runs ends its transactions; one
+    left open is committed at the end of a block that succeeds and rolled back after one that raised
+    (``psycopg.Connection``'s context), before the connection goes back idle and unwarned."""
+    pool = open_pool(fresh_pg, size=1, timeout=5.0)
+    try:
+        with pool.connection() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS lent_blocks (x int)")
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO lent_blocks VALUES (1)")
+        with pytest.raises(ZeroDivisionError), pool.connection() as conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO lent_blocks VALUES (2)")
+            raise ZeroDivisionError
+        with pool.connection() as conn:
+            assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert conn.execute("SELECT array_agg(x) FROM lent_blocks").fetchone() == {"array_agg": [1]}
+            conn.execute("DROP TABLE lent_blocks")
+    finally:
+        pool.close()
+    assert "rolling back returned connection" not in caplog.text
+
+
 def test_the_set_up_lock_is_taken_on_a_connection_opened_with_the_settings(fresh_pg, opened):
     with connections.locked_setup(fresh_pg, 0x5EED, OPTIONS):
         conn, parameters, prepare_threshold = opened[-1]

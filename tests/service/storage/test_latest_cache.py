@@ -24,6 +24,7 @@ from reducing_saver.service.http.app import create_app
 from reducing_saver.service.state import Service
 from reducing_saver.service.storage import open_backend
 from reducing_saver.service.storage.latest import MAX_ENTRY_BYTES, MAX_NAMESPACES, LatestCache
+from reducing_saver.service.storage.postgres.latest import json_image
 from reducing_saver.wire import Blob
 from tests.support.chat import build_chat_graph, human
 from tests.support.encryption import new_key, ring_json
@@ -289,3 +290,22 @@ def test_an_agent_run_starts_from_memory_and_sees_what_a_full_read_sees(fresh_pg
             }
             assert samples[("reducing_saver_latest_cache_total", (("result", "hit"),))] == counts["hit"]
             assert samples[("reducing_saver_latest_cache_total", (("result", "miss"),))] == counts["miss"]
+
+
+_PLAIN = {"v": 4, "versions": {"a": "0001.0.5", "b": 2}, "ratio": 0.25, "seen": [[1, "x"], {"c": None}]}
+
+
+@pytest.mark.parametrize(
+    ("value", "image"),
+    [
+        (_PLAIN, _PLAIN),
+        ({"tuple": (1, "a"), "float": 1.0}, {"tuple": [1, "a"], "float": 1.0}),  # a tuple reads as a list
+        ({"deep": [{"a": [1, 2, {"b": 1e20}]}]}, None),  # an exponent: JSONB reads an int back
+        ({"deep": {"a": [0.5, -0.0]}}, None),  # -0.0 reads back as 0
+        ([1.5, [2.5, [3.5e-7]]], None),
+    ],
+)
+def test_a_put_image_reads_as_jsonb_would_or_not_at_all(value: Any, image: Any) -> None:
+    """An image built by a put turns into what a JSONB column gives back, or into nothing (a read from the
+    database) when a float anywhere in it would not read back as it is."""
+    assert json_image(value) == image

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import psycopg
+import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from reducing_saver.reducer import MessageReducer, ReducingSaver
 from reducing_saver.service.messages_codec import SafeMessagesCodec
-from reducing_saver.service.storage import SaverPool, open_backend
+from reducing_saver.service.storage import SaverPool, SaversBusy, open_backend
 from reducing_saver.wire import Blob
 
 
@@ -96,5 +98,28 @@ def test_client_bytes_are_stored_verbatim(fresh_pg):
                 conn.execute("SELECT channel, blob FROM checkpoint_blobs WHERE thread_id = 't'").fetchall()
             )
         assert rows == {"messages": serde.dumps_typed(messages)[1], "other": serde.dumps_typed(other)[1]}
+    finally:
+        backend.close()
+
+
+def test_a_call_that_finds_no_saver_in_time_is_refused_and_the_next_one_runs(fresh_pg):
+    """A worker thread takes a saver for each call within the pool's timeout: with the only saver held
+    elsewhere (a sweep's borrow), the call gets ``SaversBusy``; once it is back, calls run on it, and a
+    call's error reaches its caller with the saver given back."""
+    backend = _backend(fresh_pg, pool_size=1)
+    backend.savers.timeout = 0.2
+    read = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+    async def calls() -> None:
+        with backend.borrow():
+            with pytest.raises(SaversBusy):
+                await backend.savers.call(lambda saver: saver.get_tuple(read))
+        assert await backend.savers.call(lambda saver: saver.get_tuple(read)) is None
+        with pytest.raises(ZeroDivisionError):
+            await backend.savers.call(lambda saver: 1 / 0)
+        assert await backend.savers.call(lambda saver: saver.get_tuple(read)) is None
+
+    try:
+        asyncio.run(calls())
     finally:
         backend.close()

@@ -253,3 +253,41 @@ def test_a_placed_history_read_leaves_concurrent_stock_reads_stock(fresh_pg: str
                 reader(lambda at: saver.get_delta_channel_history(config=at, channels=["messages"]), stock),
             ]
         )
+
+
+def test_a_put_checks_its_parent_in_the_statement_writing_its_row(
+    saver: PostgresLifecycleSaver, fresh_pg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put whose parent is checked (``pruned_table``) sends its blobs and its row, as a stock put does:
+    the check runs inside the row's upsert, not as a statement of its own. The check itself refusing a
+    parent the policy deleted is ``test_pruned_checkpoints.py``'s."""
+    writer = Writer(saver, fresh_pg, "checked", keep=2)
+    writer.put()  # the first checkpoint: no parent to check
+    sent: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(" ".join(str(query).split()[:3]))
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(" ".join(str(query).split()[:3]))
+        return executemany(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
+    checkpoint = writer.checkpoint()
+    saver.put(
+        {"configurable": {"thread_id": "checked", "checkpoint_ns": "", "checkpoint_id": writer.parent}},
+        checkpoint,
+        {"source": "loop", "step": 1},
+        dict(writer.versions),
+    )
+    assert sent == [
+        "INSERT INTO checkpoint_blobs",
+        "WITH put (thread_id,",
+    ]
+    latest = saver.get_tuple({"configurable": {"thread_id": "checked", "checkpoint_ns": ""}})
+    assert latest is not None and latest.checkpoint["id"] == checkpoint["id"]
+    assert latest.parent_config is not None
+    assert latest.parent_config["configurable"]["checkpoint_id"] == writer.parent
