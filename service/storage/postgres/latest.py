@@ -94,22 +94,33 @@ UPSERT_RETURNING_SQL = (
 # The same upsert for a put whose parent is checked (the saver's ``pruned_table``): the row's values go
 # through reducing_saver_refuse_pruned_parent first, which raises for a parent the keep-checkpoints policy
 # deleted (the put's whole pipeline then rolls back). The check is part of the statement that writes the
-# row: no statement of its own. Same parameters, same answer.
-UPSERT_CHECKING_PARENT_SQL = """
-WITH put (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata) AS (
+# row: no statement of its own. Same parameters, same answer; made from PostgresSaver's own upsert, so
+# what it writes on a conflict stays upstream's.
+_UPSERT_VALUES = "VALUES (%s, %s, %s, %s, %s, %s)"
+_CHECKED_PUT = """WITH put (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata) AS (
     VALUES (%s::text, %s::text, %s::text, %s::text, %s::jsonb, %s::jsonb)
 ), checked AS MATERIALIZED (
     SELECT put.*, reducing_saver_refuse_pruned_parent(thread_id, checkpoint_ns, parent_checkpoint_id)
     FROM put
 )
-INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata FROM checked
-ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
-DO UPDATE SET
-    checkpoint = EXCLUDED.checkpoint,
-    metadata = EXCLUDED.metadata
-RETURNING xmin::text AS row_xmin, parent_checkpoint_id
 """
+
+
+def _checking_parent(upsert: str) -> str:
+    insert, values, conflict = upsert.partition(_UPSERT_VALUES)
+    if not values:
+        raise RuntimeError(
+            f"PostgresSaver's checkpoint upsert has no {_UPSERT_VALUES!r} to check: {upsert!r}"
+        )
+    return (
+        _CHECKED_PUT
+        + insert.strip()
+        + "\nSELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata FROM checked"
+        + conflict
+    )
+
+
+UPSERT_CHECKING_PARENT_SQL = _checking_parent(UPSERT_RETURNING_SQL)
 
 # Last in a put's pipeline when a keep-checkpoints prune follows the upsert: the transaction's xid as
 # row xmins show it, and the new checkpoint's row as the prune leaves it (its parent may be gone).

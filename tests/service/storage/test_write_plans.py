@@ -291,3 +291,18 @@ def test_a_put_checks_its_parent_in_the_statement_writing_its_row(
     assert latest is not None and latest.checkpoint["id"] == checkpoint["id"]
     assert latest.parent_config is not None
     assert latest.parent_config["configurable"]["checkpoint_id"] == writer.parent
+
+
+def test_the_upsert_that_checks_a_parent_is_postgres_savers_own():
+    """The checked upsert is PostgresSaver's, its values read through the parent check: what a conflict
+    writes comes from upstream's statement, and an upstream statement it cannot be made from is an error
+    at import, not a different write."""
+    from langgraph.checkpoint.postgres.base import UPSERT_CHECKPOINTS_SQL
+
+    from reducing_saver.service.storage.postgres import latest
+
+    conflict = UPSERT_CHECKPOINTS_SQL.partition("ON CONFLICT")[2].strip().rstrip(";")
+    assert conflict in latest.UPSERT_CHECKING_PARENT_SQL
+    assert "reducing_saver_refuse_pruned_parent" in latest.UPSERT_CHECKING_PARENT_SQL
+    with pytest.raises(RuntimeError, match="no 'VALUES"):
+        latest._checking_parent("INSERT INTO checkpoints SELECT * FROM elsewhere")
