@@ -3,7 +3,7 @@
 ``python -m benchmarks.stages serve ARGS`` runs ``reducing-saver serve ARGS`` with the tracing below
 installed in every worker process (so does ``python -m benchmarks.stock_service`` when :data:`ENV` names a
 folder). The service's code is not changed: the tracing wraps ``HotPath.__call__``, ``SaverPool.call``,
-``SaverPool.borrow`` and ``psycopg_pool.ConnectionPool.getconn`` in these processes only, so a service run
+``SaverPool._take`` and ``psycopg_pool.ConnectionPool.getconn`` in these processes only, so a service run
 the ordinary way carries none of it. With :data:`REUSE_PORT_ENV` set it also runs an experiment of the
 accept path, :func:`reuse_port` (a listening socket per worker process).
 
@@ -16,7 +16,7 @@ clock for every process of the machine), in nanoseconds:
 * ``wants_saver``: its body read and validated: the *decode* stage;
 * ``picked``: a worker thread took the call: the *worker thread* stage (waiting for one of the pool's
   slots, then a thread);
-* ``borrowed``: that thread has a saver (``SaverPool.borrow``);
+* ``borrowed``: that thread has a saver (``SaverPool._take``);
 * ``done``: the operation returned; ``pool_wait`` of it waiting in ``ConnectionPool.getconn`` (the *pool*
   stage: connections the deliverer, sweeper or cache may hold too) and ``cpu`` of its thread's CPU time;
   the rest is the *database* stage (statements, and the GIL the worker's other threads hold);
@@ -37,7 +37,6 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,14 +159,13 @@ def install(folder: str, role: str) -> None:
         finally:
             record[7] = _now()
 
-    borrow = SaverPool.borrow
+    take = SaverPool._take  # every saver call's worker thread, and borrow(), take a saver here
 
-    @contextmanager
-    def traced_borrow(self: Any) -> Any:
+    def traced_take(self: Any) -> Any:
         picked = _now()
-        with borrow(self) as saver:
-            _local.picked, _local.borrowed = picked, _now()
-            yield saver
+        saver = take(self)
+        _local.picked, _local.borrowed = picked, _now()
+        return saver
 
     getconn = psycopg_pool.ConnectionPool.getconn
 
@@ -182,7 +180,7 @@ def install(folder: str, role: str) -> None:
 
     HotPath.__call__ = traced_hot_call
     SaverPool.call = traced_pool_call
-    SaverPool.borrow = traced_borrow
+    SaverPool._take = traced_take
     psycopg_pool.ConnectionPool.getconn = traced_getconn
 
 
