@@ -243,10 +243,14 @@ def _statement_kind(query: Any, cursor: Any = None) -> str:
     text = query.as_string(cursor) if hasattr(query, "as_string") else query
     if isinstance(text, bytes):
         text = text.decode()
+    if not str(text).strip():
+        return "(empty: psycopg_pool's connection check)"
     words = " ".join(str(text).split()).split(" ")
     head = " ".join(words[:2])
+    # A WITH statement's own verb comes after its CTEs: look at all of it.
+    scope = words if words[0] == "WITH" else words[:12]
     for keyword in ("INTO", "FROM", "UPDATE"):
-        if keyword in words[:12]:
+        if keyword in scope:
             at = words.index(keyword)
             return f"{head} .. {keyword} {words[at + 1] if at + 1 < len(words) else ''}".strip()
     return " ".join(words[:4])
