@@ -13,8 +13,8 @@ The parent (``benchmarks.throughput``) talks to it through two queues:
   "errors": {agent: error}})``. An agent that cannot open its checkpointer (a database refusing more
   connections, say) closes what it opened and sits the phase out;
 * ``("go", start_at, end_at)``: from wall-clock ``start_at``, every ready agent runs turns back to back
-  until ``end_at`` (a new thread every ``turns_per_thread`` turns), then its checkpointer is closed
-  (pending store writes awaited first); answer ``("done", process, stats)``. Only turns that finished by
+  until ``end_at`` (a new thread every ``turns_per_thread`` turns), then, :data:`CLOSE_AFTER_END`
+  seconds after ``end_at`` at the earliest, its checkpointer is closed (pending store writes awaited first); answer ``("done", process, stats)``. Only turns that finished by
   ``end_at`` count; an agent whose turn fails stops, and its error is in ``stats["errors"]``;
 * ``("stop",)``: exit.
 
@@ -39,6 +39,9 @@ VARIANTS = ("service_b", "service_c", "service_d")
 MODES = ("service", "inprocess", "plain", "stock_service", *VARIANTS)
 #: The modes whose agents talk to a service.
 REMOTE_MODES = ("service", "stock_service", *VARIANTS)
+#: Seconds after a phase's end before an agent closes its connections: the parent reads the phase's CPU at
+#: the end (a PostgreSQL backend exiting at that moment shows none), a few milliseconds' work.
+CLOSE_AFTER_END = 0.25
 
 
 def error_text(exc: BaseException) -> str:
@@ -145,6 +148,9 @@ class Agent:
                 turn += 1
         except Exception as exc:  # noqa: BLE001 - counted and reported by the parent
             error = error_text(exc)
+        # The parent reads the phase's CPU figures at end_at, the PostgreSQL backends these connections hold
+        # among them: a backend that is exiting at that moment shows none of its CPU.
+        await asyncio.sleep(max(0.0, end_at + CLOSE_AFTER_END - time.time()))
         try:
             # Its connections close before the next phase; pending store writes are awaited first.
             await self.close()
