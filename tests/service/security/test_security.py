@@ -597,11 +597,6 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
     # acme saw none of it
     assert acme_state() == before
 
-    # memory: the same explicit namespace and thread id under each tenant's prefix; fallback unscoped id
-    namespaces = outbox_namespaces()
-    assert ("tenants", "acme", *NAMESPACE) in namespaces and ("tenants", "rival", *NAMESPACE) in namespaces
-    assert ("tenants", "acme", "memories", "solo") in namespaces
-    assert all(ns[:2] in {("tenants", "acme"), ("tenants", "rival")} for ns in namespaces)
     # extraction: every pruned message dead-letters (the extractor always fails): counts are per tenant
     wait_for(
         lambda: (
@@ -613,6 +608,12 @@ def run_matrix(client: Any, backend: str, outbox_namespaces) -> None:
             and rival.status()["in_flight"] == 0
         )
     )
+    # memory: the same explicit namespace and thread id under each tenant's prefix; fallback unscoped id.
+    # Read once every row is a dead letter: a row the deliverer holds is neither dead nor claimable.
+    namespaces = outbox_namespaces()
+    assert ("tenants", "acme", *NAMESPACE) in namespaces and ("tenants", "rival", *NAMESPACE) in namespaces
+    assert ("tenants", "acme", "memories", "solo") in namespaces
+    assert all(ns[:2] in {("tenants", "acme"), ("tenants", "rival")} for ns in namespaces)
     acme_dead, rival_dead = acme.dead(), rival.dead()
     assert len(acme_dead) == acme.status()["dead"] and len(rival_dead) == rival.status()["dead"]
     assert len(acme_dead) != len(rival_dead), "the two tenants pruned different numbers of messages"
