@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from reducing_saver.reducer._window import (
     SUMMARY_SOURCE,
+    SYSTEM_TYPES,
     is_summary_message,
     message_field,
     message_key,
@@ -84,10 +85,6 @@ def removal_keys(messages: Sequence[Any], namespace: Sequence[str]) -> tuple[tup
     return tuple(_removal_key(m, namespace) for m in messages)
 
 
-#: The types :func:`split_removed` passes over (``message_type`` reads a chunk as its message type).
-_SYSTEM_TYPES = frozenset({"system", "SystemMessageChunk"})
-
-
 def _removal_key(message: Any, namespace: Sequence[str]) -> tuple[str, bool]:
     """``(message_key(message), _passed_over(message))``. A put reads every message of its list here: a
     dict with a plain string id, type and ``additional_kwargs`` dict (every message the service decodes)
@@ -103,7 +100,7 @@ def _removal_key(message: Any, namespace: Sequence[str]) -> tuple[str, bool]:
             and (kwargs is None or type(kwargs) is dict)
         ):
             summary = kwargs is not None and kwargs.get("lc_source") == SUMMARY_SOURCE
-            return message_id, kind in _SYSTEM_TYPES or summary
+            return message_id, kind in SYSTEM_TYPES or summary
     return message_key(message, namespace), _passed_over(message)
 
 

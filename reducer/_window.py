@@ -154,6 +154,8 @@ _CHUNK_TYPES = {
     "ChatMessageChunk": "chat",
     "FunctionMessageChunk": "function",
 }
+#: The ``type`` fields :func:`message_type` reads as ``"system"``.
+SYSTEM_TYPES = frozenset({"system", *(chunk for chunk, kind in _CHUNK_TYPES.items() if kind == "system")})
 
 
 #: ``additional_kwargs["lc_source"]`` of a summary message (LangChain's ``SummarizationMiddleware`` marks its
