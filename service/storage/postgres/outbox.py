@@ -36,9 +36,18 @@ _INSERT_CHUNK = 1000
 _RECORDED = "namespace, key, thread_id, checkpoint_id, message, message_class, pruned_at, fingerprint"
 
 
-def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
+def _insert_statement(chunk: Sequence[OutboxEntry], *, counting: bool = False) -> tuple[str, list[Any]]:
     """One statement: rows of new keys are inserted; a row whose message has another fingerprint (a newer
-    version of it) is replaced and sent back to ``pending``; every other row is left alone, unlocked."""
+    version of it) is replaced and sent back to ``pending``; every other row is left as it is (locked
+    until the caller commits, as by any upsert: the deliverer's claims skip it meanwhile).
+
+    Every row is found through the key's unique index (the upsert's conflict check), never through a
+    join the planner could make otherwise: a connection keeps a prepared statement's plan, and one made
+    while the table was empty (a new deployment's first puts) would read the whole table at each run
+    once it had grown, until its first ANALYZE.
+
+    With ``counting``, the statement returns one row per row written, true for an inserted one.
+    """
     params: list[Any] = []
     for e in chunk:
         params += [
@@ -54,16 +63,16 @@ def _insert_statement(chunk: Sequence[OutboxEntry]) -> tuple[str, list[Any]]:
     row = "(%s::text[], %s::text, %s::text, %s::text, %s::json, %s::text, %s::timestamptz, %s::text)"
     values = ",".join([row] * len(chunk))
     sql = (
-        f"WITH v ({_RECORDED}) AS (VALUES {values}), "
-        f"revised AS (UPDATE {TABLE} o SET message = v.message, message_class = v.message_class, "
-        "thread_id = v.thread_id, checkpoint_id = v.checkpoint_id, pruned_at = v.pruned_at, "
-        "fingerprint = v.fingerprint, status = 'pending', attempts = 0, available_at = now(), "
+        f"INSERT INTO {TABLE} AS o ({_RECORDED}) VALUES {values} "
+        "ON CONFLICT (namespace, key) DO UPDATE SET message = excluded.message, "
+        "message_class = excluded.message_class, thread_id = excluded.thread_id, "
+        "checkpoint_id = excluded.checkpoint_id, pruned_at = excluded.pruned_at, "
+        "fingerprint = excluded.fingerprint, status = 'pending', attempts = 0, available_at = now(), "
         "claimed_by = NULL, lease_until = NULL, last_error = NULL, failed_at = NULL, delivered_at = NULL "
-        "FROM v WHERE o.namespace = v.namespace AND o.key = v.key AND o.fingerprint <> v.fingerprint "
-        "RETURNING 1) "
-        f"INSERT INTO {TABLE} ({_RECORDED}) SELECT {_RECORDED} FROM v "
-        "ON CONFLICT (namespace, key) DO NOTHING"
+        "WHERE o.fingerprint <> excluded.fingerprint"
     )
+    if counting:
+        sql += " RETURNING o.xmax = 0"  # an inserted row has no deleting transaction; a replaced one has ours
     return sql, params
 
 
@@ -167,8 +176,8 @@ class PostgresOutbox:
     def _insert(cur: Any, chunks: list[list[OutboxEntry]]) -> int:
         inserted = 0
         for chunk in chunks:
-            cur.execute(*_insert_statement(chunk))
-            inserted += cur.rowcount
+            cur.execute(*_insert_statement(chunk, counting=True))
+            inserted += sum(1 for (fresh,) in cur.fetchall() if fresh)
         return inserted
 
     def claim(self, worker_id: str, limit: int, lease_seconds: float) -> list[OutboxEntry]:

@@ -621,3 +621,47 @@ def test_postgres_record_sends_one_insert_per_thousand_rows(fresh_pg, monkeypatc
         assert inserts == [1000, 1000, 500]
     finally:
         outbox.close()
+
+
+def _heap_blocks_read(pool) -> int:
+    """The outbox table's heap blocks read so far (from shared buffers or not), on a pool of one
+    connection, what that connection did reported first (as ``_updates``)."""
+    with pool.connection() as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT heap_blks_hit + heap_blks_read FROM pg_statio_user_tables "
+            "WHERE relid = 'reducing_saver_outbox'::regclass"
+        ).fetchone()
+    return row[0]
+
+
+def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_first_statements(fresh_pg):
+    """A new deployment's first puts and claims run on an empty outbox, and its connections keep their
+    statements prepared (psycopg prepares one after its fifth run). A plan kept from those first runs
+    would read the whole table to revise or claim two rows once it has grown, until autovacuum's first
+    ANALYZE of the table (never, where autovacuum is off): recording and claiming must read the rows they
+    touch, whatever the table held when the connection first ran them."""
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(fresh_pg, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True) as pool:
+        box = PoolOutbox(pool)
+        box.setup()
+        with pool.connection() as conn:
+            conn.execute("ALTER TABLE reducing_saver_outbox SET (autovacuum_enabled = off)")
+        for i in range(12):
+            box.record(entries(2, prefix=f"early-{i}-"))
+            assert box.complete("w", [e.ident for e in box.claim("w", 2, 30)]) == 2
+        box.record(entries(20_000, prefix="later-"))
+        with pool.connection() as conn:
+            pages = conn.execute("SELECT pg_relation_size('reducing_saver_outbox') / 8192").fetchone()[0]
+
+        start = _heap_blocks_read(pool)
+        assert box.record(entries(2, prefix="new-")) == 2
+        recorded = _heap_blocks_read(pool)
+        assert len(box.claim("w", 2, 30)) == 2
+        claimed = _heap_blocks_read(pool)
+
+    assert pages > 2_000
+    # The rows' own pages, and the pages of rows whose index entries the scans pass: tens, not thousands.
+    assert recorded - start < 50
+    assert claimed - recorded < 50
