@@ -430,16 +430,21 @@ def test_postgres_outbox_on_a_pool_shaped_like_the_backends(fresh_pg):
         status(box, delivered=6, pending=0)
 
 
-def _updates(pool) -> tuple[int, int]:
-    """The outbox table's ``(updates, HOT updates)`` so far, on a pool of one connection: what that
-    connection did is reported first (``pg_stat_force_next_flush``, done when it goes idle)."""
+def _outbox_counts(pool, view: str, columns: str) -> tuple[int, ...]:
+    """The outbox table's ``columns`` of a statistics ``view`` so far, on a pool of one connection: what
+    that connection did is reported first (``pg_stat_force_next_flush``, done when it goes idle)."""
     with pool.connection() as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
-        row = conn.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-            "WHERE relid = 'reducing_saver_outbox'::regclass"
-        ).fetchone()
-    return row[0], row[1]
+        return tuple(
+            conn.execute(
+                f"SELECT {columns} FROM {view} WHERE relid = 'reducing_saver_outbox'::regclass"
+            ).fetchone()
+        )
+
+
+def _updates(pool) -> tuple[int, ...]:
+    """The outbox table's ``(updates, HOT updates)`` so far."""
+    return _outbox_counts(pool, "pg_stat_user_tables", "n_tup_upd, n_tup_hot_upd")
 
 
 def test_a_postgres_claim_writes_no_index_entry(fresh_pg):
@@ -624,15 +629,8 @@ def test_postgres_record_sends_one_insert_per_thousand_rows(fresh_pg, monkeypatc
 
 
 def _heap_blocks_read(pool) -> int:
-    """The outbox table's heap blocks read so far (from shared buffers or not), on a pool of one
-    connection, what that connection did reported first (as ``_updates``)."""
-    with pool.connection() as conn:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        row = conn.execute(
-            "SELECT heap_blks_hit + heap_blks_read FROM pg_statio_user_tables "
-            "WHERE relid = 'reducing_saver_outbox'::regclass"
-        ).fetchone()
-    return row[0]
+    """The outbox table's heap blocks read so far, from shared buffers or not."""
+    return _outbox_counts(pool, "pg_statio_user_tables", "heap_blks_hit + heap_blks_read")[0]
 
 
 def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_first_statements(fresh_pg):
