@@ -7,6 +7,7 @@ on real PostgreSQL, with two pools at once and with deliverers in separate proce
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import random
 import threading
@@ -25,6 +26,7 @@ from reducing_saver.service.messages_codec import EncodedMessage
 from reducing_saver.service.storage.inmemory.outbox import MemoryOutbox
 from reducing_saver.service.storage.outbox import OutboxEntry, make_entries
 from reducing_saver.service.storage.postgres.outbox import PostgresOutbox as PoolOutbox
+from reducing_saver.service.storage.postgres.outbox import insert_entries
 from reducing_saver.service.storage.sqlite.outbox import SqliteOutbox
 from tests.support.storage import OwnPoolOutbox as PostgresOutbox
 from tests.support.storage import open_outbox
@@ -633,7 +635,16 @@ def _heap_blocks_read(pool) -> int:
     return _outbox_counts(pool, "pg_statio_user_tables", "heap_blks_hit + heap_blks_read")[0]
 
 
-def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_first_statements(fresh_pg):
+def _record_in_a_put_pipeline(pool, made: list[OutboxEntry]) -> None:
+    """Record as a put of the PostgreSQL backend does: queued in the put's pipeline."""
+    with pool.connection() as conn, conn.pipeline(), conn.cursor() as cur:
+        insert_entries(cur, made)
+
+
+@pytest.mark.parametrize("path", ["record", "put pipeline"])
+def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_first_statements(
+    fresh_pg, path
+):
     """A new deployment's first puts and claims run on an empty outbox, and its connections keep their
     statements prepared (psycopg prepares one after its fifth run). A plan kept from those first runs
     would read the whole table to revise or claim two rows once it has grown, until autovacuum's first
@@ -644,21 +655,27 @@ def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_
     with ConnectionPool(fresh_pg, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True) as pool:
         box = PoolOutbox(pool)
         box.setup()
+        record = box.record if path == "record" else functools.partial(_record_in_a_put_pipeline, pool)
         with pool.connection() as conn:
             conn.execute("ALTER TABLE reducing_saver_outbox SET (autovacuum_enabled = off)")
         for i in range(12):
-            box.record(entries(2, prefix=f"early-{i}-"))
+            record(entries(2, prefix=f"early-{i}-"))
             assert box.complete("w", [e.ident for e in box.claim("w", 2, 30)]) == 2
         box.record(entries(20_000, prefix="later-"))
         with pool.connection() as conn:
             pages = conn.execute("SELECT pg_relation_size('reducing_saver_outbox') / 8192").fetchone()[0]
 
         start = _heap_blocks_read(pool)
-        assert box.record(entries(2, prefix="new-")) == 2
+        record(entries(2, prefix="new-"))
         recorded = _heap_blocks_read(pool)
         assert len(box.claim("w", 2, 30)) == 2
         claimed = _heap_blocks_read(pool)
+        with pool.connection() as conn:
+            new = conn.execute(
+                "SELECT count(*) FROM reducing_saver_outbox WHERE key LIKE 'new-%%'"
+            ).fetchone()[0]
 
+    assert new == 2
     assert pages > 2_000
     # The rows' own pages, and the pages of rows whose index entries the scans pass: tens, not thousands.
     assert recorded - start < 50
