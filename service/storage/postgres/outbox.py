@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Json
 
@@ -396,8 +397,26 @@ class PostgresOutbox:
             return cur.rowcount
 
 
+class _PlannedEachRun(psycopg.Cursor):
+    """A cursor whose statements are never prepared: PostgreSQL plans each one for the table as it is.
+
+    A connection keeps a prepared statement's plan; one made on a new deployment's empty outbox finds
+    rows by key by reading the whole table, and keeps doing so as the table grows, until its first
+    ANALYZE (2,000 pages read to complete, renew, fail or release two rows of 20,000, measured). The
+    outbox's own transactions (the deliverer's, the commands') come some ten times a second under load
+    (a claim and its completion), so planning each costs little; a put's recording, which runs at every
+    put that cuts, is an upsert found through the key's index instead (``_insert_statement``).
+    """
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=False, binary=binary)
+
+
 class _PgCursor:
-    """A pooled connection, one transaction and a dict-row cursor, as one context manager."""
+    """A pooled connection, one transaction and a dict-row cursor whose statements are planned at each
+    run (:class:`_PlannedEachRun`), as one context manager."""
 
     def __init__(self, pool: Any, row_factory: Any) -> None:
         self._pool, self._row_factory = pool, row_factory
@@ -408,7 +427,7 @@ class _PgCursor:
         try:
             self._tx = conn.transaction()
             self._tx.__enter__()
-            self._cur = conn.cursor(row_factory=self._row_factory)
+            self._cur = _PlannedEachRun(conn, row_factory=self._row_factory)
         except BaseException:
             self._conn_cm.__exit__(None, None, None)
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import multiprocessing
 import random
 import threading
@@ -680,3 +681,46 @@ def test_a_postgres_outbox_finds_its_rows_by_key_however_much_it_grew_since_its_
     # The rows' own pages, and the pages of rows whose index entries the scans pass: tens, not thousands.
     assert recorded - start < 50
     assert claimed - recorded < 50
+
+
+def test_a_postgres_deliverer_finds_its_rows_by_key_however_much_the_outbox_grew_since_its_first_claims(
+    fresh_pg,
+):
+    """The deliverer's renewals, completions, failures and releases name rows by key. Prepared on a new
+    deployment's empty outbox, their plans would read the whole table for two rows once it has grown
+    (as the recording's did, above): each must read the rows it names, whatever the table held when the
+    connection first ran it."""
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(fresh_pg, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True) as pool:
+        box = PoolOutbox(pool)
+        box.setup()
+        with pool.connection() as conn:
+            conn.execute("ALTER TABLE reducing_saver_outbox SET (autovacuum_enabled = off)")
+        later = datetime.now(UTC) + timedelta(hours=1)
+        for i in range(12):
+            box.record(entries(4, prefix=f"early-{i}-"))
+            first, second, third, fourth = (e.ident for e in box.claim("w", 4, 30))
+            assert box.renew("w", [first, second], 30) == 2
+            assert box.complete("w", [first, second]) == 2
+            assert box.fail("w", third, "the extractor failed", retry_at=later)
+            assert box.release("w", [fourth]) == 1
+        box.record(entries(20_000, prefix="later-"))
+
+        first, second, third, fourth = (e.ident for e in box.claim("w", 4, 30))
+        read = [_heap_blocks_read(pool)]
+        assert box.renew("w", [first, second], 30) == 2
+        read.append(_heap_blocks_read(pool))
+        assert box.complete("w", [first, second]) == 2
+        read.append(_heap_blocks_read(pool))
+        assert box.fail("w", third, "the extractor failed", retry_at=later)
+        read.append(_heap_blocks_read(pool))
+        assert box.release("w", [fourth]) == 1
+        read.append(_heap_blocks_read(pool))
+
+    renewed, completed, failed, released = (after - before for before, after in itertools.pairwise(read))
+    # The rows' own pages and their neighbours' in the index: a handful, not the table's 2,000 and more.
+    assert renewed < 50
+    assert completed < 50
+    assert failed < 50
+    assert released < 50
