@@ -40,7 +40,8 @@ _RECORDED = "namespace, key, thread_id, checkpoint_id, message, message_class, p
 def _insert_statement(chunk: Sequence[OutboxEntry], *, counting: bool = False) -> tuple[str, list[Any]]:
     """One statement: rows of new keys are inserted; a row whose message has another fingerprint (a newer
     version of it) is replaced and sent back to ``pending``; every other row is left as it is (locked
-    until the caller commits, as by any upsert: the deliverer's claims skip it meanwhile).
+    until the caller commits, as by any upsert: the deliverer's claims and purges skip it meanwhile, and
+    its other statements lock their rows in the same order, key order: ``_update_in_key_order``).
 
     Every row is found through the key's unique index (the upsert's conflict check), never through a
     join the planner could make otherwise: a connection keeps a prepared statement's plan, and one made
@@ -234,8 +235,10 @@ class PostgresOutbox:
             return 0
         with self._cursor() as cur:
             cur.execute(
-                f"UPDATE {TABLE} SET lease_until = now() + make_interval(secs => %s) "
-                f"WHERE claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                _update_in_key_order(
+                    "lease_until = now() + make_interval(secs => %s)",
+                    f"claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                ),
                 [float(lease_seconds), worker_id, *params],
             )
             return cur.rowcount
@@ -255,9 +258,10 @@ class PostgresOutbox:
             return 0
         with self._cursor() as cur:
             cur.execute(
-                f"UPDATE {TABLE} SET status = 'done', delivered_at = now(), lease_until = NULL, "
-                f"{DELIVERED_DROPS} "
-                f"WHERE claimed_by = %s AND status = 'pending'{where}",
+                _update_in_key_order(
+                    f"status = 'done', delivered_at = now(), lease_until = NULL, {DELIVERED_DROPS}",
+                    f"claimed_by = %s AND status = 'pending'{where}",
+                ),
                 [worker_id, *params],
             )
             return cur.rowcount
@@ -307,9 +311,10 @@ class PostgresOutbox:
             return 0
         with self._cursor() as cur:
             cur.execute(
-                f"UPDATE {TABLE} SET claimed_by = NULL, lease_until = NULL, "
-                "attempts = GREATEST(attempts - 1, 0) "
-                f"WHERE claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                _update_in_key_order(
+                    "claimed_by = NULL, lease_until = NULL, attempts = GREATEST(o.attempts - 1, 0)",
+                    f"claimed_by = %s AND status = 'pending' AND lease_until IS NOT NULL{where}",
+                ),
                 [worker_id, *params],
             )
             return cur.rowcount
@@ -374,9 +379,11 @@ class PostgresOutbox:
             return 0
         with self._cursor() as cur:
             cur.execute(
-                f"UPDATE {TABLE} SET status = 'pending', attempts = 0, available_at = now(), "
-                f"claimed_by = NULL, lease_until = NULL WHERE status = 'dead'{where}"
-                f"{_pg_prefix_where(namespace_prefix, 'AND')}",
+                _update_in_key_order(
+                    "status = 'pending', attempts = 0, available_at = now(), claimed_by = NULL, "
+                    "lease_until = NULL",
+                    f"status = 'dead'{where}{_pg_prefix_where(namespace_prefix, 'AND')}",
+                ),
                 [*params, *_pg_prefix_params(namespace_prefix)],
             )
             return cur.rowcount
@@ -389,9 +396,11 @@ class PostgresOutbox:
             How many rows were deleted.
         """
         with self._cursor() as cur:
+            # Rows a put holds (recording a delivered message again) wait for the next purge: waiting here
+            # for them while holding others could deadlock with that put.
             cur.execute(
-                f"DELETE FROM {TABLE} WHERE status = 'done' "
-                "AND delivered_at < now() - make_interval(secs => %s)",
+                f"DELETE FROM {TABLE} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {TABLE} WHERE status = 'done' "
+                "AND delivered_at < now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED))",
                 [float(older_than_seconds)],
             )
             return cur.rowcount
@@ -462,6 +471,22 @@ def _pg_keys_filter(keys: Iterable[EntryKey] | None) -> tuple[str | None, list[A
         params += [list(namespace), key]
     values = ",".join(["(%s::text[], %s::text)"] * len(pairs))
     return f" AND (namespace, key) IN (VALUES {values})", params
+
+
+def _update_in_key_order(assignments: str, where: str) -> str:
+    """``UPDATE`` of the rows ``where`` selects, each locked first in key order (``COLLATE "C"``: the order
+    of ``sorted_unique``, whatever the database's collation).
+
+    A put's recording locks every row it finds, in key order (an upsert), until the put commits; a
+    statement that locked several rows in the order of its plan could hold one the put wants while
+    waiting for one the put holds, and PostgreSQL would end one of them with ``deadlock detected``.
+    """
+    return (
+        f"UPDATE {TABLE} AS o SET {assignments} "
+        f"FROM (SELECT namespace, key FROM {TABLE} WHERE {where} "
+        'ORDER BY namespace COLLATE "C", key COLLATE "C" FOR UPDATE) AS locked '
+        "WHERE o.namespace = locked.namespace AND o.key = locked.key"
+    )
 
 
 def _pg_entry(row: Mapping[str, Any]) -> OutboxEntry:

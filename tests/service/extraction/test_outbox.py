@@ -540,6 +540,56 @@ def test_record_from_two_pools_at_once_keeps_each_message_once(fresh_pg):
     second.close()
 
 
+def test_a_put_recording_messages_already_in_the_outbox_never_deadlocks_with_their_deliverer(fresh_pg):
+    """A put records every message its list cuts, so the later puts of a turn record again the rows its
+    earlier puts recorded (an upsert: each row found is locked until the put commits), while a deliverer
+    renews, completes, releases and purges those rows, several in one statement. Both sides must take
+    their rows' locks in one order, key order, or two of them wait on each other until PostgreSQL ends
+    one with ``deadlock detected`` (a put answering 503 a second later)."""
+    box = PostgresOutbox(fresh_pg, pool_size=2)
+    box.setup()
+    made = entries(40, prefix="again-")
+    for entry in reversed(made):  # the table's order is not key order
+        box.record([entry])
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    rounds = Counter()
+
+    def put_turns() -> None:
+        with psycopg.connect(fresh_pg, autocommit=True) as conn:
+            while not stop.is_set():
+                try:
+                    with conn.transaction(), conn.pipeline(), conn.cursor() as cur:
+                        insert_entries(cur, made)
+                        rounds["put"] += 1
+                except psycopg.Error as exc:
+                    failures.append(exc)
+
+    def deliver() -> None:
+        while not stop.is_set():
+            try:
+                held = [e.ident for e in box.claim("w", len(made), 30)]
+                box.renew("w", held, 30)
+                box.complete("w", held[::2])
+                box.release("w", held[1::2])
+                box.purge_delivered(0)  # a re-recorded key whose row is purged is new again
+                rounds["deliverer"] += 1
+            except psycopg.Error as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=put_turns), threading.Thread(target=deliver)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    print(f"{rounds['put']} puts and {rounds['deliverer']} rounds of the deliverer on the same 40 rows")
+    assert failures == []
+    assert rounds["put"] > 10 and rounds["deliverer"] > 10
+    box.close()
+
+
 def _deliver_in_process(url: str, worker_id: str, ready, go, stop) -> None:
     """A deliverer in a process of its own, recording every delivery in a table."""
     import psycopg as pg
