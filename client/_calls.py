@@ -31,6 +31,8 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
     #: The body is msgpack (else JSON).
     msgpack: bool = False
+    #: Headers of this call only, added to the client's.
+    headers: Mapping[str, str] | None = None
 
 
 def no_content(body: Any) -> None:
@@ -48,12 +50,13 @@ def post(
     *,
     idempotent: bool = True,
     msgpack: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> Call[T]:
     """A POST whose ``body`` may hold :class:`Blob` values (base64 in JSON, ``bin`` in msgpack)."""
     if msgpack:
         content = ormsgpack.packb(body, default=msgpack_default)
-        return Call("POST", path, content, idempotent, parse, msgpack=True)
-    return Call("POST", path, orjson.dumps(body, default=json_default), idempotent, parse)
+        return Call("POST", path, content, idempotent, parse, msgpack=True, headers=headers)
+    return Call("POST", path, orjson.dumps(body, default=json_default), idempotent, parse, headers=headers)
 
 
 def _loads(answer: Answer) -> Any:

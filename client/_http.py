@@ -234,6 +234,10 @@ class Http:
                 call.method, str(url), url.raw_path.decode("ascii"), self._headers[call.msgpack], None
             )
             self._requests[call.path, call.msgpack] = request
+        if call.headers:
+            return request._replace(
+                method=call.method, body=call.body, headers={**request.headers, **call.headers}
+            )
         return request._replace(method=call.method, body=call.body)
 
     def _exchange(self, call: Call[Any]) -> Answer:

@@ -25,7 +25,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from reducing_saver.client._http import ConnectionOptions, Http, off_the_loop, open_http
 from reducing_saver.client._optional import MIXINS
-from reducing_saver.client._saver_calls import SaverCalls
+from reducing_saver.client._saver_calls import ParentLists, SaverCalls
 from reducing_saver.client._serde import SafeJsonPlusSerializer
 from reducing_saver.client._server_info import RemoteReducer, ServerInfo, capabilities_call
 from reducing_saver.wire import JSON, MSGPACK
@@ -204,6 +204,7 @@ class RemoteReducingSaver(SaverCalls, BaseCheckpointSaver[str]):
         saver.body_format = wanted if wanted in info.body_formats else JSON
         saver._msgpack = saver.body_format == MSGPACK
         saver._noticed = set()
+        saver._parent_lists = ParentLists()
         return saver
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

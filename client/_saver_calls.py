@@ -5,6 +5,8 @@ not I/O, shared by its sync and async twins (``SaverCalls``, a base of the saver
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, cast, overload
 from urllib.parse import quote
@@ -20,6 +22,8 @@ from reducing_saver.client._values import decode_tuple, encode_value, encode_wri
 from reducing_saver.wire import (
     GET_PATH,
     LIST_PATH,
+    PARENT_MESSAGES_HEADER,
+    PARENT_MESSAGES_KEPT,
     PUT_PATH,
     STORAGE_PATH,
     THREAD_DELETE_PATH,
@@ -43,6 +47,61 @@ def _parse_put(body: Any) -> RunnableConfig:
     return cast(RunnableConfig, body["config"])
 
 
+#: Threads (and namespaces) whose last messages list the client remembers, least recently used dropped.
+PARENT_LIST_THREADS = 1024
+_KEPT_HEADERS = {PARENT_MESSAGES_HEADER: PARENT_MESSAGES_KEPT}
+
+
+def message_ids(value: Any) -> frozenset[str] | None:
+    """The ids of a messages list, when every message has one (a non-empty string without NUL, which the
+    service keys the message by); else ``None``."""
+    if not isinstance(value, list):
+        return None
+    ids = set()
+    for message in value:
+        message_id = message.get("id") if isinstance(message, dict) else getattr(message, "id", None)
+        if type(message_id) is not str or not message_id or "\x00" in message_id:
+            return None
+        ids.add(message_id)
+    return frozenset(ids)
+
+
+class ParentLists:
+    """The ids of the messages list of each thread's (and namespace's) last checkpoint this client put or
+    read, so that a put can tell the service that the agent removed no message since its parent
+    (``wire.PARENT_MESSAGES_HEADER``): the service then finds removals without reading the parent, which
+    it must do whenever the parent was stored by another of its processes. Bounded to ``threads``."""
+
+    def __init__(self, threads: int = PARENT_LIST_THREADS) -> None:
+        self._threads = threads
+        self._lists: OrderedDict[tuple[str, str], tuple[str, frozenset[str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, config: RunnableConfig, checkpoint_id: str, ids: frozenset[str] | None) -> None:
+        """The list of checkpoint ``checkpoint_id`` of the thread ``config`` names (``None``: unknown)."""
+        thread = _thread_of(config)
+        with self._lock:
+            if ids is None:
+                self._lists.pop(thread, None)
+                return
+            self._lists[thread] = (checkpoint_id, ids)
+            self._lists.move_to_end(thread)
+            while len(self._lists) > self._threads:
+                self._lists.popitem(last=False)
+
+    def parent(self, config: RunnableConfig) -> frozenset[str] | None:
+        """The ids of the list of the checkpoint ``config`` names, when it is the one noted."""
+        configurable = config.get("configurable") or {}
+        with self._lock:
+            held = self._lists.get(_thread_of(config))
+        return held[1] if held is not None and held[0] == configurable.get("checkpoint_id") else None
+
+
+def _thread_of(config: RunnableConfig) -> tuple[str, str]:
+    configurable = config.get("configurable") or {}
+    return str(configurable.get("thread_id")), str(configurable.get("checkpoint_ns") or "")
+
+
 class SaverCalls:
     """The calls of ``RemoteReducingSaver``'s required methods and of ``storage``, built from what the
     service said about itself (set by the saver's constructor)."""
@@ -57,6 +116,8 @@ class SaverCalls:
     _msgpack: bool
     #: The threads (and namespaces) already told that the service's window does not apply to them.
     _noticed: set[tuple[str, str]]
+    #: Each thread's last messages list, for the puts' ``PARENT_MESSAGES_HEADER``.
+    _parent_lists: ParentLists
 
     @overload
     def _config(self, config: RunnableConfig) -> bodies.RunConfigBody: ...
@@ -67,7 +128,14 @@ class SaverCalls:
 
     def _parse_get(self, body: Any) -> CheckpointTuple | None:
         wire = body["checkpoint"]
-        return None if wire is None else decode_tuple(self.serde, wire)
+        if wire is None:
+            return None
+        item = decode_tuple(self.serde, wire)
+        values = item.checkpoint["channel_values"]
+        self._parent_lists.note(
+            item.config, item.checkpoint["id"], message_ids(values.get(self.messages_key, _ABSENT))
+        )
+        return item
 
     def _parse_list(self, body: Any) -> list[CheckpointTuple]:
         return [decode_tuple(self.serde, wire) for wire in body["checkpoints"]]
@@ -128,8 +196,20 @@ class SaverCalls:
         new_versions: ChannelVersions,
     ) -> Call[RunnableConfig]:
         values = checkpoint["channel_values"]
+        lists = self._parent_lists
+        parent = lists.parent(config)
+        headers = None
         if self.messages_key in new_versions:
-            self._notice_unwindowed(config, values.get(self.messages_key, _ABSENT))
+            value = values.get(self.messages_key, _ABSENT)
+            self._notice_unwindowed(config, value)
+            ids = message_ids(value)
+            if parent is not None and ids is not None and parent <= ids:
+                headers = _KEPT_HEADERS
+        elif (config.get("configurable") or {}).get("checkpoint_id"):  # the list is the parent's
+            ids = parent
+        else:  # a thread's first checkpoint: no message yet
+            ids = frozenset()
+        lists.note(config, checkpoint["id"], ids)
         values = values_to_send(values, new_versions, self._stored_values)
         body = bodies.PutCheckpointBody(
             config=self._config(config),
@@ -138,7 +218,7 @@ class SaverCalls:
             metadata=ints_to_wire(metadata),
             new_versions=new_versions,
         )
-        return post(PUT_PATH, body, _parse_put, msgpack=self._msgpack)
+        return post(PUT_PATH, body, _parse_put, msgpack=self._msgpack, headers=headers)
 
     def _notice_unwindowed(self, config: RunnableConfig, value: Any) -> None:
         """Log once per thread (and namespace) that the service's window cannot apply to its messages

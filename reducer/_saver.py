@@ -298,6 +298,7 @@ class ReducingSaver(BaseCheckpointSaver):
         new_versions: ChannelVersions,
         decoded: Any = None,
         records: RecordPruned | None = None,
+        parent_messages_kept: bool = False,
     ) -> Checkpoint:
         if self.passthrough:
             return checkpoint
@@ -312,7 +313,9 @@ class ReducingSaver(BaseCheckpointSaver):
                 )
             return checkpoint
         record_pruned = self.record_pruned if records is None else records
-        decoded = self._removed(config, checkpoint, new_versions, decoded, record_pruned)
+        decoded = self._removed(
+            config, checkpoint, new_versions, decoded, record_pruned, parent_messages_kept
+        )
         return apply_reducer(
             self.reducer,
             checkpoint,
@@ -331,14 +334,16 @@ class ReducingSaver(BaseCheckpointSaver):
         new_versions: ChannelVersions,
         decoded: Any = None,
         record_pruned: RecordPruned | None = None,
+        parent_messages_kept: bool = False,
     ) -> Any:
         """Record (with ``record_pruned``, the put's) and hand to the hooks the messages the agent trimmed
         from its state in the step this put ends, and forget the ones it deleted
         (:mod:`reducing_saver.reducer._removals`).
 
         The state before the step: for a messages list stored whole, this process's note of the parent's
-        list, else the parent's stored window (messages older than it left through the window's cut, and
-        are in memory already); for a DeltaChannel, the parent's pending writes are read (one read), and
+        list, else nothing when the caller says the agent removed none (``parent_messages_kept``), else the
+        parent's stored window (messages older than it left through the window's cut, and are in memory
+        already); for a DeltaChannel, the parent's pending writes are read (one read), and
         the state rebuilt from the channel's history only when they hold a removal.
 
         ``decoded``: the put's messages as the caller decoded them (see ``put``). Returns the put's decoded
@@ -372,7 +377,7 @@ class ReducingSaver(BaseCheckpointSaver):
             if after is None:
                 return UNREADABLE
             held = removals.last(thread_id, ns, parent) if parent else None
-            if held is None and parent:
+            if held is None and parent and not parent_messages_kept:
                 stored = self._stored_messages(parent_config)
                 if stored is not None:
                     held = removal_keys(stored, namespace)
@@ -453,11 +458,16 @@ class ReducingSaver(BaseCheckpointSaver):
         *,
         decoded: Any = None,
         records: RecordPruned | None = None,
+        parent_messages_kept: bool = False,
     ) -> RunnableConfig:
         """Store ``checkpoint`` with its messages channel reduced (when ``new_versions`` writes it).
 
         ``decoded``: ``codec.decode`` of the messages channel's value, when the caller has decoded it
         already (a list, or :data:`UNREADABLE` for ``None``): the value is then not decoded again.
+
+        ``parent_messages_kept``: the caller knows that every message of the parent's list is in this
+        put's list (the agent removed none in the step), so the parent is not read to find removals when
+        this process holds no note of its list (a remote client's hint, ``wire.PARENT_MESSAGES_HEADER``).
 
         ``records``: this put's own recorder, called in place of ``record_pruned`` (the same way) with the
         messages the put prunes, and handed to the inner saver's ``put`` as ``records=``: for an inner
@@ -465,7 +475,7 @@ class ReducingSaver(BaseCheckpointSaver):
         PostgreSQL saver, given them by ``Memory.with_checkpoint``), which must take that keyword.
         ``None`` (the default): ``record_pruned``, and the inner ``put`` called as LangGraph calls it.
         """
-        reduced = self._reduce(config, checkpoint, new_versions, decoded, records)
+        reduced = self._reduce(config, checkpoint, new_versions, decoded, records, parent_messages_kept)
         if records is None:
             return self.inner.put(config, reduced, metadata, new_versions)
         return self.inner.put(config, reduced, metadata, new_versions, records=records)  # type: ignore[call-arg]

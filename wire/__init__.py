@@ -30,6 +30,13 @@ GET_PATH = API_PREFIX + "/checkpoints/get"
 PUT_PATH = API_PREFIX + "/checkpoints/put"
 WRITES_PATH = API_PREFIX + "/writes/put"
 PER_STEP_PATHS = (GET_PATH, PUT_PATH, WRITES_PATH)
+#: A put's request header, ``kept``: every message of the parent checkpoint's messages list (as the client
+#: last sent or read it) is in this put's list, so the agent removed none in the step. The service then
+#: need not read the parent to find removals; without it, the service reads the parent unless this
+#: process stored it. A hint about the caller's own thread only: a false one keeps removed messages from
+#: that thread's memory.
+PARENT_MESSAGES_HEADER = "Reducing-Saver-Parent-Messages"
+PARENT_MESSAGES_KEPT = "kept"
 CAPABILITIES_PATH = API_PREFIX + "/capabilities"
 LIST_PATH = API_PREFIX + "/checkpoints/list"
 DELTA_HISTORY_PATH = API_PREFIX + "/checkpoints/delta-history"
@@ -463,6 +470,8 @@ __all__ = [
     "MAX_INT_DIGITS",
     "OPTIONAL_CAPABILITIES",
     "PER_STEP_PATHS",
+    "PARENT_MESSAGES_HEADER",
+    "PARENT_MESSAGES_KEPT",
     "PUT_PATH",
     "RESERVED_TYPE_PREFIX",
     "STORAGE_PATH",

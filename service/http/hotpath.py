@@ -12,6 +12,7 @@ of ``service/http/errors.py``. Every other request, and these routes' documentat
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,17 @@ from reducing_saver.service.http.asgi import is_msgpack, read_body
 from reducing_saver.service.http.errors import error_answer, send_error
 from reducing_saver.service.operations import saver as ops
 from reducing_saver.service.state import Service
-from reducing_saver.wire import GET_PATH, JSON, MSGPACK, PUT_PATH, WRITES_PATH, json_default, msgpack_default
+from reducing_saver.wire import (
+    GET_PATH,
+    JSON,
+    MSGPACK,
+    PARENT_MESSAGES_HEADER,
+    PARENT_MESSAGES_KEPT,
+    PUT_PATH,
+    WRITES_PATH,
+    json_default,
+    msgpack_default,
+)
 
 logger = logging.getLogger("reducing_saver.service")
 
@@ -42,6 +53,9 @@ ROUTES: dict[str, Route] = {
 }
 
 _JSON, _MSGPACK = JSON.encode(), MSGPACK.encode()
+#: ASGI gives header names in lower case.
+_PARENT_MESSAGES, _KEPT = PARENT_MESSAGES_HEADER.lower().encode(), PARENT_MESSAGES_KEPT.encode()
+_put_checkpoint_kept = functools.partial(ops.put_checkpoint, parent_messages_kept=True)
 
 
 class HotPath:
@@ -62,12 +76,15 @@ class HotPath:
         raw = await read_body(receive)
         if raw is None:
             return
-        msgpack = False
+        msgpack = kept = False
         for name, value in scope["headers"]:
             if name == b"content-type":
                 msgpack = is_msgpack(value)
-                break
+            elif name == _PARENT_MESSAGES and value == _KEPT:
+                kept = True
         adapter, op, ok = route
+        if kept and op is ops.put_checkpoint:
+            op = _put_checkpoint_kept
         try:
             if msgpack:
                 body = adapter.validate_python(msgpack_body.decode(raw, security.current_limits()))

@@ -267,8 +267,14 @@ def get_checkpoint(
 
 
 def put_checkpoint(
-    service: Service, saver: ReducingSaver, body: bodies.PutCheckpointBody
+    service: Service,
+    saver: ReducingSaver,
+    body: bodies.PutCheckpointBody,
+    *,
+    parent_messages_kept: bool = False,
 ) -> bodies.PutCheckpointAnswer:
+    """``parent_messages_kept``: the request's ``wire.PARENT_MESSAGES_HEADER`` said ``kept``
+    (``ReducingSaver.put``)."""
     scope = _scope(service)
     config = run_config = _run_config(body["config"])
     settings = service.settings
@@ -324,7 +330,13 @@ def put_checkpoint(
     try:
         with service.recording_with_checkpoint() as records:
             next_config = saver.put(
-                config, checkpoint, metadata, body["new_versions"], decoded=decoded, records=records
+                config,
+                checkpoint,
+                metadata,
+                body["new_versions"],
+                decoded=decoded,
+                records=records,
+                parent_messages_kept=parent_messages_kept,
             )
     except SummaryForgeryError as exc:
         raise BadRequest(f"values.{messages_key}: {scope.text(str(exc))}") from None

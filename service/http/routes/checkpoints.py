@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import Response
 
 from reducing_saver.service.http import schemas
@@ -15,6 +16,8 @@ from reducing_saver.wire import (
     DELTA_HISTORY_PATH,
     GET_PATH,
     LIST_PATH,
+    PARENT_MESSAGES_HEADER,
+    PARENT_MESSAGES_KEPT,
     PUT_PATH,
     WRITES_PATH,
 )
@@ -50,8 +53,24 @@ async def get_checkpoint(body: schemas.GetCheckpointBody, service: ServiceDep) -
     summary="Store a checkpoint; its messages channel is cut to the reducer's window.",
     openapi_extra=msgpack_too("PutCheckpointBody", "PutCheckpointAnswer"),
 )
-async def put_checkpoint(body: schemas.PutCheckpointBody, service: ServiceDep) -> Any:
-    return ORJSONResponse(await service.call(ops.put_checkpoint, body))
+async def put_checkpoint(
+    body: schemas.PutCheckpointBody,
+    service: ServiceDep,
+    parent_messages: Annotated[
+        str | None,
+        Header(
+            alias=PARENT_MESSAGES_HEADER,
+            description="`kept`: every message of the parent checkpoint's messages list is in this put's "
+            "list (the agent removed none in the step), so the service need not read the parent to find "
+            "removals for long-term memory. A hint about the caller's own thread: a false one keeps the "
+            "messages the agent removed out of that thread's memory. Any other value is ignored.",
+        ),
+    ] = None,
+) -> Any:
+    kept = parent_messages == PARENT_MESSAGES_KEPT
+    return ORJSONResponse(
+        await service.call(functools.partial(ops.put_checkpoint, parent_messages_kept=kept), body)
+    )
 
 
 @router.post(

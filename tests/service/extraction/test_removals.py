@@ -20,6 +20,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, _messages_delta_reducer, add_messages
 
 from reducing_saver.client import RemoteReducingSaver, RemoteStore
+from reducing_saver.client._saver_calls import ParentLists
+from reducing_saver.reducer import ReducingSaver
+from reducing_saver.reducer._removals import Removals
 from reducing_saver.service.configuration.settings import Settings
 from reducing_saver.service.http.app import create_app
 from tests.support.encryption import new_key, ring_json
@@ -93,6 +96,59 @@ def settings(request, tmp_path) -> Settings:
 @pytest.mark.parametrize("schema", [_Added, _Delta], ids=["add_messages", "delta"])
 @pytest.mark.parametrize("manage", [_trim, _summarize], ids=["trim", "summarize"])
 def test_every_removed_message_reaches_memory_once_and_a_deletion_leaves_it(settings, schema, manage) -> None:
+    _check_removals(settings, schema, manage)
+
+
+def _stored_elsewhere(monkeypatch) -> None:
+    """Every put reaches a process that did not store its parent (a service of several workers or
+    replicas): the service holds no note of the parent's list."""
+    monkeypatch.setattr(Removals, "last", lambda self, thread_id, checkpoint_ns, checkpoint_id: None)
+
+
+@pytest.mark.parametrize("manage", [_trim, _summarize], ids=["trim", "summarize"])
+def test_removed_messages_reach_memory_when_another_process_stored_each_parent(
+    settings, manage, monkeypatch
+) -> None:
+    """The client tells a put whose agent removed nothing (``Reducing-Saver-Parent-Messages: kept``), so the
+    service reads the parent only for the others: those that remove must still reach memory."""
+    _stored_elsewhere(monkeypatch)
+    _check_removals(settings, _Added, manage)
+
+
+@pytest.mark.parametrize("client", ["this release", "without the header"])
+def test_a_put_that_removes_nothing_reads_no_parent_when_its_client_says_so(
+    fresh_pg, monkeypatch, client
+) -> None:
+    """A put stored by another process of the service finds removals by reading its parent, unless its
+    client says the agent removed nothing: then it reads none. A client that does not say so (an earlier
+    release's) still gets every removal found."""
+    _stored_elsewhere(monkeypatch)
+    if client == "without the header":
+        monkeypatch.setattr(ParentLists, "parent", lambda self, config: None)
+    reads: list[str] = []
+    read = ReducingSaver._stored_messages
+
+    def counting(self, config):
+        reads.append(config["configurable"]["checkpoint_id"])
+        return read(self, config)
+
+    monkeypatch.setattr(ReducingSaver, "_stored_messages", counting)
+    settings = Settings(database=fresh_pg, max_messages=50, sweep=False, extraction_linger_seconds=0)
+    with TestClient(create_app(settings)) as app:
+        saver = RemoteReducingSaver("http://testserver", transport=app._transport)
+        graph = _graph(saver, _Added, lambda messages: [])
+        config = {"configurable": {"thread_id": "keeps-all"}}
+        for turn in range(TURNS):
+            graph.invoke({"messages": [HumanMessage(f"q {turn}", id=f"h-{turn}")]}, config)
+        puts = sum(1 for _ in saver.list(config))
+        saver.close()
+    if client == "this release":
+        assert reads == []
+    else:
+        assert len(reads) >= puts - TURNS  # every put with a parent that writes messages
+
+
+def _check_removals(settings, schema, manage) -> None:
     with TestClient(create_app(settings)) as client:
         saver = RemoteReducingSaver("http://testserver", transport=client._transport)
         store = RemoteStore("http://testserver", transport=client._transport)
