@@ -351,6 +351,21 @@ def test_the_http_api_page_lists_every_route():
     assert not missing, f"docs/http-api.md's table lacks {missing}"
 
 
+def test_the_put_header_is_in_the_openapi_document_and_on_the_pages():
+    from reducing_saver.service.configuration.settings import Settings
+    from reducing_saver.service.http.app import create_app
+    from reducing_saver.wire import PARENT_MESSAGES_HEADER, PARENT_MESSAGES_KEPT, PUT_PATH
+
+    document = create_app(
+        Settings(database="memory://", sweep=False, extract=False, _env_file=None)
+    ).openapi()
+    parameters = document["paths"][PUT_PATH]["post"]["parameters"]
+    assert [(p["name"], p["in"]) for p in parameters] == [(PARENT_MESSAGES_HEADER, "header")]
+    for page in ("http-api.md", "memory.md"):
+        text = " ".join((ROOT / "docs" / page).read_text().split())
+        assert f"`{PARENT_MESSAGES_HEADER}: {PARENT_MESSAGES_KEPT}`" in text, page
+
+
 def output_problem(expected: str, actual: str) -> str | None:
     """Why ``actual`` is not the output ``expected`` quotes, or ``None``: a line ``...`` stands for any
     lines, ``...`` within a line for any characters (a path that differs from run to run)."""
