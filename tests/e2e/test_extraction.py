@@ -176,7 +176,12 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     args = [*SERVICE_ARGS, "--extraction-max-attempts", "30", "--extraction-lease-seconds", "2"]
     ports = [free_port(), free_port()]
     acks = tmp_path / "acks.jsonl"
+    acks.touch()
+    # A kill each time the agents have acknowledged another fifth of their turns' puts (3 a turn at the
+    # least), from the first fifth: the chaos follows the agents' pace, however fast the machine.
+    step = WORKERS * THREADS_PER_WORKER * TURNS * 3 // 5
     kills = 0
+    acked_at_kills: list[int] = []
     stop = threading.Event()
     with ExitStack() as stack:
         services = [
@@ -185,14 +190,21 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
         ]
         processes = [s.process for s in services]
 
+        def acked() -> int:
+            with acks.open("rb") as lines:
+                return sum(1 for _ in lines)
+
         def chaos() -> None:
             nonlocal kills
             rng = random.Random(7)
-            while not stop.wait(rng.uniform(1.0, 2.5)):
+            while not stop.wait(0.05):
+                if acked() < step * (kills + 1):
+                    continue
                 index = rng.randrange(2)
                 processes[index].send_signal(signal.SIGKILL)
                 processes[index].wait()
                 kills += 1
+                acked_at_kills.append(acked())
                 log = (tmp_path / f"restart-{kills}.log").open("wb")
                 stack.callback(log.close)
                 full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
@@ -215,9 +227,10 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
             chaos_thread.join(timeout=60)
         status = _drain(services[0].url)
 
-    assert kills >= 3
     # No acknowledged checkpoint is missing.
     acked = [json.loads(line) for line in acks.read_text().splitlines()]
+    # Replicas died while the agents worked, not after.
+    assert len([n for n in acked_at_kills if n < len(acked)]) >= 3, (acked_at_kills, len(acked))
     with PostgresSaver.from_conn_string(fresh_pg) as stock:
         missing = [a for a in acked if stock.get_tuple({"configurable": a}) is None]
     assert not missing, missing[:3]
@@ -228,7 +241,8 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     assert status["dead"] == 0
     duplicates = sum(n - 1 for n in calls.values())
     print(
-        f"\nchaos: {kills} replica kills, {len(acked)} acknowledged checkpoints all stored; {pruned} messages "
+        f"\nchaos: {kills} replica kills (after {acked_at_kills} acknowledged puts), {len(acked)} acknowledged "
+        f"checkpoints all stored; {pruned} messages "
         f"pruned, all in the store once; {sum(calls.values())} extractor deliveries, {duplicates} duplicates"
     )
 
