@@ -561,7 +561,7 @@ def test_a_put_recording_messages_already_in_the_outbox_never_deadlocks_with_the
                 try:
                     with conn.transaction(), conn.pipeline(), conn.cursor() as cur:
                         insert_entries(cur, made)
-                        rounds["put"] += 1
+                    rounds["put"] += 1
                 except psycopg.Error as exc:
                     failures.append(exc)
 
