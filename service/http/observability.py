@@ -19,6 +19,7 @@ their age.
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import math
 import os
@@ -456,11 +457,31 @@ class ServiceMetrics:
         registry = self.registry
         if self.multiprocess_dir is not None:
             registry = CollectorRegistry()
-            MultiProcessCollector(registry, path=self.multiprocess_dir)
+            WorkersCollector(registry, path=self.multiprocess_dir)
             # Every worker measures the whole database: its own storage figures are everyone's.
             registry.register(_StorageCollector(self))
         encoder, content_type = choose_encoder(accept or "")
         return encoder(registry), content_type
+
+
+class WorkersCollector(MultiProcessCollector):
+    """prometheus_client's collector of the workers' figures, passing over the files a worker has created
+    but not yet sized. A worker starting (or restarting) creates each file empty and sizes it a moment
+    later; read in that moment, an empty file made the whole scrape fail (``struct.error``: a 500)."""
+
+    def __init__(self, registry: CollectorRegistry, path: str) -> None:
+        self.folder = path
+        super().__init__(registry, path=path)
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for name in glob.glob(os.path.join(self.folder, "*.db")):
+            try:
+                if os.path.getsize(name) > 0:
+                    files.append(name)
+            except FileNotFoundError:  # a dead worker's file, removed meanwhile
+                continue
+        return self.merge(files, accumulate=True)
 
 
 #: How long a scrape waits for the outbox's figures before answering with the ones it has.

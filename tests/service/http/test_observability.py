@@ -32,6 +32,7 @@ from reducing_saver.service.http.observability import (
     ObservabilityMiddleware,
     ServiceMetrics,
     TextFormatter,
+    WorkersCollector,
     log_handler,
     url_secrets,
 )
@@ -98,6 +99,28 @@ def _records(stream: io.StringIO) -> list[dict]:
 
 
 # -- metrics --------------------------------------------------------------------------------------
+
+
+def test_a_scrape_passes_over_the_metrics_file_a_starting_worker_has_not_sized_yet(tmp_path):
+    """With several workers, a worker starting creates each of its metrics files empty and sizes it a
+    moment later: a scrape in that moment must still answer, with every other worker's figures
+    (prometheus_client's own ``MultiProcessCollector`` raises ``struct.error`` there, failing it)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    sized = MmapedDict(str(tmp_path / "counter_4241.db"))
+    sized.write_value(mmap_key("requests", "requests_total", [], [], "Requests."), 3.0, 0.0)
+    sized.close()
+    (tmp_path / "counter_4242.db").touch()  # the starting worker's, not sized yet
+
+    registry = CollectorRegistry()
+    WorkersCollector(registry, path=str(tmp_path))
+    figures = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    assert figures["requests_total"] == 3.0
 
 
 def test_the_extraction_outbox_shows_in_the_metrics(client):
