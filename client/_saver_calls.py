@@ -234,8 +234,7 @@ class SaverCalls:
             if reducer.max_tokens
             else None
         )
-        configurable = config.get("configurable") or {}
-        thread = (str(configurable.get("thread_id")), str(configurable.get("checkpoint_ns") or ""))
+        thread = _thread_of(config)
         if window is None or thread in self._noticed:
             return
         if len(self._noticed) >= NOTICED_THREADS:
