@@ -335,13 +335,15 @@ def test_the_migrations_page_holds_the_schema_of_the_code():
         assert [name for name in names if f"`{name}`" not in page] == [], backend
 
 
-def test_the_http_api_page_lists_every_route():
+def _openapi_document() -> dict:
     from reducing_saver.service.configuration.settings import Settings
     from reducing_saver.service.http.app import create_app
 
-    document = create_app(
-        Settings(database="memory://", sweep=False, extract=False, _env_file=None)
-    ).openapi()
+    return create_app(Settings(database="memory://", sweep=False, extract=False, _env_file=None)).openapi()
+
+
+def test_the_http_api_page_lists_every_route():
+    document = _openapi_document()
     page = (ROOT / "docs" / "http-api.md").read_text()
     routes = [
         (method.upper(), path) for path, operations in document["paths"].items() for method in operations
@@ -352,14 +354,9 @@ def test_the_http_api_page_lists_every_route():
 
 
 def test_the_put_header_is_in_the_openapi_document_and_on_the_pages():
-    from reducing_saver.service.configuration.settings import Settings
-    from reducing_saver.service.http.app import create_app
     from reducing_saver.wire import PARENT_MESSAGES_HEADER, PARENT_MESSAGES_KEPT, PUT_PATH
 
-    document = create_app(
-        Settings(database="memory://", sweep=False, extract=False, _env_file=None)
-    ).openapi()
-    parameters = document["paths"][PUT_PATH]["post"]["parameters"]
+    parameters = _openapi_document()["paths"][PUT_PATH]["post"]["parameters"]
     assert [(p["name"], p["in"]) for p in parameters] == [(PARENT_MESSAGES_HEADER, "header")]
     for page in ("http-api.md", "memory.md"):
         text = " ".join((ROOT / "docs" / page).read_text().split())

@@ -180,8 +180,7 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     # A kill each time the agents have acknowledged another fifth of their turns' puts (3 a turn at the
     # least), from the first fifth: the chaos follows the agents' pace, however fast the machine.
     step = WORKERS * THREADS_PER_WORKER * TURNS * 3 // 5
-    kills = 0
-    acked_at_kills: list[int] = []
+    acked_at_kills: list[int] = []  # one entry a kill
     stop = threading.Event()
     with ExitStack() as stack:
         services = [
@@ -195,17 +194,15 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
                 return sum(1 for _ in lines)
 
         def chaos() -> None:
-            nonlocal kills
             rng = random.Random(7)
             while not stop.wait(0.05):
-                if acked() < step * (kills + 1):
+                if acked() < step * (len(acked_at_kills) + 1):
                     continue
                 index = rng.randrange(2)
                 processes[index].send_signal(signal.SIGKILL)
                 processes[index].wait()
-                kills += 1
                 acked_at_kills.append(acked())
-                log = (tmp_path / f"restart-{kills}.log").open("wb")
+                log = (tmp_path / f"restart-{len(acked_at_kills)}.log").open("wb")
                 stack.callback(log.close)
                 full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
                 processes[index] = subprocess.Popen(
@@ -241,7 +238,7 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     assert status["dead"] == 0
     duplicates = sum(n - 1 for n in calls.values())
     print(
-        f"\nchaos: {kills} replica kills (after {acked_at_kills} acknowledged puts), {len(acked)} acknowledged "
+        f"\nchaos: {len(acked_at_kills)} replica kills (after {acked_at_kills} acknowledged puts), {len(acked)} acknowledged "
         f"checkpoints all stored; {pruned} messages "
         f"pruned, all in the store once; {sum(calls.values())} extractor deliveries, {duplicates} duplicates"
     )
