@@ -426,6 +426,34 @@ def test_service_instructions_delivery_mode_writes_a_claim_in_three_statements(f
     assert positive(figures["cpu_us_per_message_best"])
 
 
+def test_group_commit_writes_every_put_in_each_mode_and_shares_the_commits(fresh_pg: str) -> None:
+    """`python -m benchmarks.group_commit`: each mode stores every put it timed; the shared modes commit
+    once a group of 8, so PostgreSQL syncs its WAL far less often than once a put (its WAL writer may
+    also flush a group's records before the commit: a sync or two more)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.group_commit",
+            *("--puts", "40", "--group", "8", "--rounds", "2", "--database", fresh_pg),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    figures = json.loads(result.stdout)
+    assert figures["checkpoints_stored"] == {"each": 80, "shared_commit": 80, "shared_pipeline": 80}
+    for mode, medians in figures["medians"].items():
+        assert positive(medians["client_and_postgres_us"]) and positive(medians["wal_records"]), mode
+    syncs = {mode: sum(run["wal_syncs"] for run in runs) for mode, runs in figures["runs"].items()}
+    assert syncs["shared_commit"] < syncs["each"] / 2 and syncs["shared_pipeline"] < syncs["each"] / 2, syncs
+    assert set(figures["saved_us_a_put"]) == {"shared_commit", "shared_pipeline"}
+
+
 @pytest.mark.parametrize("program", ["stock_service", "service"])
 def test_stock_service_does_none_of_the_services_work(program: str, fresh_pg: str, tmp_path: Path) -> None:
     """The stock-saver service (the floor under the service's figures) stores what the client sent through
