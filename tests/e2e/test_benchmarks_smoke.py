@@ -359,37 +359,19 @@ def test_targets_and_charts(quick_run: tuple[Path, dict, str]) -> None:
 
 def test_service_instructions_cpu_mode_measures_every_route() -> None:
     """`python -m benchmarks.service_instructions` (in process, memory backend): a figure per route."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.service_instructions",
-            "--mode",
-            "cpu",
-            "--conversations",
-            "2",
-            "--rounds",
-            "1",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    figures = json.loads(result.stdout)
+    figures = _instructions("--mode", "cpu", "--conversations", "2", "--rounds", "1")
     assert set(figures) == {"/v1/checkpoints/put", "/v1/writes/put", "/v1/checkpoints/get"}
     for route in figures.values():
         assert route["requests"] > 0
         assert positive(route["cpu_us_best"]) and route["cpu_us_median"] >= route["cpu_us_best"]
 
 
-def _instructions(*args: str) -> dict:
+def _benchmark(module: str, *args: str) -> dict:
+    """What ``python -m module args`` prints, read as JSON (the service's settings left out of its
+    environment)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.service_instructions", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -398,6 +380,10 @@ def _instructions(*args: str) -> dict:
         check=True,
     )
     return json.loads(result.stdout)
+
+
+def _instructions(*args: str) -> dict:
+    return _benchmark("benchmarks.service_instructions", *args)
 
 
 def test_service_instructions_statements_mode_counts_a_puts_statements(fresh_pg: str) -> None:
@@ -430,22 +416,9 @@ def test_group_commit_writes_every_put_in_each_mode_and_shares_the_commits(fresh
     """`python -m benchmarks.group_commit`: each mode stores every put it timed; the shared modes commit
     once a group of 8, so PostgreSQL syncs its WAL far less often than once a put (its WAL writer may
     also flush a group's records before the commit: a sync or two more)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REDUCING_SAVER_")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.group_commit",
-            *("--puts", "40", "--group", "8", "--rounds", "2", "--database", fresh_pg),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
+    figures = _benchmark(
+        "benchmarks.group_commit", "--puts", "40", "--group", "8", "--rounds", "2", "--database", fresh_pg
     )
-    figures = json.loads(result.stdout)
     assert figures["checkpoints_stored"] == {"each": 80, "shared_commit": 80, "shared_pipeline": 80}
     for mode, medians in figures["medians"].items():
         assert positive(medians["client_and_postgres_us"]) and positive(medians["wal_records"]), mode
