@@ -7,8 +7,9 @@ turns (``service_cost.record_turns``) are written to a scratch database through 
 - ``each``: one transaction a put, as the service writes them (PostgresSaver's pipeline, one sync);
 - ``shared_commit``: ``group`` puts a transaction (``conn.transaction()`` around them), each put still
   its own pipeline and round trip: what a shared commit alone saves;
-- ``shared_pipeline``: ``group`` puts in one pipeline and one transaction: a shared commit and no round
-  trip of their own, the most a writer batching puts across requests could save on these statements.
+- ``shared_pipeline``: ``group`` puts in one pipeline and one transaction, sent together and synced
+  once (PostgresSaver on a pipeline syncs after each put: here it does not): a shared commit and one
+  round trip a group, the most a writer batching puts across requests could save on these statements.
 
 For each: this process's CPU a put and PostgreSQL's (its every process, from ``/proc``; their sum is what
 the comparison uses), the whole machine's (``/proc/stat``, other work included), the wall time, and the
@@ -25,8 +26,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -55,6 +56,16 @@ def _puts(recorded: list[tuple[str, tuple]], count: int, prefix: str) -> list[tu
     return [_on_thread(turn[index % len(turn)], f"{prefix}-{index // len(turn)}") for index in range(count)]
 
 
+class _UnsyncedSaver(PostgresSaver):
+    """PostgresSaver on a pipeline it does not sync after each put: the puts of a group reach PostgreSQL
+    together, and their results come back when the pipeline ends."""
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
+        with self.lock, self.conn.cursor(binary=True, row_factory=dict_row) as cur:  # type: ignore[union-attr]
+            yield cur
+
+
 def _write(conn: psycopg.Connection, mode: str, puts: list[tuple], group: int) -> None:
     if mode == "each":
         saver = PostgresSaver(conn)
@@ -62,11 +73,16 @@ def _write(conn: psycopg.Connection, mode: str, puts: list[tuple], group: int) -
             saver.put(*args)
         return
     for start in range(0, len(puts), group):
-        pipeline = conn.pipeline() if mode == "shared_pipeline" else nullcontext()
-        with pipeline as pipe, conn.transaction():
-            saver = PostgresSaver(conn, pipe)
-            for args in puts[start : start + group]:
-                saver.put(*args)
+        if mode == "shared_commit":
+            with conn.transaction():
+                saver = PostgresSaver(conn)
+                for args in puts[start : start + group]:
+                    saver.put(*args)
+        else:
+            with conn.pipeline() as pipe, conn.transaction():
+                saver = _UnsyncedSaver(conn, pipe)
+                for args in puts[start : start + group]:
+                    saver.put(*args)
 
 
 def _measure(conn: psycopg.Connection, write: Callable[[], None], puts: int) -> dict[str, float]:
