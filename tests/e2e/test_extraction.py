@@ -189,19 +189,19 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
         ]
         processes = [s.process for s in services]
 
-        def acked() -> int:
+        def acked_puts() -> int:
             with acks.open("rb") as lines:
                 return sum(1 for _ in lines)
 
         def chaos() -> None:
             rng = random.Random(7)
             while not stop.wait(0.05):
-                if acked() < step * (len(acked_at_kills) + 1):
+                if acked_puts() < step * (len(acked_at_kills) + 1):
                     continue
                 index = rng.randrange(2)
                 processes[index].send_signal(signal.SIGKILL)
                 processes[index].wait()
-                acked_at_kills.append(acked())
+                acked_at_kills.append(acked_puts())
                 log = (tmp_path / f"restart-{len(acked_at_kills)}.log").open("wb")
                 stack.callback(log.close)
                 full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
@@ -238,8 +238,8 @@ def test_chaos_kill_replicas_and_a_flaky_extractor_lose_nothing(tmp_path, fresh_
     assert status["dead"] == 0
     duplicates = sum(n - 1 for n in calls.values())
     print(
-        f"\nchaos: {len(acked_at_kills)} replica kills (after {acked_at_kills} acknowledged puts), {len(acked)} acknowledged "
-        f"checkpoints all stored; {pruned} messages "
+        f"\nchaos: {len(acked_at_kills)} replica kills (after {acked_at_kills} acknowledged puts), "
+        f"{len(acked)} acknowledged checkpoints all stored; {pruned} messages "
         f"pruned, all in the store once; {sum(calls.values())} extractor deliveries, {duplicates} duplicates"
     )
 
